@@ -1,0 +1,65 @@
+"""The built-in backends, listed in one place; each is imported only when a config asks for it."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prefect_swarm.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from prefect_swarm.config import SwarmConfig
+    from prefect_swarm.paths import SwarmPaths
+    from prefect_swarm.platform import ComputeBackend, ServingBackend, ServingHandle
+
+# backend type -> ("module:ServingClass", "module:ComputeClass")
+BUILTIN: dict[str, tuple[str, str]] = {
+    "local": (
+        "prefect_swarm.backends.serving.local:LocalServing",
+        "prefect_swarm.backends.compute.local:LocalCompute",
+    ),
+    "slurm": (
+        "prefect_swarm.backends.serving.slurm.backend:SlurmServing",
+        "prefect_swarm.backends.compute.slurm:SlurmCompute",
+    ),
+    "lepton": (
+        "prefect_swarm.backends.serving.lepton:LeptonServing",
+        "prefect_swarm.backends.compute.lepton:LeptonCompute",
+    ),
+}
+
+
+def _load(ref: str) -> Callable[..., object]:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+@dataclass
+class Deployment:
+    """A swarm's serving backend paired with the compute backend that runs jobs next to it.
+
+    Serving backends are built as ``cls(cfg, paths)``; compute backends as
+    ``cls(cfg, paths, serving_handle)`` because jobs may need the swarm (Slurm steps run inside
+    the replicas' allocation).
+    """
+
+    cfg: SwarmConfig
+    paths: SwarmPaths
+    serving: ServingBackend
+    compute_cls: Callable[..., ComputeBackend]
+
+    def compute(self, handle: ServingHandle | None) -> ComputeBackend:
+        """The compute backend for jobs against the swarm behind ``handle``."""
+        return self.compute_cls(self.cfg, self.paths, handle)
+
+
+def build_deployment(cfg: SwarmConfig, paths: SwarmPaths) -> Deployment:
+    """Build the backends a config names; unknown types list the valid ones."""
+    kind = cfg.backend.type
+    if kind not in BUILTIN:
+        raise ConfigError(f"backend type '{kind}' is not valid; choose one of {', '.join(sorted(BUILTIN))}.")
+    serving_ref, compute_ref = BUILTIN[kind]
+    serving = _load(serving_ref)(cfg, paths)
+    return Deployment(cfg=cfg, paths=paths, serving=serving, compute_cls=_load(compute_ref))  # type: ignore[arg-type]

@@ -1,0 +1,167 @@
+"""Backend configs, one per backend, as a union discriminated by ``type``.
+
+Each model only *describes* where replicas and jobs run; the code that acts on it lives in
+``prefect_swarm.backends``. Adding a backend means adding a model here, a member to
+:data:`BackendConfig`, and an entry in ``prefect_swarm.backends.registry``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+
+from prefect_swarm.config.base import StrictModel
+
+_SLURM_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
+
+
+class LocalConfig(StrictModel):
+    """Replicas are engine processes on this machine, each under a watchdog."""
+
+    type: Literal["local"] = Field(default="local", description="Backend discriminator: 'local'.")
+    host: str = Field(default="127.0.0.1", description="Interface the replicas listen on.")
+    max_restarts: int = Field(
+        default=3, ge=0, description="Restarts the watchdog allows a replica before marking it failed."
+    )
+    restart_backoff_s: float = Field(
+        default=2.0, ge=0, description="First delay before a restart; doubles after each restart (capped 60 s)."
+    )
+    startup_grace_s: float = Field(
+        default=5.0, ge=0, description="Seconds after a start before failed health checks count against a replica."
+    )
+    health_interval_s: float = Field(default=2.0, gt=0, description="Seconds between the watchdog's health checks.")
+    wall_time_s: float | None = Field(
+        default=24 * 3600.0,
+        gt=0,
+        description="Wall-time limit of each replica in seconds: the watchdog stops it after this, "
+        "so a swarm whose flow died cannot run forever. null disables the limit.",
+    )
+    gpus: list[str] | None = Field(
+        default=None,
+        description="GPU ids to hand out (CUDA_VISIBLE_DEVICES), gpus_per_replica to each replica; "
+        "null: do not set CUDA_VISIBLE_DEVICES.",
+    )
+
+
+class ContainerConfig(StrictModel):
+    """How a Slurm replica or job step runs inside a container."""
+
+    runtime: Literal["none", "apptainer", "singularity", "pyxis"] = Field(
+        default="none", description="Container runtime: none (run on the host), apptainer, singularity or pyxis."
+    )
+    image: str | None = Field(
+        default=None, description="Image: a .sif path for apptainer/singularity, an enroot image URI for pyxis."
+    )
+    mounts: list[str] = Field(
+        default_factory=list, description="Bind mounts as 'src:dst[:ro]', one per item; nothing is mounted implicitly."
+    )
+    nv: bool = Field(default=True, description="Pass --nv (apptainer/singularity) so the container sees the GPUs.")
+    extra_args: list[str] = Field(default_factory=list, description="Extra runtime flags, one list item per flag.")
+
+
+class SlurmConfig(StrictModel):
+    """Replicas as one ``sbatch --array`` job, plus one nginx load-balancer job."""
+
+    type: Literal["slurm"] = Field(default="slurm", description="Backend discriminator: 'slurm'.")
+    partition: str | None = Field(default=None, description="Partition for replica jobs (--partition).")
+    account: str | None = Field(default=None, description="Account to charge (--account).")
+    qos: str | None = Field(default=None, description="Quality of service (--qos).")
+    reservation: str | None = Field(default=None, description="Reservation to run in (--reservation).")
+    constraint: str | None = Field(default=None, description="Node features required (--constraint).")
+    time_limit: str = Field(
+        default="24:00:00", description="Wall-time limit of each replica and of the LB job (--time), e.g. 04:00:00."
+    )
+    cpus_per_replica: int = Field(default=4, ge=1, description="CPUs per replica (--cpus-per-task).")
+    mem_per_replica: str | None = Field(default=None, description="Memory per replica (--mem), e.g. 64G.")
+    gres_name: str = Field(default="gpu", description="Generic resource name GPUs are requested by (--gres=NAME:N).")
+    lb_partition: str | None = Field(
+        default=None, description="Partition for the load-balancer job; default: the replicas' partition."
+    )
+    lb_port: int = Field(default=9000, ge=1, le=65535, description="Port nginx listens on.")
+    nginx_bin: str = Field(default="nginx", description="nginx executable on the compute nodes.")
+    proxy_timeout_s: float = Field(
+        default=3600.0, gt=0, description="nginx proxy read/send timeout; at least the job's request timeout."
+    )
+    queue_timeout_s: float = Field(
+        default=900.0, gt=0, description="Seconds the swarm may stay PENDING before readiness fails with Slurm's reason."
+    )
+    requeue: bool = Field(default=False, description="Submit with --requeue (some sites forbid it).")
+    signal_seconds: int = Field(
+        default=120, ge=0, description="Seconds before the time limit Slurm sends USR1 (--signal) so steps flush."
+    )
+    shared_dir: str | None = Field(
+        default=None,
+        description="Folder on a filesystem shared by all nodes for head files, logs and ledgers; "
+        "default: $PREFECT_SWARM_HOME.",
+    )
+    setup: list[str] = Field(
+        default_factory=list,
+        description="Shell lines run before the engine starts (e.g. 'module load cuda'); written verbatim.",
+    )
+    sbatch_args: list[str] = Field(
+        default_factory=list, description="Extra sbatch options, one per item, e.g. '--exclusive'."
+    )
+    job_python: str | None = Field(
+        default=None, description="Python on the compute nodes for job steps; default: this interpreter."
+    )
+    container: ContainerConfig = Field(
+        default_factory=ContainerConfig, description="Container runtime for replicas and job steps."
+    )
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        if not _SLURM_TIME.match(value):
+            raise ValueError(f"'{value}' is not a Slurm time (MM, MM:SS, HH:MM:SS or D-HH:MM:SS)")
+        return value
+
+
+class LeptonMount(StrictModel):
+    """A storage mount for a Lepton endpoint or job."""
+
+    path: str = Field(description="Path inside the storage volume.")
+    mount_path: str = Field(description="Where it appears inside the container.")
+    from_: str = Field(default="node-nfs:lepton-shared-fs", alias="from", description="Storage source name.")
+
+
+class LeptonConfig(StrictModel):
+    """An endpoint (deployment) and batch jobs on NVIDIA DGX Cloud Lepton."""
+
+    type: Literal["lepton"] = Field(default="lepton", description="Backend discriminator: 'lepton'.")
+    workspace_id: str = Field(description="Lepton workspace id.")
+    workspace_url: str | None = Field(
+        default=None, description="Workspace API URL; default: the SDK's default for the workspace."
+    )
+    token: SecretStr | None = Field(
+        default=None,
+        description="Workspace API token; default: the environment variable named by token_env.",
+    )
+    token_env: str = Field(
+        default="LEPTON_WORKSPACE_TOKEN", description="Environment variable read for the token when 'token' is unset."
+    )
+    endpoint_token_secret: str | None = Field(
+        default=None,
+        description="Name of a Lepton secret holding the endpoint's API token; default: the swarm's api_key.",
+    )
+    resource_shape: str = Field(default="gpu.1xh100-sxm", description="Resource shape of each endpoint replica.")
+    job_resource_shape: str = Field(default="cpu.small", description="Resource shape of each batch-job worker.")
+    node_groups: list[str] = Field(default_factory=list, description="Node group ids to schedule on.")
+    image: str = Field(default="vllm/vllm-openai:latest", description="Container image of the endpoint.")
+    job_image: str | None = Field(
+        default=None, description="Container image of batch jobs (needs prefect-swarm); default: the endpoint image."
+    )
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets used to pull private images.")
+    mounts: list[LeptonMount] = Field(default_factory=list, description="Storage mounts for endpoint and jobs.")
+    shared_path: str | None = Field(
+        default=None,
+        description="Path inside a mount where jobs write ledgers and output; must lie under a mount_path.",
+    )
+    ready_poll_s: float = Field(default=5.0, gt=0, description="Seconds between deployment state polls.")
+
+
+BackendConfig = Annotated[LocalConfig | SlurmConfig | LeptonConfig, Field(discriminator="type")]
+"""Any backend config; the ``type`` key picks the model."""
+
+BACKEND_TYPES: tuple[str, ...] = ("local", "lepton", "slurm")

@@ -1,0 +1,84 @@
+"""Every error prefect-swarm raises on purpose, split by who must act.
+
+    PrefectSwarmError
+    ├── ConfigError            the user fixes their input (config, CLI argument)
+    │   └── DatasetError       ... the input dataset (file, column, ids)
+    ├── CapacityError          not enough resources right now: retry later or elsewhere
+    ├── BackendError           a scheduler/API/process call failed (carries command, exit code, stderr)
+    │   └── ReadinessError     the swarm did not become ready (carries the evidence: log tail, reason)
+    ├── JobError               a batch job failed
+    │   └── FingerprintMismatch  a resume with different settings was refused
+    └── StateError             the SQLite state is missing a record or is inconsistent
+
+Tasks decide whether to retry by exception type, never by matching message strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class PrefectSwarmError(Exception):
+    """Root of every error raised on purpose by prefect-swarm."""
+
+
+class ConfigError(PrefectSwarmError):
+    """Invalid configuration or argument: the user must change their input."""
+
+
+class DatasetError(ConfigError):
+    """The input dataset cannot be used as given (missing column, duplicate ids, unreadable file)."""
+
+
+class CapacityError(PrefectSwarmError):
+    """The backend lacks capacity now (queued too long, no GPUs): retry later or elsewhere."""
+
+
+class BackendError(PrefectSwarmError):
+    """A backend call (CLI command, HTTP API, process) failed.
+
+    Carries the evidence so the message can show it: the command, its exit code and stderr.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        command: Sequence[str] | None = None,
+        exit_code: int | None = None,
+        stderr: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.command = list(command) if command is not None else None
+        self.exit_code = exit_code
+        self.stderr = stderr
+        self.hint = hint
+        super().__init__(self._render(message))
+
+    def _render(self, message: str) -> str:
+        lines = [message]
+        if self.command is not None:
+            lines.append("command: " + " ".join(self.command))
+        if self.exit_code is not None:
+            lines.append(f"exit code: {self.exit_code}")
+        if self.stderr:
+            lines.append("stderr: " + self.stderr.strip()[-2000:])
+        if self.hint:
+            lines.append("Hint: " + self.hint)
+        return "\n".join(lines)
+
+
+class ReadinessError(BackendError):
+    """The swarm did not become ready in time, or every replica failed."""
+
+
+class JobError(PrefectSwarmError):
+    """A batch job (or one of its shards) failed."""
+
+
+class FingerprintMismatch(JobError):
+    """A resume was refused because the job's settings differ from the checkpoint's."""
+
+
+class StateError(PrefectSwarmError):
+    """The state database has no such record, or the record is inconsistent."""

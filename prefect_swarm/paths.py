@@ -1,0 +1,190 @@
+"""The only code that knows the on-disk layout under ``$PREFECT_SWARM_HOME``.
+
+    <home>/state.db
+    <home>/defaults.yaml
+    <home>/swarms/<name>/            SwarmPaths
+        config.yaml                  redacted config as brought up
+        replica-<i>.status.json      watchdog status (atomic writes)
+        replica-<i>.log              engine stdout+stderr
+        replica-<i>.head             host:port once healthy (Slurm)
+        watchdog-<i>.log / .pid
+        jobs/<job_id>/               JobPaths
+    <job_dir>/                       JobPaths (also used for ledgers outside a swarm folder)
+        spec.json  manifest.json  failed.jsonl
+        shards/<i>/                  ShardPaths
+            part-<seq>.parquet  progress.json  fingerprint.json  job.log
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect_swarm.settings import get_settings
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temp file beside ``path``, fsync, then rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Atomic text write (see :func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """Atomic JSON write."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    """Read JSON, or ``default`` when the file is missing or half-written."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return default
+
+
+def home_dir() -> Path:
+    """``$PREFECT_SWARM_HOME`` expanded."""
+    return get_settings().home_dir
+
+
+@dataclass(frozen=True)
+class SwarmPaths:
+    """Files of one swarm."""
+
+    root: Path
+
+    @classmethod
+    def for_swarm(cls, name: str, base: Path | None = None) -> SwarmPaths:
+        """The folder of swarm ``name`` under ``base`` (default ``$PREFECT_SWARM_HOME``)."""
+        return cls((base or home_dir()) / "swarms" / name)
+
+    def ensure(self) -> SwarmPaths:
+        """Create the folder; return self."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return self
+
+    @property
+    def config(self) -> Path:
+        """Redacted config as brought up."""
+        return self.root / "config.yaml"
+
+    def replica_status(self, i: int) -> Path:
+        """Watchdog status file of replica ``i``."""
+        return self.root / f"replica-{i}.status.json"
+
+    def replica_log(self, i: int) -> Path:
+        """Engine log of replica ``i``."""
+        return self.root / f"replica-{i}.log"
+
+    def replica_head(self, i: int) -> Path:
+        """Head file (``host:port``) of replica ``i``, written once healthy."""
+        return self.root / f"replica-{i}.head"
+
+    def watchdog_log(self, i: int) -> Path:
+        """Watchdog log of replica ``i``."""
+        return self.root / f"watchdog-{i}.log"
+
+    def watchdog_spec(self, i: int) -> Path:
+        """JSON spec the watchdog of replica ``i`` runs from (no secrets inside)."""
+        return self.root / f"watchdog-{i}.json"
+
+    def file(self, name: str) -> Path:
+        """Any other file in the swarm folder (rendered scripts, nginx config...)."""
+        return self.root / name
+
+    def job_dir(self, job_id: str) -> Path:
+        """Folder of job ``job_id`` run on this swarm."""
+        return self.root / "jobs" / job_id
+
+
+@dataclass(frozen=True)
+class ShardPaths:
+    """Files of one shard's ledger."""
+
+    root: Path
+
+    @property
+    def parts_glob(self) -> str:
+        """Glob matching committed part files."""
+        return "part-*.parquet"
+
+    def part(self, seq: int) -> Path:
+        """Part file number ``seq``."""
+        return self.root / f"part-{seq:06d}.parquet"
+
+    def parts(self) -> list[Path]:
+        """Committed part files, in order (temp files are never matched)."""
+        return sorted(self.root.glob(self.parts_glob))
+
+    @property
+    def progress(self) -> Path:
+        """Progress JSON (done, failed, total, tokens, rate)."""
+        return self.root / "progress.json"
+
+    @property
+    def fingerprint(self) -> Path:
+        """Fingerprint the ledger was written under."""
+        return self.root / "fingerprint.json"
+
+    @property
+    def log(self) -> Path:
+        """Job process log of this shard."""
+        return self.root / "job.log"
+
+    @property
+    def done_marker(self) -> Path:
+        """Present once the shard has finished every row."""
+        return self.root / "DONE"
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """Files of one job: spec, shard ledgers, manifest, failed rows."""
+
+    root: Path
+
+    def ensure(self) -> JobPaths:
+        """Create the folder; return self."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return self
+
+    @property
+    def spec(self) -> Path:
+        """The JobSpec as JSON (what the job process reads)."""
+        return self.root / "spec.json"
+
+    @property
+    def manifest(self) -> Path:
+        """Manifest written at commit (counts, tokens, timings, fingerprint)."""
+        return self.root / "manifest.json"
+
+    @property
+    def failed_rows(self) -> Path:
+        """Error rows listed at commit (JSONL: id, error)."""
+        return self.root / "failed.jsonl"
+
+    def shard(self, i: int) -> ShardPaths:
+        """Ledger folder of shard ``i``."""
+        return ShardPaths(self.root / "shards" / f"{i:05d}")
+
+    def log(self, i: int) -> Path:
+        """Process log of shard ``i`` (stdout+stderr)."""
+        return self.root / "logs" / f"shard-{i:05d}.log"

@@ -1,0 +1,34 @@
+"""The seams between prefect-swarm and where it runs: protocols, handles, statuses, capabilities."""
+
+from prefect_swarm.platform.capabilities import Capabilities, Capability, check_config
+from prefect_swarm.platform.protocols import ComputeBackend, DefaultComputeMixin, ServingBackend, wait_by_polling
+from prefect_swarm.platform.types import (
+    JobHandle,
+    JobProbe,
+    JobStatus,
+    ReplicaHealth,
+    ReplicaStatus,
+    ServingHandle,
+    ServingPhase,
+    ServingStatus,
+    coerce_job_status,
+)
+
+__all__ = [
+    "Capabilities",
+    "Capability",
+    "ComputeBackend",
+    "DefaultComputeMixin",
+    "JobHandle",
+    "JobProbe",
+    "JobStatus",
+    "ReplicaHealth",
+    "ReplicaStatus",
+    "ServingBackend",
+    "ServingHandle",
+    "ServingPhase",
+    "ServingStatus",
+    "check_config",
+    "coerce_job_status",
+    "wait_by_polling",
+]

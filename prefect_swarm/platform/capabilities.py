@@ -1,0 +1,74 @@
+"""What each backend can do, each missing capability with its reason.
+
+Config validation consults these before anything starts: an unsupported request is refused
+with the backend's reason instead of failing halfway through a run.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from prefect_swarm.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from prefect_swarm.config import SwarmConfig
+
+
+class Capability(str, enum.Enum):
+    """A feature a backend may or may not offer."""
+
+    LOAD_BALANCER = "load_balancer"
+    WATCHDOG = "watchdog"
+    PREEMPTION_SIGNAL = "preemption_signal"
+    GPU_REQUEST = "gpu_request"
+    MULTI_NODE = "multi_node"
+    DETACHED_JOBS = "detached_jobs"
+    SHARED_STORAGE = "shared_storage"
+    CONTAINERS = "containers"
+    WALL_TIME = "wall_time"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """A backend's supported capabilities; ``missing`` maps each unsupported one to a reason."""
+
+    backend: str
+    supported: frozenset[Capability]
+    missing: dict[Capability, str] = field(default_factory=dict)
+    max_replicas: int | None = None
+
+    def supports(self, cap: Capability) -> bool:
+        """True when the backend offers ``cap``."""
+        return cap in self.supported
+
+    def require(self, cap: Capability, what: str) -> None:
+        """Raise ConfigError naming ``what`` asked for ``cap`` and why the backend cannot."""
+        if not self.supports(cap):
+            reason = self.missing.get(cap, "not supported")
+            raise ConfigError(f"{what} needs {cap.value}, which the {self.backend} backend lacks: {reason}.")
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-safe form for `validate` output."""
+        return {
+            "backend": self.backend,
+            "supported": sorted(c.value for c in self.supported),
+            "missing": {c.value: r for c, r in sorted(self.missing.items())},
+            "max_replicas": self.max_replicas,
+        }
+
+
+def check_config(cfg: SwarmConfig, caps: Capabilities) -> None:
+    """Refuse a config that asks for something the backend cannot do. Starts nothing."""
+    if caps.max_replicas is not None and cfg.replicas > caps.max_replicas:
+        raise ConfigError(
+            f"replicas: {cfg.replicas} asked, the {caps.backend} backend runs at most {caps.max_replicas}. "
+            "Lower replicas or pick another backend."
+        )
+    if cfg.replicas > cfg.effective_replicas_per_node:
+        caps.require(Capability.MULTI_NODE, f"replicas={cfg.replicas} with replicas_per_node="
+                     f"{cfg.effective_replicas_per_node}")
+    container = getattr(cfg.backend, "container", None)
+    if container is not None and container.runtime != "none":
+        caps.require(Capability.CONTAINERS, f"backend.container.runtime={container.runtime}")

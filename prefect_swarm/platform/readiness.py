@@ -1,0 +1,62 @@
+"""Readiness probes: a replica is ready when /health says 200 *and* a real chat completion answers.
+
+Control-plane HTTP (httpx); short timeouts; never raises for a replica that is merely not up yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Outcome of one probe: ok, and a short reason when not."""
+
+    ok: bool
+    detail: str = ""
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def check_health(base_url: str, path: str = "/health", timeout_s: float = 5.0) -> ProbeResult:
+    """GET ``base_url + path``; ok on HTTP 200."""
+    try:
+        resp = httpx.get(base_url.rstrip("/") + path, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return ProbeResult(False, f"{type(exc).__name__}: {exc}")
+    return ProbeResult(resp.status_code == 200, f"HTTP {resp.status_code}")
+
+
+def check_chat(
+    base_url: str, model: str, api_key: str | None = None, timeout_s: float = 60.0
+) -> ProbeResult:
+    """POST one tiny chat completion; ok when it returns a choice."""
+    body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1, "temperature": 0}
+    try:
+        resp = httpx.post(
+            base_url.rstrip("/") + "/v1/chat/completions", json=body, headers=_headers(api_key), timeout=timeout_s
+        )
+    except httpx.HTTPError as exc:
+        return ProbeResult(False, f"{type(exc).__name__}: {exc}")
+    if resp.status_code != 200:
+        return ProbeResult(False, f"HTTP {resp.status_code}: {resp.text[:300]}")
+    try:
+        ok = bool(resp.json().get("choices"))
+    except ValueError:
+        return ProbeResult(False, "response is not JSON")
+    return ProbeResult(ok, "" if ok else "no choices in response")
+
+
+def check_replica(
+    base_url: str, model: str, health_path: str = "/health", api_key: str | None = None
+) -> ProbeResult:
+    """Health, then a chat completion."""
+    health = check_health(base_url, health_path)
+    if not health.ok:
+        return ProbeResult(False, f"health: {health.detail}")
+    chat = check_chat(base_url, model, api_key)
+    return chat if chat.ok else ProbeResult(False, f"chat: {chat.detail}")

@@ -1,0 +1,178 @@
+"""Handles, phases and statuses shared by every backend.
+
+Handles are frozen and JSON-serialisable (``to_dict``/``from_dict``): they are stored in SQLite
+so that any later process can reattach to a swarm or a job.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class ServingPhase(str, enum.Enum):
+    """Where a swarm's serving side stands."""
+
+    UNKNOWN = "UNKNOWN"
+    PENDING = "PENDING"
+    INITIALIZING = "INITIALIZING"
+    RUNNING = "RUNNING"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+
+class JobStatus(str, enum.Enum):
+    """Where a compute job stands."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def finished(self) -> bool:
+        """True for SUCCEEDED, FAILED and CANCELLED."""
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class ReplicaHealth(str, enum.Enum):
+    """Health of one replica as its watchdog (or scheduler) last saw it."""
+
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+    UNKNOWN = "Unknown"
+
+
+_JOB_ALIASES: dict[str, JobStatus] = {
+    # generic
+    "pending": JobStatus.PENDING, "queued": JobStatus.PENDING, "submitted": JobStatus.PENDING,
+    "running": JobStatus.RUNNING, "started": JobStatus.RUNNING,
+    "succeeded": JobStatus.SUCCEEDED, "success": JobStatus.SUCCEEDED, "completed": JobStatus.SUCCEEDED,
+    "done": JobStatus.SUCCEEDED, "failed": JobStatus.FAILED, "error": JobStatus.FAILED,
+    "cancelled": JobStatus.CANCELLED, "canceled": JobStatus.CANCELLED,
+    # slurm (squeue/sacct state names and short codes)
+    "pd": JobStatus.PENDING, "configuring": JobStatus.PENDING, "cf": JobStatus.PENDING,
+    "requeued": JobStatus.PENDING, "resv_del_hold": JobStatus.PENDING, "requeue_hold": JobStatus.PENDING,
+    "requeue_fed": JobStatus.PENDING, "suspended": JobStatus.PENDING, "s": JobStatus.PENDING,
+    "r": JobStatus.RUNNING, "completing": JobStatus.RUNNING, "cg": JobStatus.RUNNING,
+    "stage_out": JobStatus.RUNNING, "signaling": JobStatus.RUNNING, "resizing": JobStatus.RUNNING,
+    "cd": JobStatus.SUCCEEDED, "f": JobStatus.FAILED, "timeout": JobStatus.FAILED, "to": JobStatus.FAILED,
+    "node_fail": JobStatus.FAILED, "nf": JobStatus.FAILED, "out_of_memory": JobStatus.FAILED,
+    "oom": JobStatus.FAILED, "boot_fail": JobStatus.FAILED, "bf": JobStatus.FAILED,
+    "deadline": JobStatus.FAILED, "dl": JobStatus.FAILED, "preempted": JobStatus.FAILED,
+    "pr": JobStatus.FAILED, "revoked": JobStatus.FAILED, "ca": JobStatus.CANCELLED,
+}
+
+
+def coerce_job_status(raw: str | JobStatus | None) -> JobStatus:
+    """Normalise a raw status (ours, Slurm's ``CANCELLED by 0``, ``COMPLETED``...) to a JobStatus.
+
+    Unknown values raise ValueError: silently mapping them would report wrong outcomes.
+    """
+    if isinstance(raw, JobStatus):
+        return raw
+    if raw is None:
+        raise ValueError("no job status given")
+    key = raw.strip().split()[0].rstrip("+").lower() if raw.strip() else ""
+    try:
+        return JobStatus(key.upper())
+    except ValueError:
+        pass
+    if key in _JOB_ALIASES:
+        return _JOB_ALIASES[key]
+    raise ValueError(f"unknown job status {raw!r}")
+
+
+@dataclass(frozen=True)
+class ServingHandle:
+    """What a backend needs to find a swarm again: its name, backend type and backend data."""
+
+    name: str
+    backend: str
+    url: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form for the state database."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServingHandle:
+        """Inverse of :meth:`to_dict`."""
+        return cls(name=data["name"], backend=data["backend"], url=data.get("url"), meta=dict(data.get("meta", {})))
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """One replica's health as last observed."""
+
+    index: int
+    health: ReplicaHealth
+    url: str | None = None
+    restarts: int = 0
+    last_exit_code: int | None = None
+    external_id: str | None = None
+    detail: str = ""
+    log_tail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (health as its string value)."""
+        data = asdict(self)
+        data["health"] = self.health.value
+        return data
+
+
+@dataclass(frozen=True)
+class ServingStatus:
+    """A swarm's serving status: its phase, endpoint URL, a human detail and each replica."""
+
+    phase: ServingPhase
+    url: str | None = None
+    detail: str = ""
+    replicas: tuple[ReplicaStatus, ...] = ()
+
+    @property
+    def healthy(self) -> int:
+        """How many replicas are healthy."""
+        return sum(r.health is ReplicaHealth.HEALTHY for r in self.replicas)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form."""
+        return {
+            "phase": self.phase.value,
+            "url": self.url,
+            "detail": self.detail,
+            "healthy_replicas": self.healthy,
+            "replicas": [r.to_dict() for r in self.replicas],
+        }
+
+
+@dataclass(frozen=True)
+class JobHandle:
+    """What a compute backend needs to find a job again (``id`` is the reconnectable external id)."""
+
+    id: str
+    backend: str
+    name: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form for the state database."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobHandle:
+        """Inverse of :meth:`to_dict`."""
+        return cls(id=data["id"], backend=data["backend"], name=data.get("name", ""), meta=dict(data.get("meta", {})))
+
+
+@dataclass(frozen=True)
+class JobProbe:
+    """A non-blocking look at a job. ``error`` set means "could not tell", never "failed"."""
+
+    status: JobStatus | None
+    exit_code: int | None = None
+    error: str | None = None
+    detail: str = ""

@@ -1,0 +1,52 @@
+"""Runtime knobs, all under the ``PREFECT_SWARM_`` environment prefix.
+
+These are process-wide settings (where state lives, log level), not swarm configuration: a
+swarm is described by :class:`prefect_swarm.config.SwarmConfig`. Tests set these through the
+environment, never by patching module globals; :func:`get_settings` reads the environment on
+every call so a changed variable takes effect at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Process-wide settings read from ``PREFECT_SWARM_*`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="PREFECT_SWARM_", extra="ignore")
+
+    home: Path = Field(
+        default=Path("~/.prefect-swarm"),
+        description="Folder holding state.db, defaults.yaml and one folder per swarm and job.",
+    )
+    log_level: str = Field(default="INFO", description="Log level of the CLI and the job process.")
+    busy_timeout_ms: int = Field(
+        default=30_000, ge=0, description="SQLite busy timeout for the state database, in milliseconds."
+    )
+    prefect_api_timeout_s: float = Field(
+        default=5.0, gt=0, description="Timeout for Prefect API calls made to show run history."
+    )
+
+    @property
+    def home_dir(self) -> Path:
+        """The home folder, with ``~`` expanded."""
+        return self.home.expanduser()
+
+    @property
+    def state_db(self) -> Path:
+        """Path of the SQLite state database."""
+        return self.home_dir / "state.db"
+
+    @property
+    def defaults_file(self) -> Path:
+        """Path of the user's defaults file (lowest-precedence config after built-ins)."""
+        return self.home_dir / "defaults.yaml"
+
+
+def get_settings() -> Settings:
+    """Read the settings from the environment now."""
+    return Settings()

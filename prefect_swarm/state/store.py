@@ -1,0 +1,276 @@
+"""SQLite store of swarms and jobs: the truth for "what exists".
+
+One short-lived connection per operation (safe across processes and threads), WAL journal,
+a busy timeout, writes in ``BEGIN IMMEDIATE`` transactions. The schema version lives in
+``PRAGMA user_version``; :data:`MIGRATIONS` brings any older database forward, never back.
+Rows hold redacted configs only: secrets never reach this file.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from prefect_swarm.exceptions import StateError
+from prefect_swarm.settings import get_settings
+
+
+def _v1(db: sqlite3.Connection) -> None:
+    for stmt in """
+        CREATE TABLE IF NOT EXISTS swarms (
+            name TEXT PRIMARY KEY,
+            backend TEXT NOT NULL,
+            config TEXT NOT NULL,
+            handle TEXT,
+            phase TEXT NOT NULL,
+            flow_run_id TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS jobs (
+            id TEXT PRIMARY KEY,
+            swarm TEXT,
+            spec TEXT NOT NULL,
+            handle TEXT,
+            status TEXT NOT NULL,
+            shard INTEGER,
+            nshards INTEGER NOT NULL DEFAULT 1,
+            progress TEXT,
+            flow_run_id TEXT,
+            task_run_id TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS jobs_swarm ON jobs(swarm)
+        """.split(";"):
+        db.execute(stmt)  # executescript would commit our migration transaction halfway
+
+
+def _v2(db: sqlite3.Connection) -> None:
+    db.execute("ALTER TABLE swarms ADD COLUMN keep INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE swarms ADD COLUMN fingerprint TEXT")
+    db.execute("ALTER TABLE jobs ADD COLUMN job_dir TEXT")
+    db.execute("CREATE INDEX IF NOT EXISTS swarms_flow_run ON swarms(flow_run_id)")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2]
+"""Migration i brings the schema from version i to i+1. Append only."""
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass(frozen=True)
+class SwarmRecord:
+    """One swarm as stored."""
+
+    name: str
+    backend: str
+    config: dict[str, Any]
+    phase: str
+    handle: dict[str, Any] | None = None
+    flow_run_id: str | None = None
+    keep: bool = False
+    fingerprint: str | None = None
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One job (or one shard of a job) as stored."""
+
+    id: str
+    spec: dict[str, Any]
+    status: str
+    swarm: str | None = None
+    handle: dict[str, Any] | None = None
+    shard: int | None = None
+    nshards: int = 1
+    progress: dict[str, Any] | None = None
+    flow_run_id: str | None = None
+    task_run_id: str | None = None
+    job_dir: str | None = None
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+
+
+_JSON_COLS = {"config", "handle", "spec", "progress"}
+
+
+def _dump(col: str, value: Any) -> Any:
+    if col in _JSON_COLS and value is not None:
+        return json.dumps(value, sort_keys=True, default=str)
+    if col == "keep":
+        return int(bool(value))
+    return value
+
+
+def _load(row: sqlite3.Row) -> dict[str, Any]:
+    out = {k: row[k] for k in row.keys()}
+    for col in _JSON_COLS & out.keys():
+        if out[col] is not None:
+            out[col] = json.loads(out[col])
+    if "keep" in out:
+        out["keep"] = bool(out["keep"])
+    return out
+
+
+class StateStore:
+    """Swarms and jobs in SQLite at ``path`` (default ``$PREFECT_SWARM_HOME/state.db``)."""
+
+    def __init__(self, path: str | Path | None = None, busy_timeout_ms: int | None = None) -> None:
+        settings = get_settings()
+        self.path = Path(path) if path is not None else settings.state_db
+        self.busy_timeout_ms = busy_timeout_ms if busy_timeout_ms is not None else settings.busy_timeout_ms
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._migrate()
+
+    @contextmanager
+    def _connect(self, write: bool = False) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        try:
+            db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+            if write:
+                db.execute("BEGIN IMMEDIATE")
+            yield db
+            if write:
+                db.execute("COMMIT")
+        except BaseException:
+            if write and db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        finally:
+            db.close()
+
+    def _migrate(self) -> None:
+        with self._connect() as db:
+            db.execute("PRAGMA journal_mode=WAL")
+        with self._connect(write=True) as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StateError(
+                    f"{self.path} has schema version {version}, newer than this prefect-swarm "
+                    f"({SCHEMA_VERSION}). Upgrade prefect-swarm or point PREFECT_SWARM_HOME elsewhere."
+                )
+            for step in MIGRATIONS[version:]:
+                step(db)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    @property
+    def schema_version(self) -> int:
+        """The database's schema version."""
+        with self._connect() as db:
+            return int(db.execute("PRAGMA user_version").fetchone()[0])
+
+    # ------------------------------------------------------------------ swarms
+    def put_swarm(self, rec: SwarmRecord) -> SwarmRecord:
+        """Insert or replace the record of swarm ``rec.name``."""
+        rec = replace(rec, updated_at=time.time())
+        cols = list(SwarmRecord.__dataclass_fields__)
+        with self._connect(write=True) as db:
+            db.execute(
+                f"INSERT OR REPLACE INTO swarms ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                [_dump(c, getattr(rec, c)) for c in cols],
+            )
+        return rec
+
+    def get_swarm(self, name: str) -> SwarmRecord | None:
+        """The record of swarm ``name``, or None."""
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM swarms WHERE name = ?", (name,)).fetchone()
+        return SwarmRecord(**_load(row)) if row else None
+
+    def require_swarm(self, name: str) -> SwarmRecord:
+        """Like :meth:`get_swarm` but raise StateError naming the known swarms."""
+        rec = self.get_swarm(name)
+        if rec is None:
+            known = ", ".join(r.name for r in self.list_swarms()) or "none"
+            raise StateError(f"no swarm named '{name}' in {self.path} (known: {known}). `prefect-swarm list` shows them.")
+        return rec
+
+    def list_swarms(self) -> list[SwarmRecord]:
+        """Every swarm record, oldest first."""
+        with self._connect() as db:
+            rows = db.execute("SELECT * FROM swarms ORDER BY created_at, name").fetchall()
+        return [SwarmRecord(**_load(r)) for r in rows]
+
+    def update_swarm(self, name: str, **fields: Any) -> SwarmRecord:
+        """Change some fields of swarm ``name`` atomically; raise StateError if it is gone."""
+        return self._update("swarms", "name", name, SwarmRecord, fields)  # type: ignore[return-value]
+
+    def delete_swarm(self, name: str) -> bool:
+        """Remove the record; True if one was removed."""
+        with self._connect(write=True) as db:
+            return db.execute("DELETE FROM swarms WHERE name = ?", (name,)).rowcount > 0
+
+    def find_swarms_by_flow_run(self, flow_run_id: str) -> list[SwarmRecord]:
+        """Swarms brought up by flow run ``flow_run_id``."""
+        with self._connect() as db:
+            rows = db.execute("SELECT * FROM swarms WHERE flow_run_id = ?", (flow_run_id,)).fetchall()
+        return [SwarmRecord(**_load(r)) for r in rows]
+
+    # ------------------------------------------------------------------ jobs
+    def put_job(self, rec: JobRecord) -> JobRecord:
+        """Insert or replace the record of job ``rec.id``."""
+        rec = replace(rec, updated_at=time.time())
+        cols = list(JobRecord.__dataclass_fields__)
+        with self._connect(write=True) as db:
+            db.execute(
+                f"INSERT OR REPLACE INTO jobs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                [_dump(c, getattr(rec, c)) for c in cols],
+            )
+        return rec
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        """The record of job ``job_id``, or None."""
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return JobRecord(**_load(row)) if row else None
+
+    def require_job(self, job_id: str) -> JobRecord:
+        """Like :meth:`get_job` but raise StateError."""
+        rec = self.get_job(job_id)
+        if rec is None:
+            raise StateError(f"no job '{job_id}' in {self.path}. `prefect-swarm job list` shows them.")
+        return rec
+
+    def list_jobs(self, swarm: str | None = None) -> list[JobRecord]:
+        """Every job record (of one swarm if given), oldest first."""
+        query, args = "SELECT * FROM jobs", ()
+        if swarm is not None:
+            query, args = query + " WHERE swarm = ?", (swarm,)
+        with self._connect() as db:
+            rows = db.execute(query + " ORDER BY created_at, id", args).fetchall()
+        return [JobRecord(**_load(r)) for r in rows]
+
+    def update_job(self, job_id: str, **fields: Any) -> JobRecord:
+        """Change some fields of job ``job_id`` atomically; raise StateError if it is gone."""
+        return self._update("jobs", "id", job_id, JobRecord, fields)  # type: ignore[return-value]
+
+    def delete_job(self, job_id: str) -> bool:
+        """Remove the record; True if one was removed."""
+        with self._connect(write=True) as db:
+            return db.execute("DELETE FROM jobs WHERE id = ?", (job_id,)).rowcount > 0
+
+    # ------------------------------------------------------------------ shared
+    def _update(self, table: str, key: str, value: str, cls: type, fields: dict[str, Any]) -> Any:
+        unknown = set(fields) - set(cls.__dataclass_fields__) - {key}
+        if unknown:
+            raise ValueError(f"unknown {table} fields: {sorted(unknown)}")
+        fields = {**fields, "updated_at": time.time()}
+        sets = ", ".join(f"{c} = ?" for c in fields)
+        with self._connect(write=True) as db:
+            cur = db.execute(
+                f"UPDATE {table} SET {sets} WHERE {key} = ?", [*(_dump(c, v) for c, v in fields.items()), value]
+            )
+            if cur.rowcount == 0:
+                raise StateError(f"no {table[:-1]} '{value}' in {self.path}")
+            row = db.execute(f"SELECT * FROM {table} WHERE {key} = ?", (value,)).fetchone()
+        return cls(**_load(row))

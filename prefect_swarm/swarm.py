@@ -1,0 +1,192 @@
+"""Swarm: a config brought to life — plan, backends, state — as a context manager.
+
+    with Swarm(cfg) as swarm:            # up -> wait_ready
+        run_things(swarm.endpoint)
+    # down on every exit path, unless delete_on_exit=False
+
+    swarm = Swarm.from_state("qwen")     # any later process reattaches by name
+    swarm.status(); swarm.down()
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from prefect_swarm.backends import Deployment, build_deployment
+from prefect_swarm.config import SwarmConfig
+from prefect_swarm.exceptions import ConfigError, StateError
+from prefect_swarm.paths import SwarmPaths, atomic_write_text
+from prefect_swarm.platform import (
+    ComputeBackend,
+    ServingHandle,
+    ServingPhase,
+    ServingStatus,
+    check_config,
+)
+from prefect_swarm.state import StateStore, SwarmRecord
+
+LIVE_PHASES = {ServingPhase.PENDING.value, ServingPhase.INITIALIZING.value, ServingPhase.RUNNING.value}
+
+
+def engine_fingerprint(cfg: SwarmConfig) -> str:
+    """What makes two swarms interchangeable: model, served name, engine and backend (not the name)."""
+    import hashlib
+    import json
+
+    data = cfg.redacted()
+    keep = {k: data[k] for k in ("model", "served_model_name", "gpus_per_replica", "engine", "backend")}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Swarm:
+    """One swarm: its config, its backends, its state record."""
+
+    def __init__(
+        self,
+        cfg: SwarmConfig,
+        *,
+        delete_on_exit: bool = True,
+        store: StateStore | None = None,
+        flow_run_id: str | None = None,
+        keep: bool = False,
+        handle: ServingHandle | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.delete_on_exit = delete_on_exit
+        self.store = store or StateStore()
+        self.flow_run_id = flow_run_id
+        self.keep = keep
+        self.paths = SwarmPaths.for_swarm(cfg.name)
+        self.deployment: Deployment = build_deployment(cfg, self.paths)
+        self.handle = handle
+
+    # ------------------------------------------------------------------ lifecycle
+    def validate(self) -> None:
+        """Refuse what the backend cannot do; starts nothing."""
+        check_config(self.cfg, self.deployment.serving.capabilities())
+
+    def up(self) -> ServingHandle:
+        """Validate, record, and start (or reconcile) the swarm. Returns once submitted."""
+        self.validate()
+        existing = self.store.get_swarm(self.cfg.name)
+        if existing and existing.phase in LIVE_PHASES and existing.backend != self.cfg.backend.type:
+            raise ConfigError(
+                f"swarm '{self.cfg.name}' already runs on the {existing.backend} backend. "
+                f"`prefect-swarm down {self.cfg.name}` first, or pick another name."
+            )
+        self.paths.ensure()
+        import yaml
+
+        atomic_write_text(self.paths.config, yaml.safe_dump(self.cfg.redacted(), sort_keys=False))
+        self._record(ServingPhase.PENDING, handle=None if not existing else existing.handle)
+        self.handle = self.deployment.serving.create_or_update(self.cfg)
+        self._record(ServingPhase.INITIALIZING, handle=self.handle.to_dict())
+        return self.handle
+
+    def wait_ready(self, timeout_s: float | None = None) -> ServingStatus:
+        """Block until every replica answers; record RUNNING, or FAILED with the error."""
+        handle = self._require_handle()
+        try:
+            status = self.deployment.serving.wait_ready(handle, timeout_s or self.cfg.ready_timeout_s)
+        except BaseException:
+            self._set_phase(ServingPhase.FAILED)
+            raise
+        self._set_phase(ServingPhase.RUNNING)
+        return status
+
+    def status(self) -> ServingStatus:
+        """The swarm now (never blocks on it)."""
+        return self.deployment.serving.status(self._require_handle())
+
+    def down(self) -> None:
+        """Stop everything; idempotent. The record stays, phase STOPPED, for history."""
+        if self.handle is None:
+            rec = self.store.get_swarm(self.cfg.name)
+            if rec and rec.handle:
+                self.handle = ServingHandle.from_dict(rec.handle)
+        if self.handle is not None:
+            self.deployment.serving.delete(self.handle)
+        if self.store.get_swarm(self.cfg.name) is not None:
+            self._set_phase(ServingPhase.STOPPED)
+
+    def __enter__(self) -> Swarm:
+        try:
+            self.up()
+            self.wait_ready()
+        except BaseException:
+            if self.delete_on_exit:
+                self.down()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.delete_on_exit:
+            self.down()
+
+    # ------------------------------------------------------------------ access
+    @property
+    def endpoint(self) -> str:
+        """Base URL clients call (``.../v1/chat/completions`` below it)."""
+        handle = self._require_handle()
+        if not handle.url:
+            raise StateError(f"swarm '{self.cfg.name}' has no endpoint URL yet; is it up?")
+        return handle.url
+
+    @property
+    def endpoints(self) -> list[str]:
+        """Every URL requests may be spread over (replicas directly where the backend allows)."""
+        handle = self._require_handle()
+        urls = handle.meta.get("replica_urls") or []
+        return list(urls) or [self.endpoint]
+
+    @property
+    def compute(self) -> ComputeBackend:
+        """Compute backend running jobs against this swarm."""
+        return self.deployment.compute(self.handle)
+
+    @property
+    def fingerprint(self) -> str:
+        """See :func:`engine_fingerprint`."""
+        return engine_fingerprint(self.cfg)
+
+    @classmethod
+    def from_state(cls, name: str, store: StateStore | None = None, **kwargs: Any) -> Swarm:
+        """Reattach to swarm ``name`` from the state database (secrets come from the environment)."""
+        store = store or StateStore()
+        rec = store.require_swarm(name)
+        data = dict(rec.config)
+        if os.environ.get("PREFECT_SWARM_API_KEY"):
+            data["api_key"] = os.environ["PREFECT_SWARM_API_KEY"]
+        cfg = SwarmConfig.model_validate(data)
+        handle = ServingHandle.from_dict(rec.handle) if rec.handle else None
+        kwargs.setdefault("flow_run_id", rec.flow_run_id)
+        kwargs.setdefault("keep", rec.keep)
+        return cls(cfg, store=store, handle=handle, **kwargs)
+
+    # ------------------------------------------------------------------ internals
+    def _require_handle(self) -> ServingHandle:
+        if self.handle is None:
+            raise StateError(f"swarm '{self.cfg.name}' has not been brought up (no handle).")
+        return self.handle
+
+    def _record(self, phase: ServingPhase, handle: dict[str, Any] | None) -> None:
+        old = self.store.get_swarm(self.cfg.name)
+        self.store.put_swarm(
+            SwarmRecord(
+                name=self.cfg.name,
+                backend=self.cfg.backend.type,
+                config=self.cfg.redacted(),
+                phase=phase.value,
+                handle=handle,
+                flow_run_id=self.flow_run_id,
+                keep=self.keep,
+                fingerprint=self.fingerprint,
+                created_at=old.created_at if old and old.phase in LIVE_PHASES else SwarmRecord.__dataclass_fields__[
+                    "created_at"
+                ].default_factory(),  # type: ignore[misc]
+            )
+        )
+
+    def _set_phase(self, phase: ServingPhase) -> None:
+        self.store.update_swarm(self.cfg.name, phase=phase.value)
