@@ -9,10 +9,11 @@
         replica-<i>.head             host:port once healthy (Slurm)
         watchdog-<i>.log / .pid
         jobs/<job_id>/               JobPaths
+    <home>/jobs/<job_id>/            JobPaths.standalone (a job against no recorded swarm)
     <job_dir>/                       JobPaths (also used for ledgers outside a swarm folder)
-        spec.json  manifest.json  failed.jsonl
+        spec.json  manifest.json  failed.jsonl  validated.json  commit.lock
         shards/<i>/                  ShardPaths
-            part-<seq>.parquet  progress.json  fingerprint.json  job.log
+            part-<seq>.parquet  progress.json  fingerprint.json  job.log  DONE
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,26 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """Yield a temp path beside ``path`` to write; on success fsync and rename it over ``path``.
+
+    For writers that need a file name (a parquet writer streaming batches). On error the temp
+    file is removed and ``path`` is left as it was.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -161,6 +184,11 @@ class JobPaths:
 
     root: Path
 
+    @classmethod
+    def standalone(cls, job_id: str, base: Path | None = None) -> JobPaths:
+        """Folder of job ``job_id`` when it belongs to no swarm: ``<home>/jobs/<job_id>``."""
+        return cls((base or home_dir()) / "jobs" / job_id)
+
     def ensure(self) -> JobPaths:
         """Create the folder; return self."""
         self.root.mkdir(parents=True, exist_ok=True)
@@ -180,6 +208,20 @@ class JobPaths:
     def failed_rows(self) -> Path:
         """Error rows listed at commit (JSONL: id, error)."""
         return self.root / "failed.jsonl"
+
+    @property
+    def validated(self) -> Path:
+        """Stamp of the input identity whose ids were checked unique (skips re-checking)."""
+        return self.root / "validated.json"
+
+    @property
+    def commit_lock(self) -> Path:
+        """Lock file serialising commits of this job."""
+        return self.root / "commit.lock"
+
+    def shards_root(self) -> Path:
+        """Folder holding every shard's ledger."""
+        return self.root / "shards"
 
     def shard(self, i: int) -> ShardPaths:
         """Ledger folder of shard ``i``."""

@@ -1,0 +1,168 @@
+"""JobSpec: everything a job process needs, as one JSON file (``<job_dir>/spec.json``).
+
+The spec is written by :func:`prefect_swarm.jobs.submit.prepare_job` (CLI, Prefect task) and
+read by every shard process. It holds no secret: the API key travels in the environment
+(``PREFECT_SWARM_API_KEY``). Fields the submitter fills from the swarm (``endpoints``, ``model``,
+``swarm_fingerprint``) may be left empty; the job process then reads them from its environment.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.paths import JobPaths, atomic_write_text
+
+OutputFormat = Literal["parquet", "openai-batch"]
+
+
+class JobSpec(BaseModel):
+    """A batch inference job over one dataset: input, output, job class, runner knobs, ledger."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    job_id: str | None = Field(default=None, description="Job id; generated at prepare time when empty.")
+    swarm: str | None = Field(default=None, description="Name of the swarm the job runs against, if any.")
+    input: str = Field(
+        description="Input dataset: a parquet file, a folder of parquet files, or a JSONL file in the "
+        "OpenAI Batch input format (custom_id, method, url, body)."
+    )
+    output: str = Field(
+        description="Output file: parquet (input columns + outputs + status, error, tokens) or JSONL in "
+        "the OpenAI Batch output format (see output_format)."
+    )
+    job_dir: str | None = Field(
+        default=None,
+        description="Ledger folder (spec, shard checkpoints, progress, manifest); filled at prepare time.",
+    )
+    id_column: str | None = Field(
+        default=None,
+        description="Column whose values identify rows (must be unique); default: the global row index "
+        "(custom_id for OpenAI Batch JSONL input).",
+    )
+    input_columns: list[str] | None = Field(
+        default=None, description="Input columns copied into the output; default: all of them."
+    )
+    output_columns: list[str] | None = Field(
+        default=None, description="Job outputs written to the output; default: every output of the job class."
+    )
+    job: str = Field(
+        default="prefect_swarm.jobs.builtin:ChatCompletionJob",
+        description="Job class as 'module:Class' (a SwarmJob subclass), rebuilt inside the job process. "
+        "Short names of built-ins are accepted: chat, completion, embedding, openai-batch.",
+    )
+    job_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="JSON keyword arguments for the job class (e.g. prompt_column, system_prompt, sampling).",
+    )
+    concurrency: int = Field(default=64, ge=1, le=65536, description="Most requests in flight per shard.")
+    adaptive_concurrency: bool = Field(
+        default=False,
+        description="Back off the in-flight limit on 429/503 or rising latency; grow it again when healthy "
+        "(never above concurrency).",
+    )
+    max_retries: int = Field(
+        default=5, ge=0, description="Retries of one row on 429, 5xx, timeouts and connection errors."
+    )
+    backoff_base_s: float = Field(default=0.5, ge=0, description="First retry delay; doubles each retry.")
+    backoff_max_s: float = Field(default=30.0, ge=0, description="Longest retry delay (Retry-After included).")
+    request_timeout_s: float = Field(default=600.0, gt=0, description="Timeout of one HTTP request, seconds.")
+    connect_timeout_s: float = Field(default=10.0, gt=0, description="Timeout to open a connection, seconds.")
+    checkpoint_every: int = Field(
+        default=5000, ge=1, description="Flush finished rows to the ledger every this many rows."
+    )
+    checkpoint_seconds: float = Field(
+        default=30.0, gt=0, description="... or at least this often (seconds), whichever comes first."
+    )
+    drain_seconds: float = Field(
+        default=5.0, ge=0,
+        description="On SIGTERM/SIGUSR1: how long requests in flight may finish before the flush and exit 75.",
+    )
+    read_batch_rows: int = Field(
+        default=8192, ge=1, description="Rows read from the input at a time (bounds the job process's memory)."
+    )
+    shards: int = Field(default=1, ge=1, description="Number of shards (job processes) the rows are split into.")
+    output_format: OutputFormat = Field(
+        default="parquet", description="'parquet', or 'openai-batch' for JSONL in the OpenAI Batch output format."
+    )
+    model: str | None = Field(
+        default=None, description="Model name sent in requests; filled at submit (else env MODEL)."
+    )
+    endpoints: list[str] = Field(
+        default_factory=list,
+        description="Base URL(s) requests are spread over; filled at submit (else env PREFECT_SWARM_ENDPOINTS "
+        "or ENDPOINT).",
+    )
+    swarm_fingerprint: str | None = Field(
+        default=None, description="Engine identity of the swarm (model, engine args); filled at submit."
+    )
+    retry_failed: bool = Field(
+        default=False,
+        description="Rerun only the rows the ledger holds as errors (set by `job retry`); not part of the "
+        "fingerprint.",
+    )
+    auto_commit: bool = Field(
+        default=True, description="The last shard to finish merges the shards into the output."
+    )
+
+    @field_validator("endpoints")
+    @classmethod
+    def _strip_slash(cls, value: list[str]) -> list[str]:
+        return [v.rstrip("/") for v in value if v.strip()]
+
+    @field_validator("job")
+    @classmethod
+    def _job_ref(cls, value: str) -> str:
+        from prefect_swarm.jobs.api import BUILTIN_JOBS
+
+        value = BUILTIN_JOBS.get(value, value)
+        if ":" not in value:
+            raise ValueError(
+                f"job '{value}' is not 'module:Class' nor a built-in ({', '.join(sorted(BUILTIN_JOBS))})"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _batch_input_defaults(self) -> JobSpec:
+        if is_jsonl(self.input):
+            if self.job == BUILTIN_CHAT:
+                object.__setattr__(self, "job", "prefect_swarm.jobs.builtin:OpenAIBatchJob")
+            if self.id_column is None:
+                object.__setattr__(self, "id_column", "custom_id")
+        return self
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def paths(self) -> JobPaths:
+        """The ledger folder's files."""
+        if not self.job_dir:
+            raise ConfigError("the job spec has no job_dir yet; prepare_job() fills it.")
+        return JobPaths(Path(self.job_dir))
+
+    def save(self, path: Path | None = None) -> Path:
+        """Write the spec as JSON (atomically) to ``path`` (default ``<job_dir>/spec.json``)."""
+        path = path or self.paths.spec
+        atomic_write_text(path, self.model_dump_json(indent=2))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> JobSpec:
+        """Read a spec file; a bad one raises ConfigError naming the file."""
+        try:
+            return cls.model_validate(json.loads(Path(path).read_text()))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"job spec {path} does not exist.") from exc
+        except ValueError as exc:
+            raise ConfigError(f"job spec {path} is invalid:\n{exc}") from exc
+
+
+BUILTIN_CHAT = "prefect_swarm.jobs.builtin:ChatCompletionJob"
+
+
+def is_jsonl(path: str) -> bool:
+    """True when ``path`` names a JSONL file (OpenAI Batch format)."""
+    return path.endswith((".jsonl", ".jsonl.gz", ".ndjson"))
