@@ -7,11 +7,12 @@
         replica-<i>.status.json      watchdog status (atomic writes)
         replica-<i>.log              engine stdout+stderr
         replica-<i>.head             host:port once healthy (Slurm)
-        watchdog-<i>.log / .pid
+        watchdog-<i>.log / .pid / .json   watchdog log, pid record, spec (no secrets)
         jobs/<job_id>/               JobPaths
     <home>/jobs/<job_id>/            JobPaths.standalone (a job against no recorded swarm)
     <job_dir>/                       JobPaths (also used for ledgers outside a swarm folder)
         spec.json  manifest.json  failed.jsonl  validated.json  commit.lock
+        launch.json  logs/shard-<i>.log  logs/shard-<i>.exit.json   (local compute backend)
         shards/<i>/                  ShardPaths
             part-<seq>.parquet  progress.json  fingerprint.json  job.log  DONE
 """
@@ -125,6 +126,10 @@ class SwarmPaths:
         """Watchdog log of replica ``i``."""
         return self.root / f"watchdog-{i}.log"
 
+    def watchdog_pid(self, i: int) -> Path:
+        """Pid record (JSON: pid, create_time) of the watchdog of replica ``i`` (local backend)."""
+        return self.root / f"watchdog-{i}.pid"
+
     def watchdog_spec(self, i: int) -> Path:
         """JSON spec the watchdog of replica ``i`` runs from (no secrets inside)."""
         return self.root / f"watchdog-{i}.json"
@@ -230,3 +235,12 @@ class JobPaths:
     def log(self, i: int) -> Path:
         """Process log of shard ``i`` (stdout+stderr)."""
         return self.root / "logs" / f"shard-{i:05d}.log"
+
+    def exit_status(self, i: int) -> Path:
+        """Exit status (JSON) of the process of shard ``i``, written by ``runtime.exitcode`` (local)."""
+        return self.root / "logs" / f"shard-{i:05d}.exit.json"
+
+    @property
+    def launch(self) -> Path:
+        """What a compute backend started for this job (JSON: pids, shards; local backend)."""
+        return self.root / "launch.json"

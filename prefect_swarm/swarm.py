@@ -65,6 +65,9 @@ class Swarm:
     def validate(self) -> None:
         """Refuse what the backend cannot do; starts nothing."""
         check_config(self.cfg, self.deployment.serving.capabilities())
+        backend_validate = getattr(self.deployment.serving, "validate", None)
+        if backend_validate is not None:  # optional hook: backend-specific checks (Lepton: shared mount)
+            backend_validate(self.cfg)
 
     def up(self) -> ServingHandle:
         """Validate, record, and start (or reconcile) the swarm. Returns once submitted."""

@@ -56,18 +56,46 @@ def engine_argv(cfg: SwarmConfig, *, host: str, port: int) -> list[str]:
     eng = cfg.engine
     python = engine_python(cfg)
     if eng.kind == "vllm":
-        argv = [python, "-m", VLLM_MODULE, "--model", cfg.model, "--served-model-name", cfg.model_name,
-                "--host", host, "--port", str(port)]
+        argv = [
+            python,
+            "-m",
+            VLLM_MODULE,
+            "--model",
+            cfg.model,
+            "--served-model-name",
+            cfg.model_name,
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ]
         if cfg.gpus_per_replica > 1:
             argv += ["--tensor-parallel-size", str(cfg.gpus_per_replica)]
     elif eng.kind == "sglang":
-        argv = [python, "-m", SGLANG_MODULE, "--model-path", cfg.model, "--served-model-name", cfg.model_name,
-                "--host", host, "--port", str(port)]
+        argv = [
+            python,
+            "-m",
+            SGLANG_MODULE,
+            "--model-path",
+            cfg.model,
+            "--served-model-name",
+            cfg.model_name,
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ]
         if cfg.gpus_per_replica > 1:
             argv += ["--tp-size", str(cfg.gpus_per_replica)]
     else:
-        argv = substitute(eng.command or [], host=host, port=port, model=cfg.model,
-                          served_model_name=cfg.model_name, python=python)
+        argv = substitute(
+            eng.command or [],
+            host=host,
+            port=port,
+            model=cfg.model,
+            served_model_name=cfg.model_name,
+            python=python,
+        )
     return [*argv, *eng.args]
 
 

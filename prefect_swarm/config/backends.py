@@ -26,12 +26,18 @@ class LocalConfig(StrictModel):
         default=3, ge=0, description="Restarts the watchdog allows a replica before marking it failed."
     )
     restart_backoff_s: float = Field(
-        default=2.0, ge=0, description="First delay before a restart; doubles after each restart (capped 60 s)."
+        default=2.0,
+        ge=0,
+        description="First delay before a restart; doubles after each restart (capped 60 s).",
     )
     startup_grace_s: float = Field(
-        default=5.0, ge=0, description="Seconds after a start before failed health checks count against a replica."
+        default=5.0,
+        ge=0,
+        description="Seconds after a start before failed health checks count against a replica.",
     )
-    health_interval_s: float = Field(default=2.0, gt=0, description="Seconds between the watchdog's health checks.")
+    health_interval_s: float = Field(
+        default=2.0, gt=0, description="Seconds between the watchdog's health checks."
+    )
     wall_time_s: float | None = Field(
         default=24 * 3600.0,
         gt=0,
@@ -49,16 +55,23 @@ class ContainerConfig(StrictModel):
     """How a Slurm replica or job step runs inside a container."""
 
     runtime: Literal["none", "apptainer", "singularity", "pyxis"] = Field(
-        default="none", description="Container runtime: none (run on the host), apptainer, singularity or pyxis."
+        default="none",
+        description="Container runtime: none (run on the host), apptainer, singularity or pyxis.",
     )
     image: str | None = Field(
-        default=None, description="Image: a .sif path for apptainer/singularity, an enroot image URI for pyxis."
+        default=None,
+        description="Image: a .sif path for apptainer/singularity, an enroot image URI for pyxis.",
     )
     mounts: list[str] = Field(
-        default_factory=list, description="Bind mounts as 'src:dst[:ro]', one per item; nothing is mounted implicitly."
+        default_factory=list,
+        description="Bind mounts as 'src:dst[:ro]', one per item; nothing is mounted implicitly.",
     )
-    nv: bool = Field(default=True, description="Pass --nv (apptainer/singularity) so the container sees the GPUs.")
-    extra_args: list[str] = Field(default_factory=list, description="Extra runtime flags, one list item per flag.")
+    nv: bool = Field(
+        default=True, description="Pass --nv (apptainer/singularity) so the container sees the GPUs."
+    )
+    extra_args: list[str] = Field(
+        default_factory=list, description="Extra runtime flags, one list item per flag."
+    )
 
 
 class SlurmConfig(StrictModel):
@@ -71,11 +84,14 @@ class SlurmConfig(StrictModel):
     reservation: str | None = Field(default=None, description="Reservation to run in (--reservation).")
     constraint: str | None = Field(default=None, description="Node features required (--constraint).")
     time_limit: str = Field(
-        default="24:00:00", description="Wall-time limit of each replica and of the LB job (--time), e.g. 04:00:00."
+        default="24:00:00",
+        description="Wall-time limit of each replica and of the LB job (--time), e.g. 04:00:00.",
     )
     cpus_per_replica: int = Field(default=4, ge=1, description="CPUs per replica (--cpus-per-task).")
     mem_per_replica: str | None = Field(default=None, description="Memory per replica (--mem), e.g. 64G.")
-    gres_name: str = Field(default="gpu", description="Generic resource name GPUs are requested by (--gres=NAME:N).")
+    gres_name: str = Field(
+        default="gpu", description="Generic resource name GPUs are requested by (--gres=NAME:N)."
+    )
     lb_partition: str | None = Field(
         default=None, description="Partition for the load-balancer job; default: the replicas' partition."
     )
@@ -85,11 +101,15 @@ class SlurmConfig(StrictModel):
         default=3600.0, gt=0, description="nginx proxy read/send timeout; at least the job's request timeout."
     )
     queue_timeout_s: float = Field(
-        default=900.0, gt=0, description="Seconds the swarm may stay PENDING before readiness fails with Slurm's reason."
+        default=900.0,
+        gt=0,
+        description="Seconds the swarm may stay PENDING before readiness fails with Slurm's reason.",
     )
     requeue: bool = Field(default=False, description="Submit with --requeue (some sites forbid it).")
     signal_seconds: int = Field(
-        default=120, ge=0, description="Seconds before the time limit Slurm sends USR1 (--signal) so steps flush."
+        default=120,
+        ge=0,
+        description="Seconds before the time limit Slurm sends USR1 (--signal) so steps flush.",
     )
     shared_dir: str | None = Field(
         default=None,
@@ -139,21 +159,31 @@ class LeptonConfig(StrictModel):
         description="Workspace API token; default: the environment variable named by token_env.",
     )
     token_env: str = Field(
-        default="LEPTON_WORKSPACE_TOKEN", description="Environment variable read for the token when 'token' is unset."
+        default="LEPTON_WORKSPACE_TOKEN",
+        description="Environment variable read for the token when 'token' is unset.",
     )
     endpoint_token_secret: str | None = Field(
         default=None,
         description="Name of a Lepton secret holding the endpoint's API token; default: the swarm's api_key.",
     )
-    resource_shape: str = Field(default="gpu.1xh100-sxm", description="Resource shape of each endpoint replica.")
-    job_resource_shape: str = Field(default="cpu.small", description="Resource shape of each batch-job worker.")
+    resource_shape: str = Field(
+        default="gpu.1xh100-sxm", description="Resource shape of each endpoint replica."
+    )
+    job_resource_shape: str = Field(
+        default="cpu.small", description="Resource shape of each batch-job worker."
+    )
     node_groups: list[str] = Field(default_factory=list, description="Node group ids to schedule on.")
     image: str = Field(default="vllm/vllm-openai:latest", description="Container image of the endpoint.")
     job_image: str | None = Field(
-        default=None, description="Container image of batch jobs (needs prefect-swarm); default: the endpoint image."
+        default=None,
+        description="Container image of batch jobs (needs prefect-swarm); default: the endpoint image.",
     )
-    image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets used to pull private images.")
-    mounts: list[LeptonMount] = Field(default_factory=list, description="Storage mounts for endpoint and jobs.")
+    image_pull_secrets: list[str] = Field(
+        default_factory=list, description="Secrets used to pull private images."
+    )
+    mounts: list[LeptonMount] = Field(
+        default_factory=list, description="Storage mounts for endpoint and jobs."
+    )
     shared_path: str | None = Field(
         default=None,
         description="Path inside a mount where jobs write ledgers and output; must lie under a mount_path.",

@@ -36,7 +36,9 @@ class EngineConfig(StrictModel):
     env: dict[str, str] = Field(
         default_factory=dict, description="Environment variables set for the engine process only."
     )
-    health_path: str = Field(default="/health", description="HTTP path that returns 200 once the engine is up.")
+    health_path: str = Field(
+        default="/health", description="HTTP path that returns 200 once the engine is up."
+    )
     startup_timeout_s: float = Field(
         default=900.0, gt=0, description="Seconds a replica may take from start to a healthy /health."
     )

@@ -8,7 +8,8 @@ Precedence, lowest first (documented in the README and tested):
 4. ``PREFECT_SWARM_*`` environment variables naming config fields, nested with ``__``:
    ``PREFECT_SWARM_REPLICAS=4``, ``PREFECT_SWARM_BACKEND__PARTITION=gpu``.
    Values are parsed as YAML scalars/lists (``PREFECT_SWARM_ENGINE__ARGS='[--dtype, float32]'``).
-   Variables that are process settings (``PREFECT_SWARM_HOME``...) are not config.
+   Variables that are process settings (``PREFECT_SWARM_HOME``...) are not config. Keys under
+   the free-form ``env`` mappings keep their case: ``PREFECT_SWARM_ENV__HF_HOME=/data``.
 5. CLI flags (``--replicas``, ``--name``...), passed as ``overrides``.
 """
 
@@ -78,19 +79,30 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     for key, raw in environ.items():
         if not key.startswith(ENV_PREFIX):
             continue
-        path = [p.lower() for p in key[len(ENV_PREFIX) :].split("__")]
+        path = _env_path(key[len(ENV_PREFIX) :].split("__"))
         if path[0] not in fields:
             continue
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
-        if path[0] in ("name", "model", "served_model_name"):
-            value = raw
+        if path[0] in ("name", "model", "served_model_name") or tuple(path[:-1]) in _MAPPING_FIELDS:
+            value = raw  # strings by nature: "0123" or "true" must not become numbers/booleans
         node = out
         for part in path[:-1]:
             node = node.setdefault(part, {})
         node[path[-1]] = value
+    return out
+
+
+_MAPPING_FIELDS = (("env",), ("engine", "env"))
+"""Config fields that are free-form mappings: keys below them keep their case (``ENV__HF_HOME``)."""
+
+
+def _env_path(parts: list[str]) -> list[str]:
+    out: list[str] = []
+    for part in parts:
+        out.append(part if tuple(out) in _MAPPING_FIELDS else part.lower())
     return out
 
 
@@ -113,9 +125,21 @@ def load_config(
     if data is not None:
         merged = deep_merge(merged, dict(data))
         source = source or "inline config"
-    merged = deep_merge(merged, env_overrides(environ))
+    from_env = env_overrides(environ)
+    merged = deep_merge(merged, from_env)
     merged = deep_merge(merged, {k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         return SwarmConfig.model_validate(merged)
     except ValidationError as exc:
-        raise config_error(exc, SwarmConfig, source) from None
+        env_keys = [ENV_PREFIX + "__".join(p).upper() for p in _leaf_paths(from_env)]
+        raise config_error(exc, SwarmConfig, source, env_keys) from None
+
+
+def _leaf_paths(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out += _leaf_paths(value, (*prefix, key))
+        else:
+            out.append((*prefix, key))
+    return out

@@ -17,7 +17,8 @@ class SwarmConfig(StrictModel):
     """A swarm: which model, how many replicas of which engine, on which backend."""
 
     name: str = Field(
-        description="Swarm name: lowercase letters, digits and '-', starting with a letter, at most 36 chars.",
+        description="Swarm name: lowercase letters, digits and '-', starting with a letter, "
+        "at most 36 chars.",
     )
     model: str = Field(min_length=1, description="Model path or id the engine loads.")
     served_model_name: str | None = Field(
@@ -28,10 +29,14 @@ class SwarmConfig(StrictModel):
         default=1, ge=0, description="GPUs per replica (tensor parallel size for vLLM); 0 for CPU engines."
     )
     gpus_per_node: int | None = Field(
-        default=None, ge=1, description="GPUs each node has; with replicas_per_node it packs replicas onto nodes."
+        default=None,
+        ge=1,
+        description="GPUs each node has; with replicas_per_node it packs replicas onto nodes.",
     )
     replicas_per_node: int | None = Field(
-        default=None, ge=1, description="Replicas per node; default: gpus_per_node // gpus_per_replica, else 1."
+        default=None,
+        ge=1,
+        description="Replicas per node; default: gpus_per_node // gpus_per_replica, else 1.",
     )
     port: int = Field(default=8100, ge=1, le=65535, description="Base port: replica i listens on port + i.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="The engine each replica runs.")
@@ -43,10 +48,13 @@ class SwarmConfig(StrictModel):
         description="API key the engine requires (vLLM --api-key); passed via the environment, never logged.",
     )
     ready_timeout_s: float = Field(
-        default=1800.0, gt=0, description="Seconds from 'up' until every replica must answer a chat completion."
+        default=1800.0,
+        gt=0,
+        description="Seconds from 'up' until every replica must answer a chat completion.",
     )
     backend: BackendConfig = Field(
-        default_factory=LocalConfig, description="Where the replicas run: local, slurm or lepton (key 'type')."
+        default_factory=LocalConfig,
+        description="Where the replicas run: local, slurm or lepton (key 'type').",
     )
 
     @field_validator("name")
@@ -61,12 +69,12 @@ class SwarmConfig(StrictModel):
 
     @model_validator(mode="after")
     def _fits_on_node(self) -> SwarmConfig:
-        if self.gpus_per_node and self.replicas_per_node and self.gpus_per_replica:
-            if self.replicas_per_node * self.gpus_per_replica > self.gpus_per_node:
-                raise ValueError(
-                    f"replicas_per_node ({self.replicas_per_node}) x gpus_per_replica ({self.gpus_per_replica}) "
-                    f"exceeds gpus_per_node ({self.gpus_per_node})"
-                )
+        per_node, per_replica, gpus = self.replicas_per_node, self.gpus_per_replica, self.gpus_per_node
+        if gpus and per_node and per_replica and per_node * per_replica > gpus:
+            raise ValueError(
+                f"replicas_per_node ({per_node}) x gpus_per_replica ({per_replica}) "
+                f"exceeds gpus_per_node ({gpus})"
+            )
         return self
 
     @property

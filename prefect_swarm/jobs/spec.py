@@ -69,7 +69,9 @@ class JobSpec(BaseModel):
         default=5, ge=0, description="Retries of one row on 429, 5xx, timeouts and connection errors."
     )
     backoff_base_s: float = Field(default=0.5, ge=0, description="First retry delay; doubles each retry.")
-    backoff_max_s: float = Field(default=30.0, ge=0, description="Longest retry delay (Retry-After included).")
+    backoff_max_s: float = Field(
+        default=30.0, ge=0, description="Longest retry delay (Retry-After included)."
+    )
     request_timeout_s: float = Field(default=600.0, gt=0, description="Timeout of one HTTP request, seconds.")
     connect_timeout_s: float = Field(default=10.0, gt=0, description="Timeout to open a connection, seconds.")
     checkpoint_every: int = Field(
@@ -79,23 +81,29 @@ class JobSpec(BaseModel):
         default=30.0, gt=0, description="... or at least this often (seconds), whichever comes first."
     )
     drain_seconds: float = Field(
-        default=5.0, ge=0,
-        description="On SIGTERM/SIGUSR1: how long requests in flight may finish before the flush and exit 75.",
+        default=5.0,
+        ge=0,
+        description="On SIGTERM/SIGUSR1: seconds requests in flight may finish before the flush and exit 75.",
     )
     read_batch_rows: int = Field(
-        default=8192, ge=1, description="Rows read from the input at a time (bounds the job process's memory)."
+        default=8192,
+        ge=1,
+        description="Rows read from the input at a time (bounds the job process's memory).",
     )
-    shards: int = Field(default=1, ge=1, description="Number of shards (job processes) the rows are split into.")
+    shards: int = Field(
+        default=1, ge=1, description="Number of shards (job processes) the rows are split into."
+    )
     output_format: OutputFormat = Field(
-        default="parquet", description="'parquet', or 'openai-batch' for JSONL in the OpenAI Batch output format."
+        default="parquet",
+        description="'parquet', or 'openai-batch' for JSONL in the OpenAI Batch output format.",
     )
     model: str | None = Field(
         default=None, description="Model name sent in requests; filled at submit (else env MODEL)."
     )
     endpoints: list[str] = Field(
         default_factory=list,
-        description="Base URL(s) requests are spread over; filled at submit (else env PREFECT_SWARM_ENDPOINTS "
-        "or ENDPOINT).",
+        description="Base URL(s) requests are spread over; filled at submit (else env "
+        "PREFECT_SWARM_ENDPOINTS or ENDPOINT).",
     )
     swarm_fingerprint: str | None = Field(
         default=None, description="Engine identity of the swarm (model, engine args); filled at submit."

@@ -66,7 +66,8 @@ def check_config(cfg: SwarmConfig, caps: Capabilities) -> None:
             f"replicas: {cfg.replicas} asked, the {caps.backend} backend runs at most {caps.max_replicas}. "
             "Lower replicas or pick another backend."
         )
-    if cfg.replicas > cfg.effective_replicas_per_node:
+    packed = cfg.gpus_per_node is not None or cfg.replicas_per_node is not None
+    if packed and cfg.replicas > cfg.effective_replicas_per_node:
         caps.require(Capability.MULTI_NODE, f"replicas={cfg.replicas} with replicas_per_node="
                      f"{cfg.effective_replicas_per_node}")
     container = getattr(cfg.backend, "container", None)

@@ -1,7 +1,9 @@
 """SQLite store of swarms and jobs: the truth for "what exists".
 
 One short-lived connection per operation (safe across processes and threads), WAL journal,
-a busy timeout, writes in ``BEGIN IMMEDIATE`` transactions. The schema version lives in
+a busy timeout, writes in ``BEGIN IMMEDIATE`` transactions. Constructing a store touches
+nothing on disk: the file is created and migrated on first use, so ``validate`` and other
+read-nothing commands leave no trace. The schema version lives in
 ``PRAGMA user_version``; :data:`MIGRATIONS` brings any older database forward, never back.
 Rows hold redacted configs only: secrets never reach this file.
 """
@@ -15,40 +17,42 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from prefect_swarm.exceptions import StateError
 from prefect_swarm.settings import get_settings
 
+_V1_STATEMENTS = (
+    """CREATE TABLE IF NOT EXISTS swarms (
+        name TEXT PRIMARY KEY,
+        backend TEXT NOT NULL,
+        config TEXT NOT NULL,
+        handle TEXT,
+        phase TEXT NOT NULL,
+        flow_run_id TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS jobs (
+        id TEXT PRIMARY KEY,
+        swarm TEXT,
+        spec TEXT NOT NULL,
+        handle TEXT,
+        status TEXT NOT NULL,
+        shard INTEGER,
+        nshards INTEGER NOT NULL DEFAULT 1,
+        progress TEXT,
+        flow_run_id TEXT,
+        task_run_id TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS jobs_swarm ON jobs(swarm)",
+)
+
 
 def _v1(db: sqlite3.Connection) -> None:
-    for stmt in """
-        CREATE TABLE IF NOT EXISTS swarms (
-            name TEXT PRIMARY KEY,
-            backend TEXT NOT NULL,
-            config TEXT NOT NULL,
-            handle TEXT,
-            phase TEXT NOT NULL,
-            flow_run_id TEXT,
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL
-        );
-        CREATE TABLE IF NOT EXISTS jobs (
-            id TEXT PRIMARY KEY,
-            swarm TEXT,
-            spec TEXT NOT NULL,
-            handle TEXT,
-            status TEXT NOT NULL,
-            shard INTEGER,
-            nshards INTEGER NOT NULL DEFAULT 1,
-            progress TEXT,
-            flow_run_id TEXT,
-            task_run_id TEXT,
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL
-        );
-        CREATE INDEX IF NOT EXISTS jobs_swarm ON jobs(swarm)
-        """.split(";"):
+    for stmt in _V1_STATEMENTS:
         db.execute(stmt)  # executescript would commit our migration transaction halfway
 
 
@@ -112,7 +116,7 @@ def _dump(col: str, value: Any) -> Any:
 
 
 def _load(row: sqlite3.Row) -> dict[str, Any]:
-    out = {k: row[k] for k in row.keys()}
+    out = {k: row[k] for k in row.keys()}  # noqa: SIM118 (sqlite3.Row is not a dict)
     for col in _JSON_COLS & out.keys():
         if out[col] is not None:
             out[col] = json.loads(out[col])
@@ -128,11 +132,22 @@ class StateStore:
         settings = get_settings()
         self.path = Path(path) if path is not None else settings.state_db
         self.busy_timeout_ms = busy_timeout_ms if busy_timeout_ms is not None else settings.busy_timeout_ms
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._migrate()
+        self._ready = False  # the file is created and migrated on first use, not here
 
     @contextmanager
     def _connect(self, write: bool = False) -> Iterator[sqlite3.Connection]:
+        if not self._ready:
+            self._ready = True
+            try:
+                self._migrate()
+            except BaseException:
+                self._ready = False
+                raise
+        with self._raw_connect(write) as db:
+            yield db
+
+    @contextmanager
+    def _raw_connect(self, write: bool = False) -> Iterator[sqlite3.Connection]:
         db = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000, isolation_level=None)
         db.row_factory = sqlite3.Row
         try:
@@ -150,10 +165,14 @@ class StateStore:
             db.close()
 
     def _migrate(self) -> None:
-        with self._connect() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-        with self._connect(write=True) as db:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
+        """Create the file, switch it to WAL, and bring its schema forward (once per store)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._enable_wal()
+        with self._raw_connect() as db:
+            if int(db.execute("PRAGMA user_version").fetchone()[0]) == SCHEMA_VERSION:
+                return  # the common case takes no write lock
+        with self._raw_connect(write=True) as db:
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
             if version > SCHEMA_VERSION:
                 raise StateError(
                     f"{self.path} has schema version {version}, newer than this prefect-swarm "
@@ -162,6 +181,29 @@ class StateStore:
             for step in MIGRATIONS[version:]:
                 step(db)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def _enable_wal(self) -> None:
+        # Switching the journal mode needs an exclusive lock, and SQLite does not always call the
+        # busy handler for it: when many processes open a fresh database at once, retry here.
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        while True:
+            try:
+                with self._raw_connect() as db:
+                    if str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                        db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise StateError(
+                        f"cannot open {self.path}: {exc}. Is another process holding it?"
+                    ) from exc
+                time.sleep(0.02)
+
+    @property
+    def journal_mode(self) -> str:
+        """The database's journal mode (``wal`` once opened by a store)."""
+        with self._connect() as db:
+            return str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower()
 
     @property
     def schema_version(self) -> int:
@@ -192,7 +234,9 @@ class StateStore:
         rec = self.get_swarm(name)
         if rec is None:
             known = ", ".join(r.name for r in self.list_swarms()) or "none"
-            raise StateError(f"no swarm named '{name}' in {self.path} (known: {known}). `prefect-swarm list` shows them.")
+            raise StateError(
+                f"no swarm named '{name}' in {self.path} (known: {known}). `prefect-swarm list` shows them."
+            )
         return rec
 
     def list_swarms(self) -> list[SwarmRecord]:
@@ -243,7 +287,7 @@ class StateStore:
 
     def list_jobs(self, swarm: str | None = None) -> list[JobRecord]:
         """Every job record (of one swarm if given), oldest first."""
-        query, args = "SELECT * FROM jobs", ()
+        query, args = "SELECT * FROM jobs", cast(tuple[str, ...], ())
         if swarm is not None:
             query, args = query + " WHERE swarm = ?", (swarm,)
         with self._connect() as db:
@@ -260,7 +304,14 @@ class StateStore:
             return db.execute("DELETE FROM jobs WHERE id = ?", (job_id,)).rowcount > 0
 
     # ------------------------------------------------------------------ shared
-    def _update(self, table: str, key: str, value: str, cls: type, fields: dict[str, Any]) -> Any:
+    def _update(
+        self,
+        table: str,
+        key: str,
+        value: str,
+        cls: type[SwarmRecord] | type[JobRecord],
+        fields: dict[str, Any],
+    ) -> Any:
         unknown = set(fields) - set(cls.__dataclass_fields__) - {key}
         if unknown:
             raise ValueError(f"unknown {table} fields: {sorted(unknown)}")
@@ -268,7 +319,8 @@ class StateStore:
         sets = ", ".join(f"{c} = ?" for c in fields)
         with self._connect(write=True) as db:
             cur = db.execute(
-                f"UPDATE {table} SET {sets} WHERE {key} = ?", [*(_dump(c, v) for c, v in fields.items()), value]
+                f"UPDATE {table} SET {sets} WHERE {key} = ?",
+                [*(_dump(c, v) for c, v in fields.items()), value],
             )
             if cur.rowcount == 0:
                 raise StateError(f"no {table[:-1]} '{value}' in {self.path}")

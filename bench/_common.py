@@ -1,0 +1,61 @@
+"""Shared helpers of the benchmarks: datasets, stub engine, pinned job processes, medians."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER_CPU, CLIENT_CPU = 0, 1
+
+
+def dataset(path: Path, n: int, chunk: int = 200_000) -> Path:
+    """``n`` rows of (id, prompt), written in chunks so generating 2M rows stays small in memory."""
+    if path.exists() and pq.read_metadata(path).num_rows == n:
+        return path
+    schema = pa.schema([("id", pa.string()), ("prompt", pa.string())])
+    with pq.ParquetWriter(path, schema) as w:
+        for lo in range(0, n, chunk):
+            ids = [f"r{i:08d}" for i in range(lo, min(n, lo + chunk))]
+            w.write_table(pa.table({"id": ids, "prompt": [f"question {i[1:]} about a topic" for i in ids]},
+                                   schema=schema), row_group_size=50_000)
+    return path
+
+
+def spec_file(job_dir: Path, src: Path, url: str, **fields: Any) -> Path:
+    """A JobSpec file for a benchmark job."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    spec = {"input": str(src), "output": str(job_dir / "out.parquet"), "job_dir": str(job_dir), "id_column": "id",
+            "endpoints": [url], "model": "stub-model", "concurrency": 256, "checkpoint_every": 5000,
+            "job_kwargs": {"sampling": {"max_tokens": 8}}, **fields}
+    path = job_dir / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def run_pinned(argv: list[str], cpu: int = CLIENT_CPU) -> tuple[int, float, int]:
+    """Run ``argv`` pinned to ``cpu``; return (exit code, wall seconds, peak RSS in bytes) of that process."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(["taskset", "-c", str(cpu), *argv], cwd=ROOT, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, time.monotonic() - t0, usage.ru_maxrss * 1024
+
+
+def job_argv(spec: Path) -> list[str]:
+    """The job process for shard 0 of 1."""
+    return [sys.executable, "-m", "prefect_swarm.jobs.run", "--spec", str(spec), "--shard-id", "0", "--nshards", "1"]
+
+
+def median(xs: list[float]) -> float:
+    """Median."""
+    return float(statistics.median(xs))

@@ -1,0 +1,296 @@
+"""SlurmCompute: job processes as ``srun --jobid=<raw id> --overlap`` steps inside the swarm's allocation.
+
+Steps run in the LB job's allocation (the one job that must live for the endpoint to work), so a
+replica task that dies or is cancelled does not take a job's shards with it; when the LB job is
+not running they go into a running replica task (raw id from ``squeue -o %A -j 123_0``).
+
+* n shards = n steps (fan-out); each resumes from its ledger, which the job process owns.
+* The external id is ``jobid.stepid`` (comma-joined for a fan-out): any process can probe, wait
+  for or cancel it. Probe: squeue first, then sacct (which lags ~0.5 s): neither knowing the step
+  is "could not tell" (``JobProbe.error``), never "failed".
+* Environment: srun's own process environment with ``--export=ALL`` -- values with commas, quotes
+  or newlines arrive intact, and secrets appear in no printed command and no file.
+* Preemption/walltime: the allocation was submitted with ``--signal=USR1@N`` (no ``B:``), which
+  Slurm delivers to every job step, so the job process flushes its ledger before it is killed.
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prefect_swarm.backends.serving.slurm import render
+from prefect_swarm.backends.serving.slurm.client import AcctEntry, SlurmClient, clean_env
+from prefect_swarm.exceptions import BackendError
+from prefect_swarm.paths import JobPaths
+from prefect_swarm.platform import DefaultComputeMixin, JobHandle, JobProbe, JobStatus, coerce_job_status
+
+if TYPE_CHECKING:
+    from prefect_swarm.config import SwarmConfig
+    from prefect_swarm.paths import SwarmPaths
+    from prefect_swarm.platform import ServingHandle
+
+STEP_APPEAR_S = 60.0
+"""How long submit waits for a started srun to show up as a step."""
+
+API_KEY_ENV = "PREFECT_SWARM_API_KEY"
+
+
+class SlurmCompute(DefaultComputeMixin):
+    """ComputeBackend running job processes as steps in a Slurm swarm's allocation."""
+
+    backend = "slurm"
+
+    def __init__(
+        self,
+        cfg: SwarmConfig,
+        paths: SwarmPaths,
+        serving_handle: ServingHandle | None,
+        client: SlurmClient | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.paths = render.swarm_paths(cfg, paths)
+        self.serving = serving_handle
+        self.client = client or SlurmClient()
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def default_python(self) -> str:
+        """``backend.job_python`` or this interpreter."""
+        return render.job_python(self.cfg)
+
+    # ------------------------------------------------------------------ submit
+    def submit(
+        self,
+        *,
+        name: str,
+        command: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        secret_env: Mapping[str, str] | None = None,
+        resources: Mapping[str, Any] | None = None,
+        detach: bool = True,
+        nshards: int = 1,
+        shard_id: int | None = None,
+        workdir: str | None = None,
+    ) -> JobHandle:
+        """Start one step per shard in the swarm's allocation; see the module docstring."""
+        jobid = self._target()
+        shards: list[int | None] = (
+            [shard_id] if shard_id is not None else (list(range(nshards)) if nshards > 1 else [None])
+        )
+        token = secrets.token_hex(3)
+        steps, names, logs = [], [], []
+        for shard in shards:
+            step_name = f"{render.JOB_PREFIX}{self.cfg.name}-{name}-{'x' if shard is None else shard}-{token}"
+            log = self._log_path(workdir, shard, step_name)
+            argv = list(command) if shard is None else self.shard_argv(command, nshards, shard)
+            step_env = self._env(env, secret_env, shard, nshards)
+            self._start(jobid, step_name, argv, step_env, log, workdir)
+            names.append(step_name)
+            logs.append(str(log))
+        for step_name in names:
+            steps.append(self._find_step(jobid, step_name))
+        handle = JobHandle(
+            id=",".join(steps),
+            backend="slurm",
+            name=name,
+            meta={
+                "jobid": jobid,
+                "steps": steps,
+                "step_names": names,
+                "logs": logs,
+                "shards": [s for s in shards if s is not None],
+                "nshards": nshards,
+            },
+        )
+        if not detach:
+            self.wait(handle)
+        return handle
+
+    def _target(self) -> str:
+        """Raw id of the allocation steps go into: the LB job, else a running replica task."""
+        meta = self.serving.meta if self.serving else {}
+        running = {
+            e.id: e
+            for e in self.client.squeue([str(meta[k]) for k in ("lb_job", "replicas_job") if meta.get(k)])
+            if e.state == "RUNNING"
+        }
+        if meta.get("lb_job") and str(meta["lb_job"]) in running:
+            return str(meta["lb_job"])
+        for entry in running.values():
+            if entry.task_id is not None:
+                raw = self.client.raw_id(entry.id)
+                if raw:
+                    return raw
+        raise BackendError(
+            f"swarm '{self.cfg.name}' has no running Slurm allocation to run job steps in "
+            f"(jobs {meta.get('lb_job')}, {meta.get('replicas_job')}).",
+            hint=f"`prefect-swarm status {self.cfg.name}`; bring it up with `prefect-swarm up`.",
+        )
+
+    def _log_path(self, workdir: str | None, shard: int | None, step_name: str) -> Path:
+        if workdir and shard is not None:
+            path = JobPaths(Path(workdir)).log(shard)
+        else:
+            path = self.paths.file("steps") / f"{step_name}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _env(
+        self,
+        env: Mapping[str, str] | None,
+        secret_env: Mapping[str, str] | None,
+        shard: int | None,
+        nshards: int,
+    ) -> dict[str, str]:
+        out = {**self.default_env(), **(env or {})}
+        lb = _head_url(self.paths.file(render.LB_HEAD))
+        if lb:
+            out.setdefault("ENDPOINT", lb)
+            out.setdefault("PREFECT_SWARM_ENDPOINTS", lb)
+        out.setdefault("MODEL", self.cfg.model_name)
+        if shard is not None:
+            out["PREFECT_SWARM_SHARD_ID"] = str(shard)
+            out["PREFECT_SWARM_NSHARDS"] = str(nshards)
+        secret = dict(secret_env or {})
+        if self.cfg.api_key is not None:
+            secret.setdefault(API_KEY_ENV, self.cfg.api_key.get_secret_value())
+        return {**out, **secret}
+
+    def _start(
+        self, jobid: str, step_name: str, argv: list[str], env: dict[str, str], log: Path, workdir: str | None
+    ) -> None:
+        srun = render.step_argv(self.cfg, jobid=jobid, step_name=step_name, command=argv)
+        with log.open("ab") as out:
+            out.write(f"# prefect-swarm: {self.printable(srun)}\n".encode())
+            out.flush()
+            try:
+                proc = subprocess.Popen(
+                    srun,
+                    env=clean_env(env),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=workdir,
+                    start_new_session=True,
+                )
+            except FileNotFoundError as exc:
+                raise BackendError(
+                    "srun not found", command=srun[:1], hint="install the Slurm client tools."
+                ) from exc
+        self._procs[step_name] = proc
+
+    def _find_step(self, jobid: str, step_name: str) -> str:
+        """The ``jobid.stepid`` of the step named ``step_name`` (squeue, then sacct for quick ones)."""
+        deadline = time.monotonic() + STEP_APPEAR_S
+        proc = self._procs.get(step_name)
+        while time.monotonic() < deadline:
+            for sid, sname in self.client.steps(jobid).items():
+                if sname == step_name:
+                    return sid
+            for entry in self.client.sacct([jobid]):
+                if entry.name == step_name and "." in entry.id:
+                    return entry.id
+            if (
+                proc is not None
+                and proc.poll() is not None
+                and time.monotonic() > deadline - STEP_APPEAR_S + 5
+            ):
+                break
+            time.sleep(0.2)
+        raise BackendError(
+            f"step {step_name} did not appear in job {jobid} (srun exit code "
+            f"{proc.poll() if proc else 'unknown'}).",
+            hint="see the step log for srun's error.",
+        )
+
+    # ------------------------------------------------------------------ probe / wait / cancel
+    def probe(self, handle: JobHandle) -> JobProbe:
+        """squeue, then sacct, per step; aggregated over a fan-out. Never blocks."""
+        self._reap()
+        steps = list(handle.meta.get("steps") or handle.id.split(","))
+        jobid = str(handle.meta.get("jobid") or steps[0].split(".")[0])
+        try:
+            running = set(self.client.steps(jobid))
+            acct = (
+                {e.id: e for e in self.client.sacct([s for s in steps if s not in running])}
+                if (set(steps) - running)
+                else {}
+            )
+        except Exception as exc:  # "could not tell" is not "failed"
+            return JobProbe(None, error=f"cannot ask Slurm: {exc}")
+        return _aggregate(steps, running, acct)
+
+    def wait(self, handle: JobHandle, stream_logs: bool = False, poll_s: float = 1.0) -> JobStatus:
+        """Poll :meth:`probe` until every step finished; with ``stream_logs`` copy new log lines to stdout."""
+        offsets: dict[str, int] = {}
+        while True:
+            probe = self.probe(handle)
+            if stream_logs:
+                _stream(handle.meta.get("logs") or [], offsets)
+            if probe.status is not None and probe.status.finished:
+                return probe.status
+            time.sleep(poll_s)
+
+    def cancel(self, handle: JobHandle) -> None:
+        """scancel every step. Idempotent."""
+        steps = list(handle.meta.get("steps") or handle.id.split(","))
+        self.client.scancel(steps)
+        self._reap()
+
+    def _reap(self) -> None:
+        for step_name, proc in list(self._procs.items()):
+            if proc.poll() is not None:
+                del self._procs[step_name]
+
+
+def _aggregate(steps: list[str], running: set[str], acct: dict[str, AcctEntry]) -> JobProbe:
+    statuses: list[JobStatus] = []
+    codes: list[int] = []
+    unknown = []
+    for step in steps:
+        if step in running:
+            statuses.append(JobStatus.RUNNING)
+            continue
+        entry = acct.get(step)
+        if entry is None:
+            unknown.append(step)
+            continue
+        status = coerce_job_status(entry.state)
+        statuses.append(status)
+        if entry.exit_code is not None:
+            codes.append(entry.exit_code)
+    if unknown:
+        return JobProbe(None, error=f"step(s) {', '.join(unknown)} in neither squeue nor sacct yet")
+    detail = ", ".join(f"{s}={st.value}" for s, st in zip(steps, statuses, strict=True))
+    exit_code = max(codes, default=None) if all(st.finished for st in statuses) else None
+    for candidate in (JobStatus.RUNNING, JobStatus.PENDING, JobStatus.FAILED, JobStatus.CANCELLED):
+        if candidate in statuses:
+            return JobProbe(candidate, exit_code=exit_code, detail=detail)
+    return JobProbe(JobStatus.SUCCEEDED, exit_code=exit_code, detail=detail)
+
+
+def _head_url(path: Path) -> str | None:
+    try:
+        parsed = render.host_port(path.read_text())
+    except OSError:
+        return None
+    return f"http://{parsed[0]}:{parsed[1]}" if parsed else None
+
+
+def _stream(logs: list[str], offsets: dict[str, int]) -> None:
+    for log in logs:
+        try:
+            with open(log, "rb") as fh:
+                fh.seek(offsets.get(log, 0))
+                data = fh.read()
+                offsets[log] = fh.tell()
+        except OSError:
+            continue
+        if data:
+            sys.stdout.write(data.decode("utf-8", "replace"))
+            sys.stdout.flush()

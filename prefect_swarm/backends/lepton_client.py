@@ -1,0 +1,335 @@
+"""Talks to a DGX Cloud Lepton workspace through the leptonai SDK; maps its errors in one place.
+
+Everything the Lepton serving and compute backends send to the workspace goes through
+:class:`LeptonClient`, which
+
+- imports the SDK lazily (``import leptonai`` costs ~0.5 s and is an optional extra); a missing
+  SDK is a ConfigError carrying the install hint;
+- resolves the workspace token (``backend.token``, else ``$<token_env>``) and never logs it;
+- retries what is transient (HTTP 429/502/503/504, connection errors) with exponential backoff
+  that honours ``Retry-After`` (tenacity);
+- translates every other failure with :func:`map_lepton_error`, the one place that knows what a
+  Lepton HTTP status means for the user.
+
+It also holds the small pure helpers both backends use to build SDK specs (env, mounts,
+affinity), so the two specs cannot drift.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tenacity import RetryCallState, retry, retry_if_exception, stop_after_attempt
+
+from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError
+
+if TYPE_CHECKING:
+    from prefect_swarm.config import LeptonConfig
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'prefect-swarm[lepton]'"
+TRANSIENT_STATUSES = frozenset({429, 502, 503, 504})
+LABEL_SWARM = "prefect-swarm-swarm"
+LABEL_JOB = "prefect-swarm-job"
+
+T = TypeVar("T")
+
+
+def import_sdk() -> Any:
+    """``leptonai.api.v2`` imported now; ConfigError with the install hint when it is missing."""
+    try:
+        import leptonai.api.v2 as v2
+        import leptonai.api.v2.types.deployment  # the spec types below live here
+        import leptonai.api.v2.types.job  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            f"the lepton backend needs the leptonai SDK, which is not installed ({exc}). "
+            f"Install it with: {INSTALL_HINT}"
+        ) from None
+    return v2
+
+
+# ---------------------------------------------------------------------------------- error mapping
+def _status_of(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    code = getattr(response, "status_code", None)
+    return code if isinstance(code, int) else None
+
+
+def _api_message(exc: BaseException) -> str:
+    """The API's own message from a ClientError/ServerError body (JSON ``message`` when present)."""
+    response = getattr(exc, "response", None)
+    text = str(getattr(response, "text", "") or "")
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip()[:500]
+    if isinstance(body, dict):
+        return str(body.get("message") or body.get("error") or text).strip()[:500]
+    return text.strip()[:500]
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    try:
+        return float(headers.get("Retry-After", ""))
+    except (TypeError, ValueError):
+        return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures worth retrying: 429/502/503/504 and lost connections."""
+    import requests
+
+    if isinstance(exc, requests.ConnectionError | requests.Timeout):
+        return True
+    return _status_of(exc) in TRANSIENT_STATUSES
+
+
+def is_not_found(exc: BaseException) -> bool:
+    """True when the SDK reports HTTP 404 for the object asked about."""
+    return _status_of(exc) == 404
+
+
+def auth_error(workspace_id: str, url: str, status: int | None, token_env: str) -> ConfigError:
+    """The message for a rejected token or an unknown workspace: what, where, what to check."""
+    what = {401: "rejected the token", 403: "refused access", 404: "does not know the workspace"}.get(
+        status or 0, "refused the request"
+    )
+    return ConfigError(
+        f"Lepton {what} for workspace '{workspace_id}' (HTTP {status}, API {url}).\n"
+        f"Hint: check backend.workspace_id, backend.workspace_url, and that backend.token (or ${token_env}) "
+        "is a current token of that workspace (dashboard -> Settings -> Tokens)."
+    )
+
+
+def map_lepton_error(
+    exc: BaseException, *, what: str, workspace_id: str, url: str, token_env: str
+) -> Exception:
+    """Translate an SDK/transport failure of ``what`` into our exception tree (the cause is kept)."""
+    import requests
+
+    if isinstance(exc, PrefectSwarmError):
+        return exc
+    status = _status_of(exc)
+    type_name = type(exc).__name__
+    if type_name in ("WorkspaceUnauthorizedError", "WorkspaceForbiddenError", "WorkspaceNotFoundError"):
+        # The SDK's own message embeds part of the token: never pass it on.
+        status = {"WorkspaceUnauthorizedError": 401, "WorkspaceForbiddenError": 403}.get(type_name, 404)
+        return auth_error(workspace_id, url, status, token_env)
+    if status in (401, 403):
+        return auth_error(workspace_id, url, status, token_env)
+    if isinstance(exc, requests.ConnectionError | requests.Timeout):
+        return BackendError(
+            f"could not reach the Lepton API to {what} (workspace '{workspace_id}', {url}): {type_name}.",
+            hint="check backend.workspace_url and the network; the call was retried before giving up.",
+        )
+    if status in TRANSIENT_STATUSES:
+        return BackendError(
+            f"the Lepton API stayed unavailable while trying to {what} (HTTP {status}, workspace "
+            f"'{workspace_id}').",
+            stderr=_api_message(exc),
+            hint="the call was retried with backoff; try again later or check the workspace status.",
+        )
+    if status is not None:
+        return BackendError(
+            f"the Lepton API refused to {what} (HTTP {status}, workspace '{workspace_id}'): "
+            f"{_api_message(exc)}",
+            hint="the message above is the API's; fix the named field in the backend config."
+            if status < 500
+            else "a server-side error; retry later.",
+        )
+    if isinstance(exc, ValueError):  # the SDK's client-side validation (job names, env names, mounts)
+        return ConfigError(f"the Lepton SDK refused to {what}: {exc}")
+    return BackendError(f"the Lepton SDK failed to {what} (workspace '{workspace_id}'): {type_name}: {exc}")
+
+
+# ---------------------------------------------------------------------------------- the client
+class LeptonClient:
+    """One workspace, reached through the leptonai SDK with retries and mapped errors."""
+
+    attempts: int = 6
+    """Tries of one call when it keeps failing transiently."""
+    backoff_s: float = 0.5
+    """First delay between tries; doubles each try, capped by :attr:`backoff_max_s`."""
+    backoff_max_s: float = 10.0
+    """Longest delay between tries (a larger Retry-After is capped too)."""
+
+    def __init__(self, cfg: LeptonConfig) -> None:
+        self.cfg = cfg
+        self._api: Any = None
+
+    # ---------------------------------------------------------------- credentials
+    def token(self) -> str:
+        """The workspace token: ``backend.token``, else ``$<token_env>``; ConfigError when neither is set."""
+        if self.cfg.token is not None and self.cfg.token.get_secret_value():
+            return self.cfg.token.get_secret_value()
+        value = os.environ.get(self.cfg.token_env, "")
+        if not value:
+            raise ConfigError(
+                f"no Lepton token for workspace '{self.cfg.workspace_id}': set backend.token or the "
+                f"environment variable {self.cfg.token_env}."
+            )
+        return value
+
+    @property
+    def api(self) -> Any:
+        """The SDK's ``APIClient`` for this workspace (built on first use)."""
+        if self._api is None:
+            v2 = import_sdk()
+            self._api = v2.APIClient(
+                workspace_id=self.cfg.workspace_id, auth_token=self.token(), url=self.cfg.workspace_url
+            )
+        return self._api
+
+    # ---------------------------------------------------------------- calls
+    def call(self, what: str, fn: Callable[..., T], *args: Any, missing_ok: bool = False) -> T | None:
+        """Run ``fn(api, *args)``: transient errors retried, others mapped; 404 is None if ``missing_ok``."""
+        api = self.api
+
+        @retry(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(self.attempts),
+            wait=self._wait,
+            before_sleep=lambda state: log.info(
+                "Lepton API busy (%s) while trying to %s; retry %d/%d",
+                _outcome_summary(state),
+                what,
+                state.attempt_number,
+                self.attempts - 1,
+            ),
+            reraise=True,
+        )
+        def attempt() -> T:
+            return fn(api, *args)
+
+        try:
+            return attempt()
+        except Exception as exc:
+            if missing_ok and is_not_found(exc):
+                return None
+            mapped = map_lepton_error(
+                exc,
+                what=what,
+                workspace_id=self.cfg.workspace_id,
+                url=str(api.url),
+                token_env=self.cfg.token_env,
+            )
+            if mapped is exc:
+                raise
+            if type(exc).__name__.startswith("Workspace"):
+                raise mapped from None  # its text holds part of the token
+            raise mapped from exc
+
+    def _wait(self, state: RetryCallState) -> float:
+        delay = min(self.backoff_max_s, self.backoff_s * 2 ** (state.attempt_number - 1))
+        exc = state.outcome.exception() if state.outcome else None
+        after = _retry_after(exc) if exc else None
+        return min(self.backoff_max_s, max(delay, after or 0.0))
+
+    def check_access(self) -> None:
+        """GET /workspace: fails fast, naming the workspace, when the token or workspace is wrong."""
+        self.call("read the workspace", lambda api: api.info())
+
+    # ---------------------------------------------------------------- secrets
+    def upsert_secret(self, name: str, value: str) -> None:
+        """Create (or replace) workspace secret ``name``; the value goes only to the API."""
+        import_sdk()
+        from leptonai.api.v2.types.secret import SecretItem
+
+        item = SecretItem(name=name, value=value)
+        self.call(f"delete old secret '{name}'", lambda api: api.secret.delete(name), missing_ok=True)
+        self.call(f"create secret '{name}'", lambda api: api.secret.create([item]))
+
+    def delete_secrets(self, prefix: str) -> None:
+        """Delete every workspace secret whose name starts with ``prefix`` (idempotent)."""
+        items = self.call("list secrets", lambda api: api.secret.list_all()) or []
+        for item in items:
+            if item.name.startswith(prefix):
+                self.call(
+                    f"delete secret '{item.name}'",
+                    lambda api, n: api.secret.delete(n),
+                    item.name,
+                    missing_ok=True,
+                )
+
+
+def _outcome_summary(state: RetryCallState) -> str:
+    exc = state.outcome.exception() if state.outcome else None
+    status = _status_of(exc) if exc else None
+    return f"HTTP {status}" if status else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------------- spec helpers
+def env_vars(values: Mapping[str, str], secret_refs: Mapping[str, str] | None = None) -> list[Any]:
+    """SDK ``EnvVar`` list: plain values, then ``{name: secret}`` as secret references."""
+    from leptonai.api.v2.types.deployment import EnvValue, EnvVar
+
+    out = [EnvVar(name=k, value=v) for k, v in values.items()]
+    out += [EnvVar(name=k, value_from=EnvValue(secret_name_ref=s)) for k, s in (secret_refs or {}).items()]
+    return out
+
+
+def mounts(cfg: LeptonConfig) -> list[Any]:
+    """SDK ``Mount`` list from ``backend.mounts``."""
+    from leptonai.api.v2.types.deployment import Mount
+
+    return [Mount(path=m.path, mount_path=m.mount_path, **{"from": m.from_}) for m in cfg.mounts]
+
+
+def affinity(cfg: LeptonConfig) -> Any:
+    """SDK affinity restricting scheduling to ``backend.node_groups`` (None when unset)."""
+    from leptonai.api.v2.types.affinity import LeptonResourceAffinity
+
+    return (
+        LeptonResourceAffinity(allowed_dedicated_node_groups=list(cfg.node_groups))
+        if cfg.node_groups
+        else None
+    )
+
+
+def secret_name(swarm: str, key: str) -> str:
+    """Workspace secret name prefect-swarm uses for env var ``key`` of swarm ``swarm``."""
+    return secret_prefix(swarm) + re.sub(r"[^A-Z0-9_]", "_", key.upper())
+
+
+def secret_prefix(swarm: str) -> str:
+    """Prefix of every workspace secret prefect-swarm creates for ``swarm``."""
+    return "PSW_" + re.sub(r"[^A-Z0-9_]", "_", swarm.upper()) + "_"
+
+
+def under_mount(cfg: LeptonConfig, path: str) -> bool:
+    """True when ``path`` lies at or below one of the config's mount paths."""
+    norm = os.path.normpath(path)
+    for m in cfg.mounts:
+        root = os.path.normpath(m.mount_path)
+        if norm == root or norm.startswith(root.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def validate_lepton(cfg: LeptonConfig) -> None:
+    """Refuse a Lepton config that cannot work, before any call to the workspace."""
+    where = f"workspace '{cfg.workspace_id}'"
+    if not cfg.mounts or not cfg.shared_path:
+        raise ConfigError(
+            "backend.shared_path: the lepton backend keeps ledgers and output on shared storage, so it needs "
+            f"backend.mounts and a backend.shared_path under one of their mount_path values ({where}). "
+            "Add e.g. mounts: [{path: /prefect-swarm, mount_path: /mnt/shared}] and "
+            "shared_path: /mnt/shared/runs."
+        )
+    if not under_mount(cfg, cfg.shared_path):
+        paths = ", ".join(m.mount_path for m in cfg.mounts)
+        raise ConfigError(
+            f"backend.shared_path '{cfg.shared_path}' is not under any mount_path ({paths}); "
+            "jobs could not share their ledgers. Put shared_path under one of them."
+        )
+    for m in cfg.mounts:
+        if not m.mount_path.startswith("/"):
+            raise ConfigError(f"backend.mounts: mount_path '{m.mount_path}' must be an absolute path.")

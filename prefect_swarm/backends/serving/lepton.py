@@ -1,0 +1,367 @@
+"""Serving on DGX Cloud Lepton: the swarm is one Lepton endpoint (deployment) with N replicas.
+
+Lepton balances requests over the replicas and replaces failed ones itself, so there is no
+watchdog here. Readiness is the deployment's state *and* one real chat completion through the
+endpoint. The endpoint's token is the swarm's ``api_key`` (sent as the endpoint's API token) or a
+Lepton secret named by ``backend.endpoint_token_secret``; it reaches no log or state row.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from prefect_swarm.backends.engine import engine_argv, engine_env
+from prefect_swarm.backends.lepton_client import (
+    LABEL_SWARM,
+    LeptonClient,
+    affinity,
+    env_vars,
+    import_sdk,
+    mounts,
+    secret_prefix,
+    validate_lepton,
+)
+from prefect_swarm.exceptions import BackendError, CapacityError, PrefectSwarmError, ReadinessError
+from prefect_swarm.platform import (
+    Capabilities,
+    Capability,
+    ReplicaHealth,
+    ReplicaStatus,
+    ServingHandle,
+    ServingPhase,
+    ServingStatus,
+)
+from prefect_swarm.platform.readiness import check_chat
+
+if TYPE_CHECKING:
+    from prefect_swarm.config import LeptonConfig, SwarmConfig
+    from prefect_swarm.paths import SwarmPaths
+
+log = logging.getLogger(__name__)
+
+DEPLOYMENT_PHASES: dict[str, ServingPhase] = {
+    "Ready": ServingPhase.RUNNING,
+    "Migrating": ServingPhase.RUNNING,  # live-migrating replicas keep serving
+    "Not Ready": ServingPhase.INITIALIZING,  # Lepton restarts unready replicas itself
+    "Starting": ServingPhase.INITIALIZING,
+    "Updating": ServingPhase.INITIALIZING,
+    "Scaling": ServingPhase.INITIALIZING,
+    "Restarting": ServingPhase.INITIALIZING,
+    "Stopping": ServingPhase.STOPPED,
+    "Stopped": ServingPhase.STOPPED,
+    "Deleting": ServingPhase.STOPPED,
+    "Error": ServingPhase.FAILED,
+    "UNK": ServingPhase.UNKNOWN,
+}
+"""Every ``LeptonDeploymentState`` value -> our phase (tests check the table covers the enum)."""
+
+QUEUED_REASONS = frozenset({"NoCapacity", "Queueing"})
+FATAL_REASONS = frozenset({"ConfigError"})
+DELETE_WAIT_S = 60.0
+
+
+def deployment_phase(state: str | None, phase: str | None = None) -> ServingPhase:
+    """Our phase for a deployment ``state`` (``phase`` wins when it says Stopping/Stopped)."""
+    if phase in ("Stopping", "Stopped"):
+        return ServingPhase.STOPPED  # the legacy API collapses these into state "Not Ready"
+    return DEPLOYMENT_PHASES.get(state or "UNK", ServingPhase.UNKNOWN)
+
+
+def engine_command(cfg: SwarmConfig) -> list[str]:
+    """The container command of one replica (no secret: Lepton's gateway checks the endpoint token)."""
+    if cfg.engine.python is None:  # this machine's interpreter means nothing inside the image
+        cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"python": "python3"})})
+    return engine_argv(cfg, host="0.0.0.0", port=cfg.port)
+
+
+class LeptonServing:
+    """The swarm as one Lepton deployment, through the leptonai SDK."""
+
+    def __init__(self, cfg: SwarmConfig, paths: SwarmPaths) -> None:
+        self.cfg = cfg
+        self.paths = paths
+        self.backend: LeptonConfig = cfg.backend  # type: ignore[assignment]
+        self.client = LeptonClient(self.backend)
+
+    # ---------------------------------------------------------------- protocol
+    def capabilities(self) -> Capabilities:
+        """Lepton balances and replaces replicas itself; it sends no preemption signal."""
+        return Capabilities(
+            backend="lepton",
+            supported=frozenset(
+                {
+                    Capability.LOAD_BALANCER,
+                    Capability.GPU_REQUEST,
+                    Capability.MULTI_NODE,
+                    Capability.DETACHED_JOBS,
+                    Capability.SHARED_STORAGE,
+                    Capability.CONTAINERS,
+                }
+            ),
+            missing={
+                Capability.WATCHDOG: "Lepton replaces replicas itself",
+                Capability.PREEMPTION_SIGNAL: "Lepton sends jobs no preemption signal; a retried job resumes "
+                "from its ledger",
+                Capability.WALL_TIME: "Lepton endpoints have no wall-time limit; the flow's teardown and the "
+                "orphan reaper stop them",
+            },
+        )
+
+    def validate(self, cfg: SwarmConfig | None = None) -> None:
+        """Refuse a config this backend cannot run (no SDK, no token, no shared mount). Calls nothing."""
+        cfg = cfg or self.cfg
+        validate_lepton(cfg.backend)  # type: ignore[arg-type]
+        import_sdk()
+        LeptonClient(cfg.backend).token()  # type: ignore[arg-type]
+
+    def create_or_update(self, cfg: SwarmConfig) -> ServingHandle:
+        """Create the deployment, or update its spec when it already exists (never a duplicate)."""
+        self.validate(cfg)
+        self.client.check_access()
+        name = cfg.name
+        existing = self._get(name)
+        if existing is not None and _state(existing) == "Deleting":
+            if not self._wait_gone(name):
+                raise BackendError(
+                    f"Lepton deployment '{name}' is still being deleted after {DELETE_WAIT_S:.0f}s "
+                    f"(workspace '{self.backend.workspace_id}').",
+                    hint="wait for it to go, then retry `up`.",
+                )
+            existing = None
+        spec = self._spec(cfg)
+        if existing is None:
+            log.info("creating Lepton deployment '%s' in workspace '%s'", name, self.backend.workspace_id)
+            dep = self.client.call(
+                f"create deployment '{name}'", lambda api: api.deployment.create_with_response(spec)
+            )
+            if not hasattr(dep, "status"):  # an old server answered with an empty body
+                dep = self._get(name)
+        else:
+            log.info("updating Lepton deployment '%s' in workspace '%s'", name, self.backend.workspace_id)
+            dep = self.client.call(
+                f"update deployment '{name}'", lambda api: api.deployment.update(name, spec)
+            )
+        return self._handle(name, dep)
+
+    def wait_ready(self, handle: ServingHandle, timeout_s: float) -> ServingStatus:
+        """Poll the deployment until Ready and one chat completion answers through the endpoint."""
+        deadline = time.monotonic() + timeout_s
+        last = "no status yet"
+        while True:
+            st = self.status(handle)
+            if st.phase is ServingPhase.FAILED or st.phase is ServingPhase.STOPPED:
+                raise self._not_ready(handle, f"deployment is {st.detail}")
+            if _fatal(st):
+                raise self._not_ready(handle, f"a replica cannot start: {st.detail}")
+            if st.phase is ServingPhase.RUNNING:
+                ok, last = self._probe_chat(st.url or handle.url)
+                if ok:
+                    return ServingStatus(ServingPhase.RUNNING, st.url, last, st.replicas)
+            else:
+                last = st.detail
+            if time.monotonic() >= deadline:
+                if st.phase is ServingPhase.PENDING:
+                    raise CapacityError(
+                        f"Lepton deployment '{handle.name}' stayed queued for {timeout_s:.0f}s "
+                        f"(workspace '{self.backend.workspace_id}'): {st.detail}. Try another resource_shape "
+                        "or node group, or retry later."
+                    )
+                raise self._not_ready(handle, f"not ready after {timeout_s:.0f}s; last: {last}")
+            time.sleep(min(self.backend.ready_poll_s, max(0.0, deadline - time.monotonic())))
+
+    def status(self, handle: ServingHandle) -> ServingStatus:
+        """The deployment now: its state mapped to a phase, each replica's readiness."""
+        try:
+            dep = self._get(handle.name)
+        except BackendError as exc:
+            return ServingStatus(ServingPhase.UNKNOWN, handle.url, f"Lepton API: {exc}".splitlines()[0])
+        if dep is None:
+            return ServingStatus(ServingPhase.STOPPED, handle.url, "deployment does not exist")
+        state = _state(dep)
+        phase = deployment_phase(state, _phase(dep))
+        replicas = self._replicas(handle.name) if phase not in (ServingPhase.STOPPED,) else ()
+        if (
+            phase is ServingPhase.INITIALIZING
+            and replicas
+            and all(r.detail.split(":")[0] in QUEUED_REASONS for r in replicas)
+        ):
+            phase = ServingPhase.PENDING
+        detail = state + "".join(f"; replica {r.index}: {r.detail}" for r in replicas if r.detail)
+        return ServingStatus(phase, _url(dep) or handle.url, detail, replicas)
+
+    def delete(self, handle: ServingHandle) -> None:
+        """Delete the deployment, the swarm's jobs and secrets. Idempotent; waits until it is gone."""
+        name = handle.name
+        self._delete_jobs(name)
+        self.client.call(
+            f"delete deployment '{name}'", lambda api: api.deployment.delete(name), missing_ok=True
+        )
+        if not self._wait_gone(name):
+            log.warning("Lepton deployment '%s' is still being deleted after %.0fs", name, DELETE_WAIT_S)
+        self.client.delete_secrets(secret_prefix(name))
+
+    # ---------------------------------------------------------------- internals
+    def _spec(self, cfg: SwarmConfig) -> Any:
+        from leptonai.api.v2.types.common import Metadata
+        from leptonai.api.v2.types.deployment import (
+            ContainerPort,
+            LeptonContainer,
+            LeptonDeployment,
+            LeptonDeploymentUserSpec,
+            ResourceRequirement,
+            TokenValue,
+            TokenVar,
+        )
+
+        b = self.backend
+        if b.endpoint_token_secret:
+            tokens = [TokenVar(value_from=TokenValue(token_name_ref=b.endpoint_token_secret))]
+        elif cfg.api_key is not None:
+            tokens = [TokenVar(value=cfg.api_key.get_secret_value())]
+        else:
+            tokens = []
+            log.warning(
+                "Lepton endpoint '%s' will accept requests without a token: set api_key or "
+                "backend.endpoint_token_secret to require one",
+                cfg.name,
+            )
+        return LeptonDeployment(
+            metadata=Metadata(id=cfg.name, name=cfg.name, labels={LABEL_SWARM: cfg.name}),
+            spec=LeptonDeploymentUserSpec(
+                container=LeptonContainer(
+                    image=b.image, command=engine_command(cfg), ports=[ContainerPort(container_port=cfg.port)]
+                ),
+                resource_requirement=ResourceRequirement(
+                    resource_shape=b.resource_shape,
+                    min_replicas=cfg.replicas,
+                    max_replicas=cfg.replicas,
+                    affinity=affinity(b),
+                ),
+                api_tokens=tokens,
+                allow_unauthenticated_access=True if not tokens else None,
+                envs=env_vars(engine_env(cfg)),
+                mounts=mounts(b),
+                image_pull_secrets=list(b.image_pull_secrets) or None,
+            ),
+        )
+
+    def _get(self, name: str) -> Any:
+        return self.client.call(
+            f"read deployment '{name}'", lambda api: api.deployment.get(name), missing_ok=True
+        )
+
+    def _handle(self, name: str, dep: Any) -> ServingHandle:
+        endpoint = getattr(getattr(dep, "status", None), "endpoint", None)
+        meta = {
+            "workspace_id": self.backend.workspace_id,
+            "deployment": name,
+            "internal_url": getattr(endpoint, "internal_endpoint", None),
+        }
+        return ServingHandle(name=name, backend="lepton", url=_url(dep), meta=meta)
+
+    def _replicas(self, name: str) -> tuple[ReplicaStatus, ...]:
+        issues = self.client.call(
+            f"read readiness of '{name}'", lambda api: api.deployment.get_readiness(name), missing_ok=True
+        )
+        out = []
+        for i, (rid, items) in enumerate(sorted((getattr(issues, "root", None) or {}).items())):
+            reasons = [(str(getattr(it.reason, "value", it.reason)), it.message) for it in items]
+            ready = all(r == "Ready" for r, _ in reasons)
+            detail = "" if ready else "; ".join(f"{r}: {m}" if m else r for r, m in reasons)
+            out.append(
+                ReplicaStatus(
+                    index=i,
+                    health=ReplicaHealth.HEALTHY if ready else ReplicaHealth.UNHEALTHY,
+                    external_id=rid,
+                    detail=detail,
+                )
+            )
+        return tuple(out)
+
+    def _probe_chat(self, url: str | None) -> tuple[bool, str]:
+        if not url:
+            return False, "the deployment reports no endpoint URL yet"
+        if self.cfg.api_key is None and self.backend.endpoint_token_secret:
+            # The token lives only in a Lepton secret: the state plus replica readiness must do.
+            return (
+                True,
+                f"Ready (chat probe skipped: token only in secret '{self.backend.endpoint_token_secret}')",
+            )
+        key = self.cfg.api_key.get_secret_value() if self.cfg.api_key else None
+        probe = check_chat(url, self.cfg.model_name, key, timeout_s=60.0)
+        return probe.ok, "Ready; chat completion answered" if probe.ok else f"Ready, but chat: {probe.detail}"
+
+    def _not_ready(self, handle: ServingHandle, what: str) -> ReadinessError:
+        evidence = self._evidence(handle.name)
+        return ReadinessError(
+            f"Lepton deployment '{handle.name}' (workspace '{self.backend.workspace_id}') {what}.",
+            stderr=evidence or None,
+            hint=f"check the image ({self.backend.image}), the engine command and resource_shape "
+            f"({self.backend.resource_shape}); `lep endpoint log -n {handle.name}` shows the replica logs.",
+        )
+
+    def _evidence(self, name: str) -> str:
+        lines: list[str] = []
+        try:
+            events = self.client.call(
+                "read events", lambda api: api.deployment.get_events(name), missing_ok=True
+            )
+            lines += [f"event {e.type_} {e.reason} x{e.count}" for e in (events or [])[-10:]]
+            reps = self.client.call(
+                "list replicas", lambda api: api.deployment.get_replicas(name), missing_ok=True
+            )
+            for rep in (reps or [])[:2]:
+                text = (
+                    self.client.call(
+                        "read replica log",
+                        lambda api, r: "".join(api.deployment.get_log(name, r, timeout=5)),
+                        rep,
+                    )
+                    or ""
+                )
+                lines += [f"{rep.id_}: {ln}" for ln in text.splitlines()[-20:]]
+        except (PrefectSwarmError, RuntimeError) as exc:
+            lines.append(f"(could not read more evidence: {type(exc).__name__})")
+        return "\n".join(lines)
+
+    def _delete_jobs(self, name: str) -> None:
+        jobs = (
+            self.client.call("list jobs", lambda api: api.job.list_all(query=f"{LABEL_SWARM}={name}")) or []
+        )
+        for job in jobs:
+            labels = job.metadata.labels or {}
+            if labels.get(LABEL_SWARM) == name:
+                jid = job.metadata.id_
+                self.client.call(
+                    f"delete job '{jid}'", lambda api, j: api.job.delete(j), jid, missing_ok=True
+                )
+
+    def _wait_gone(self, name: str) -> bool:
+        deadline = time.monotonic() + DELETE_WAIT_S
+        while self._get(name) is not None:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(1.0, self.backend.ready_poll_s))
+        return True
+
+
+def _state(dep: Any) -> str:
+    state = getattr(getattr(dep, "status", None), "state", None)
+    return str(getattr(state, "value", state) or "UNK")
+
+
+def _phase(dep: Any) -> str | None:
+    phase = getattr(getattr(dep, "status", None), "phase", None)
+    return None if phase is None else str(getattr(phase, "value", phase))
+
+
+def _url(dep: Any) -> str | None:
+    endpoint = getattr(getattr(dep, "status", None), "endpoint", None)
+    url = getattr(endpoint, "external_endpoint", None)
+    return str(url).rstrip("/") if url else None
+
+
+def _fatal(st: ServingStatus) -> bool:
+    return any(r.detail.split(":")[0] in FATAL_REASONS for r in st.replicas)

@@ -1,0 +1,416 @@
+"""Local serving: each replica is an engine process on this machine, each under its own watchdog.
+
+    <swarm>/watchdog-<i>.json   spec the watchdog runs from (no secrets)
+    <swarm>/watchdog-<i>.pid    {"pid", "create_time"} of the watchdog (identity-checked)
+    <swarm>/replica-<i>.status.json / .log   written by the watchdog
+
+Replica ``i`` listens on ``cfg.port + i``. There is no load balancer: the handle lists every
+replica URL (``meta["replica_urls"]``) and the job runner spreads requests over them. The API key
+reaches replicas only through the watchdog's environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prefect_swarm.backends.engine import engine_launch
+from prefect_swarm.backends.processes import ProcRef, stop
+from prefect_swarm.config import LocalConfig
+from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
+from prefect_swarm.paths import atomic_write_json, read_json
+from prefect_swarm.platform import (
+    Capabilities,
+    Capability,
+    ReplicaHealth,
+    ReplicaStatus,
+    ServingHandle,
+    ServingPhase,
+    ServingStatus,
+)
+from prefect_swarm.platform.readiness import ProbeResult, check_chat, check_health
+from prefect_swarm.runtime.watchdog import WatchdogSpec
+
+if TYPE_CHECKING:
+    from prefect_swarm.config import SwarmConfig
+    from prefect_swarm.paths import SwarmPaths
+
+STOP_GRACE_S = 10.0
+"""Seconds a replica gets to exit after SIGTERM before SIGKILL (the watchdog's, and delete's)."""
+
+STALE_AFTER_S = 30.0
+"""A status file not rewritten for this long (plus a few health intervals) is not trusted."""
+
+_WILDCARD = {"0.0.0.0", "::", ""}
+
+
+class LocalServing:
+    """ServingBackend for replicas on this machine."""
+
+    backend = "local"
+
+    def __init__(self, cfg: SwarmConfig, paths: SwarmPaths) -> None:
+        self.cfg = cfg
+        self.paths = paths
+
+    @property
+    def local(self) -> LocalConfig:
+        """The local backend section of the config."""
+        if not isinstance(self.cfg.backend, LocalConfig):
+            raise ConfigError(f"LocalServing needs backend.type 'local', not '{self.cfg.backend.type}'.")
+        return self.cfg.backend
+
+    def capabilities(self) -> Capabilities:
+        """Watchdog, wall time and detached jobs; one machine, no LB, no preemption, no containers."""
+        return Capabilities(
+            backend="local",
+            supported=frozenset(
+                {
+                    Capability.WATCHDOG,
+                    Capability.WALL_TIME,
+                    Capability.DETACHED_JOBS,
+                    Capability.SHARED_STORAGE,
+                    Capability.GPU_REQUEST,
+                }
+            ),
+            missing={
+                Capability.MULTI_NODE: "every replica runs on this machine",
+                Capability.LOAD_BALANCER: "no proxy: clients spread requests over meta['replica_urls']",
+                Capability.PREEMPTION_SIGNAL: "nothing preempts local processes",
+                Capability.CONTAINERS: "replicas run as host processes (the slurm backend runs containers)",
+            },
+        )
+
+    # ------------------------------------------------------------------ addresses
+    def replica_url(self, i: int) -> str:
+        """Base URL of replica ``i`` (a wildcard listen address is reached over loopback)."""
+        host = self.local.host
+        host = "127.0.0.1" if host in _WILDCARD else host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.cfg.port + i}"
+
+    def _urls(self, handle: ServingHandle) -> list[str]:
+        urls = handle.meta.get("replica_urls")
+        return list(urls) if urls else [self.replica_url(i) for i in range(self.cfg.replicas)]
+
+    # ------------------------------------------------------------------ create
+    def create_or_update(self, cfg: SwarmConfig) -> ServingHandle:
+        """Start a watchdog per replica; live replicas with an unchanged spec are left alone."""
+        self.cfg = cfg
+        self._check_gpus()
+        launch = engine_launch(cfg, host=self.local.host, port=cfg.port)  # validates secrets early
+        self.paths.ensure()
+        plan = [(self._spec(i), self._watchdog(i)) for i in range(cfg.replicas)]
+        stale = [
+            spec
+            for spec, ref in plan
+            if ref is None or read_json(self.paths.watchdog_spec(spec.index)) != spec.to_dict()
+        ]
+        for spec in stale:
+            self._stop_index(spec.index)
+        for spec in stale:  # every port is checked before anything starts
+            self._check_port(cfg.port + spec.index)
+        refs = {spec.index: ref for spec, ref in plan if ref is not None}
+        started: list[ProcRef] = []
+        try:
+            for spec in stale:
+                refs[spec.index] = self._launch(spec, launch.secret_env)
+                started.append(refs[spec.index])
+        except BaseException:
+            stop(started, grace_s=STOP_GRACE_S + 5)  # leave no half-launched replica behind
+            raise
+        self._stop_extra(cfg.replicas)
+        urls = [self.replica_url(i) for i in range(cfg.replicas)]
+        return ServingHandle(
+            name=cfg.name,
+            backend=self.backend,
+            url=urls[0],
+            meta={
+                "replica_urls": urls,
+                "watchdogs": [{"index": i, **refs[i].to_dict()} for i in sorted(refs)],
+                "root": str(self.paths.root),
+            },
+        )
+
+    def _check_gpus(self) -> None:
+        gpus = self.local.gpus
+        need = self.cfg.replicas * self.cfg.gpus_per_replica
+        if gpus is not None and need > len(gpus):
+            raise ConfigError(
+                f"backend.gpus lists {len(gpus)} GPU(s) but replicas x gpus_per_replica = {need}. "
+                "List more GPUs, or lower replicas or gpus_per_replica."
+            )
+
+    def _replica_env(self, i: int) -> dict[str, str]:
+        launch = engine_launch(self.cfg, host=self.local.host, port=self.cfg.port + i)
+        env = dict(launch.env)
+        gpus, per = self.local.gpus, self.cfg.gpus_per_replica
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i * per : (i + 1) * per])
+        return env
+
+    def _spec(self, i: int) -> WatchdogSpec:
+        loc, eng = self.local, self.cfg.engine
+        launch = engine_launch(self.cfg, host=loc.host, port=self.cfg.port + i)
+        return WatchdogSpec(
+            swarm=self.cfg.name,
+            root=str(self.paths.root),
+            index=i,
+            argv=launch.argv,
+            url=self.replica_url(i),
+            env=self._replica_env(i),
+            health_path=eng.health_path,
+            health_interval_s=loc.health_interval_s,
+            startup_grace_s=loc.startup_grace_s,
+            startup_timeout_s=eng.startup_timeout_s,
+            max_restarts=loc.max_restarts,
+            restart_backoff_s=loc.restart_backoff_s,
+            wall_time_s=loc.wall_time_s,
+            stop_grace_s=STOP_GRACE_S,
+        )
+
+    def _launch(self, spec: WatchdogSpec, secret_env: dict[str, str]) -> ProcRef:
+        i = spec.index
+        self.paths.replica_status(i).unlink(missing_ok=True)
+        atomic_write_json(self.paths.watchdog_spec(i), spec.to_dict())
+        argv = [
+            sys.executable,
+            "-m",
+            "prefect_swarm.runtime.watchdog",
+            "--spec",
+            str(self.paths.watchdog_spec(i)),
+        ]
+        with self.paths.watchdog_log(i).open("ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                env={**os.environ, **secret_env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.paths.root,
+            )
+        _CHILDREN[proc.pid] = proc
+        ref = ProcRef.of(proc.pid)
+        atomic_write_json(self.paths.watchdog_pid(i), ref.to_dict())
+        return ref
+
+    def _check_port(self, port: int) -> None:
+        host = self.local.host
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                raise BackendError(
+                    f"port {port} on {host} is taken, so replica {port - self.cfg.port} of swarm "
+                    f"'{self.cfg.name}' cannot listen there ({exc.strerror}).",
+                    hint=f"set `port:` to a base with {self.cfg.replicas} free ports, or free port {port}.",
+                ) from exc
+
+    # ------------------------------------------------------------------ processes
+    def _watchdog(self, i: int) -> ProcRef | None:
+        """The live watchdog of replica ``i``, or None."""
+        ref = ProcRef.from_dict(read_json(self.paths.watchdog_pid(i)))
+        return ref if ref is not None and ref.alive() else None
+
+    def _replica_ref(self, i: int) -> ProcRef | None:
+        data = read_json(self.paths.replica_status(i)) or {}
+        return ProcRef.from_dict({"pid": data.get("pid"), "create_time": data.get("pid_create_time")})
+
+    def _indices(self, handle: ServingHandle | None = None) -> list[int]:
+        """Every replica index with files or a record: the config's, the handle's, and any extra on disk."""
+        found = set(range(self.cfg.replicas))
+        if handle is not None:
+            found |= {int(w["index"]) for w in handle.meta.get("watchdogs", []) if "index" in w}
+        i = max(found, default=-1) + 1
+        while self.paths.watchdog_pid(i).exists() or self.paths.replica_status(i).exists():
+            found.add(i)
+            i += 1
+        return sorted(found)
+
+    def _stop_index(self, i: int) -> None:
+        """Stop replica ``i``: its watchdog (which stops the replica), then any replica left over."""
+        stop([ProcRef.from_dict(read_json(self.paths.watchdog_pid(i)))], grace_s=STOP_GRACE_S + 5)
+        stop([self._replica_ref(i)], grace_s=STOP_GRACE_S)
+
+    def _stop_extra(self, replicas: int) -> None:
+        for i in self._indices():
+            if i >= replicas:
+                self._stop_index(i)
+                self.paths.watchdog_pid(i).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ readiness
+    def wait_ready(self, handle: ServingHandle, timeout_s: float) -> ServingStatus:
+        """Every replica: /health 200 and one real chat completion. Fails early once a replica has failed."""
+        deadline = time.monotonic() + timeout_s
+        urls = self._urls(handle)
+        ready: dict[int, ProbeResult] = {}
+        last: dict[int, ProbeResult] = {}
+        while True:
+            self._raise_if_hopeless(handle)
+            for i, url in enumerate(urls):
+                if i not in ready:
+                    last[i] = self._probe(url, deadline)
+                    if last[i].ok:
+                        ready[i] = last[i]
+            if len(ready) == len(urls):
+                return self._ready_status(handle)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._timeout_error(handle, timeout_s, last)
+            time.sleep(min(1.0, left))
+
+    def _probe(self, url: str, deadline: float) -> ProbeResult:
+        left = max(1.0, deadline - time.monotonic())
+        health = check_health(url, self.cfg.engine.health_path, timeout_s=min(5.0, left))
+        if not health.ok:
+            return ProbeResult(False, f"health: {health.detail}")
+        key = self.cfg.api_key.get_secret_value() if self.cfg.api_key else None
+        chat = check_chat(url, self.cfg.model_name, key, timeout_s=min(60.0, left))
+        return chat if chat.ok else ProbeResult(False, f"chat: {chat.detail}")
+
+    def _raise_if_hopeless(self, handle: ServingHandle) -> None:
+        st = self.status(handle)
+        failed = [r for r in st.replicas if _is_failed(self._raw(r.index))]
+        if failed:
+            raise ReadinessError(
+                f"swarm '{self.cfg.name}': {len(failed)} of {len(st.replicas)} replica(s) failed, "
+                "so not every replica can become ready.\n" + _evidence(failed),
+                hint=f"fix the engine (logs: {self.paths.root}/replica-<i>.log), then bring it up again.",
+            )
+        if st.phase is ServingPhase.STOPPED:
+            raise ReadinessError(
+                f"swarm '{self.cfg.name}' has no running watchdog: it was stopped "
+                "(deleted, or its wall time ran out).",
+                hint="bring it up again with `prefect-swarm up`.",
+            )
+
+    def _ready_status(self, handle: ServingHandle) -> ServingStatus:
+        st = self.status(handle)
+        reps = tuple(
+            dataclasses.replace(r, health=ReplicaHealth.HEALTHY, detail="ready") for r in st.replicas
+        )
+        return ServingStatus(
+            ServingPhase.RUNNING, handle.url, f"{len(reps)}/{len(reps)} replicas ready", reps
+        )
+
+    def _timeout_error(
+        self, handle: ServingHandle, timeout_s: float, last: dict[int, ProbeResult]
+    ) -> ReadinessError:
+        st = self.status(handle)
+        waiting = [
+            dataclasses.replace(r, detail=f"{r.detail}; last probe: {last[r.index].detail}")
+            for r in st.replicas
+            if r.index in last and not last[r.index].ok
+        ]
+        return ReadinessError(
+            f"swarm '{self.cfg.name}' was not ready after {timeout_s:g}s: {len(waiting)} replica(s) never "
+            "answered a chat completion.\n" + _evidence(waiting, tail_of=self.paths.replica_log),
+            hint="raise ready_timeout_s if the model loads slowly; otherwise read the replica logs above.",
+        )
+
+    # ------------------------------------------------------------------ status
+    def _raw(self, i: int) -> dict[str, Any]:
+        data = read_json(self.paths.replica_status(i))
+        return data if isinstance(data, dict) else {}
+
+    def _replica(self, i: int, url: str) -> tuple[ReplicaStatus, dict[str, Any], bool]:
+        raw, dog = self._raw(i), self._watchdog(i) is not None
+        health = ReplicaHealth(raw.get("health", ReplicaHealth.UNKNOWN.value))
+        detail = str(raw.get("detail", "starting" if dog else "not running"))
+        fresh = (
+            time.time() - float(raw.get("updated_at") or 0) < STALE_AFTER_S + 3 * self.local.health_interval_s
+        )
+        if _is_failed(raw):
+            health = ReplicaHealth.UNHEALTHY
+        elif not dog:
+            health, detail = (
+                ReplicaHealth.UNKNOWN,
+                ("stopped" if raw.get("stopped") else "watchdog not running"),
+            )
+        elif raw and not fresh:
+            health, detail = ReplicaHealth.UNKNOWN, f"status not updated for a while ({detail})"
+        rs = ReplicaStatus(
+            index=i,
+            health=health,
+            url=url,
+            restarts=int(raw.get("restarts") or 0),
+            last_exit_code=raw.get("last_exit_code"),
+            external_id=str(raw["pid"]) if raw.get("pid") else None,
+            detail=detail,
+            log_tail=str(raw.get("log_tail") or "") if _is_failed(raw) else "",
+        )
+        return rs, raw, dog
+
+    def status(self, handle: ServingHandle) -> ServingStatus:
+        """Per-replica status from the watchdogs' files and liveness; reads files only, never blocks."""
+        urls = self._urls(handle)
+        seen = [self._replica(i, url) for i, url in enumerate(urls)]
+        reps = tuple(r for r, _, _ in seen)
+        phase, detail = _phase(seen)
+        return ServingStatus(phase=phase, url=handle.url, detail=detail, replicas=reps)
+
+    # ------------------------------------------------------------------ delete
+    def delete(self, handle: ServingHandle) -> None:
+        """Stop every watchdog and replica this swarm started (identity-checked pids). Idempotent."""
+        indices = self._indices(handle)
+        dogs = [ProcRef.from_dict(w) for w in handle.meta.get("watchdogs", [])]
+        dogs += [ProcRef.from_dict(read_json(self.paths.watchdog_pid(i))) for i in indices]
+        stop(dogs, grace_s=STOP_GRACE_S + 5)
+        stop([self._replica_ref(i) for i in indices], grace_s=STOP_GRACE_S)
+        for i in indices:
+            self.paths.watchdog_pid(i).unlink(missing_ok=True)
+
+
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+"""Watchdogs started by this process, kept so their Popen objects are not collected while running."""
+
+
+def _is_failed(raw: dict[str, Any]) -> bool:
+    return bool(raw.get("failed"))
+
+
+def _evidence(reps: list[ReplicaStatus], tail_of: Callable[[int], Path] | None = None) -> str:
+    lines = []
+    for r in reps:
+        lines.append(
+            f"replica {r.index} ({r.url}): {r.detail}; restarts={r.restarts}, "
+            f"last exit code={r.last_exit_code}"
+        )
+        tail = r.log_tail or (_tail(tail_of(r.index)) if tail_of else "")
+        if tail:
+            lines.append("  log tail:\n" + "\n".join("    " + ln for ln in tail.splitlines()[-40:]))
+    return "\n".join(lines)
+
+
+def _tail(path: Path) -> str:
+    from prefect_swarm.runtime.watchdog import log_tail
+
+    return log_tail(path, 20)
+
+
+def _phase(seen: list[tuple[ReplicaStatus, dict[str, Any], bool]]) -> tuple[ServingPhase, str]:
+    n = len(seen)
+    failed = sum(_is_failed(raw) for _, raw, _ in seen)
+    alive = sum(dog for _, _, dog in seen)
+    healthy = sum(r.health is ReplicaHealth.HEALTHY for r, _, _ in seen)
+    counts = f"{healthy}/{n} healthy, {failed} failed"
+    if failed and not healthy:
+        return ServingPhase.FAILED, counts
+    if alive == 0:
+        return ServingPhase.STOPPED, "no replica is running"
+    if not any(raw for _, raw, _ in seen):
+        return ServingPhase.PENDING, "watchdogs starting"
+    if healthy == n:
+        return ServingPhase.RUNNING, counts
+    if healthy and all(raw.get("ever_healthy") or _is_failed(raw) for _, raw, _ in seen):
+        return ServingPhase.RUNNING, "degraded: " + counts
+    return ServingPhase.INITIALIZING, counts

@@ -1,0 +1,229 @@
+"""Every call to the Slurm CLI (sbatch, squeue, sacct, scancel) and the ONE place that maps their
+exit codes and stderr to prefect-swarm errors.
+
+Quirks of the real thing (seen on Slurm 22.05) handled here:
+
+* ``srun --jobid`` rejects ``123_0``: :meth:`SlurmClient.raw_id` asks ``squeue -o %A``;
+* ``scancel`` of an unknown id exits 0, of a finished *step* exits 1 ("Invalid job id"): both fine;
+* ``squeue -j`` of a job that has left the queue exits 1 ("Invalid job id specified"): empty;
+* ``sacct`` lags ``squeue`` by ~0.5 s, so callers look at squeue first;
+* ``SLURM_*`` variables of an enclosing job would leak into our commands: they are dropped.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError
+
+DEFAULT_TIMEOUT_S = 60.0
+
+_CAPACITY = (
+    "Requested node configuration is not available",
+    "Requested partition configuration not available",
+    "More processors requested than permitted",
+    "Node count specification invalid",
+    "Job violates accounting/QOS policy",
+    "QOSMax",
+    "AssocMax",
+    "Requested time limit is invalid",
+)
+_CONFIG_HINTS = {
+    "Invalid account": "set backend.account; `sacctmgr show assoc user=$USER` lists yours.",
+    "invalid partition": "set backend.partition; `sinfo -s` lists the partitions.",
+    "Invalid partition": "set backend.partition; `sinfo -s` lists the partitions.",
+    "Invalid qos": "set backend.qos; `sacctmgr show qos` lists them.",
+    "Invalid generic resource": "check backend.gres_name and gpus_per_replica; `sinfo -o %G` lists GRES.",
+    "Invalid feature specification": "check backend.constraint; `sinfo -o %f` lists node features.",
+}
+_GONE = ("Invalid job id specified", "already completing or completed", "Job has already finished")
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    """One line of squeue: a job or one array task."""
+
+    id: str  # 123 or 123_4
+    raw_id: str  # what srun --jobid takes
+    array_job_id: str
+    task_id: str | None
+    name: str
+    state: str
+    reason: str
+    nodes: str
+
+
+@dataclass(frozen=True)
+class AcctEntry:
+    """One line of sacct: a job, an array task or a step."""
+
+    id: str  # 123, 123_4, 123.0, 123.batch
+    raw_id: str
+    name: str
+    state: str
+    exit_code: int | None
+    signal: int | None
+
+
+def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without the ``SLURM_*`` variables of an enclosing job, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    if "SLURM_CONF" in os.environ:
+        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    env.update(extra or {})
+    return env
+
+
+class SlurmClient:
+    """Thin, typed wrapper over the Slurm commands; raises only prefect-swarm errors."""
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self.user = getpass.getuser()
+
+    # ------------------------------------------------------------------ the one runner
+    def run(
+        self, argv: Sequence[str], *, what: str, env: Mapping[str, str] | None = None, ok_gone: bool = False
+    ) -> str:
+        """Run ``argv``; stdout on success. ``ok_gone``: "no such job" answers count as success (empty)."""
+        try:
+            proc = subprocess.run(
+                list(argv), capture_output=True, text=True, timeout=self.timeout_s, env=clean_env(env)
+            )
+        except FileNotFoundError as exc:
+            raise BackendError(
+                f"{argv[0]} not found while trying to {what}.",
+                command=argv,
+                hint="install the Slurm client tools or put them on PATH "
+                "(scripts/slurm/ci-up.sh sets up a test cluster).",
+            ) from exc
+        except subprocess.TimeoutExpired as exc:
+            raise BackendError(
+                f"{argv[0]} did not answer within {self.timeout_s:g}s while trying to {what}.",
+                command=argv,
+                hint="is slurmctld up? `scontrol ping` tells.",
+            ) from exc
+        if proc.returncode == 0:
+            return proc.stdout
+        if ok_gone and any(s in proc.stderr for s in _GONE):
+            return ""
+        raise map_error(argv, proc.returncode, proc.stderr, what)
+
+    # ------------------------------------------------------------------ submit / cancel
+    def sbatch(
+        self, script: Path, *, env: Mapping[str, str] | None = None, what: str = "submit a job"
+    ) -> str:
+        """Submit ``script``; returns the job id. ``env`` (secrets too) reaches the job by --export=ALL."""
+        out = self.run(["sbatch", "--parsable", "--export=ALL", str(script)], what=what, env=env)
+        job_id = out.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise BackendError(
+                f"sbatch printed no job id while trying to {what}: {out!r}", command=["sbatch", str(script)]
+            )
+        return job_id
+
+    def scancel(self, ids: Sequence[str], *, signal: str | None = None) -> None:
+        """Cancel (or signal) jobs, tasks or steps. Idempotent: ids already gone are fine."""
+        if not ids:
+            return
+        argv = ["scancel", *([f"--signal={signal}"] if signal else []), *ids]
+        self.run(argv, what="cancel " + ", ".join(ids), ok_gone=True)
+
+    # ------------------------------------------------------------------ look
+    def squeue(self, ids: Sequence[str] = (), *, names: Sequence[str] = ()) -> list[QueueEntry]:
+        """Jobs/tasks by id and/or by name (names: this user's only). Jobs gone from the queue are absent."""
+        if not ids and not names:
+            return []
+        argv = ["squeue", "-h", "-r", "-o", "%i|%A|%F|%K|%j|%T|%r|%N"]
+        if ids:
+            argv += ["-j", ",".join(ids)]
+        if names:
+            argv += ["-n", ",".join(names), "-u", self.user]
+        out = self.run(argv, what="list jobs", ok_gone=True)
+        return [e for e in (_queue_entry(line) for line in out.splitlines()) if e is not None]
+
+    def raw_id(self, task: str) -> str | None:
+        """The raw job id of array task ``123_0`` (what ``srun --jobid`` needs); None if gone."""
+        out = self.run(
+            ["squeue", "-h", "-o", "%A", "-j", task], what=f"find the raw id of {task}", ok_gone=True
+        )
+        lines = out.split()
+        return lines[0] if lines else None
+
+    def steps(self, job_id: str) -> dict[str, str]:
+        """Running steps of job ``job_id``: step id (``123.4``) -> step name."""
+        out = self.run(
+            ["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"], what=f"list steps of {job_id}", ok_gone=True
+        )
+        pairs = (line.split("|", 1) for line in out.splitlines() if "|" in line)
+        return {sid.strip(): name.strip() for sid, name in pairs}
+
+    def sacct(self, ids: Sequence[str]) -> list[AcctEntry]:
+        """Accounting records of jobs/steps (steps included); empty when sacct has none yet."""
+        if not ids:
+            return []
+        out = self.run(
+            ["sacct", "-n", "-P", "-j", ",".join(ids), "-o", "JobID,JobIDRaw,JobName,State,ExitCode"],
+            what="read accounting",
+            ok_gone=True,
+        )
+        return [e for e in (_acct_entry(line) for line in out.splitlines()) if e is not None]
+
+
+def _queue_entry(line: str) -> QueueEntry | None:
+    parts = line.strip().split("|")
+    if len(parts) != 8:
+        return None
+    jid, raw, array, task, name, state, reason, nodes = parts
+    return QueueEntry(
+        id=jid,
+        raw_id=raw,
+        array_job_id=array,
+        task_id=None if task in ("N/A", "") else task,
+        name=name,
+        state=state,
+        reason=reason,
+        nodes=nodes,
+    )
+
+
+def _acct_entry(line: str) -> AcctEntry | None:
+    parts = line.strip().split("|")
+    if len(parts) != 5:
+        return None
+    jid, raw, name, state, exit_code = parts
+    code, _, sig = exit_code.partition(":")
+    return AcctEntry(
+        id=jid,
+        raw_id=raw,
+        name=name,
+        state=state,
+        exit_code=int(code) if code.isdigit() else None,
+        signal=int(sig) if sig.isdigit() else None,
+    )
+
+
+def map_error(argv: Sequence[str], code: int, stderr: str, what: str) -> Exception:
+    """The one translation of a failed Slurm command into CapacityError, ConfigError or BackendError."""
+    err = stderr.strip()
+    tool = argv[0]
+    for needle in _CAPACITY:
+        if needle in err:
+            return CapacityError(
+                f"{tool} refused to {what}: Slurm cannot give what was asked.\n"
+                f"stderr: {err}\ncommand: {' '.join(argv)}\n"
+                "Hint: ask for fewer GPUs/CPUs per replica or fewer replicas, or pick another partition."
+            )
+    for needle, config_hint in _CONFIG_HINTS.items():
+        if needle in err:
+            return ConfigError(f"{tool} refused to {what}.\nstderr: {err}\nHint: {config_hint}")
+    down = "Unable to contact slurm controller" in err or "Socket timed out" in err
+    return BackendError(
+        f"{tool} exited {code} while trying to {what}.", command=argv, exit_code=code, stderr=err,
+        hint="slurmctld is not answering; `scontrol ping` tells." if down else None,
+    )

@@ -1,0 +1,391 @@
+"""Pure functions: a SwarmConfig -> the text of every file the Slurm backend submits or runs.
+
+Nothing here touches the scheduler or the disk; :func:`render_plan` is what
+``prefect-swarm validate`` prints for a dry run. Quoting rules:
+
+* every config value that reaches a shell line goes through :func:`shlex.quote`;
+* ``#SBATCH`` lines are parsed by sbatch itself, which understands shell-style quotes but not
+  newlines: a value with a control character is refused (ConfigError) before anything is submitted;
+* ``backend.setup`` is shell by design and is written verbatim (it is the user's own script);
+* secrets never reach a rendered file: they travel in the sbatch/srun process environment.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import jinja2
+
+from prefect_swarm.backends.engine import engine_argv, engine_env
+from prefect_swarm.config import ContainerConfig, SlurmConfig
+from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.paths import SwarmPaths, home_dir
+
+if TYPE_CHECKING:
+    from prefect_swarm.config import SwarmConfig
+
+HOST_TOKEN = "@PSW_HOST@"
+"""Stands for the replica's bind address in watchdog specs; the replica script substitutes it."""
+
+JOB_PREFIX = "psw-"
+"""Every Slurm job and step we submit is named ``psw-...`` (and only those are ever cancelled by name)."""
+
+NGINX_WORKERS = 2
+"""nginx worker processes: one proxies tens of thousands of requests/s; two give headroom."""
+
+REPLICAS_SCRIPT = "replicas.sbatch"
+LB_SCRIPT = "lb.sbatch"
+NGINX_CONF = "nginx.conf"
+UPSTREAMS = "upstreams.conf"
+LB_HEAD = "lb.head"
+LB_DIR = "lb"
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class JobNames:
+    """Slurm job names of one swarm."""
+
+    replicas: str
+    lb: str
+
+    def all(self) -> list[str]:
+        """Both names."""
+        return [self.replicas, self.lb]
+
+
+def slurm_section(cfg: SwarmConfig) -> SlurmConfig:
+    """``cfg.backend`` as a SlurmConfig, or ConfigError."""
+    if not isinstance(cfg.backend, SlurmConfig):
+        raise ConfigError(f"the Slurm backend needs backend.type 'slurm', not '{cfg.backend.type}'.")
+    return cfg.backend
+
+
+def job_names(cfg: SwarmConfig) -> JobNames:
+    """``psw-<swarm>-replicas`` and ``psw-<swarm>-lb``."""
+    return JobNames(f"{JOB_PREFIX}{cfg.name}-replicas", f"{JOB_PREFIX}{cfg.name}-lb")
+
+
+def swarm_paths(cfg: SwarmConfig, paths: SwarmPaths | None = None) -> SwarmPaths:
+    """The swarm folder: under ``backend.shared_dir`` when set (every node must see it), else ``paths``."""
+    shared = slurm_section(cfg).shared_dir
+    if shared:
+        return SwarmPaths.for_swarm(cfg.name, Path(shared).expanduser())
+    return paths or SwarmPaths.for_swarm(cfg.name, home_dir())
+
+
+def job_python(cfg: SwarmConfig) -> str:
+    """Python on the compute nodes (job steps, reconciler, watchdog): ``backend.job_python`` or this one."""
+    return slurm_section(cfg).job_python or sys.executable
+
+
+def array_tasks(cfg: SwarmConfig) -> int:
+    """Array tasks the replicas need: one per ``replicas_per_node`` replicas."""
+    per = min(cfg.effective_replicas_per_node, cfg.replicas)
+    return -(-cfg.replicas // per)
+
+
+def per_task(cfg: SwarmConfig) -> int:
+    """Replicas each array task runs."""
+    return min(cfg.effective_replicas_per_node, cfg.replicas)
+
+
+def replica_task(cfg: SwarmConfig, index: int) -> int:
+    """Array task index that runs replica ``index``."""
+    return index // per_task(cfg)
+
+
+# ---------------------------------------------------------------------------------- quoting
+def q(value: object) -> str:
+    """Shell-quote one value."""
+    return shlex.quote(str(value))
+
+
+def sbatch_value(field: str, value: object) -> str:
+    """A value for an ``#SBATCH`` line: shell-quoted, and refused if it holds a control character."""
+    text = str(value)
+    if _CONTROL.search(text):
+        raise ConfigError(
+            f"{field} contains a control character (newline, tab...): {text!r}. "
+            "sbatch reads #SBATCH options line by line; remove it."
+        )
+    return shlex.quote(text)
+
+
+def env_lines(env: dict[str, str], field: str) -> list[str]:
+    """``export K=V`` lines, names checked, values quoted."""
+    lines = []
+    for key, value in env.items():
+        if not _ENV_NAME.match(key):
+            raise ConfigError(f"{field}: '{key}' is not a valid environment variable name.")
+        lines.append(f"export {key}={q(value)}")
+    return lines
+
+
+# ---------------------------------------------------------------------------------- sbatch options
+def _common_options(cfg: SwarmConfig, sc: SlurmConfig, *, partition: str | None) -> list[str]:
+    opts = [f"--time={sbatch_value('backend.time_limit', sc.time_limit)}"]
+    for flag, field, value in (
+        ("--partition", "partition", partition),
+        ("--account", "account", sc.account),
+        ("--qos", "qos", sc.qos),
+        ("--reservation", "reservation", sc.reservation),
+        ("--constraint", "constraint", sc.constraint),
+    ):
+        if value:
+            opts.append(f"{flag}={sbatch_value('backend.' + field, value)}")
+    # Without "B:" every job step gets the signal (job steps flush their ledger) and the batch
+    # step does not (an engine would die of an unexpected SIGUSR1).
+    if sc.signal_seconds:
+        opts.append(f"--signal=USR1@{sc.signal_seconds}")
+    opts.append("--requeue" if sc.requeue else "--no-requeue")
+    return opts
+
+
+def _mem(value: str, times: int) -> str:
+    match = _MEM.match(value.strip())
+    if not match:
+        raise ConfigError(f"backend.mem_per_replica '{value}' is not a Slurm size like 64G or 512M.")
+    return f"{int(match.group(1)) * times}{match.group(2).upper()}"
+
+
+def replicas_options(cfg: SwarmConfig, paths: SwarmPaths) -> list[str]:
+    """``#SBATCH`` options of the replica array job."""
+    sc = slurm_section(cfg)
+    n_per = per_task(cfg)
+    opts = [
+        f"--job-name={job_names(cfg).replicas}",
+        f"--array=0-{array_tasks(cfg) - 1}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--cpus-per-task={sc.cpus_per_replica * n_per}",
+        f"--output={sbatch_value('backend.shared_dir', paths.file('replicas-%A_%a.out'))}",
+    ]
+    if cfg.gpus_per_replica:
+        opts.append(
+            f"--gres={sbatch_value('backend.gres_name', sc.gres_name)}:{cfg.gpus_per_replica * n_per}"
+        )
+    if sc.mem_per_replica:
+        opts.append(f"--mem={_mem(sc.mem_per_replica, n_per)}")
+    opts += _common_options(cfg, sc, partition=sc.partition)
+    opts += [sbatch_value("backend.sbatch_args", arg) for arg in sc.sbatch_args]
+    return opts
+
+
+def lb_options(cfg: SwarmConfig, paths: SwarmPaths) -> list[str]:
+    """``#SBATCH`` options of the load-balancer job (one task, one CPU, no GPU)."""
+    sc = slurm_section(cfg)
+    opts = [
+        f"--job-name={job_names(cfg).lb}",
+        "--nodes=1",
+        "--ntasks=1",
+        "--cpus-per-task=1",
+        f"--output={sbatch_value('backend.shared_dir', paths.file('lb-%j.out'))}",
+    ]
+    opts += _common_options(cfg, sc, partition=sc.lb_partition or sc.partition)
+    return opts
+
+
+# ---------------------------------------------------------------------------------- containers
+def container_prefix(container: ContainerConfig, *, in_step: bool = False) -> list[str]:
+    """argv placed before a command so it runs in the container (empty for runtime 'none').
+
+    apptainer/singularity: ``apptainer exec [--nv] [-B m]... [extra] IMAGE``. pyxis:
+    ``srun --overlap --ntasks=1 --container-image=IMAGE [--container-mounts=a,b] [extra]`` inside the
+    batch script; inside a job step (``in_step``) pyxis flags go on the step's own srun instead
+    (:func:`pyxis_flags`), so the prefix is empty.
+    """
+    if container.runtime == "none":
+        return []
+    image = _container_image(container)
+    if container.runtime in ("apptainer", "singularity"):
+        argv = [container.runtime, "exec"]
+        if container.nv:
+            argv.append("--nv")
+        for mount in container.mounts:
+            argv += ["-B", mount]
+        return [*argv, *container.extra_args, image]
+    if in_step:
+        return []
+    return ["srun", "--overlap", "--ntasks=1", *pyxis_flags(container)]
+
+
+def pyxis_flags(container: ContainerConfig) -> list[str]:
+    """srun flags of the pyxis plugin for ``container`` (empty unless runtime is pyxis)."""
+    if container.runtime != "pyxis":
+        return []
+    flags = [f"--container-image={_container_image(container)}"]
+    if container.mounts:
+        if any("," in m for m in container.mounts):
+            raise ConfigError(
+                "backend.container.mounts: pyxis joins mounts with ',', so a mount may not contain one."
+            )
+        flags.append("--container-mounts=" + ",".join(container.mounts))
+    return [*flags, *container.extra_args]
+
+
+def _container_image(container: ContainerConfig) -> str:
+    if not container.image:
+        raise ConfigError(f"backend.container.runtime '{container.runtime}' needs backend.container.image.")
+    return container.image
+
+
+# ---------------------------------------------------------------------------------- files
+@cache
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("prefect_swarm", "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+        # bash uses "{#" (${#ARRAY[@]}): give jinja comments a marker shell never writes
+        comment_start_string="{{#",
+        comment_end_string="#}}",
+    )
+
+
+def _template(template: str, **values: object) -> str:
+    return _env().get_template(template).render(**values)
+
+
+def _setup(sc: SlurmConfig) -> str:
+    return "\n".join(sc.setup)
+
+
+def watchdog_spec(cfg: SwarmConfig, paths: SwarmPaths, index: int) -> dict[str, object]:
+    """The watchdog spec of replica ``index`` (JSON; the bind address is :data:`HOST_TOKEN`)."""
+    port = cfg.port + index
+    sc = slurm_section(cfg)
+    argv = [*container_prefix(sc.container), *engine_argv(cfg, host=HOST_TOKEN, port=port)]
+    env = engine_env(cfg)
+    env_lines(env, "env / engine.env")  # validates the names
+    return {
+        "swarm": cfg.name,
+        "root": str(paths.root),
+        "index": index,
+        "argv": argv,
+        "url": f"http://{HOST_TOKEN}:{port}",
+        "env": env,
+        "health_path": cfg.engine.health_path,
+        "startup_timeout_s": cfg.engine.startup_timeout_s,
+        "wall_time_s": None,
+    }
+
+
+def render_replicas(cfg: SwarmConfig, paths: SwarmPaths) -> str:
+    """The replica array job script."""
+    sc = slurm_section(cfg)
+    return _template(
+        "replicas.sbatch.j2",
+        name=cfg.name,
+        replicas=cfg.replicas,
+        per_task=per_task(cfg),
+        sbatch_options=replicas_options(cfg, paths),
+        swarm_dir=q(paths.root),
+        python=q(job_python(cfg)),
+        gpus_per_replica=cfg.gpus_per_replica,
+        port=cfg.port,
+        host_token=HOST_TOKEN,
+        setup=_setup(sc),
+    )
+
+
+def render_lb(cfg: SwarmConfig, paths: SwarmPaths) -> str:
+    """The load-balancer job script."""
+    sc = slurm_section(cfg)
+    return _template(
+        "lb.sbatch.j2",
+        name=cfg.name,
+        sbatch_options=lb_options(cfg, paths),
+        swarm_dir=q(paths.root),
+        python=q(job_python(cfg)),
+        nginx_bin=q(sc.nginx_bin),
+        lb_dir=q(paths.file(LB_DIR)),
+        port=sc.lb_port,
+        setup=_setup(sc),
+    )
+
+
+def _nginx_path(path: Path) -> str:
+    text = str(path)
+    if re.search(r"[\s;{}\"'#$\\]", text) or _CONTROL.search(text):
+        raise ConfigError(
+            f"swarm folder '{text}' holds a character nginx config cannot take unquoted "
+            "(space ; { } quotes # $ \\). "
+            "Set backend.shared_dir (or PREFECT_SWARM_HOME) to a plainer path."
+        )
+    return text
+
+
+def render_nginx(cfg: SwarmConfig, paths: SwarmPaths) -> str:
+    """nginx.conf of the LB."""
+    sc = slurm_section(cfg)
+    timeout = max(1, int(-(-sc.proxy_timeout_s // 1)))
+    return _template(
+        "nginx.conf.j2",
+        name=cfg.name,
+        workers=NGINX_WORKERS,
+        lb_dir=_nginx_path(paths.file(LB_DIR)),
+        upstreams=_nginx_path(paths.file(UPSTREAMS)),
+        proxy_timeout=timeout,
+    )
+
+
+def render_plan(cfg: SwarmConfig, paths: SwarmPaths | None = None) -> dict[str, str]:
+    """Every file ``up`` would write, by name -> text; submits nothing, writes nothing.
+
+    ``replicas.sbatch``, ``lb.sbatch``, ``nginx.conf`` and one ``watchdog-<i>.json`` per replica.
+    """
+    sp = swarm_paths(cfg, paths)
+    plan = {
+        REPLICAS_SCRIPT: render_replicas(cfg, sp),
+        LB_SCRIPT: render_lb(cfg, sp),
+        NGINX_CONF: render_nginx(cfg, sp),
+    }
+    for i in range(cfg.replicas):
+        plan[sp.watchdog_spec(i).name] = (
+            json.dumps(watchdog_spec(cfg, sp, i), indent=2, sort_keys=True) + "\n"
+        )
+    return plan
+
+
+# ---------------------------------------------------------------------------------- job steps
+def step_argv(cfg: SwarmConfig, *, jobid: str, step_name: str, command: Sequence[str]) -> list[str]:
+    """``srun`` argv of one job step inside allocation ``jobid`` (raw id), container included.
+
+    The environment is not on this line: srun gets it from its own process environment
+    (``--export=ALL``), so values with commas, quotes or newlines arrive intact and secrets stay
+    out of every printed command.
+    """
+    sc = slurm_section(cfg)
+    argv = [
+        "srun",
+        f"--jobid={jobid}",
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--job-name={step_name}",
+        "--export=ALL",
+        "--kill-on-bad-exit=1",
+        *pyxis_flags(sc.container),
+    ]
+    return [*argv, *container_prefix(sc.container, in_step=True), *command]
+
+
+def host_port(text: str) -> tuple[str, int] | None:
+    """Parse a head file's ``host:port``; None when malformed."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host, int(port)

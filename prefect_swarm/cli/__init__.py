@@ -1,0 +1,1 @@
+"""The ``prefect-swarm`` command line (typer + rich). See :mod:`prefect_swarm.cli.main`."""

@@ -1,0 +1,297 @@
+"""``prefect-swarm job ...``: submit batch jobs to a swarm, watch them, wait, cancel, retry errors.
+
+    prefect-swarm job submit -n SWARM --input IN --output OUT [--shards N] [--job module:Class]
+                             [--job-kwargs JSON] [--detach] [--overwrite] [--spec FILE]
+    prefect-swarm job status ID [--refresh] [-o json]
+    prefect-swarm job wait ID [--timeout S]
+    prefect-swarm job cancel ID
+    prefect-swarm job list [-n SWARM] [-o json]
+    prefect-swarm job retry ID [--detach]          rerun only the error rows, then commit
+    prefect-swarm job submit-script -n SWARM SCRIPT [ARGS]...
+
+The orchestration lives in :mod:`prefect_swarm.jobs.submit`; this module parses arguments and
+shows results (tables on stdout, progress on stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, iso, table
+from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.jobs.spec import JobSpec
+from prefect_swarm.state import StateStore
+
+job_app = typer.Typer(help="Run batch inference jobs against a swarm.", no_args_is_help=True)
+
+SwarmOpt = Annotated[str, typer.Option("--swarm", "-n", help="Swarm name.")]
+OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="Output format.")]
+IdArg = Annotated[str, typer.Argument(help="Job id (`prefect-swarm job list`).")]
+
+
+def _spec_from_args(base: Path | None, fields: dict[str, Any]) -> JobSpec:
+    data: dict[str, Any] = json.loads(base.read_text()) if base else {}
+    data.update({k: v for k, v in fields.items() if v is not None})
+    try:
+        return JobSpec.model_validate(data)
+    except ValueError as exc:
+        raise ConfigError(f"invalid job arguments:\n{exc}") from exc
+
+
+@job_app.command("submit")
+def submit(
+    swarm: SwarmOpt,
+    input: Annotated[
+        str | None, typer.Option("--input", help="Input parquet file/folder or OpenAI Batch JSONL.")
+    ] = None,
+    output: Annotated[
+        str | None, typer.Option("--output", help="Output file (parquet, or JSONL for openai-batch).")
+    ] = None,
+    shards: Annotated[
+        int | None, typer.Option("--shards", min=1, help="Number of shards (processes).")
+    ] = None,
+    job: Annotated[
+        str | None, typer.Option("--job", help="Job class module:Class, or chat|completion|embedding.")
+    ] = None,
+    job_kwargs: Annotated[
+        str | None, typer.Option("--job-kwargs", help="Job kwargs as a JSON object.")
+    ] = None,
+    id_column: Annotated[str | None, typer.Option("--id-column", help="Unique id column.")] = None,
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", min=1, help="Requests in flight per shard.")
+    ] = None,
+    output_format: Annotated[
+        str | None, typer.Option("--output-format", help="parquet | openai-batch.")
+    ] = None,
+    spec_file: Annotated[
+        Path | None, typer.Option("--spec", help="JobSpec JSON to start from (flags override).")
+    ] = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Return once submitted.")] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Discard an existing checkpoint; start over.")
+    ] = False,
+    job_id: Annotated[str | None, typer.Option("--id", help="Job id (reuse one to resume it).")] = None,
+) -> None:
+    """Submit a batch job: one process per shard, checkpointed; resubmitting the same --id resumes it."""
+    from prefect_swarm.jobs.submit import submit_job
+    from prefect_swarm.swarm import Swarm
+
+    try:
+        kwargs = json.loads(job_kwargs) if job_kwargs else None
+    except ValueError as exc:
+        raise ConfigError(f"--job-kwargs is not JSON: {exc}") from exc
+    spec = _spec_from_args(
+        spec_file,
+        {
+            "input": input,
+            "output": output,
+            "shards": shards,
+            "job": job,
+            "job_kwargs": kwargs,
+            "job_id": job_id,
+            "id_column": id_column,
+            "concurrency": concurrency,
+            "output_format": output_format,
+            "swarm": swarm,
+        },
+    )
+    rec = submit_job(Swarm.from_state(swarm), spec, detach=True, overwrite=overwrite)
+    err_console.print(f"submitted job [bold]{rec.id}[/] ({spec.shards} shard(s)) to swarm '{swarm}'")
+    if detach:
+        console.print(rec.id)
+        return
+    _wait_and_show(rec.id)
+
+
+@job_app.command("retry")
+def retry(
+    job_id: IdArg,
+    detach: Annotated[bool, typer.Option("--detach", help="Return once submitted.")] = False,
+) -> None:
+    """Rerun only the rows that ended as errors, then commit the output again."""
+    from prefect_swarm.jobs.submit import submit_job
+    from prefect_swarm.swarm import Swarm
+
+    rec = StateStore().require_job(job_id)
+    if not rec.swarm or "input" not in rec.spec:
+        raise ConfigError(f"job {job_id} is not a batch job on a swarm; nothing to retry.")
+    spec = JobSpec.model_validate(rec.spec)
+    submit_job(Swarm.from_state(rec.swarm), spec, detach=True, retry_failed=True)
+    if not detach:
+        _wait_and_show(job_id)
+
+
+def _wait_and_show(job_id: str, timeout_s: float | None = None) -> None:
+    from prefect_swarm.jobs.submit import wait_job
+
+    if sys.stderr.isatty():
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]} rows/s  failed {task.fields[failed]}"),
+            TimeRemainingColumn(),
+            console=err_console,
+        ) as bar:
+            task = bar.add_task(job_id, total=None, rate=0, failed=0)
+
+            def show(doc: dict[str, Any]) -> None:
+                p = doc.get("progress") or {}
+                bar.update(
+                    task,
+                    total=p.get("total"),
+                    completed=p.get("done", 0),
+                    rate=p.get("rate_rows_s", 0),
+                    failed=p.get("failed", 0),
+                )
+
+            doc = wait_job(job_id, timeout_s=timeout_s, on_progress=show)
+    else:
+        doc = wait_job(job_id, timeout_s=timeout_s)
+    _print_status(doc)
+    if doc["status"] != "SUCCEEDED":
+        raise typer.Exit(1)
+
+
+@job_app.command("status")
+def status(
+    job_id: IdArg,
+    refresh: Annotated[
+        bool, typer.Option("--refresh", help="Also ask the compute backend about the processes.")
+    ] = False,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """Show a job's status and per-shard progress (from its ledger)."""
+    from prefect_swarm.jobs.submit import job_status
+
+    doc = job_status(job_id, refresh=refresh)
+    if output is OutputFormat.json:
+        emit_json(doc)
+    else:
+        _print_status(doc)
+
+
+def _print_status(doc: dict[str, Any]) -> None:
+    if doc.get("kind") == "script":
+        console.print(f"job {doc['id']} (script on swarm {doc['swarm']}): [bold]{doc['status']}[/]")
+        return
+    p = doc["progress"]
+    committed = "committed" if doc.get("committed") else "not committed"
+    console.print(
+        f"job {doc['id']} on swarm {doc['swarm']}: [bold]{doc['status']}[/] ({committed})  "
+        f"{p['done']}/{p['total']} rows, {p['failed']} failed, "
+        f"{p['prompt_tokens']}+{p['completion_tokens']} tokens"
+    )
+    console.print(
+        table(
+            None,
+            ["shard", "state", "done", "failed", "total", "rows/s"],
+            [
+                [
+                    s.get("shard"),
+                    s.get("state"),
+                    s.get("done"),
+                    s.get("failed"),
+                    s.get("total"),
+                    s.get("rate_rows_s"),
+                ]
+                for s in p["shards"]
+            ],
+        )
+    )
+    for b in doc.get("backend") or []:
+        console.print(f"process {b.get('id')}: {b.get('status')} {b.get('detail') or b.get('error') or ''}")
+    if doc.get("manifest"):
+        console.print(f"output: {doc['output']}  failed rows: {doc['manifest'].get('failed_rows')}")
+
+
+@job_app.command("wait")
+def wait(
+    job_id: IdArg,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="Give up waiting after this many seconds.")
+    ] = None,
+) -> None:
+    """Wait for a job to end; commit its output when every shard is done."""
+    _wait_and_show(job_id, timeout)
+
+
+@job_app.command("cancel")
+def cancel(job_id: IdArg) -> None:
+    """Stop a job's processes (they flush their checkpoint; resubmit with --id to resume)."""
+    from prefect_swarm.jobs.submit import cancel_job
+
+    cancel_job(job_id)
+    console.print(f"job {job_id} cancelled")
+
+
+@job_app.command("list")
+def list_cmd(
+    swarm: Annotated[str | None, typer.Option("--swarm", "-n", help="Only jobs of this swarm.")] = None,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """List recorded jobs."""
+    from prefect_swarm.jobs.submit import list_jobs
+
+    recs = list_jobs(swarm)
+    if output is OutputFormat.json:
+        emit_json(
+            {
+                "jobs": [
+                    {
+                        "id": r.id,
+                        "swarm": r.swarm,
+                        "status": r.status,
+                        "progress": r.progress,
+                        "nshards": r.nshards,
+                        "job_dir": r.job_dir,
+                        "created_at": iso(r.created_at),
+                    }
+                    for r in recs
+                ]
+            }
+        )
+        return
+    console.print(
+        table(
+            None,
+            ["id", "swarm", "status", "done", "failed", "total", "created"],
+            [
+                [
+                    r.id,
+                    r.swarm,
+                    r.status,
+                    (r.progress or {}).get("done"),
+                    (r.progress or {}).get("failed"),
+                    (r.progress or {}).get("total"),
+                    iso(r.created_at),
+                ]
+                for r in recs
+            ],
+        )
+    )
+
+
+@job_app.command("submit-script", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def submit_script_cmd(
+    swarm: SwarmOpt,
+    script: Annotated[str, typer.Argument(help="Python script; ENDPOINT and MODEL are in its environment.")],
+    args: Annotated[list[str] | None, typer.Argument(help="Arguments for the script.")] = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Return once submitted.")] = False,
+) -> None:
+    """Run an arbitrary Python script next to the swarm."""
+    from prefect_swarm.jobs.submit import submit_script
+    from prefect_swarm.swarm import Swarm
+
+    if not Path(script).is_file():
+        raise ConfigError(f"script {script} does not exist.")
+    rec = submit_script(Swarm.from_state(swarm), script, list(args or []), detach=detach)
+    console.print(f"{rec.id} {rec.status}")
+    if not detach and rec.status != "SUCCEEDED":
+        raise typer.Exit(1)

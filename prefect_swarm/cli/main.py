@@ -1,0 +1,107 @@
+"""``prefect-swarm``: bring a swarm of LLM replicas up, look at it, run jobs on it, take it down.
+
+Commands::
+
+    prefect-swarm up -c FILE [--replicas N] [--name NAME] [--no-wait] [--keep]
+    prefect-swarm status NAME [-o table|json]
+    prefect-swarm list [-o table|json]
+    prefect-swarm describe NAME [-o table|json]
+    prefect-swarm down NAME | --all [-y]
+    prefect-swarm validate -c FILE [-o table|json]
+    prefect-swarm db prune [-y] [--dry-run]
+    prefect-swarm job ...            (batch jobs; see `prefect-swarm job --help`)
+    prefect-swarm version
+
+Config precedence, lowest first: built-in defaults < ``$PREFECT_SWARM_HOME/defaults.yaml`` <
+``-c FILE`` < ``PREFECT_SWARM_*`` environment variables < command-line flags.
+
+Results go to stdout (``-o json`` prints one JSON document with a top-level ``schema_version``);
+logs, progress and errors go to stderr. An error raised on purpose prints as one message without
+a traceback unless ``--debug`` is given.
+
+Exit codes:
+
+    0  ok
+    1  runtime or backend failure (scheduler, API, process), or a declined confirmation
+    2  bad input: invalid config or argument (ConfigError, usage errors)
+    3  not found: no such swarm or job in the state database (StateError)
+    4  not ready: the swarm did not become ready (ReadinessError), or no capacity (CapacityError)
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import platform
+from typing import Annotated
+
+import typer
+
+from prefect_swarm import __version__
+from prefect_swarm.cli import db, swarms, validate
+from prefect_swarm.cli.errors import EXIT_CODES_HELP, SwarmGroup
+from prefect_swarm.cli.output import OutputFormat, console, emit_json, setup_logging
+from prefect_swarm.settings import get_settings
+
+log = logging.getLogger("prefect_swarm.cli")
+
+app = typer.Typer(
+    cls=SwarmGroup,
+    name="prefect-swarm",
+    help="Bring up a swarm of LLM replicas behind one endpoint, run batch jobs on it, tear it down. "
+    "Config precedence, lowest first: built-in defaults < $PREFECT_SWARM_HOME/defaults.yaml < -c FILE "
+    "< PREFECT_SWARM_* environment < command-line flags.",
+    epilog=EXIT_CODES_HELP,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
+    log_level: Annotated[
+        str | None, typer.Option("--log-level", help="Log level (default: PREFECT_SWARM_LOG_LEVEL or INFO).")
+    ] = None,
+) -> None:
+    """Global options."""
+    ctx.obj = {"debug": debug}
+    setup_logging("DEBUG" if debug else (log_level or get_settings().log_level))
+
+
+app.command("up", epilog=EXIT_CODES_HELP)(swarms.up)
+app.command("status", epilog=EXIT_CODES_HELP)(swarms.status)
+app.command("list", epilog=EXIT_CODES_HELP)(swarms.list_swarms)
+app.command("describe", epilog=EXIT_CODES_HELP)(swarms.describe)
+app.command("down", epilog=EXIT_CODES_HELP)(swarms.down)
+app.command("validate", epilog=EXIT_CODES_HELP)(validate.validate)
+app.add_typer(db.db_app, name="db")
+
+
+@app.command("version")
+def version(output: Annotated[OutputFormat, typer.Option("--output", "-o")] = OutputFormat.table) -> None:
+    """Print the prefect-swarm version."""
+    if output is OutputFormat.json:
+        emit_json({"version": __version__, "python": platform.python_version()})
+    else:
+        console.print(f"prefect-swarm {__version__} (Python {platform.python_version()})")
+
+
+def _mount_job_app() -> None:
+    """Mount ``prefect-swarm job`` from ``prefect_swarm.cli.job`` when it is there."""
+    try:
+        job = importlib.import_module("prefect_swarm.cli.job")
+    except ImportError as exc:
+        if exc.name == "prefect_swarm.cli.job":
+            return  # not written/installed yet: the rest of the CLI works without it
+        raise
+    app.add_typer(job.job_app, name="job")
+
+
+_mount_job_app()
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,266 @@
+"""Swarm commands: ``up``, ``status``, ``list``, ``describe``, ``down``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+import yaml
+from rich.syntax import Syntax
+
+from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
+from prefect_swarm.cli.views import live_status, paths_view, prefect_history, record_view
+from prefect_swarm.config import load_config
+from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError
+from prefect_swarm.platform import ServingPhase, ServingStatus
+from prefect_swarm.state import StateStore
+
+if TYPE_CHECKING:
+    from prefect_swarm.config import SwarmConfig
+    from prefect_swarm.swarm import Swarm
+
+log = logging.getLogger("prefect_swarm.cli")
+
+ConfigOpt = Annotated[
+    Path, typer.Option("--config", "-c", help="Swarm config YAML file.", show_default=False)
+]
+ReplicasOpt = Annotated[
+    int | None, typer.Option("--replicas", help="Override the number of replicas (highest precedence).")
+]
+NameOpt = Annotated[str | None, typer.Option("--name", help="Override the swarm name (highest precedence).")]
+OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="Output format.")]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+def make_swarm(cfg: SwarmConfig, **kwargs: Any) -> Swarm:
+    """``Swarm(cfg)`` (starts nothing); a backend that cannot be imported is a BackendError with the fix."""
+    from prefect_swarm.swarm import Swarm
+
+    try:
+        return Swarm(cfg, **kwargs)
+    except ImportError as exc:
+        raise BackendError(
+            f"the {cfg.backend.type} backend cannot be loaded: {exc}",
+            hint="install its extra (e.g. pip install 'prefect-swarm[lepton]') or check the installation.",
+        ) from exc
+
+
+def up(
+    config: ConfigOpt,
+    replicas: ReplicasOpt = None,
+    name: NameOpt = None,
+    no_wait: Annotated[
+        bool, typer.Option("--no-wait", help="Return once submitted; do not wait for readiness.")
+    ] = False,
+    keep: Annotated[
+        bool,
+        typer.Option(
+            "--keep",
+            help="If bring-up fails, leave what started for inspection instead of tearing it "
+            "down; the swarm is also marked keep (the orphan reaper leaves it alone).",
+        ),
+    ] = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", help="Readiness timeout in seconds; default: ready_timeout_s."),
+    ] = None,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """Bring a swarm up and wait until every replica answers a chat completion."""
+    cfg = load_config(config, overrides={"replicas": replicas, "name": name})
+    swarm = make_swarm(cfg, keep=keep, delete_on_exit=not keep)
+    log.info(
+        "bringing up swarm '%s': %d x %s on %s", cfg.name, cfg.replicas, cfg.model_name, cfg.backend.type
+    )
+    ready: ServingStatus | None = None
+    try:
+        swarm.up()
+        if no_wait:
+            log.info("submitted; `prefect-swarm status %s` shows its progress", cfg.name)
+        else:
+            with err_console.status(f"waiting for {cfg.replicas} replica(s) of '{cfg.name}' to be ready..."):
+                ready = swarm.wait_ready(timeout)
+    except ConfigError:
+        raise  # refused before anything started: there is nothing to tear down
+    except BaseException:
+        _after_failed_up(swarm, keep)
+        raise
+    # what wait_ready saw is fresher than a second look (a watchdog may not have written yet)
+    show_status(cfg.name, output, history=False, live=ready.to_dict() if ready else None)
+
+
+def _after_failed_up(swarm: Swarm, keep: bool) -> None:
+    name = swarm.cfg.name
+    if keep:
+        log.warning(
+            "bring-up of '%s' failed; leaving it as it is (--keep). `prefect-swarm down %s` stops it.",
+            name,
+            name,
+        )
+        return
+    log.warning("bring-up of '%s' failed; tearing down what started", name)
+    try:
+        swarm.down()
+    except Exception as exc:  # the bring-up error matters more; say the teardown also failed
+        log.error("teardown of '%s' failed too: %s. Run `prefect-swarm down %s`.", name, exc, name)
+
+
+def status(
+    name: Annotated[str, typer.Argument(help="Swarm name.")],
+    output: OutputOpt = OutputFormat.table,
+    history: Annotated[bool, typer.Option("--history/--no-history", help="Show Prefect run history.")] = True,
+) -> None:
+    """Show a swarm's record, its live status with each replica, and its Prefect runs."""
+    show_status(name, output, history=history)
+
+
+def show_status(
+    name: str, output: OutputFormat, *, history: bool, live: dict[str, Any] | None = None
+) -> None:
+    """Print the status document of swarm ``name`` (``live``: a status already in hand)."""
+    store = StateStore()
+    rec = store.require_swarm(name)
+    doc: dict[str, Any] = {
+        "swarm": record_view(rec),
+        "status": live if live is not None else live_status(rec, store),
+        "prefect": prefect_history(name) if history else {"available": False, "runs": [], "error": None},
+    }
+    if output is OutputFormat.json:
+        emit_json(doc)
+        return
+    _print_status(doc)
+
+
+def _print_status(doc: dict[str, Any]) -> None:
+    sw, st = doc["swarm"], doc["status"]
+    total = sw["replicas"] or len(st["replicas"])
+    console.print(f"[bold]{sw['name']}[/]  {st['phase']}  ({sw['backend']}, model {sw['model']})")
+    console.print(
+        f"endpoint: {st.get('url') or sw['endpoint'] or '-'}   healthy replicas: "
+        f"{st['healthy_replicas']}/{total}   recorded phase: {sw['phase']}"
+    )
+    if st.get("detail"):
+        console.print(f"detail: {st['detail']}")
+    if st["replicas"]:
+        rows = [
+            (
+                r["index"],
+                r["health"],
+                r.get("url"),
+                r.get("restarts"),
+                r.get("last_exit_code"),
+                r.get("detail") or "",
+            )
+            for r in st["replicas"]
+        ]
+        console.print(table(None, ["#", "health", "url", "restarts", "last exit", "detail"], rows))
+    _print_history(doc["prefect"])
+
+
+def _print_history(prefect: dict[str, Any]) -> None:
+    if prefect["error"]:
+        console.print(f"Prefect runs: {prefect['error']}")
+        return
+    if not prefect["available"]:
+        return
+    runs = [r for r in prefect["runs"] if isinstance(r, dict)]
+    if not runs:
+        console.print("Prefect runs: none")
+        return
+    cols = [c for c in ("name", "state", "state_name", "start_time", "end_time", "id") if c in runs[0]]
+    cols = cols or list(runs[0])[:6]
+    console.print(table("Prefect runs", cols, [[r.get(c) for c in cols] for r in runs]))
+
+
+def list_swarms(output: OutputOpt = OutputFormat.table) -> None:
+    """List the swarms in the state database (recorded phases; `status` asks the backend)."""
+    views = [record_view(r) for r in StateStore().list_swarms()]
+    if output is OutputFormat.json:
+        emit_json({"swarms": views})
+        return
+    if not views:
+        err_console.print("no swarms recorded; `prefect-swarm up -c FILE` brings one up.")
+        return
+    cols = ["name", "backend", "phase", "replicas", "model", "endpoint", "created_at"]
+    console.print(table(None, cols, [[v[c] for c in cols] for v in views]))
+
+
+def describe(
+    name: Annotated[str, typer.Argument(help="Swarm name.")], output: OutputOpt = OutputFormat.table
+) -> None:
+    """Show a swarm's stored config (secrets removed), its files and its backend handle."""
+    store = StateStore()
+    rec = store.require_swarm(name)
+    doc = {
+        "swarm": record_view(rec),
+        "config": rec.config,
+        "paths": paths_view(rec),
+        "handle": rec.handle,
+        "jobs": [
+            {"id": j.id, "status": j.status, "shard": j.shard, "nshards": j.nshards}
+            for j in store.list_jobs(swarm=name)
+        ],
+    }
+    if output is OutputFormat.json:
+        emit_json(doc)
+        return
+    for key in ("swarm", "config", "paths", "handle", "jobs"):
+        console.print(f"[bold]{key}[/]")
+        console.print(
+            Syntax(yaml.safe_dump(doc[key], sort_keys=False).rstrip(), "yaml", background_color="default")
+        )
+
+
+def down(
+    name: Annotated[str | None, typer.Argument(help="Swarm name (or --all).", show_default=False)] = None,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Stop every swarm that is not already STOPPED.")
+    ] = False,
+    yes: YesOpt = False,
+) -> None:
+    """Stop a swarm (or all of them); idempotent. The record stays, phase STOPPED, until `db prune`."""
+    from prefect_swarm.swarm import Swarm
+
+    if (name is None) == (not all_):
+        raise ConfigError(
+            "give either a swarm NAME or --all (not both). `prefect-swarm list` shows the swarms."
+        )
+    store = StateStore()
+    if name is not None:
+        names = [store.require_swarm(name).name]
+    else:
+        names = [r.name for r in store.list_swarms() if r.phase != ServingPhase.STOPPED.value]
+    if not names:
+        err_console.print("no running swarms to stop.")
+        return
+    confirm(f"Stop swarm(s) {', '.join(names)}?", yes)
+    failed: list[str] = []
+    for one in names:
+        try:
+            Swarm.from_state(one, store=store).down()
+            log.info("swarm '%s' stopped", one)
+        except PrefectSwarmError as exc:
+            if name is not None:
+                raise
+            log.error("could not stop '%s': %s", one, exc)
+            failed.append(one)
+    if failed:
+        raise BackendError(
+            f"could not stop {len(failed)} swarm(s): {', '.join(failed)}",
+            hint="rerun `prefect-swarm down NAME --debug` for each to see why.",
+        )
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Ask ``question`` on the terminal unless ``yes``; a refusal (or no terminal) exits 1."""
+    if yes:
+        return
+    try:
+        ok = typer.confirm(question, default=False, err=True)
+    except typer.Abort:
+        ok = False
+    if not ok:
+        err_console.print("Aborted: nothing changed. Pass -y to skip the question.")
+        raise typer.Exit(1)

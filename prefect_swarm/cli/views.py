@@ -1,0 +1,140 @@
+"""What the CLI shows about a swarm: its record, its live status, its paths, its Prefect history.
+
+Pure data (dicts that become JSON or tables); nothing here prints.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from prefect_swarm.cli.output import iso
+from prefect_swarm.paths import SwarmPaths
+from prefect_swarm.platform import ServingPhase
+from prefect_swarm.settings import get_settings
+from prefect_swarm.state import StateStore, SwarmRecord
+
+log = logging.getLogger("prefect_swarm.cli")
+
+HISTORY_HOOK = "prefect_swarm.cli.history:runs_for_swarm"
+"""Optional function (the Prefect layer's) returning the Prefect runs tagged ``swarm:<name>``."""
+
+
+def record_view(rec: SwarmRecord) -> dict[str, Any]:
+    """The stored facts about a swarm (stable keys)."""
+    handle = rec.handle or {}
+    return {
+        "name": rec.name,
+        "backend": rec.backend,
+        "phase": rec.phase,
+        "model": rec.config.get("served_model_name") or rec.config.get("model"),
+        "replicas": rec.config.get("replicas"),
+        "endpoint": handle.get("url"),
+        "keep": rec.keep,
+        "flow_run_id": rec.flow_run_id,
+        "fingerprint": rec.fingerprint,
+        "created_at": iso(rec.created_at),
+        "updated_at": iso(rec.updated_at),
+    }
+
+
+def live_status(rec: SwarmRecord, store: StateStore) -> dict[str, Any]:
+    """Ask the backend how the swarm is now. Never raises: a failed look is phase UNKNOWN with why."""
+    unknown: dict[str, Any] = {
+        "phase": ServingPhase.UNKNOWN.value,
+        "url": None,
+        "healthy_replicas": 0,
+        "replicas": [],
+    }
+    if not rec.handle:
+        return {
+            **unknown,
+            "phase": rec.phase,
+            "detail": "no backend handle recorded (bring-up never submitted)",
+        }
+    try:
+        from prefect_swarm.swarm import Swarm
+
+        return Swarm.from_state(rec.name, store=store).status().to_dict()
+    except Exception as exc:  # a status look must not fail the command: it reports what it could not see
+        log.debug("status of %s failed", rec.name, exc_info=True)
+        return {**unknown, "detail": f"could not ask the {rec.backend} backend: {type(exc).__name__}: {exc}"}
+
+
+def paths_view(rec: SwarmRecord) -> dict[str, Any]:
+    """Files of the swarm on this machine."""
+    paths = SwarmPaths.for_swarm(rec.name)
+    replicas = int(rec.config.get("replicas") or 0)
+    return {
+        "root": str(paths.root),
+        "exists": paths.root.exists(),
+        "config": str(paths.config),
+        "replicas": [
+            {
+                "index": i,
+                "log": str(paths.replica_log(i)),
+                "status": str(paths.replica_status(i)),
+                "head": str(paths.replica_head(i)),
+                "watchdog_log": str(paths.watchdog_log(i)),
+            }
+            for i in range(replicas)
+        ],
+    }
+
+
+def _load_hook(ref: str) -> Callable[[str], Any] | None:
+    module, _, attr = ref.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        if exc.name and module.startswith(exc.name):
+            return None  # the hook's module is not installed: no history to show
+        raise
+    return getattr(mod, attr, None)
+
+
+def _jsonable_run(run: Any) -> Any:
+    if isinstance(run, dict):
+        return run
+    if hasattr(run, "model_dump"):
+        return run.model_dump(mode="json")
+    return str(run)
+
+
+def prefect_history(name: str) -> dict[str, Any]:
+    """Prefect runs of swarm ``name``: ``{available, runs, error}``; never raises, never hangs.
+
+    ``available`` is False when no history hook is installed; ``error`` says why the runs could
+    not be read (the Prefect API is unreachable, or took longer than the settings' timeout).
+    """
+    try:
+        hook = _load_hook(HISTORY_HOOK)
+    except Exception as exc:
+        return {
+            "available": True,
+            "runs": [],
+            "error": f"Prefect API unreachable ({type(exc).__name__}: {exc})",
+        }
+    if hook is None:
+        return {"available": False, "runs": [], "error": None}
+    result: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            result["runs"] = [_jsonable_run(r) for r in (hook(name) or [])]
+        except Exception as exc:  # whatever the Prefect client raises: shown as one line
+            result["error"] = f"{type(exc).__name__}: {exc}"
+
+    # a daemon thread, so a hung API call can neither block the command nor its exit
+    worker = threading.Thread(target=call, daemon=True, name="prefect-history")
+    worker.start()
+    timeout = get_settings().prefect_api_timeout_s + 1.0
+    worker.join(timeout)
+    if worker.is_alive():
+        result["error"] = f"timed out after {timeout:g} s"
+    if "error" in result:
+        return {"available": True, "runs": [], "error": f"Prefect API unreachable ({result['error']})"}
+    return {"available": True, "runs": result.get("runs", []), "error": None}

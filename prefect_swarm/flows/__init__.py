@@ -1,0 +1,15 @@
+"""Prefect flows composed of the tasks in ``prefect_swarm.tasks``.
+
+    batch_inference   plan -> up -> ready -> map shards -> commit -> down
+    swarm_up          bring a swarm up and keep it
+    swarm_down        stop a swarm
+    run_job           a batch job on an existing swarm
+    reap_orphans      scheduled: stop swarms whose flow run ended
+"""
+
+from prefect_swarm.flows.batch import batch_inference
+from prefect_swarm.flows.params import JobOptions
+from prefect_swarm.flows.reaper import reap_orphans_flow
+from prefect_swarm.flows.swarm import run_job, swarm_down, swarm_up
+
+__all__ = ["JobOptions", "batch_inference", "reap_orphans_flow", "run_job", "swarm_down", "swarm_up"]

@@ -1,0 +1,48 @@
+"""State hooks that tear a flow run's swarms down when it is cancelled or crashes.
+
+With a worker, Prefect runs these hooks in the worker process (not the flow process, which may
+be gone), so they find everything from SQLite by flow run id; the flow run's own
+``PREFECT_SWARM_HOME`` (from its job variables) is honoured. Idempotent: the flow's ``finally``
+usually got there first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from prefect_swarm.tasks import stop_event, teardown_flow_run
+
+log = logging.getLogger("prefect_swarm.flows")
+
+
+@contextmanager
+def _swarm_home_of(flow_run: Any) -> Iterator[None]:
+    env = ((getattr(flow_run, "job_variables", None) or {}).get("env") or {})
+    home = env.get("PREFECT_SWARM_HOME")
+    old = os.environ.get("PREFECT_SWARM_HOME")
+    if home:
+        os.environ["PREFECT_SWARM_HOME"] = home
+    try:
+        yield
+    finally:
+        if home and old is not None:
+            os.environ["PREFECT_SWARM_HOME"] = old
+        elif home:
+            os.environ.pop("PREFECT_SWARM_HOME", None)
+
+
+def teardown_hook(flow: Any, flow_run: Any, state: Any) -> None:
+    """``on_cancellation`` / ``on_crashed``: stop shard polling, cancel jobs, stop owned swarms."""
+    run_id = str(flow_run.id)
+    stop_event(run_id).set()
+    try:
+        with _swarm_home_of(flow_run):
+            stopped = teardown_flow_run(run_id)
+    except Exception:  # a hook must not raise: the reaper retries later
+        log.exception("teardown of flow run %s failed; `prefect-swarm db prune` reaps it later", run_id)
+        return
+    log.warning("flow run %s ended %s: stopped swarm(s) %s", run_id, state.name, ", ".join(stopped) or "none")

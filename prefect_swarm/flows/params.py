@@ -1,0 +1,52 @@
+"""Flow parameter models, typed so the Prefect UI renders a form.
+
+:class:`JobOptions` is built FROM :class:`prefect_swarm.jobs.spec.JobSpec`'s fields (same types,
+defaults, descriptions), minus those the flow owns (input, output, shards, endpoints...), so the
+two cannot drift. The flow turns options + its own parameters into the JobSpec.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, create_model
+
+from prefect_swarm.jobs.spec import JobSpec
+
+FLOW_OWNED = frozenset({
+    "job_id", "swarm", "input", "output", "job_dir", "shards", "model", "endpoints", "swarm_fingerprint",
+    "retry_failed", "auto_commit",
+})
+"""JobSpec fields the flow fills itself (from its parameters or from the swarm)."""
+
+
+def _options_base() -> type[BaseModel]:
+    fields: dict[str, Any] = {
+        name: (info.annotation, copy.copy(info))
+        for name, info in JobSpec.model_fields.items()
+        if name not in FLOW_OWNED
+    }
+    return create_model(  # type: ignore[call-overload, no-any-return]
+        "JobOptionsBase", __config__=ConfigDict(extra="forbid"), **fields
+    )
+
+
+class JobOptions(_options_base()):  # type: ignore[misc]
+    """What to do with each row: job class and kwargs, concurrency, retries, timeouts, checkpoints."""
+
+    def to_spec(self, *, input: str, output: str, shards: int, **flow_fields: Any) -> JobSpec:
+        """The JobSpec for these options and the flow's own fields."""
+        data = self.model_dump(exclude_unset=False)
+        return JobSpec.model_validate({**data, "input": input, "output": output, "shards": shards, **flow_fields})
+
+
+def job_options(job: JobOptions | str | dict[str, Any] | None) -> JobOptions:
+    """Accept a job kind ('chat', 'module:Class'), a dict of options, or JobOptions."""
+    if job is None:
+        return JobOptions()
+    if isinstance(job, JobOptions):
+        return job
+    if isinstance(job, str):
+        return JobOptions(job=job)
+    return JobOptions.model_validate(job)

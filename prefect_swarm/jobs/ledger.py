@@ -1,0 +1,271 @@
+"""One shard's ledger (its checkpoint): part files of finished rows, progress, fingerprint, DONE.
+
+Each flush writes ``part-<seq>.parquet`` to a temp name and renames it (atomic), then rewrites
+``progress.json``. A part holds, per finished row: ``_row`` (global row index, the join key),
+``_id`` (the row's id as text), the job's outputs, ``status`` (ok|error), ``error``,
+``http_status``, ``prompt_tokens``, ``completion_tokens``, ``latency_ms``, ``attempts`` (and
+``_response``, the raw body, when the output format is openai-batch). A row may appear in
+several parts (a retry of an error row, a rerun after a crash between flush and exit): the
+last write wins, in part order.
+
+A kill -9 loses only rows finished since the last flush; they are redone on resume.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prefect_swarm.exceptions import FingerprintMismatch
+from prefect_swarm.jobs.fingerprint import describe_changes
+from prefect_swarm.paths import (
+    ShardPaths,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+)
+
+STATUS_OK, STATUS_ERROR = "ok", "error"
+
+BASE_FIELDS: list[tuple[str, pa.DataType]] = [
+    ("_row", pa.int64()),
+    ("_id", pa.string()),
+    ("status", pa.string()),
+    ("error", pa.string()),
+    ("http_status", pa.int16()),
+    ("prompt_tokens", pa.int64()),
+    ("completion_tokens", pa.int64()),
+    ("latency_ms", pa.float32()),
+    ("attempts", pa.int16()),
+]
+
+
+def ledger_schema(outputs: Mapping[str, pa.DataType], keep_raw: bool) -> pa.Schema:
+    """Schema of a part file for a job with ``outputs``."""
+    fields = [*BASE_FIELDS, *outputs.items()]
+    if keep_raw:
+        fields.append(("_response", pa.string()))
+    return pa.schema(fields)
+
+
+def read_ledger(paths: ShardPaths, columns: list[str] | None = None) -> pa.Table | None:
+    """Every part of a shard as one table, in part order (None when there is none)."""
+    parts = paths.parts()
+    if not parts:
+        return None
+    return pa.concat_tables([pq.read_table(p, columns=columns) for p in parts], promote_options="permissive")
+
+
+def latest_positions(rows: np.ndarray, start: int, end: int) -> np.ndarray:
+    """For each row in ``[start, end)``, the index of its last occurrence in ``rows`` (-1 if none)."""
+    pos = np.full(end - start, -1, dtype=np.int64)
+    rel = rows - start
+    keep = (rel >= 0) & (rel < end - start)
+    pos[rel[keep]] = np.nonzero(keep)[0]  # numpy assigns in order: the last write wins
+    return pos
+
+
+class ShardLedger:
+    """The ledger of shard ``shard`` (rows ``[start, end)``), buffering finished rows until a flush."""
+
+    def __init__(
+        self,
+        paths: ShardPaths,
+        *,
+        shard: int,
+        nshards: int,
+        start: int,
+        end: int,
+        fingerprint: str,
+        details: dict[str, Any],
+        outputs: Mapping[str, pa.DataType],
+        keep_raw: bool = False,
+    ) -> None:
+        self.paths, self.shard, self.nshards = paths, shard, nshards
+        self.start, self.end = start, end
+        self.fingerprint, self.details = fingerprint, details
+        self.outputs = list(outputs)
+        self.schema = ledger_schema(outputs, keep_raw)
+        self.keep_raw = keep_raw
+        self.buf: dict[str, list[Any]] = {f.name: [] for f in self.schema}
+        self.done = np.zeros(end - start, dtype=bool)  # rows to skip on this run
+        self.seen = np.zeros(end - start, dtype=bool)  # rows in the ledger
+        self.err = np.zeros(end - start, dtype=bool)  # rows whose latest status is error
+        self.n_done = self.n_failed = self.prompt_tokens = self.completion_tokens = 0
+        self.requests = 0
+        self.seq = 0
+        self.started = time.time()
+        self.rows_this_run = 0
+        self.last_flush = time.monotonic()
+
+    # ------------------------------------------------------------------ open
+    def open(self, *, overwrite: bool = False, retry_failed: bool = False) -> None:
+        """Check the fingerprint, load what is done; with ``overwrite`` discard the old ledger first."""
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        for tmp in self.paths.root.glob(".*.tmp"):  # left by a kill -9 mid-write
+            tmp.unlink(missing_ok=True)
+        if overwrite:
+            self.discard()
+        self._check_fingerprint()
+        atomic_write_json(self.paths.fingerprint, self._stamp())
+        self._load(retry_failed)
+
+    def discard(self) -> None:
+        """Remove every part, the progress, the fingerprint and the DONE marker."""
+        for p in [*self.paths.parts(), self.paths.progress, self.paths.fingerprint, self.paths.done_marker]:
+            p.unlink(missing_ok=True)
+
+    def _stamp(self) -> dict[str, Any]:
+        return {
+            "fingerprint": self.fingerprint,
+            "details": self.details,
+            "shard": self.shard,
+            "nshards": self.nshards,
+            "start": self.start,
+            "end": self.end,
+        }
+
+    def _check_fingerprint(self) -> None:
+        old = read_json(self.paths.fingerprint)
+        if not old or not self.paths.parts():
+            return
+        same_layout = (old.get("start"), old.get("end")) == (self.start, self.end)
+        if old.get("fingerprint") == self.fingerprint and same_layout:
+            return
+        changes = describe_changes(old.get("details") or {}, self.details)
+        if not same_layout:
+            changes += f"\n  shard rows: {old.get('start')}..{old.get('end')} -> {self.start}..{self.end}"
+        raise FingerprintMismatch(
+            f"refusing to resume shard {self.shard}: its checkpoint in {self.paths.root} was written with "
+            f"different settings:\n{changes}\n"
+            "Hint: to discard the checkpoint and start over, submit again with --overwrite "
+            "(`prefect-swarm job submit ... --overwrite`, or "
+            "`python -m prefect_swarm.jobs.run ... --overwrite`); "
+            "to keep it, run with the original settings or use another job_dir."
+        )
+
+    def _load(self, retry_failed: bool) -> None:
+        table = read_ledger(self.paths, ["_row", "status", "prompt_tokens", "completion_tokens"])
+        parts = self.paths.parts()
+        self.seq = int(parts[-1].stem.split("-")[1]) + 1 if parts else 0
+        if table is None:
+            return
+        rows = table.column("_row").to_numpy()
+        pos = latest_positions(rows, self.start, self.end)
+        seen = pos >= 0
+        ok = np.zeros_like(seen)
+        status = np.asarray(table.column("status").to_numpy(zero_copy_only=False) == STATUS_OK)
+        ok[seen] = status[pos[seen]]
+        self.seen, self.err = seen, seen & ~ok
+        self.done = ok if retry_failed else seen.copy()
+        self.n_done = int(seen.sum())
+        self.n_failed = int(self.err.sum())
+        self.prompt_tokens = int(np.nansum(table.column("prompt_tokens").to_numpy(zero_copy_only=False)))
+        self.completion_tokens = int(
+            np.nansum(table.column("completion_tokens").to_numpy(zero_copy_only=False))
+        )
+
+    @property
+    def total(self) -> int:
+        """Rows this shard owns."""
+        return self.end - self.start
+
+    @property
+    def complete(self) -> bool:
+        """Every row of the shard is in the ledger (ok, or error unless retrying errors)."""
+        return bool(self.done.all())
+
+    # ------------------------------------------------------------------ write
+    def add(
+        self,
+        row: int,
+        rid: str,
+        status: str,
+        error: str | None,
+        http_status: int,
+        pt: int,
+        ct: int,
+        latency_ms: float,
+        attempts: int,
+        outputs: Mapping[str, Any] | None,
+        raw: str | None,
+    ) -> None:
+        """Buffer one finished row (flushed by :meth:`flush`)."""
+        b = self.buf
+        b["_row"].append(row)
+        b["_id"].append(rid)
+        b["status"].append(status)
+        b["error"].append(error)
+        b["http_status"].append(http_status)
+        b["prompt_tokens"].append(pt)
+        b["completion_tokens"].append(ct)
+        b["latency_ms"].append(latency_ms)
+        b["attempts"].append(attempts)
+        for name in self.outputs:
+            b[name].append(outputs.get(name) if outputs else None)
+        if self.keep_raw:
+            b["_response"].append(raw)
+        rel = row - self.start
+        self.done[rel] = True
+        if not self.seen[rel]:
+            self.seen[rel] = True
+            self.n_done += 1
+        is_err = status != STATUS_OK
+        if is_err != self.err[rel]:
+            self.err[rel] = is_err
+            self.n_failed += 1 if is_err else -1
+        self.prompt_tokens += pt
+        self.completion_tokens += ct
+        self.rows_this_run += 1
+
+    @property
+    def buffered(self) -> int:
+        """Rows finished but not yet flushed."""
+        return len(self.buf["_row"])
+
+    def flush(self, state: str = "running") -> None:
+        """Write buffered rows as one part (temp + rename), then the progress file."""
+        if self.buffered:
+            table = pa.Table.from_pydict(self.buf, schema=self.schema)
+            sink = io.BytesIO()
+            pq.write_table(table, sink, compression="zstd")
+            atomic_write_bytes(self.paths.part(self.seq), sink.getvalue())
+            self.seq += 1
+            self.buf = {f.name: [] for f in self.schema}
+        self.last_flush = time.monotonic()
+        self.write_progress(state)
+
+    def write_progress(self, state: str) -> None:
+        """Rewrite ``progress.json`` (what `job status` and the Prefect task show)."""
+        elapsed = max(time.time() - self.started, 1e-9)
+        atomic_write_json(
+            self.paths.progress,
+            {
+                "shard": self.shard,
+                "nshards": self.nshards,
+                "state": state,
+                "pid": os.getpid(),
+                "total": self.total,
+                "done": self.n_done,
+                "failed": self.n_failed,
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "rows_this_run": self.rows_this_run,
+                "requests": self.requests,
+                "rate_rows_s": round(self.rows_this_run / elapsed, 2),
+                "started_at": self.started,
+                "updated_at": time.time(),
+            },
+        )
+
+    def mark_done(self) -> None:
+        """Write the DONE marker (holding the fingerprint it is valid for)."""
+        atomic_write_text(self.paths.done_marker, self.fingerprint)

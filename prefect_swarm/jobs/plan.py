@@ -1,0 +1,71 @@
+"""What is left to do, read from the ledger: pending shards and each shard's progress.
+
+Cheap (reads small JSON files and the input's metadata), so the Prefect layer and ``job status``
+can call it often.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect_swarm.jobs.dataset import InputDataset, shard_range
+from prefect_swarm.jobs.fingerprint import job_fingerprint
+from prefect_swarm.jobs.spec import JobSpec
+from prefect_swarm.paths import read_json
+
+
+def shard_done(spec: JobSpec, i: int, fingerprint: str | None = None) -> bool:
+    """Shard ``i`` has every row in its ledger, under the job's current fingerprint.
+
+    With ``retry_failed`` a shard holding error rows is not done.
+    """
+    paths = spec.paths.shard(i)
+    try:
+        marker = paths.done_marker.read_text().strip()
+    except FileNotFoundError:
+        return False
+    if marker != (fingerprint or job_fingerprint(spec)):
+        return False
+    if spec.retry_failed:
+        return int((read_json(paths.progress) or {}).get("failed", 1)) == 0
+    return True
+
+
+def pending_shards(spec: JobSpec) -> list[int]:
+    """Shards of ``spec`` that still have rows to run (all of them for a fresh job)."""
+    fp = job_fingerprint(spec)
+    return [i for i in range(spec.shards) if not shard_done(spec, i, fp)]
+
+
+def shard_progress(spec: JobSpec, i: int, dataset: InputDataset | None = None) -> dict[str, Any]:
+    """Progress of shard ``i``: state, done, failed, total, tokens, rate (``state`` pending if never run)."""
+    data = read_json(spec.paths.shard(i).progress)
+    if data:
+        return dict(data)
+    ds = dataset or InputDataset(spec.input)
+    start, end = shard_range(ds.num_rows, i, spec.shards)
+    return {
+        "shard": i,
+        "nshards": spec.shards,
+        "state": "pending",
+        "total": end - start,
+        "done": 0,
+        "failed": 0,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "rate_rows_s": 0.0,
+    }
+
+
+def job_progress(spec: JobSpec) -> dict[str, Any]:
+    """Every shard's progress and the sums (done, failed, total, tokens, rate)."""
+    ds = InputDataset(spec.input)
+    shards = [shard_progress(spec, i, ds) for i in range(spec.shards)]
+    total: dict[str, Any] = {
+        k: sum(int(s.get(k) or 0) for s in shards)
+        for k in ("done", "failed", "total", "prompt_tokens", "completion_tokens")
+    }
+    total["rate_rows_s"] = round(
+        sum(float(s.get("rate_rows_s") or 0) for s in shards if s.get("state") == "running"), 2
+    )
+    return {**total, "shards": shards}

@@ -1,0 +1,75 @@
+"""The job process: ``python -m prefect_swarm.jobs.run --spec job.json --shard-id i --nshards n``.
+
+Runs one shard of a job (see :mod:`prefect_swarm.jobs.shard`). Started by a compute backend
+(local subprocess, ``srun`` step, Lepton job) or by hand. What the spec lacks comes from the
+environment: ``PREFECT_SWARM_ENDPOINTS`` (comma-separated) or ``ENDPOINT``, ``MODEL``,
+``PREFECT_SWARM_API_KEY``, and ``PREFECT_SWARM_SHARD_ID`` / ``PREFECT_SWARM_NSHARDS`` when the
+arguments are absent. ``--overwrite`` discards this shard's checkpoint first.
+
+Exit codes:
+    0   the shard is done (every row ok or an error row); the output is committed if it was the last
+    1   the shard failed (an unexpected error; the log says why)
+    2   bad input: spec, dataset (missing column, duplicate ids...), or a checkpoint written with
+        different settings (FingerprintMismatch); nothing was sent
+    75  requeue (EX_TEMPFAIL): stopped by SIGTERM/SIGUSR1/SIGINT; finished rows were flushed and a
+        rerun resumes where this one stopped
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from prefect_swarm.exceptions import ConfigError, FingerprintMismatch
+from prefect_swarm.jobs.shard import EXIT_BAD_INPUT, EXIT_FAILED, run_shard
+from prefect_swarm.jobs.spec import JobSpec
+
+log = logging.getLogger("prefect_swarm.jobs")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line arguments (shard arguments fall back to PREFECT_SWARM_SHARD_ID / NSHARDS)."""
+    ap = argparse.ArgumentParser(
+        prog="python -m prefect_swarm.jobs.run",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    ap.add_argument("--spec", required=True, help="JobSpec JSON file")
+    ap.add_argument("--shard-id", type=int, default=None)
+    ap.add_argument("--nshards", type=int, default=None)
+    ap.add_argument("--overwrite", action="store_true", help="discard this shard's checkpoint and start over")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one shard; return its exit code."""
+    args = parse_args(argv)
+    level = os.environ.get("PREFECT_SWARM_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        spec = JobSpec.load(args.spec)
+        if not spec.job_dir:
+            spec = spec.model_copy(update={"job_dir": str(Path(args.spec).resolve().parent)})
+        shard_id = (
+            args.shard_id if args.shard_id is not None else int(os.environ.get("PREFECT_SWARM_SHARD_ID", 0))
+        )
+        nshards = (
+            args.nshards
+            if args.nshards is not None
+            else int(os.environ.get("PREFECT_SWARM_NSHARDS", spec.shards))
+        )
+        return run_shard(spec, shard_id, nshards, overwrite=args.overwrite)
+    except (ConfigError, FingerprintMismatch) as exc:
+        log.error("%s", exc)
+        return EXIT_BAD_INPUT
+    except Exception:
+        log.exception("the shard failed")
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

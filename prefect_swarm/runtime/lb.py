@@ -1,0 +1,197 @@
+"""The LB reconciler: keeps nginx's upstream list equal to the replicas that are alive.
+
+    python -m prefect_swarm.runtime.lb --swarm-dir DIR [--nginx-bin nginx] [--public node:port] [--once]
+
+Runs inside the Slurm LB job next to ``nginx -g 'daemon off;'``. Every ``--interval`` seconds:
+
+1. read the replicas' head files (``replica-<i>.head``: ``node:port``, written while healthy);
+2. drop a replica whose port refuses connections ``STRIKES`` checks in a row (its head file can
+   outlive it when the task was SIGKILLed or its node died);
+3. when the set changed: write ``upstreams.conf`` atomically, ``nginx -t``, then ``nginx -s reload``.
+   A config nginx rejects is logged and the running config stays.
+
+Host names are resolved to IPv4 here: nginx would otherwise also try ``::1`` for ``localhost``.
+With no replica alive the upstream holds one placeholder marked ``down`` (an empty upstream block
+is a config error), so the LB answers 502 until a replica comes back.
+Once nginx answers ``/nginx-health``, it writes ``lb.head`` (``--public``) for clients to find it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prefect_swarm.paths import SwarmPaths, atomic_write_text
+
+log = logging.getLogger("prefect_swarm.lb")
+
+STRIKES = 2
+"""Failed connection checks in a row after which a replica leaves the upstream list."""
+
+PLACEHOLDER = "server 127.0.0.1:9 down;  # no replica alive\n"
+
+_HEAD = re.compile(r"^replica-(\d+)\.head$")
+
+
+def read_heads(paths: SwarmPaths) -> dict[int, str]:
+    """Replica index -> ``host:port`` from the head files present now."""
+    heads: dict[int, str] = {}
+    for path in paths.root.glob("replica-*.head"):
+        match = _HEAD.match(path.name)
+        if not match or paths.replica_head(int(match.group(1))) != path:
+            continue
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text:
+            heads[int(match.group(1))] = text
+    return heads
+
+
+def resolve(hostport: str) -> str | None:
+    """``host:port`` -> ``ipv4:port``; None when it does not parse or resolve."""
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    try:
+        return f"{socket.gethostbyname(host)}:{int(port)}"
+    except OSError:
+        return None
+
+
+def accepts(addr: str, timeout_s: float = 2.0) -> bool:
+    """True when ``ip:port`` accepts a TCP connection (a busy engine still accepts; a dead one refuses)."""
+    host, _, port = addr.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def render_upstreams(servers: Sequence[str]) -> str:
+    """The upstream include: one ``server`` line per ``ip:port``."""
+    if not servers:
+        return PLACEHOLDER
+    return "".join(f"server {s} max_fails=1 fail_timeout=10s;\n" for s in sorted(servers))
+
+
+@dataclass
+class Reconciler:
+    """Upstream file <- head files, with nginx -t and reload on change."""
+
+    paths: SwarmPaths
+    nginx: list[str]
+    public: str | None = None
+    strikes: dict[str, int] = field(default_factory=dict)
+    current: str | None = None
+    announced: bool = False
+
+    @property
+    def upstreams(self) -> Path:
+        """The include nginx reads its servers from."""
+        return self.paths.file("upstreams.conf")
+
+    def alive(self) -> list[str]:
+        """Addresses of replicas with a head file that did not refuse ``STRIKES`` checks in a row."""
+        out = []
+        for index, head in sorted(read_heads(self.paths).items()):
+            addr = resolve(head)
+            if addr is None:
+                log.warning("replica %d: head %r does not resolve; skipped", index, head)
+                continue
+            self.strikes[addr] = 0 if accepts(addr) else self.strikes.get(addr, 0) + 1
+            if self.strikes[addr] < STRIKES:
+                out.append(addr)
+        return out
+
+    def step(self, reload: bool = True) -> bool:
+        """One pass; True when the upstream file changed."""
+        text = render_upstreams(self.alive())
+        if self.current is None and self.upstreams.exists():
+            self.current = self.upstreams.read_text()
+        if text == self.current:
+            self.announce()
+            return False
+        previous = self.current
+        atomic_write_text(self.upstreams, text)
+        self.current = text
+        log.info("upstreams now: %s", text.strip().replace("\n", " | "))
+        if reload and not self.reload() and previous is not None:
+            atomic_write_text(self.upstreams, previous)
+            self.current = previous
+        self.announce()
+        return True
+
+    def reload(self) -> bool:
+        """``nginx -t`` then ``nginx -s reload``; False (logged) when either fails."""
+        for extra in (["-t", "-q"], ["-s", "reload"]):
+            proc = subprocess.run([*self.nginx, *extra], capture_output=True, text=True, timeout=30)
+            if proc.returncode != 0:
+                log.error("nginx %s failed (%d): %s", " ".join(extra), proc.returncode, proc.stderr.strip())
+                return False
+        return True
+
+    def announce(self) -> None:
+        """Write ``lb.head`` once nginx answers its own health location."""
+        if self.announced or not self.public or not self._nginx_up():
+            return
+        atomic_write_text(self.paths.file("lb.head"), self.public + "\n")
+        self.announced = True
+        log.info("LB up at %s", self.public)
+
+    def _nginx_up(self) -> bool:
+        addr = resolve(self.public or "")
+        if addr is None:
+            return False
+        host, _, port = addr.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=2) as sock:
+                sock.sendall(b"GET /nginx-health HTTP/1.0\r\n\r\n")
+                return sock.recv(64).startswith(b"HTTP/1.1 200")
+        except OSError:
+            return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    ap = argparse.ArgumentParser(description="Keep nginx's upstreams equal to the live replicas.")
+    ap.add_argument("--swarm-dir", required=True, type=Path)
+    ap.add_argument("--nginx-bin", default="nginx")
+    ap.add_argument("--public", default=None, help="node:port clients reach the LB at (written to lb.head)")
+    ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--once", action="store_true", help="write the upstream file once, no reload, and exit")
+    args = ap.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    paths = SwarmPaths(args.swarm_dir)
+    lb_dir = paths.file("lb")
+    nginx = [args.nginx_bin, "-c", str(paths.file("nginx.conf")), "-e", str(lb_dir / "error.log")]
+    rec = Reconciler(paths, nginx, public=args.public)
+    if args.once:
+        atomic_write_text(rec.upstreams, render_upstreams(rec.alive()))
+        return 0
+    stop: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _f: stop.append(signum))
+    while not stop:
+        try:
+            rec.step()
+        except Exception:  # one bad pass (a racing file, a slow nginx) must not take the LB down
+            log.exception("reconcile pass failed; retrying")
+        time.sleep(args.interval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Swarm tasks: resolve the ``swarm`` parameter, bring up (or reuse), wait ready, tear down.
+
+Teardown is owned by flow run: a swarm's SQLite record carries the id of the flow run that
+brought it up, so the flow's ``finally``, its hooks and the reaper all find it the same way
+(:func:`teardown_flow_run`). A reused swarm belongs to someone else and is never torn down here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from prefect_swarm.config import SwarmConfig, load_config
+from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.platform import JobHandle, ServingHandle
+from prefect_swarm.state import StateStore, SwarmRecord
+from prefect_swarm.swarm import LIVE_PHASES, Swarm, engine_fingerprint
+from prefect_swarm.tasks._common import current_flow_run_id, retry_on_type
+
+SwarmParam = str | dict[str, Any] | SwarmConfig
+"""What a flow's ``swarm`` parameter may be: a SwarmSpec block name, a YAML path, or an inline config."""
+
+
+def resolve_swarm(swarm: SwarmParam) -> SwarmConfig:
+    """Turn a ``swarm`` parameter into a SwarmConfig (secrets from the block or the environment)."""
+    if isinstance(swarm, SwarmConfig):
+        return swarm
+    if isinstance(swarm, dict):
+        return load_config(data=swarm)
+    if swarm.endswith((".yaml", ".yml")) or Path(swarm).expanduser().is_file():
+        return load_config(Path(swarm).expanduser())
+    return _load_block(swarm)
+
+
+def _load_block(name: str) -> SwarmConfig:
+    from prefect_swarm.blocks import SwarmSpec
+
+    slug, _, doc = name.rpartition("/")
+    if slug and slug != SwarmSpec.get_block_type_slug():
+        raise ConfigError(f"swarm '{name}' names a '{slug}' block; a SwarmSpec block ('swarm-spec/NAME') is needed.")
+    try:
+        return SwarmSpec.load(doc).to_config()
+    except ValueError as exc:
+        raise ConfigError(
+            f"swarm '{name}' is neither a YAML file nor a saved SwarmSpec block ({exc}). "
+            "Hint: `prefect block ls` lists saved blocks; pass a path ending in .yaml for a config file."
+        ) from None
+
+
+def reusable_swarm(cfg: SwarmConfig, store: StateStore) -> SwarmRecord | None:
+    """A live swarm serving the same engine on the same backend that nobody else's flow owns."""
+    want = engine_fingerprint(cfg)
+    for rec in store.list_swarms():
+        if rec.phase not in LIVE_PHASES or rec.fingerprint != want or rec.backend != cfg.backend.type:
+            continue
+        if rec.keep or rec.flow_run_id is None:
+            return rec
+    return None
+
+
+def attach(cfg: SwarmConfig, rec: SwarmRecord, store: StateStore) -> Swarm:
+    """A Swarm object for an existing record, keeping ``cfg``'s secrets (the record has none)."""
+    handle = ServingHandle.from_dict(rec.handle) if rec.handle else None
+    cfg = cfg if cfg.name == rec.name else cfg.model_copy(update={"name": rec.name})
+    return Swarm(cfg, store=store, handle=handle, flow_run_id=rec.flow_run_id, keep=rec.keep)
+
+
+def _check_name_free(cfg: SwarmConfig, store: StateStore, flow_run_id: str | None) -> None:
+    rec = store.get_swarm(cfg.name)
+    if rec is None or rec.phase not in LIVE_PHASES or rec.flow_run_id == flow_run_id:
+        return
+    if rec.fingerprint != engine_fingerprint(cfg):
+        raise ConfigError(
+            f"swarm '{cfg.name}' is live with a different model/engine/backend (fingerprint {rec.fingerprint}). "
+            f"`prefect-swarm down {cfg.name}` first, or pick another name."
+        )
+
+
+@task(name="swarm-up", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=retry_on_type)
+def swarm_up(cfg: SwarmConfig, keep: bool = False, reuse: bool = True) -> Swarm:
+    """Reuse a matching live swarm (``reuse``), else start this one, owned by the current flow run."""
+    log = get_run_logger()
+    store = StateStore()
+    flow_run_id = current_flow_run_id()
+    found = reusable_swarm(cfg, store) if reuse else None
+    if found is not None:
+        log.info("Reusing live swarm '%s' (same engine fingerprint %s); it will not be torn down by this run.",
+                 found.name, found.fingerprint)
+        return attach(cfg, found, store)
+    _check_name_free(cfg, store, flow_run_id)
+    swarm = Swarm(cfg, store=store, flow_run_id=flow_run_id, keep=keep)
+    log.info("Bringing up swarm '%s': %d x %s on %s (wall-time limit: %s).", cfg.name, cfg.replicas,
+             cfg.model, cfg.backend.type, _wall_time(cfg))
+    swarm.up()
+    return swarm
+
+
+def _wall_time(cfg: SwarmConfig) -> str:
+    backend: Any = cfg.backend
+    if backend.type == "local":
+        return f"{backend.wall_time_s:g} s" if backend.wall_time_s else "none"
+    if backend.type == "slurm":
+        return str(backend.time_limit)
+    return "backend default"
+
+
+@task(name="wait-ready", cache_policy=NO_CACHE)
+def wait_ready(swarm: Swarm, timeout_s: float | None = None) -> list[str]:
+    """Block until every replica answers a chat completion; return the endpoint URL(s)."""
+    log = get_run_logger()
+    status = swarm.wait_ready(timeout_s)
+    log.info("Swarm '%s' ready: %d/%d replicas healthy at %s.", swarm.cfg.name, status.healthy,
+             swarm.cfg.replicas, status.url or swarm.endpoint)
+    return swarm.endpoints
+
+
+@task(name="swarm-down", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def swarm_down(name: str) -> None:
+    """Stop swarm ``name`` (idempotent); its record stays, phase STOPPED."""
+    Swarm.from_state(name).down()
+    get_run_logger().info("Swarm '%s' stopped.", name)
+
+
+def cancel_flow_run_jobs(flow_run_id: str, store: StateStore | None = None) -> list[str]:
+    """Cancel the job processes flow run ``flow_run_id`` started that may still run; return their ids."""
+    store = store or StateStore()
+    cancelled = []
+    for rec in store.list_jobs():
+        if rec.flow_run_id != flow_run_id or rec.status not in ("PENDING", "RUNNING") or not rec.handle:
+            continue
+        if rec.swarm is None or store.get_swarm(rec.swarm) is None:
+            continue
+        Swarm.from_state(rec.swarm, store=store).compute.cancel(JobHandle.from_dict(rec.handle))
+        store.update_job(rec.id, status="CANCELLED")
+        cancelled.append(rec.id)
+    return cancelled
+
+
+def teardown_flow_run(flow_run_id: str, *, include_kept: bool = False) -> list[str]:
+    """Cancel the jobs and stop every live swarm flow run ``flow_run_id`` brought up (kept ones only if asked).
+
+    Plain function (no task): called from ``finally``, from cancel/crash hooks (which may run in
+    the worker process) and from the reaper. Idempotent. Returns the swarm names stopped.
+    """
+    stopped = []
+    store = StateStore()
+    cancel_flow_run_jobs(flow_run_id, store)
+    for rec in store.find_swarms_by_flow_run(flow_run_id):
+        if rec.phase in LIVE_PHASES and (include_kept or not rec.keep):
+            Swarm.from_state(rec.name, store=store).down()
+            stopped.append(rec.name)
+    return stopped

@@ -1,0 +1,668 @@
+"""A loopback fake of the DGX Cloud Lepton workspace API that runs workloads as local processes.
+
+    with FakeLepton() as fake:                       # free port, token, workspace 'ws-test'
+        client = APIClient(workspace_id=fake.workspace_id, auth_token=fake.token, url=fake.url)
+        ...                                          # the real leptonai SDK, end to end
+    # every process it started is stopped
+
+    python -m prefect_swarm.testing.fake_lepton [--port P] [--token T] [--workspace W]
+
+Stdlib only (http.server). It serves the routes leptonai 0.47.1's ``APIClient`` uses, at the root
+and under ``/api/v2/workspaces/<ws>`` (the gateway layout): ``/workspace``, ``/deployments``
+(create, get, PATCH, delete, readiness, replicas, replica log, events), ``/jobs`` (create, get,
+PATCH ``stopped``, delete, paged list with label query, replicas, log, events) and
+``/usersecrets``. Bearer auth on every route; a wrong workspace id in the path is a 404.
+
+Workloads are real processes:
+
+- a deployment's container command is mapped to ``endpoint_command`` (default: the stub engine)
+  on a free loopback port, with ``--served-model-name`` taken from the command and the endpoint
+  token (``api_tokens``, literal or secret ref) passed as ``--api-key`` — the stub refuses other
+  tokens, like Lepton's gateway. With ``run_endpoint_commands=True`` the container command runs
+  as given instead (its container port and 0.0.0.0 replaced by a loopback port; the token in
+  ``STUB_API_KEY``/``VLLM_API_KEY``). One process serves all of a deployment's replicas. The
+  endpoint URL is that process's URL. ``Starting`` until its ``/health`` answers 200 (polled in
+  the background), then ``Ready``; ``Error`` once it has exited.
+- a job's container command runs as given (``python``/``python3`` mapped to this interpreter) with
+  the spec's env (secret refs resolved) and mounts taken as local paths. ``Starting`` (first GET),
+  ``Running``, then ``Completed``/``Failed`` by exit code; ``Stopped`` after PATCH stopped=true.
+
+Knobs: :meth:`FakeLepton.inject` (the next N matching requests answer 503/429/...),
+``fail_jobs`` (jobs whose name contains one of these exit 3 instead of running),
+``fail_deployments`` (deployments whose name contains one of these go to ``Error``),
+:meth:`FakeLepton.force_state` (pin a deployment's or job's state).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+Reply = tuple[int, Any]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _flag(argv: list[str], *names: str) -> str | None:
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+@dataclass
+class _Injection:
+    status: int
+    count: int
+    match: str
+    retry_after: float | None
+
+
+@dataclass
+class _Workload:
+    kind: str  # "deployment" | "job"
+    body: dict[str, Any]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    port: int | None = None
+    gets: int = 0
+    forced: str | None = None
+    stopped: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Terminate the process group (SIGTERM, then SIGKILL after 5 s)."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
+
+
+class FakeLepton:
+    """The fake workspace: state, processes and an HTTP server on a free loopback port."""
+
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        workspace_id: str = "ws-test",
+        port: int = 0,
+        endpoint_command: list[str] | None = None,
+        python: str = sys.executable,
+        run_endpoint_commands: bool = False,
+        fail_jobs: tuple[str, ...] = (),
+        fail_deployments: tuple[str, ...] = (),
+        workdir: Path | None = None,
+    ) -> None:
+        self.token = token or "fake-lepton-" + secrets.token_hex(12)
+        self.workspace_id = workspace_id
+        self.endpoint_command = endpoint_command or [
+            "{python}",
+            "-m",
+            "prefect_swarm.testing.stub_engine",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+            "--model",
+            "{served_model_name}",
+        ]
+        self.python = python
+        self.run_endpoint_commands = run_endpoint_commands
+        self.fail_jobs = tuple(fail_jobs)
+        self.fail_deployments = tuple(fail_deployments)
+        self.lock = threading.RLock()
+        self.deployments: dict[str, _Workload] = {}
+        self.jobs: dict[str, _Workload] = {}
+        self.secrets: dict[str, str] = {}
+        self.requests: list[tuple[str, str, int]] = []
+        self._injections: list[_Injection] = []
+        self._tmp = tempfile.TemporaryDirectory(prefix="fake-lepton-") if workdir is None else None
+        self.workdir = Path(self._tmp.name) if self._tmp else Path(workdir)  # type: ignore[arg-type]
+        self._server = _make_server(self, port)
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def port(self) -> int:
+        """The port the API listens on."""
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """Workspace API URL to give the SDK (gateway layout: ``.../api/v2/workspaces/<ws>``)."""
+        return f"http://127.0.0.1:{self.port}/api/v2/workspaces/{self.workspace_id}"
+
+    def start(self) -> FakeLepton:
+        """Serve in a daemon thread."""
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-lepton", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop every process this fake started, then the server."""
+        with self.lock:
+            for w in [*self.deployments.values(), *self.jobs.values()]:
+                w.stop()
+        self._server.shutdown()
+        self._server.server_close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> FakeLepton:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ knobs and views
+    def inject(
+        self, status: int = 503, count: int = 1, match: str = "", retry_after: float | None = 0
+    ) -> None:
+        """Answer the next ``count`` requests whose path contains ``match`` with ``status``."""
+        with self.lock:
+            self._injections.append(_Injection(status, count, match, retry_after))
+
+    def force_state(self, name: str, state: str | None) -> None:
+        """Pin the state of deployment or job ``name`` (None: back to the process-driven state)."""
+        with self.lock:
+            target = self.deployments.get(name) or self.jobs.get(name)
+            if target is None:
+                raise KeyError(name)
+            target.forced = state
+
+    def running_processes(self) -> list[int]:
+        """PIDs of deployment and job processes still alive."""
+        with self.lock:
+            return [
+                w.proc.pid
+                for w in [*self.deployments.values(), *self.jobs.values()]
+                if w.proc is not None and w.alive()
+            ]
+
+    def job_env(self, job_id: str) -> dict[str, str]:
+        """The env a job's process got (for tests)."""
+        return dict(self.jobs[job_id].extra.get("env", {}))
+
+    # ------------------------------------------------------------------ dispatch
+    def handle(self, method: str, path: str, query: dict[str, list[str]], body: Any, headers: Any) -> Reply:
+        """One request -> (status, JSON-able payload or text)."""
+        m = re.match(r"^/api/v2/workspaces/([^/]+)(/.*)?$", path)
+        if m:
+            if m.group(1) != self.workspace_id:
+                return 404, {"code": "not_found", "message": f"workspace {m.group(1)} not found"}
+            path = m.group(2) or "/"
+        if headers.get("Authorization") != f"Bearer {self.token}":
+            return 401, {"code": "unauthorized", "message": "invalid or expired token"}
+        with self.lock:
+            for inj in self._injections:
+                if inj.count > 0 and inj.match in path:
+                    inj.count -= 1
+                    return inj.status, {
+                        "code": "injected",
+                        "message": f"injected HTTP {inj.status}",
+                        "_retry_after": inj.retry_after,
+                    }
+            return self._route(method, path, query, body or {})
+
+    def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> Reply:
+        if path == "/workspace" and method == "GET":
+            return 200, self._workspace_info()
+        for pattern, fn in self._routes():
+            m = re.match(pattern, f"{method} {path}")
+            if m:
+                return fn(*m.groups(), query=query, body=body)
+        return 404, {"code": "not_found", "message": f"no route {method} {path}"}
+
+    def _routes(self) -> list[tuple[str, Callable[..., Reply]]]:
+        return [
+            (r"^GET /deployments$", lambda **kw: (200, [self._dep_json(n) for n in list(self.deployments)])),
+            (r"^POST /deployments$", self._create_deployment),
+            (r"^GET /deployments/([^/]+)$", self._get_deployment),
+            (r"^PATCH /deployments/([^/]+)$", self._patch_deployment),
+            (r"^DELETE /deployments/([^/]+)$", self._delete_deployment),
+            (r"^GET /deployments/([^/]+)/readiness$", self._readiness),
+            (r"^GET /deployments/([^/]+)/replicas$", lambda n, **kw: self._replicas(self.deployments, n)),
+            (
+                r"^GET /deployments/([^/]+)/replicas/([^/]+)/log$",
+                lambda n, r, **kw: self._log(self.deployments, n),
+            ),
+            (r"^GET /deployments/([^/]+)/events$", lambda n, **kw: self._events(self.deployments, n)),
+            (r"^GET /jobs$", self._list_jobs),
+            (r"^POST /jobs$", self._create_job),
+            (r"^GET /jobs/([^/]+)$", self._get_job),
+            (r"^PATCH /jobs/([^/]+)$", self._patch_job),
+            (r"^DELETE /jobs/([^/]+)$", self._delete_job),
+            (r"^GET /jobs/([^/]+)/replicas$", lambda n, **kw: self._replicas(self.jobs, n)),
+            (r"^GET /jobs/([^/]+)/replicas/([^/]+)/log$", lambda n, r, **kw: self._log(self.jobs, n)),
+            (r"^GET /jobs/([^/]+)/events$", lambda n, **kw: self._events(self.jobs, n)),
+            (r"^GET /usersecrets$", lambda **kw: (200, [{"name": k} for k in sorted(self.secrets)])),
+            (r"^POST /usersecrets$", self._create_secrets),
+            (r"^DELETE /usersecrets/([^/]+)$", self._delete_secret),
+        ]
+
+    def _workspace_info(self) -> dict[str, Any]:
+        zero = {"cpu": 0.0, "memory": 0, "accelerator_num": 0.0}
+        return {
+            "build_time": "2026-01-01T00:00:00Z",
+            "git_commit": "0.0.0-fake",
+            "workspace_name": self.workspace_id,
+            "workspace_tier": "enterprise",
+            "workspace_state": "normal",
+            "supported_shapes": {},
+            "workspace_disk_usage_bytes": 0,
+            "workloads": {
+                "num_deployments": len(self.deployments),
+                "num_jobs": len(self.jobs),
+                "num_pods": 0,
+                "num_secrets": len(self.secrets),
+                "num_image_pull_secrets": 0,
+            },
+            "resource_quota": {"limit": zero, "used": zero},
+            "features": {"enable_new_deployment_api": False},  # the SDK then uses /deployments routes
+        }
+
+    # ------------------------------------------------------------------ deployments
+    def _create_deployment(self, *, body: Any, **_: Any) -> Reply:
+        md = body.get("metadata") or {}
+        name = md.get("name") or md.get("id")
+        if not name:
+            return 400, {"code": "bad_request", "message": "metadata.name is required"}
+        if name in self.deployments:
+            return 409, {"code": "conflict", "message": f"deployment {name} already exists"}
+        w = _Workload(
+            "deployment",
+            {
+                "metadata": {**md, "id": name, "name": name, "created_at": _now_ms(), "version": 1},
+                "spec": body.get("spec") or {},
+            },
+            self.workdir / f"deployment-{name}.log",
+        )
+        self.deployments[name] = w
+        self._start_deployment(w)
+        return 200, self._dep_json(name)
+
+    def _start_deployment(self, w: _Workload) -> None:
+        name = w.body["metadata"]["name"]
+        if any(s in name for s in self.fail_deployments):
+            w.extra["error"] = "injected failure: the container exited with code 1"
+            return
+        spec = w.body["spec"]
+        container = spec.get("container") or {}
+        command = container.get("command") or []
+        w.port = _free_port()
+        key = self._endpoint_token(spec)
+        env = self._env(spec)
+        if self.run_endpoint_commands:  # as given, on a loopback port instead of the container port
+            ports = {str(p.get("container_port")) for p in container.get("ports") or []}
+            argv = [str(w.port) if a in ports else "127.0.0.1" if a == "0.0.0.0" else a for a in command]
+            if argv and argv[0] in ("python", "python3"):
+                argv[0] = self.python
+            if key:  # the gateway's check, done by the engine: the stub and vLLM read these
+                env.update(STUB_API_KEY=key, VLLM_API_KEY=key)
+        else:
+            subs = {
+                "python": self.python,
+                "host": "127.0.0.1",
+                "port": str(w.port),
+                "model": _flag(command, "--model", "--model-path") or "model",
+                "served_model_name": _flag(command, "--served-model-name") or name,
+            }
+            argv = [part.format(**subs) for part in self.endpoint_command]
+            if key:
+                argv += ["--api-key", key]
+        w.proc = self._spawn(argv, env, w.log_path)
+        threading.Thread(target=self._watch_health, args=(w, w.proc), daemon=True).start()
+
+    def _watch_health(self, w: _Workload, proc: subprocess.Popen[bytes]) -> None:
+        """Poll the process's /health off the request path, so API calls never wait on an engine."""
+        while proc.poll() is None and w.proc is proc and not w.extra.get("ready"):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{w.port}/health", timeout=1) as resp:
+                    w.extra["ready"] = resp.status == 200
+            except OSError:
+                pass
+            time.sleep(0.1)
+
+    def _endpoint_token(self, spec: dict[str, Any]) -> str | None:
+        for tok in spec.get("api_tokens") or []:
+            if tok.get("value"):
+                return str(tok["value"])
+            ref = (tok.get("value_from") or {}).get("token_name_ref")
+            if ref:
+                return self.secrets.get(ref, "missing-secret-" + ref)
+        return None
+
+    def _dep_state(self, w: _Workload) -> str:
+        if w.forced:
+            return w.forced
+        if w.extra.get("error"):
+            return "Error"
+        if not w.alive():
+            return "Error"
+        return "Ready" if w.extra.get("ready") else "Starting"
+
+    def _dep_json(self, name: str) -> dict[str, Any]:
+        w = self.deployments[name]
+        url = f"http://127.0.0.1:{w.port}" if w.port else f"http://127.0.0.1:9/{name}"
+        status = {
+            "state": self._dep_state(w),
+            "endpoint": {"internal_endpoint": f"http://{name}.default.svc:8080", "external_endpoint": url},
+        }
+        return {**w.body, "status": status}
+
+    def _get_deployment(self, name: str, **_: Any) -> Reply:
+        if name not in self.deployments:
+            return 404, {"code": "not_found", "message": f"deployment {name} not found"}
+        self.deployments[name].gets += 1
+        return 200, self._dep_json(name)
+
+    def _patch_deployment(self, name: str, *, body: Any, **_: Any) -> Reply:
+        w = self.deployments.get(name)
+        if w is None:
+            return 404, {"code": "not_found", "message": f"deployment {name} not found"}
+        new = _merge(w.body["spec"], body.get("spec") or {})
+        if new != w.body["spec"]:
+            w.body["spec"] = new
+            w.body["metadata"]["version"] = int(w.body["metadata"].get("version") or 1) + 1
+            w.stop()
+            w.extra.pop("ready", None)
+            self._start_deployment(w)
+        return 200, self._dep_json(name)
+
+    def _delete_deployment(self, name: str, **_: Any) -> Reply:
+        w = self.deployments.pop(name, None)
+        if w is None:
+            return 404, {"code": "not_found", "message": f"deployment {name} not found"}
+        w.stop()
+        return 200, {}
+
+    def _readiness(self, name: str, **_: Any) -> Reply:
+        w = self.deployments.get(name)
+        if w is None:
+            return 404, {"code": "not_found", "message": f"deployment {name} not found"}
+        state = self._dep_state(w)
+        reason = {"Ready": "Ready", "Error": "SystemError"}.get(state, "InProgress")
+        message = w.extra.get("error") or ("" if reason == "Ready" else f"deployment is {state}")
+        n = int(((w.body["spec"].get("resource_requirement") or {}).get("min_replicas")) or 1)
+        item = {"reason": reason, "message": message, "creationTimestamp": "2026-01-01T00:00:00Z"}
+        return 200, {f"{name}-replica-{i}": [item] for i in range(n)}
+
+    # ------------------------------------------------------------------ jobs
+    def _create_job(self, *, body: Any, **_: Any) -> Reply:
+        md = body.get("metadata") or {}
+        jid = md.get("id") or md.get("name")
+        if not jid or not re.fullmatch(r"[a-z][a-z0-9-]{0,35}", jid):
+            return 400, {"code": "bad_request", "message": f"invalid job name {jid!r}"}
+        if jid in self.jobs:
+            return 409, {"code": "conflict", "message": f"job {jid} already exists"}
+        w = _Workload(
+            "job",
+            {
+                "metadata": {**md, "id": jid, "name": md.get("name") or jid, "created_at": _now_ms()},
+                "spec": body.get("spec") or {},
+            },
+            self.workdir / f"job-{jid}.log",
+        )
+        w.extra["created"] = time.time()
+        self.jobs[jid] = w
+        self._start_job(w)
+        return 200, self._job_json(jid)
+
+    def _start_job(self, w: _Workload) -> None:
+        spec = w.body["spec"]
+        argv = list((spec.get("container") or {}).get("command") or [])
+        if any(s in w.body["metadata"]["id"] for s in self.fail_jobs):
+            argv = [self.python, "-c", "import sys; print('injected job failure', flush=True); sys.exit(3)"]
+        if argv and argv[0] in ("python", "python3"):
+            argv[0] = self.python
+        env = self._env(spec)
+        w.extra["env"] = env
+        if not argv:
+            w.extra["exit"] = 0
+            return
+        w.proc = self._spawn(argv, env, w.log_path)
+
+    def _job_state(self, w: _Workload) -> str:
+        if w.forced:
+            return w.forced
+        if w.stopped:
+            return "Stopping" if w.alive() else "Stopped"
+        if w.gets <= 1 and w.alive():
+            return "Starting"
+        if w.alive():
+            return "Running"
+        code = w.proc.returncode if w.proc is not None else w.extra.get("exit", 0)
+        return "Completed" if code == 0 else "Failed"
+
+    def _job_json(self, jid: str) -> dict[str, Any]:
+        w = self.jobs[jid]
+        state = self._job_state(w)
+        done = state in ("Completed", "Failed", "Stopped")
+        status = {
+            "job_name": jid,
+            "state": state,
+            "ready": int(state == "Running"),
+            "active": int(state in ("Running", "Starting", "Stopping")),
+            "failed": int(state == "Failed"),
+            "succeeded": int(state == "Completed"),
+            "creation_time": int(w.extra["created"]),
+            "completion_time": int(time.time()) if done else None,
+            "job_history": [],
+        }
+        return {**w.body, "status": status}
+
+    def _get_job(self, jid: str, **_: Any) -> Reply:
+        if jid not in self.jobs:
+            return 404, {"code": "not_found", "message": f"job {jid} not found"}
+        self.jobs[jid].gets += 1
+        return 200, self._job_json(jid)
+
+    def _patch_job(self, jid: str, *, body: Any, **_: Any) -> Reply:
+        w = self.jobs.get(jid)
+        if w is None:
+            return 404, {"code": "not_found", "message": f"job {jid} not found"}
+        if (body.get("spec") or {}).get("stopped") is True and self._job_state(w) not in (
+            "Completed",
+            "Failed",
+        ):
+            w.stopped = True
+            w.stop()
+        return 200, self._job_json(jid)
+
+    def _delete_job(self, jid: str, **_: Any) -> Reply:
+        w = self.jobs.pop(jid, None)
+        if w is None:
+            return 404, {"code": "not_found", "message": f"job {jid} not found"}
+        w.stop()
+        return 200, {}
+
+    def _list_jobs(self, *, query: dict[str, list[str]], **_: Any) -> Reply:
+        items = [self._job_json(j) for j in sorted(self.jobs)]
+        for selector in query.get("query", []):
+            key, _sep, value = selector.partition("=")
+            items = [j for j in items if (j["metadata"].get("labels") or {}).get(key) == value]
+        for q in query.get("q", []):
+            items = [j for j in items if q in j["metadata"]["id"]]
+        page = int((query.get("page") or ["1"])[0])
+        size = int((query.get("page_size") or ["50"])[0])
+        return 200, {"jobs": items[(page - 1) * size : page * size]}
+
+    # ------------------------------------------------------------------ shared
+    def _replicas(self, table: dict[str, _Workload], name: str) -> Reply:
+        if name not in table:
+            return 404, {"code": "not_found", "message": f"{name} not found"}
+        rid = f"{name}-replica-0"
+        return 200, [{"id": rid, "metadata": {"id": rid, "name": rid}}]
+
+    def _log(self, table: dict[str, _Workload], name: str) -> Reply:
+        w = table.get(name)
+        if w is None:
+            return 404, {"code": "not_found", "message": f"{name} not found"}
+        return 200, w.log_path.read_text(errors="replace") if w.log_path.exists() else ""
+
+    def _events(self, table: dict[str, _Workload], name: str) -> Reply:
+        if name not in table:
+            return 404, {"code": "not_found", "message": f"{name} not found"}
+        return 200, [
+            {
+                "type": "Normal",
+                "reason": "Scheduled",
+                "count": 1,
+                "last_observed_time": "2026-01-01T00:00:00Z",
+            }
+        ]
+
+    def _create_secrets(self, *, body: Any, **_: Any) -> Reply:
+        for item in body if isinstance(body, list) else []:
+            if item.get("name") in self.secrets:
+                return 409, {"code": "conflict", "message": f"secret {item['name']} already exists"}
+        for item in body if isinstance(body, list) else []:
+            self.secrets[item["name"]] = item.get("value") or ""
+        return 200, {}
+
+    def _delete_secret(self, name: str, **_: Any) -> Reply:
+        if self.secrets.pop(name, None) is None:
+            return 404, {"code": "not_found", "message": f"secret {name} not found"}
+        return 200, {}
+
+    def _env(self, spec: dict[str, Any]) -> dict[str, str]:
+        """A container's env: a minimal base, then the spec's values and resolved secret refs."""
+        env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "PYTHONPATH", "TMPDIR") if k in os.environ}
+        for var in spec.get("envs") or []:
+            ref = (var.get("value_from") or {}).get("secret_name_ref")
+            env[var["name"]] = self.secrets.get(ref, "") if ref else str(var.get("value") or "")
+        return env
+
+    def _spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(
+                argv,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+
+def _merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """JSON merge patch of a spec (what Lepton's PATCH does)."""
+    out = dict(old)
+    for key, value in new.items():
+        out[key] = _merge(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
+
+
+def _make_server(fake: FakeLepton, port: int) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:  # the SDK's traffic is not worth a line each
+            pass
+
+        def _do(self) -> None:
+            url = urlsplit(self.path)
+            n = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(n) if n else b""
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = None
+            status, payload = fake.handle(self.command, url.path, parse_qs(url.query), body, self.headers)
+            fake.requests.append((self.command, url.path, status))
+            extra = {}
+            if isinstance(payload, dict) and "_retry_after" in payload:
+                after = payload.pop("_retry_after")
+                if after is not None:
+                    extra["Retry-After"] = f"{after:g}"
+            if isinstance(payload, str):
+                data, ctype = payload.encode(), "text/plain"
+            else:
+                data, ctype = json.dumps(payload).encode(), "application/json"
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            for key, value in extra.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _do
+
+    srv = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    srv.daemon_threads = True
+    return srv
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve a fake workspace until SIGINT/SIGTERM; print its URL, workspace id and token."""
+    ap = argparse.ArgumentParser(description="A loopback fake of the DGX Cloud Lepton workspace API.")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--token", default=None, help="bearer token to accept (default: a random one, printed)")
+    ap.add_argument("--workspace", default="ws-test")
+    ap.add_argument(
+        "--endpoint-command",
+        default=None,
+        help="command template for deployments ({python} {port} {model} {served_model_name})",
+    )
+    a = ap.parse_args(argv)
+    fake = FakeLepton(
+        token=a.token,
+        workspace_id=a.workspace,
+        port=a.port,
+        endpoint_command=shlex.split(a.endpoint_command) if a.endpoint_command else None,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with fake:
+        print(
+            json.dumps({"url": fake.url, "workspace_id": fake.workspace_id, "token": fake.token}), flush=True
+        )
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.wait()
+
+
+if __name__ == "__main__":
+    main()

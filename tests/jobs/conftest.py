@@ -1,0 +1,33 @@
+"""Fixtures of the job engine tests: a stub engine per module, stub engines with fault knobs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from prefect_swarm.testing.services import free_port
+from prefect_swarm.testing.stub_engine import StubEngine
+
+
+@pytest.fixture(scope="module")
+def stub() -> Iterator[StubEngine]:
+    """One fast stub engine for the module."""
+    with StubEngine(free_port(), latency_ms=1) as s:
+        yield s
+
+
+@pytest.fixture
+def stub_factory() -> Iterator[Callable[..., StubEngine]]:
+    """Start stub engines with fault knobs; all stopped at the end of the test."""
+    started: list[StubEngine] = []
+
+    def start(**knobs: Any) -> StubEngine:
+        s = StubEngine(free_port(), **knobs).start()
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()

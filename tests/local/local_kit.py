@@ -1,0 +1,44 @@
+"""Helpers for local-backend tests: stub-engine configs, status polling."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from prefect_swarm.config import SwarmConfig
+from prefect_swarm.platform import ServingStatus
+from prefect_swarm.swarm import Swarm
+from prefect_swarm.testing.services import free_port_block
+
+STUB = ["{python}", "-m", "prefect_swarm.testing.stub_engine", "--host", "{host}", "--port", "{port}",
+        "--model", "{served_model_name}"]
+
+
+def stub_config(replicas: int = 1, command: list[str] | None = None, backend: dict[str, Any] | None = None,
+                **over: Any) -> SwarmConfig:
+    """A local swarm of stub engines, with fast watchdog settings."""
+    data: dict[str, Any] = {
+        "name": f"loc-{uuid.uuid4().hex[:8]}", "model": "stub-model", "replicas": replicas,
+        "gpus_per_replica": 0, "port": free_port_block(replicas), "ready_timeout_s": 60,
+        "engine": {"kind": "command", "command": command or STUB, "python": sys.executable,
+                   "startup_timeout_s": 60},
+        "backend": {"type": "local", "health_interval_s": 0.3, "restart_backoff_s": 0.1,
+                    "startup_grace_s": 0.5, "max_restarts": 2, **(backend or {})},
+    }
+    data.update(over)
+    return SwarmConfig.model_validate(data)
+
+
+def wait_for(swarm: Swarm, ok: Callable[[ServingStatus], bool], timeout_s: float = 30) -> ServingStatus:
+    """Poll status until ``ok``; fail with the last status."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = swarm.status()
+        if ok(st):
+            return st
+        if time.monotonic() > deadline:
+            raise AssertionError(f"status never matched within {timeout_s}s: {st}")
+        time.sleep(0.2)

@@ -1,0 +1,96 @@
+"""Local compute specifics: reattach by id, vanished processes, graceful cancel, log streaming."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from local_kit import stub_config
+
+from prefect_swarm.backends.compute.local import LocalCompute
+from prefect_swarm.exceptions import StateError
+from prefect_swarm.paths import SwarmPaths
+from prefect_swarm.platform import ComputeBackend, JobHandle, JobStatus, ServingHandle
+
+
+@pytest.fixture
+def compute() -> LocalCompute:
+    cfg = stub_config()
+    handle = ServingHandle(name=cfg.name, backend="local", url="http://127.0.0.1:1",
+                           meta={"replica_urls": ["http://127.0.0.1:1", "http://127.0.0.1:2"]})
+    return LocalCompute(cfg, SwarmPaths.for_swarm(cfg.name), handle)
+
+
+def test_is_a_compute_backend(compute: LocalCompute) -> None:
+    assert isinstance(compute, ComputeBackend)
+
+
+def test_reattach_by_id_alone(compute: LocalCompute) -> None:
+    job = compute.submit(name="by id", command=[sys.executable, "-c", "print('hi')"], nshards=2)
+    again = compute.handle_for(job.id)
+    assert compute.wait(again, poll_s=0.1) is JobStatus.SUCCEEDED
+    assert again.meta["shards"] == job.meta["shards"]
+    with pytest.raises(StateError, match="no local job"):
+        compute.handle_for("nope-123")
+
+
+def test_a_killed_wrapper_is_failed_not_running(compute: LocalCompute) -> None:
+    job = compute.submit(name="doomed", command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    wrapper = psutil.Process(job.meta["shards"][0]["pid"])
+    children = wrapper.children()
+    wrapper.kill()
+    wrapper.wait(5)
+    probe = compute.probe(job)
+    assert probe.status is JobStatus.FAILED and probe.exit_code is None
+    assert "vanished" in probe.detail
+    for child in children:
+        child.kill()
+
+
+def test_cancel_lets_the_job_flush(compute: LocalCompute, tmp_path: Path) -> None:
+    flushed = tmp_path / "flushed"
+    code = (
+        "import signal, sys, time\n"
+        f"def bye(*a): open({str(flushed)!r}, 'w').write('ok'); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    job = compute.submit(name="flusher", command=[sys.executable, "-c", code])
+    log = compute._paths(job).log(0)
+    deadline = time.monotonic() + 10
+    while "ready" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    compute.cancel(job)
+    assert compute.probe(job).status is JobStatus.CANCELLED
+    assert flushed.read_text() == "ok"  # got one SIGTERM, had time to flush
+
+
+def test_wait_streams_logs(compute: LocalCompute, capsys: pytest.CaptureFixture[str]) -> None:
+    job = compute.submit(name="talk", command=[sys.executable, "-c", "print('line one'); print('line two')"])
+    assert compute.wait(job, stream_logs=True, poll_s=0.1) is JobStatus.SUCCEEDED
+    out = capsys.readouterr().out
+    assert "line one" in out and "line two" in out and "shard 0" in out
+
+
+def test_probe_of_an_unreadable_job_is_could_not_tell(compute: LocalCompute) -> None:
+    probe = compute.probe(JobHandle(id="ghost-1", backend="local"))
+    assert probe.status is None and probe.error
+
+
+def test_exit_by_signal(compute: LocalCompute) -> None:
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    job = compute.submit(name="sig", command=[sys.executable, "-c", code])
+    assert compute.wait(job, poll_s=0.1) is JobStatus.FAILED
+    assert compute.probe(job).exit_code == -signal.SIGKILL
+
+
+def test_bad_shard_arguments(compute: LocalCompute) -> None:
+    with pytest.raises(ValueError):
+        compute.submit(name="x", command=["true"], nshards=2, shard_id=2)
+    with pytest.raises(ValueError):
+        compute.submit(name="x", command=[])

@@ -1,0 +1,66 @@
+"""Helpers for the Prefect tests: a stub-engine swarm config and a small dataset."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prefect_swarm.testing.services import free_port_block
+
+
+def stub_swarm(name: str, *, replicas: int = 1, latency_ms: float = 5, port: int | None = None,
+               **backend: Any) -> dict[str, Any]:
+    """An inline swarm config: ``replicas`` stub engines on the local backend."""
+    command = [sys.executable, "-m", "prefect_swarm.testing.stub_engine", "--host", "{host}", "--port", "{port}",
+               "--model", "{served_model_name}", "--latency-ms", str(latency_ms)]
+    return {
+        "name": name, "model": "stub-model", "replicas": replicas, "gpus_per_replica": 0,
+        "port": port or free_port_block(replicas), "ready_timeout_s": 60,
+        "engine": {"kind": "command", "command": command, "startup_timeout_s": 60},
+        "backend": {"type": "local", "health_interval_s": 0.5, "wall_time_s": 600, **backend},
+    }
+
+
+def prompts(path: Path, n: int = 40) -> Path:
+    """A parquet file of ``n`` prompts with unique ids."""
+    table = pa.table({"id": [f"r{i:05d}" for i in range(n)], "prompt": [f"say hello {i}" for i in range(n)]})
+    pq.write_table(table, path)
+    return path
+
+
+def job_options(**extra: Any) -> dict[str, Any]:
+    """Job options for the stub: chat over the 'prompt' column, fast checkpoints."""
+    return {"job": "chat", "id_column": "id", "job_kwargs": {"prompt_column": "prompt"},
+            "checkpoint_every": 10, "checkpoint_seconds": 1.0, **extra}
+
+
+def swarm_processes(swarm_home: Path, name: str, port: int, replicas: int = 1) -> list[int]:
+    """PIDs of this swarm's processes: engines (by port), watchdogs and job processes (by path)."""
+    import psutil
+
+    root = str(swarm_home / "swarms" / name)
+    ports = {str(port + i) for i in range(replicas)}
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        argv = proc.info.get("cmdline") or []
+        joined = " ".join(argv)
+        by_port = any(a == "--port" and b in ports for a, b in zip(argv, argv[1:], strict=False))
+        if by_port or root in joined:
+            found.append(int(proc.info["pid"]))
+    return found
+
+
+def wait_for(predicate: Any, timeout_s: float, step_s: float = 0.25, what: str = "condition") -> float:
+    """Poll ``predicate`` until true; return the seconds it took; fail after ``timeout_s``."""
+    import time
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if predicate():
+            return time.monotonic() - t0
+        time.sleep(step_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

@@ -1,0 +1,93 @@
+"""Cancel through the API and SIGKILL of the flow process: no swarm process outlives the run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from conftest import job_variables
+from helpers import job_options, prompts, stub_swarm, swarm_processes, wait_for
+from stack import PrefectStack
+
+from prefect_swarm.reaper import reap_orphans
+from prefect_swarm.state import StateStore
+
+pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
+
+
+def _start_long_run(name: str, swarm_home: Path, tmp_path: Path) -> tuple[Any, dict[str, Any]]:
+    from prefect.deployments import run_deployment
+
+    cfg = stub_swarm(name, latency_ms=300)
+    inp = prompts(tmp_path / "in.parquet", 400)
+    run = run_deployment(
+        "batch-inference/on-demand", timeout=0, job_variables=job_variables(swarm_home),
+        parameters={"swarm": cfg, "job": job_options(concurrency=2), "input": str(inp),
+                    "output": str(tmp_path / "out.parquet"), "shards": 2},
+    )
+    store = StateStore()
+
+    def shards_running() -> bool:
+        rec = store.get_swarm(name)
+        return rec is not None and rec.phase == "RUNNING" and any(j.status == "RUNNING" for j in store.list_jobs(name))
+
+    wait_for(shards_running, 120, what="swarm RUNNING with shard jobs")
+    time.sleep(2)
+    return run, cfg
+
+
+def _state(run_id: Any) -> Any:
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(run_id).state
+
+
+def test_cancel_reaches_backend_within_30s(prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path) -> None:
+    from prefect import get_client
+    from prefect.states import Cancelling
+
+    run, cfg = _start_long_run("cancelme", swarm_home, tmp_path)
+    assert swarm_processes(swarm_home, "cancelme", cfg["port"])
+    t0 = time.monotonic()
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run.id, Cancelling(), force=True)  # what the UI's Cancel button does
+    gone = wait_for(lambda: not swarm_processes(swarm_home, "cancelme", cfg["port"]), 30,
+                    what="every swarm process to exit")
+    rec = StateStore().get_swarm("cancelme")
+    assert rec is not None and rec.phase == "STOPPED"
+    final = wait_for(lambda: _state(run.id).is_final(), 40, what="run final")
+    assert _state(run.id).type.value == "CANCELLED"
+    print(f"cancel -> no swarm process: {gone:.1f} s; -> Cancelled: {time.monotonic() - t0:.1f} s ({final:.1f})")
+
+
+def _flow_process(run_id: Any) -> psutil.Process:
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("PREFECT__FLOW_RUN_ID") == str(run_id):
+                return proc
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    raise AssertionError(f"no process of flow run {run_id}")
+
+
+def test_sigkilled_flow_is_reaped(prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path) -> None:
+    run, cfg = _start_long_run("killme", swarm_home, tmp_path)
+    os.kill(_flow_process(run.id).pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    assert reap_orphans() == []  # still Running in Prefect's eyes: the reaper must not guess
+    assert StateStore().get_swarm("killme").phase == "RUNNING"  # type: ignore[union-attr]
+    crashed = wait_for(lambda: _state(run.id).type.value == "CRASHED", 150, step_s=2,
+                       what="the zombie automation to mark the run Crashed")
+    reaped = reap_orphans()  # what `prefect-swarm db prune` and the next flow run do
+    wait_for(lambda: StateStore().get_swarm("killme").phase == "STOPPED", 30,  # type: ignore[union-attr]
+             what="record STOPPED")
+    wait_for(lambda: not swarm_processes(swarm_home, "killme", cfg["port"]), 30, what="swarm processes gone")
+    print(f"SIGKILL -> Crashed {crashed:.0f} s; reaped by this call: {reaped}; total {time.monotonic() - t0:.0f} s")
+    asyncio.run(asyncio.sleep(0))

@@ -1,0 +1,130 @@
+"""Helpers of the Slurm backend tests (imported as ``_slurmkit``): stub-engine configs, live swarms."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from prefect_swarm.backends.serving.slurm import SlurmServing
+from prefect_swarm.config import SwarmConfig
+from prefect_swarm.paths import SwarmPaths
+from prefect_swarm.platform import ServingHandle
+from prefect_swarm.testing.services import free_port_block
+
+STUB_COMMAND = [
+    "{python}",
+    "-m",
+    "prefect_swarm.testing.stub_engine",
+    "--host",
+    "{host}",
+    "--port",
+    "{port}",
+    "--model",
+    "{served_model_name}",
+]
+
+
+def unique_name(prefix: str = "t") -> str:
+    """A swarm name no other test run on this shared Slurm uses (jobs are psw-<name>-...)."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def stub_config(name: str | None = None, replicas: int = 2, **overrides: Any) -> SwarmConfig:
+    """A Slurm swarm of stub engines, one CPU per replica, ports picked free now."""
+    backend = {
+        "type": "slurm",
+        "cpus_per_replica": 1,
+        "queue_timeout_s": 60,
+        "time_limit": "30:00",
+        "lb_port": free_port_block(1),
+        **overrides.pop("backend", {}),
+    }
+    engine = {"kind": "command", "command": STUB_COMMAND, **overrides.pop("engine", {})}
+    data = {
+        "name": name or unique_name(),
+        "model": "stub-model",
+        "replicas": replicas,
+        "gpus_per_replica": 1,
+        "port": free_port_block(replicas),
+        "engine": engine,
+        "backend": backend,
+        **overrides,
+    }
+    return SwarmConfig.model_validate(data)
+
+
+def our_jobs(cfg: SwarmConfig) -> str:
+    """squeue lines of this swarm's jobs (empty when none)."""
+    names = f"psw-{cfg.name}-replicas,psw-{cfg.name}-lb"
+    return subprocess.run(["squeue", "-h", "-n", names], capture_output=True, text=True).stdout.strip()
+
+
+class LiveSwarm:
+    """A swarm brought up for one test; ``down()`` is also called by the fixture on every exit path."""
+
+    def __init__(self, cfg: SwarmConfig) -> None:
+        self.cfg = cfg
+        self.paths = SwarmPaths.for_swarm(cfg.name)
+        self.serving = SlurmServing(cfg, self.paths)
+        self.handle: ServingHandle | None = None
+
+    def up(self, timeout_s: float = 120) -> ServingHandle:
+        self.handle = self.serving.create_or_update(self.cfg)
+        self.serving.wait_ready(self.handle, timeout_s)
+        return self.handle
+
+    def down(self) -> None:
+        if self.handle is not None:
+            self.serving.delete(self.handle)
+
+
+PY = sys.executable
+
+
+def make_job(tmp: Path, n: int, **fields: Any) -> Path:
+    """A parquet dataset of ``n`` prompts and a job spec over it (job dir under ``tmp``); returns the spec."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(
+        pa.table(
+            {
+                "id": [f"r{i:05d}" for i in range(n)],
+                "prompt": [f"question {i} about topic {i % 13}" for i in range(n)],
+            }
+        ),
+        tmp / "in.parquet",
+        row_group_size=max(1, n // 8),
+    )
+    spec = {
+        "input": str(tmp / "in.parquet"),
+        "output": str(tmp / "out.parquet"),
+        "job_dir": str(tmp / "job"),
+        "id_column": "id",
+        "concurrency": 16,
+        "checkpoint_every": 20,
+        "checkpoint_seconds": 1,
+        "job_kwargs": {"sampling": {"max_tokens": 8, "temperature": 0}},
+        **fields,
+    }
+    (tmp / "job").mkdir(parents=True, exist_ok=True)
+    path = tmp / "job" / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def job_command(spec: Path) -> list[str]:
+    """argv of the job process (shard arguments are appended by the compute backend)."""
+    return [sys.executable, "-m", "prefect_swarm.jobs.run", "--spec", str(spec)]
+
+
+def output_ids(tmp: Path) -> list[str]:
+    """ids of the committed output, in order."""
+    import pyarrow.parquet as pq
+
+    return [str(x) for x in pq.read_table(tmp / "out.parquet", columns=["id"]).column("id").to_pylist()]

@@ -1,0 +1,241 @@
+"""render.py is pure: config -> script text. Golden files pin the rendered command lines of each
+container runtime; the quoting test runs a rendered script with hostile values and checks it is inert.
+
+Regenerate the golden files after an intended change:
+``PREFECT_SWARM_UPDATE_GOLDEN=1 pytest tests/slurm``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prefect_swarm.backends.serving.slurm import render
+from prefect_swarm.backends.serving.slurm.backend import SlurmServing
+from prefect_swarm.config import SwarmConfig
+from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.paths import SwarmPaths
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"
+UPDATE = os.environ.get("PREFECT_SWARM_UPDATE_GOLDEN") == "1"
+FAKE_APPTAINER = Path(__file__).resolve().parents[2] / "scripts" / "slurm" / "fake-apptainer"
+
+
+def golden_cfg(runtime: str = "none", **backend: Any) -> SwarmConfig:
+    """A fixed config: fixed paths and interpreters so the golden text does not depend on the machine."""
+    container: dict[str, Any] = {"runtime": runtime}
+    if runtime != "none":
+        container |= {
+            "image": "/images/vllm.sif" if runtime != "pyxis" else "nvcr.io#nvidia/vllm:24.05",
+            "mounts": ["/data:/data:ro", "/models:/models"],
+            "extra_args": ["--writable-tmpfs"] if runtime != "pyxis" else ["--container-workdir=/data"],
+        }
+    return SwarmConfig.model_validate(
+        {
+            "name": "golden",
+            "model": "/models/llama-8b",
+            "served_model_name": "llama",
+            "replicas": 4,
+            "gpus_per_replica": 2,
+            "gpus_per_node": 4,
+            "port": 8100,
+            "engine": {
+                "kind": "vllm",
+                "python": "/opt/venv/bin/python",
+                "args": ["--max-model-len", "8192"],
+                "env": {"VLLM_LOGGING_LEVEL": "INFO"},
+            },
+            "backend": {
+                "type": "slurm",
+                "partition": "gpu",
+                "account": "proj-1",
+                "time_limit": "04:00:00",
+                "cpus_per_replica": 8,
+                "mem_per_replica": "64G",
+                "shared_dir": "/shared/psw",
+                "job_python": "/opt/venv/bin/python",
+                "requeue": True,
+                "signal_seconds": 300,
+                "setup": ["module load cuda/12.4"],
+                "sbatch_args": ["--exclusive"],
+                "container": container,
+                **backend,
+            },
+        }
+    )
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if UPDATE or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), (
+        f"{name} differs from its golden file (PREFECT_SWARM_UPDATE_GOLDEN=1 to accept)"
+    )
+
+
+@pytest.mark.parametrize("runtime", ["none", "apptainer", "singularity", "pyxis"])
+def test_golden_plan(runtime: str) -> None:
+    cfg = golden_cfg(runtime)
+    plan = render.render_plan(cfg)
+    assert sorted(plan) == [
+        "lb.sbatch",
+        "nginx.conf",
+        "replicas.sbatch",
+        "watchdog-0.json",
+        "watchdog-1.json",
+        "watchdog-2.json",
+        "watchdog-3.json",
+    ]
+    check_golden(f"{runtime}/replicas.sbatch", plan["replicas.sbatch"])
+    check_golden(f"{runtime}/watchdog-3.json", plan["watchdog-3.json"])
+    step = render.step_argv(cfg, jobid="123", step_name="psw-golden-job-0-abc", command=["python", "-m", "x"])
+    check_golden(f"{runtime}/step.argv", "\n".join(step) + "\n")
+    if runtime == "none":
+        check_golden("none/lb.sbatch", plan["lb.sbatch"])
+        check_golden("none/nginx.conf", plan["nginx.conf"])
+
+
+def test_plan_shapes_resources() -> None:
+    plan = render.render_plan(golden_cfg())
+    text = plan["replicas.sbatch"]
+    # 4 replicas, 2 per node (gpus_per_node 4 / 2 per replica): 2 array tasks of 2 replicas each
+    assert "#SBATCH --array=0-1\n" in text and "#SBATCH --gres=gpu:4\n" in text
+    assert "#SBATCH --cpus-per-task=16\n" in text and "#SBATCH --mem=128G\n" in text
+    assert "#SBATCH --signal=USR1@300\n" in text and "#SBATCH --requeue\n" in text
+    spec = json.loads(plan["watchdog-1.json"])
+    assert spec["argv"][spec["argv"].index("--tensor-parallel-size") + 1] == "2"
+    assert spec["argv"][spec["argv"].index("--port") + 1] == "8101"
+    assert "#SBATCH --signal=USR1@300\n" in plan["lb.sbatch"], (
+        "job steps run in the LB job: they need the signal"
+    )
+
+
+def test_render_plan_is_pure_and_submits_nothing(tmp_path: Path) -> None:
+    cfg = golden_cfg(shared_dir=str(tmp_path / "shared"))
+    serving = SlurmServing(cfg, SwarmPaths(tmp_path / "unused"))
+    assert serving.render_plan() == render.render_plan(cfg)
+    assert not (tmp_path / "shared").exists() and not (tmp_path / "unused").exists()
+
+
+def test_no_secret_in_any_rendered_file() -> None:
+    cfg = golden_cfg().model_copy(update={"api_key": "sk-very-secret-123"})
+    for name, text in render.render_plan(cfg).items():
+        assert "sk-very-secret-123" not in text, name
+
+
+@pytest.mark.parametrize("field", ["partition", "account", "qos", "constraint"])
+def test_sbatch_values_with_newlines_are_refused(field: str) -> None:
+    cfg = golden_cfg(**{field: "gpu\nrm -rf /tmp/x"})
+    with pytest.raises(ConfigError, match=field):
+        render.render_plan(cfg)
+
+
+def test_sbatch_values_are_quoted() -> None:
+    cfg = golden_cfg(account="a b;c'd", sbatch_args=["--comment=$(touch /tmp/x)"])
+    text = render.render_plan(cfg)["replicas.sbatch"]
+    assert "#SBATCH --account='a b;c'\"'\"'d'\n" in text
+    assert "#SBATCH '--comment=$(touch /tmp/x)'\n" in text
+
+
+HOSTILE = "$(touch {m}) ; touch {m} ` touch {m}` \"'\n touch {m} #"
+
+
+def hostile_cfg(tmp: Path, marker: Path) -> SwarmConfig:
+    bad = HOSTILE.format(m=marker)
+    odd_dir = tmp / "dir with space;$(touch x)"
+    return SwarmConfig.model_validate(
+        {
+            "name": "hostile",
+            "model": bad,
+            "served_model_name": bad,
+            "replicas": 1,
+            "gpus_per_replica": 0,
+            "env": {"WEIRD": bad},
+            "engine": {
+                "kind": "command",
+                "command": ["/bin/true", bad, "{model}"],
+                "args": [bad],
+                "env": {"E2": bad},
+            },
+            "backend": {
+                "type": "slurm",
+                "cpus_per_replica": 1,
+                "job_python": str(odd_dir / bad),
+                "nginx_bin": bad,
+                "shared_dir": str(odd_dir),
+            },
+        }
+    )
+
+
+def test_hostile_values_render_inert_scripts(tmp_path: Path) -> None:
+    marker = tmp_path / "PWNED"
+    cfg = hostile_cfg(tmp_path, marker)
+    with pytest.raises(
+        ConfigError, match="nginx"
+    ):  # nginx.conf cannot hold such a path: refused, not escaped
+        render.render_plan(cfg)
+    paths = render.swarm_paths(cfg)
+    for name, text in (
+        ("replicas.sbatch", render.render_replicas(cfg, paths)),
+        ("lb.sbatch", render.render_lb(cfg, paths)),
+    ):
+        script = tmp_path / name
+        script.write_text(text)
+        assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, name
+    assert json.loads(json.dumps(render.watchdog_spec(cfg, paths, 0)))["argv"][1] == HOSTILE.format(m=marker)
+
+
+def test_hostile_prelude_executes_without_side_effects(tmp_path: Path) -> None:
+    """Run the replica script under a fake Slurm environment with a python that records its argv:
+    every hostile value reaches it as one literal argument and no marker file appears."""
+    marker = tmp_path / "PWNED"
+    cfg = hostile_cfg(tmp_path, marker)
+    paths = render.swarm_paths(cfg)
+    fake_python = Path(cfg.backend.job_python or "")  # type: ignore[union-attr]
+    fake_python.parent.mkdir(parents=True)
+    fake_python.write_text(f"#!/bin/bash\nprintf '%s\\n' \"$@\" >> {tmp_path / 'argv.log'}\necho 127.0.0.1\n")
+    fake_python.chmod(fake_python.stat().st_mode | stat.S_IEXEC)
+    paths.ensure()
+    paths.watchdog_spec(0).write_text(json.dumps(render.watchdog_spec(cfg, paths, 0)))
+    script = tmp_path / "replicas.sbatch"
+    script.write_text(render.render_replicas(cfg, paths))
+    env = {
+        "PATH": os.environ["PATH"],
+        "SLURMD_NODENAME": "localhost",
+        "SLURM_ARRAY_TASK_ID": "0",
+        "SLURM_ARRAY_JOB_ID": "1",
+    }
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists() and not (Path.cwd() / "x").exists()
+    logged = (tmp_path / "argv.log").read_text()
+    assert "prefect_swarm.runtime.watchdog" in logged
+    assert str(paths.file("watchdog-0.run.json")) in logged
+
+
+def test_fake_apptainer_runs_the_rendered_command(tmp_path: Path) -> None:
+    """The apptainer prefix the golden file pins is accepted by the shim and runs the command."""
+    cfg = golden_cfg("apptainer")
+    argv = render.container_prefix(cfg.backend.container)  # type: ignore[union-attr]
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "apptainer").symlink_to(FAKE_APPTAINER)
+    log = tmp_path / "apptainer.log"
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "FAKE_APPTAINER_LOG": str(log)}
+    out = subprocess.run([*argv, "echo", "inside"], env=env, capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0 and out.stdout.strip() == "inside", out.stderr
+    assert (
+        "--nv -B /data:/data:ro -B /models:/models --writable-tmpfs /images/vllm.sif echo inside"
+        in log.read_text()
+    )
+    assert shutil.which("apptainer", path=str(bindir))

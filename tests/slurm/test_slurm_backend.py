@@ -1,0 +1,215 @@
+"""The Slurm backend on a real single-node Slurm (scripts/slurm/ci-up.sh): serving, compute, failure paths.
+
+Every swarm is named ``psw-t-<random>-...`` and deleted after its test; only our jobs are cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from _slurmkit import PY, LiveSwarm, job_command, make_job, our_jobs, output_ids, stub_config
+
+from prefect_swarm.backends.compute.slurm import SlurmCompute
+from prefect_swarm.backends.serving.slurm.client import SlurmClient
+from prefect_swarm.exceptions import CapacityError
+from prefect_swarm.platform import JobStatus, ReplicaHealth, ServingPhase
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+MakeSwarm = Callable[..., LiveSwarm]
+
+
+def test_up_status_four_shard_job_down(slurm_swarm: MakeSwarm, tmp_path: Path) -> None:
+    swarm = slurm_swarm(stub_config(replicas=2))
+    handle = swarm.up()
+    st = swarm.serving.status(handle)
+    assert st.phase is ServingPhase.RUNNING, st
+    assert st.healthy == 2 and st.url
+    array = handle.meta["replicas_job"]
+    assert [r.external_id for r in st.replicas] == [f"{array}_0", f"{array}_1"]
+    assert httpx.get(st.url + "/health", timeout=5).status_code == 200
+
+    spec = make_job(tmp_path, 400, shards=4)
+    compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
+    job = compute.submit(name="chat", command=job_command(spec), nshards=4, detach=True)
+    assert len(job.id.split(",")) == 4 and all(re.fullmatch(r"\d+\.\d+", s) for s in job.id.split(","))
+    assert compute.wait(job, poll_s=0.5) is JobStatus.SUCCEEDED, compute.probe(job)
+    ids = output_ids(tmp_path)
+    assert sorted(ids) == [f"r{i:05d}" for i in range(400)]  # exactly once, every row
+
+    swarm.down()
+    assert our_jobs(swarm.cfg) == ""
+    assert swarm.serving.status(handle).phase is ServingPhase.STOPPED
+    swarm.down()  # idempotent
+
+
+def test_create_or_update_reuses_the_running_jobs(slurm_swarm: MakeSwarm) -> None:
+    swarm = slurm_swarm(stub_config(replicas=1))
+    first = swarm.up()
+    again = swarm.serving.create_or_update(swarm.cfg)
+    assert (again.meta["replicas_job"], again.meta["lb_job"]) == (
+        first.meta["replicas_job"],
+        first.meta["lb_job"],
+    )
+    assert len(our_jobs(swarm.cfg).splitlines()) == 2
+
+
+def test_more_gpus_than_the_node_has_fails_with_the_slurm_reason(slurm_swarm: MakeSwarm) -> None:
+    # 3 replicas x 2 fake GPUs on a 4-GPU node: two run, the third waits for Resources forever
+    swarm = slurm_swarm(stub_config(replicas=3, gpus_per_replica=2, backend={"queue_timeout_s": 8}))
+    swarm.handle = swarm.serving.create_or_update(swarm.cfg)
+    t0 = time.monotonic()
+    with pytest.raises(CapacityError, match=r"Resources") as err:
+        swarm.serving.wait_ready(swarm.handle, 120)
+    assert time.monotonic() - t0 < 8 + 30
+    assert "queue_timeout_s" in str(err.value)
+    assert our_jobs(swarm.cfg) == "", "nothing may stay queued"
+
+
+def test_a_replica_bigger_than_any_node_is_refused_at_submit(slurm_swarm: MakeSwarm) -> None:
+    swarm = slurm_swarm(stub_config(replicas=1, gpus_per_replica=5))
+    with pytest.raises(CapacityError, match="Requested node configuration is not available"):
+        swarm.serving.create_or_update(swarm.cfg)
+    assert our_jobs(swarm.cfg) == ""
+
+
+def test_scancel_of_one_replica_mid_job(slurm_swarm: MakeSwarm, tmp_path: Path) -> None:
+    swarm = slurm_swarm(stub_config(replicas=2, engine={"args": ["--latency-ms", "20"]}))
+    handle = swarm.up()
+    upstreams = swarm.paths.file("upstreams.conf")
+    assert len(re.findall(r"^server ", upstreams.read_text(), re.M)) == 2
+    spec = make_job(tmp_path, 1200, concurrency=8, shards=4)
+    compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
+    job = compute.submit(name="chat", command=job_command(spec), nshards=4)
+    time.sleep(2)
+    assert compute.probe(job).status is JobStatus.RUNNING
+    SlurmClient().scancel([f"{handle.meta['replicas_job']}_1"])
+    assert compute.wait(job, poll_s=0.5) is JobStatus.SUCCEEDED, compute.probe(job)
+    assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(1200)]
+    dead_port = swarm.cfg.port + 1
+    deadline = time.monotonic() + 15
+    while f":{dead_port} " in upstreams.read_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert f":{dead_port} " not in upstreams.read_text()
+    assert f":{swarm.cfg.port} " in upstreams.read_text()
+    st = swarm.serving.status(handle)
+    assert [r.health for r in st.replicas] == [ReplicaHealth.HEALTHY, ReplicaHealth.UNHEALTHY]
+
+
+HOSTILE_VALUE = "a,b \"double\" 'single'\nsecond line $(touch {m}) `touch {m}`; touch {m}"
+
+
+def test_environment_reaches_the_step_intact_and_secrets_stay_hidden(
+    slurm_swarm: MakeSwarm, tmp_path: Path
+) -> None:
+    secret = "sk-secret-7a1c9e"
+    swarm = slurm_swarm(stub_config(replicas=1, api_key=secret))
+    handle = swarm.up()
+    marker = tmp_path / "PWNED"
+    value = HOSTILE_VALUE.format(m=marker)
+    out = tmp_path / "env.txt"
+    code = (
+        "import os, sys; open(sys.argv[1], 'w').write(repr([os.environ['WEIRD'], os.environ['MY_TOKEN'], "
+        "os.environ['PREFECT_SWARM_API_KEY'], os.environ['MODEL'], os.environ['ENDPOINT']]))"
+    )
+    compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
+    job = compute.submit(
+        name="env",
+        command=[PY, "-c", code, str(out)],
+        env={"WEIRD": value},
+        secret_env={"MY_TOKEN": secret + "-2"},
+        detach=False,
+    )
+    assert compute.probe(job).status is JobStatus.SUCCEEDED
+    weird, token, key, model, endpoint = eval(out.read_text())  # our own repr
+    assert (weird, token, key, model) == (value, secret + "-2", secret, "stub-model")
+    assert endpoint == swarm.serving.status(handle).url
+    assert not marker.exists()
+    assert secret not in repr(job) and secret not in str(job.to_dict())
+    for path in swarm.paths.root.rglob("*"):
+        if path.is_file():
+            assert secret not in path.read_text(errors="replace"), path
+    # the API key reached the engine through its environment (never its argv)
+    pid = json.loads(swarm.paths.replica_status(0).read_text())["pid"]
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert f"VLLM_API_KEY={secret}".encode() in environ
+    assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def test_usr1_reaches_job_steps_and_a_preempted_shard_resumes(slurm_swarm: MakeSwarm, tmp_path: Path) -> None:
+    swarm = slurm_swarm(stub_config(replicas=1, engine={"args": ["--latency-ms", "50"]}))
+    handle = swarm.up()
+    spec = make_job(tmp_path, 2000, concurrency=4, drain_seconds=1)
+    compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
+    job = compute.submit(name="chat", command=job_command(spec), nshards=1, shard_id=0)
+    shard_dir = tmp_path / "job" / "shards" / "00000"
+    deadline = time.monotonic() + 30
+    while not list(shard_dir.glob("part-*.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    SlurmClient().scancel([job.id], signal="USR1")  # what --signal=USR1@N delivers before the time limit
+    assert compute.wait(job, poll_s=0.5) is JobStatus.FAILED
+    probe = compute.probe(job)
+    assert probe.exit_code == 75, probe  # the job runner's "requeue": flushed, resumable
+    assert list(shard_dir.glob("part-*.parquet")), "the ledger was flushed"
+    assert not (tmp_path / "out.parquet").exists()
+    again = compute.submit(name="chat", command=job_command(spec), nshards=1, shard_id=0, detach=False)
+    assert compute.probe(again).status is JobStatus.SUCCEEDED
+    assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(2000)]
+
+
+def test_probe_cancel_and_reattach_by_external_id(slurm_swarm: MakeSwarm) -> None:
+    swarm = slurm_swarm(stub_config(replicas=1))
+    handle = swarm.up()
+    compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
+    job = compute.submit(name="sleep", command=[PY, "-c", "import time; time.sleep(120)"])
+    other = SlurmCompute(swarm.cfg, swarm.paths, handle)  # another process would rebuild it from state
+    from prefect_swarm.platform import JobHandle
+
+    again = JobHandle.from_dict(job.to_dict())
+    assert other.probe(again).status is JobStatus.RUNNING
+    other.cancel(again)
+    assert other.wait(again, poll_s=0.3) is JobStatus.CANCELLED
+    other.cancel(again)  # idempotent
+
+
+@pytest.mark.vllm
+def test_vllm_cpu_swarm_on_slurm(slurm_swarm: MakeSwarm, need_vllm: None, tmp_path: Path) -> None:
+    from prefect_swarm.testing.services import VLLM_ARGS, VLLM_ENV, tiny_model, vllm_python
+
+    cfg = stub_config(
+        replicas=1,
+        gpus_per_replica=0,
+        model=str(tiny_model()),
+        served_model_name="tiny",
+        engine={
+            "kind": "vllm",
+            "command": None,
+            "python": str(vllm_python()),
+            "args": VLLM_ARGS,
+            "env": VLLM_ENV,
+            "startup_timeout_s": 300,
+        },
+    )
+    swarm = slurm_swarm(cfg)
+    handle = swarm.up(timeout_s=400)
+    st = swarm.serving.status(handle)
+    assert st.phase is ServingPhase.RUNNING and st.healthy == 1
+    spec = make_job(tmp_path, 40, concurrency=4, shards=4)
+    compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
+    job = compute.submit(name="chat", command=job_command(spec), nshards=4, detach=False)
+    assert compute.probe(job).status is JobStatus.SUCCEEDED
+    assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(40)]
+    swarm.down()
+    assert our_jobs(swarm.cfg) == ""
+    assert (
+        "vllm.entrypoints" not in subprocess.run(["ps", "-eo", "cmd"], capture_output=True, text=True).stdout
+        or os.environ.get("PREFECT_SWARM_VLLM_SHARED") == "1"
+    )
