@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-pytestmark = pytest.mark.usefixtures("local_backend")
+pytestmark = [pytest.mark.usefixtures("local_backend"), pytest.mark.slow]
 
 
 def _json(result: Any) -> dict[str, Any]:

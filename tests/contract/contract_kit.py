@@ -59,6 +59,8 @@ class BackendFactory:
     status_budget_s: float = 1.0
     """Longest a status()/probe() call may take (it must never block on the swarm)."""
     stop_timeout_s: float = 60.0
+    exit_codes: bool = True
+    """Whether probe() can report a job's exit code (Lepton's API has none: it reports only the state)."""
 
     def config(self, replicas: int = 1, engine: str = "stub", **over: Any) -> SwarmConfig:
         """A config for ``replicas`` replicas of one of :data:`ENGINES` on this backend."""
@@ -132,8 +134,10 @@ def lepton_leftovers(swarm: Swarm) -> list[str]:
     """The swarm's deployment while the fake has it, and its jobs whose processes still run."""
     fake, name = _lepton_fake(), swarm.cfg.name
     out = [f"deployment {name}"] if name in fake.deployments else []
-    return out + [f"job {jid}" for jid, w in list(fake.jobs.items())
-                  if (w.body["metadata"].get("labels") or {}).get("prefect-swarm-swarm") == name and w.alive()]
+    for jid, w in list(fake.jobs.items()):
+        if (w.body["metadata"].get("labels") or {}).get("prefect-swarm-swarm") == name and w.alive():
+            out.append(f"job {jid}")
+    return out
 
 
 def _lepton_gate() -> None:
@@ -155,7 +159,7 @@ def _lepton_marks() -> list[Any]:
 
 
 LEPTON = BackendFactory(name="lepton", backend=lepton_backend, leftovers=lepton_leftovers, gate=_lepton_gate,
-                        marks=_lepton_marks())
+                        marks=_lepton_marks(), exit_codes=False)
 
 FACTORIES: dict[str, BackendFactory] = {"local": LOCAL, "lepton": LEPTON}
 """Backend name -> factory. Other backends register theirs here (with their gate and marks)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
@@ -81,13 +80,11 @@ def test_sigkilled_flow_is_reaped(prefect_stack: PrefectStack, swarm_home: Path,
     run, cfg = _start_long_run("killme", swarm_home, tmp_path)
     os.kill(_flow_process(run.id).pid, signal.SIGKILL)
     t0 = time.monotonic()
-    assert reap_orphans() == []  # still Running in Prefect's eyes: the reaper must not guess
-    assert StateStore().get_swarm("killme").phase == "RUNNING"  # type: ignore[union-attr]
-    crashed = wait_for(lambda: _state(run.id).type.value == "CRASHED", 150, step_s=2,
-                       what="the zombie automation to mark the run Crashed")
+    # the worker sees its child die and marks the run Crashed; the zombie automation covers a dead worker
+    crashed = wait_for(lambda: _state(run.id).type.value == "CRASHED", 150, step_s=1,
+                       what="the run to be marked Crashed")
     reaped = reap_orphans()  # what `prefect-swarm db prune` and the next flow run do
     wait_for(lambda: StateStore().get_swarm("killme").phase == "STOPPED", 30,  # type: ignore[union-attr]
              what="record STOPPED")
     wait_for(lambda: not swarm_processes(swarm_home, "killme", cfg["port"]), 30, what="swarm processes gone")
     print(f"SIGKILL -> Crashed {crashed:.0f} s; reaped by this call: {reaped}; total {time.monotonic() - t0:.0f} s")
-    asyncio.run(asyncio.sleep(0))

@@ -220,9 +220,10 @@ class LocalCompute(DefaultComputeMixin):
     def cancel(self, handle: JobHandle) -> None:
         """TERM each shard's wrapper (it forwards to the job), KILL its group after a grace. Idempotent."""
         jp = self._paths(handle)
-        refs = [ProcRef.from_dict(sh) for sh in self._shards(handle)]
-        if not any(r is not None and r.alive() for r in refs):
-            return
+        shards = self._shards(handle)
+        if all(_shard_outcome(jp, sh)[1] != "running" for sh in shards):
+            return  # finished (exit status written): cancelling must not relabel the outcome
+        refs = [ProcRef.from_dict(sh) for sh in shards]
         launch = read_json(jp.launch) or {}
         if launch:
             atomic_write_json(jp.launch, {**launch, "cancelled_at": time.time()})

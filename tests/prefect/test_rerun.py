@@ -1,0 +1,69 @@
+"""Reruns: finished shards are skipped, a committed job sends zero requests and starts no swarm."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pyarrow.parquet as pq
+import pytest
+from helpers import job_options, prompts, stub_swarm
+from stack import PrefectStack
+
+from prefect_swarm.flows import batch_inference, swarm_down
+from prefect_swarm.state import StateStore
+
+pytestmark = [pytest.mark.prefect_server]
+
+
+def _requests(port: int) -> int:
+    return int(httpx.get(f"http://127.0.0.1:{port}/stats", timeout=5).json().get("requests", 0))
+
+
+def test_rerun_sends_zero_requests(prefect_api: PrefectStack, tmp_path: Path) -> None:
+    cfg = stub_swarm("rerun", latency_ms=5)
+    inp, out = prompts(tmp_path / "in.parquet", 50), tmp_path / "out.parquet"
+    first = batch_inference(cfg, job_options(), str(inp), str(out), shards=4, keep_swarm=True)
+    assert first["rows"] == 50 and first["ok"] == 50 and first["skipped"] == 0
+    rec = StateStore().get_swarm("rerun")
+    assert rec is not None and rec.phase == "RUNNING" and rec.keep  # kept: its /stats stays readable
+    before = _requests(cfg["port"])
+    t0 = time.monotonic()
+    again = batch_inference(cfg, job_options(), str(inp), str(out), shards=4, keep_swarm=True)
+    took = time.monotonic() - t0
+    assert _requests(cfg["port"]) == before, "a rerun of a committed job sent requests"
+    assert again["skipped"] == 50 and again["rows"] == 50 and took < 10
+    assert StateStore().get_swarm("rerun").updated_at == rec.updated_at  # type: ignore[union-attr]
+    assert pq.read_table(out).num_rows == 50
+    swarm_down("rerun")
+    assert StateStore().get_swarm("rerun").phase == "STOPPED"  # type: ignore[union-attr]
+    print(f"rerun of a committed job: {took:.2f} s, 0 requests")
+
+
+def test_partial_rerun_resumes_and_reuses(prefect_api: PrefectStack, tmp_path: Path) -> None:
+    cfg = stub_swarm("partial", latency_ms=5)
+    inp, out = prompts(tmp_path / "in.parquet", 40), tmp_path / "out.parquet"
+    first = batch_inference(cfg, job_options(), str(inp), str(out), shards=2)
+    job_dir = Path(first["job_dir"])
+    (job_dir / "shards" / "00001" / "DONE").unlink()  # shard 1 "unfinished": its ledger is kept
+    for part in sorted((job_dir / "shards" / "00001").glob("part-*.parquet"))[1:]:
+        part.unlink()
+    out.unlink()
+    again = batch_inference(cfg, job_options(), str(inp), str(out), shards=2)
+    assert again["rows"] == 40 and again["ok"] == 40 and again["skipped"] == 20
+    assert pq.read_table(out).column("id").to_pylist() == [f"r{i:05d}" for i in range(40)]
+    assert StateStore().get_swarm("partial").phase == "STOPPED"  # type: ignore[union-attr]
+
+
+def test_reuse_gate_uses_kept_swarm(prefect_api: PrefectStack, tmp_path: Path) -> None:
+    kept = stub_swarm("kept-a", latency_ms=5)
+    inp = prompts(tmp_path / "in.parquet", 20)
+    batch_inference(kept, job_options(), str(inp), str(tmp_path / "a.parquet"), shards=1, keep_swarm=True)
+    other = {**kept, "name": "kept-b", "port": kept["port"] + 50}  # same engine, other name
+    res = batch_inference(other, job_options(), str(inp), str(tmp_path / "b.parquet"), shards=1)
+    store = StateStore()
+    assert store.get_swarm("kept-b") is None, "a second swarm was brought up instead of reusing"
+    assert store.get_swarm("kept-a").phase == "RUNNING"  # type: ignore[union-attr]  # reused, not torn down
+    assert res["ok"] == 20 and _requests(kept["port"]) >= 20
+    swarm_down("kept-a")

@@ -1,0 +1,116 @@
+"""The LB reconciler and the rendered nginx config, with a real nginx and stub engines (no Slurm needed)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from _slurmkit import stub_config
+
+from prefect_swarm.backends.serving.slurm import render
+from prefect_swarm.paths import SwarmPaths
+from prefect_swarm.runtime.lb import STRIKES, Reconciler
+from prefect_swarm.testing.services import free_port, free_port_block
+from prefect_swarm.testing.stub_engine import StubEngine
+
+pytestmark = pytest.mark.nginx
+
+
+@pytest.fixture
+def lb(need_nginx: None, tmp_path: Path) -> Iterator[tuple[SwarmPaths, Reconciler, str]]:
+    """nginx in the foreground with the rendered config (proxy timeout 1 s) and a reconciler (no loop)."""
+    cfg = stub_config(replicas=2, backend={"shared_dir": str(tmp_path), "proxy_timeout_s": 1})
+    paths = render.swarm_paths(cfg).ensure()
+    port = free_port()
+    (paths.file("lb") / "tmp").mkdir(parents=True)
+    paths.file("lb/listen.conf").write_text(f"listen 127.0.0.1:{port};\n")
+    paths.file("nginx.conf").write_text(render.render_nginx(cfg, paths))
+    nginx = ["nginx", "-c", str(paths.file("nginx.conf")), "-e", str(paths.file("lb/error.log"))]
+    rec = Reconciler(paths, nginx, public=f"127.0.0.1:{port}")
+    rec.step(reload=False)
+    proc = subprocess.Popen([*nginx, "-g", "daemon off;"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            rec.announce()
+            if rec.announced:
+                break
+            time.sleep(0.1)
+        assert paths.file("lb.head").read_text().strip() == f"127.0.0.1:{port}"
+        yield paths, rec, f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _wait_reloaded(url: str) -> None:
+    """Until the new workers serve (a reload swaps workers asynchronously)."""
+    deadline = time.monotonic() + 10
+    while httpx.get(url + "/health", timeout=5).status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _post(url: str) -> int:
+    body = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]}
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=10).status_code
+
+
+def test_a_timed_out_post_is_not_replayed(lb: tuple[SwarmPaths, Reconciler, str]) -> None:
+    paths, rec, url = lb
+    base = free_port_block(2)
+    with StubEngine(base) as good, StubEngine(base + 1, timeout_rate=1.0) as mute:
+        paths.replica_head(0).write_text(f"127.0.0.1:{base}\n")
+        paths.replica_head(1).write_text(f"127.0.0.1:{base + 1}\n")
+        assert rec.step()
+        _wait_reloaded(url)
+        codes = [_post(url) for _ in range(10)]
+        assert sorted(set(codes)) == [200, 504], codes
+        # every request reached exactly one replica: the 504s were not retried on the good one
+        assert good.stats()["requests"] == codes.count(200)
+        assert mute.stats()["requests"] == codes.count(504)
+
+
+def test_dead_or_removed_replicas_leave_the_upstream(lb: tuple[SwarmPaths, Reconciler, str]) -> None:
+    paths, rec, url = lb
+    base = free_port_block(2)
+    with StubEngine(base) as first:
+        second = StubEngine(base + 1).start()
+        paths.replica_head(0).write_text(f"localhost:{base}\n")  # resolved to IPv4 by the reconciler
+        paths.replica_head(1).write_text(f"127.0.0.1:{base + 1}\n")
+        rec.step()
+        _wait_reloaded(url)
+        assert rec.upstreams.read_text().count("server 127.0.0.1:") == 2
+        second.stop()  # dies without removing its head file (SIGKILLed task, dead node)
+        for _ in range(STRIKES):
+            rec.step()
+        assert f":{base + 1} " not in rec.upstreams.read_text()
+        time.sleep(0.5)
+        assert all(_post(url) == 200 for _ in range(6))
+        assert first.stats()["requests"] == 6
+        paths.replica_head(0).unlink()  # a replica that stops cleanly removes its head file
+        rec.step()
+        assert "down" in rec.upstreams.read_text()  # placeholder: an empty upstream is a config error
+        time.sleep(0.5)
+        assert _post(url) == 502
+
+
+def test_a_config_nginx_rejects_keeps_the_running_one(lb: tuple[SwarmPaths, Reconciler, str]) -> None:
+    paths, rec, url = lb
+    base = free_port_block(1)
+    with StubEngine(base):
+        paths.replica_head(0).write_text(f"127.0.0.1:{base}\n")
+        rec.step()
+        _wait_reloaded(url)
+        good = rec.upstreams.read_text()
+        rec.nginx = [*rec.nginx[:1], "-c", "/nonexistent.conf"]  # make `nginx -t` fail
+        paths.replica_head(1).write_text(f"127.0.0.1:{base}\n")
+        rec.strikes.clear()
+        paths.replica_head(0).unlink()
+        paths.replica_head(1).unlink()
+        rec.step()
+        assert rec.upstreams.read_text() == good
+        assert _post(url) == 200
