@@ -26,17 +26,30 @@ def dataset(path: Path, n: int, chunk: int = 200_000) -> Path:
     with pq.ParquetWriter(path, schema) as w:
         for lo in range(0, n, chunk):
             ids = [f"r{i:08d}" for i in range(lo, min(n, lo + chunk))]
-            w.write_table(pa.table({"id": ids, "prompt": [f"question {i[1:]} about a topic" for i in ids]},
-                                   schema=schema), row_group_size=50_000)
+            w.write_table(
+                pa.table(
+                    {"id": ids, "prompt": [f"question {i[1:]} about a topic" for i in ids]}, schema=schema
+                ),
+                row_group_size=50_000,
+            )
     return path
 
 
 def spec_file(job_dir: Path, src: Path, url: str, **fields: Any) -> Path:
     """A JobSpec file for a benchmark job."""
     job_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"input": str(src), "output": str(job_dir / "out.parquet"), "job_dir": str(job_dir), "id_column": "id",
-            "endpoints": [url], "model": "stub-model", "concurrency": 256, "checkpoint_every": 5000,
-            "job_kwargs": {"sampling": {"max_tokens": 8}}, **fields}
+    spec = {
+        "input": str(src),
+        "output": str(job_dir / "out.parquet"),
+        "job_dir": str(job_dir),
+        "id_column": "id",
+        "endpoints": [url],
+        "model": "stub-model",
+        "concurrency": 256,
+        "checkpoint_every": 5000,
+        "job_kwargs": {"sampling": {"max_tokens": 8}},
+        **fields,
+    }
     path = job_dir / "spec.json"
     path.write_text(json.dumps(spec))
     return path
@@ -53,7 +66,17 @@ def run_pinned(argv: list[str], cpu: int = CLIENT_CPU) -> tuple[int, float, int]
 
 def job_argv(spec: Path) -> list[str]:
     """The job process for shard 0 of 1."""
-    return [sys.executable, "-m", "prefect_swarm.jobs.run", "--spec", str(spec), "--shard-id", "0", "--nshards", "1"]
+    return [
+        sys.executable,
+        "-m",
+        "prefect_swarm.jobs.run",
+        "--spec",
+        str(spec),
+        "--shard-id",
+        "0",
+        "--nshards",
+        "1",
+    ]
 
 
 def median(xs: list[float]) -> float:

@@ -21,8 +21,10 @@ from _common import dataset, job_argv, median, run_pinned, spec_file
 from prefect_swarm.testing.services import free_port
 from prefect_swarm.testing.stub_engine import StubEngine
 
-COMMIT = ("import sys; from prefect_swarm.jobs.spec import JobSpec; from prefect_swarm.jobs.commit import "
-          "commit_output; commit_output(JobSpec.load(sys.argv[1]))")
+COMMIT = (
+    "import sys; from prefect_swarm.jobs.spec import JobSpec; from prefect_swarm.jobs.commit import "
+    "commit_output; commit_output(JobSpec.load(sys.argv[1]))"
+)
 
 
 def one(tmp: Path, src: Path, url: str, commit: bool) -> dict[str, float]:

@@ -26,9 +26,24 @@ from prefect_swarm.testing.stub_engine import StubEngine
 
 def plain(url: str, n: int, c: int) -> float:
     """Baseline rows/s."""
-    out = subprocess.run(["taskset", "-c", str(CLIENT_CPU), sys.executable, str(ROOT / "bench/plain_aiohttp.py"),
-                          "--url", url, "--n", str(n), "--concurrency", str(c)], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [
+            "taskset",
+            "-c",
+            str(CLIENT_CPU),
+            sys.executable,
+            str(ROOT / "bench/plain_aiohttp.py"),
+            "--url",
+            url,
+            "--n",
+            str(n),
+            "--concurrency",
+            str(c),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return float(json.loads(out.stdout)["rows_s"])
 
 
@@ -59,9 +74,21 @@ def main() -> None:
                 for _ in range(a.repeat):
                     p.append(plain(stub.url, n, a.concurrency))
                     o.append(ours(tmp, src, stub.url, a.concurrency))
-            print(json.dumps({"latency_ms": latency, "rows": n, "c": a.concurrency, "plain_rows_s": p,
-                              "ours_rows_s": o, "plain_median": median(p), "ours_median": median(o),
-                              "ratio": round(median(o) / median(p), 3)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "latency_ms": latency,
+                        "rows": n,
+                        "c": a.concurrency,
+                        "plain_rows_s": p,
+                        "ours_rows_s": o,
+                        "plain_median": median(p),
+                        "ours_median": median(o),
+                        "ratio": round(median(o) / median(p), 3),
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

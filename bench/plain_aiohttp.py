@@ -22,8 +22,11 @@ async def main(url: str, n: int, c: int) -> None:
 
         async def worker() -> None:
             for i in rows:
-                body = {"model": "stub-model", "max_tokens": 8,
-                        "messages": [{"role": "user", "content": f"question {i:08d} about a topic"}]}
+                body = {
+                    "model": "stub-model",
+                    "max_tokens": 8,
+                    "messages": [{"role": "user", "content": f"question {i:08d} about a topic"}],
+                }
                 async with session.post(url + "/v1/chat/completions", json=body) as resp:
                     resp.raise_for_status()
                     await resp.json()

@@ -34,7 +34,11 @@ async def closed_loop(urls: list[str], concurrency: int, seconds: float, model: 
             nonlocal done, errors
             i = 0
             while time.monotonic() < stop:
-                body = {"model": model, "messages": [{"role": "user", "content": f"row {w}-{i}"}], "max_tokens": 8}
+                body = {
+                    "model": model,
+                    "messages": [{"role": "user", "content": f"row {w}-{i}"}],
+                    "max_tokens": 8,
+                }
                 i += 1
                 try:
                     async with session.post(next(cycle) + "/v1/chat/completions", json=body) as resp:
@@ -58,14 +62,37 @@ def run(replicas: int, concurrency: int, seconds: float, latency_ms: float) -> d
     from prefect_swarm.paths import SwarmPaths
     from prefect_swarm.testing.services import free_port_block
 
-    cfg = SwarmConfig.model_validate({
-        "name": f"bench-{uuid.uuid4().hex[:6]}", "model": "stub-model", "replicas": replicas, "gpus_per_replica": 1,
-        "port": free_port_block(replicas),
-        "engine": {"kind": "command", "command": ["{python}", "-m", "prefect_swarm.testing.stub_engine", "--host",
-                                                  "{host}", "--port", "{port}", "--model", "{served_model_name}",
-                                                  "--latency-ms", str(latency_ms)]},
-        "backend": {"type": "slurm", "cpus_per_replica": 1, "lb_port": free_port_block(1), "time_limit": "20:00"},
-    })
+    cfg = SwarmConfig.model_validate(
+        {
+            "name": f"bench-{uuid.uuid4().hex[:6]}",
+            "model": "stub-model",
+            "replicas": replicas,
+            "gpus_per_replica": 1,
+            "port": free_port_block(replicas),
+            "engine": {
+                "kind": "command",
+                "command": [
+                    "{python}",
+                    "-m",
+                    "prefect_swarm.testing.stub_engine",
+                    "--host",
+                    "{host}",
+                    "--port",
+                    "{port}",
+                    "--model",
+                    "{served_model_name}",
+                    "--latency-ms",
+                    str(latency_ms),
+                ],
+            },
+            "backend": {
+                "type": "slurm",
+                "cpus_per_replica": 1,
+                "lb_port": free_port_block(1),
+                "time_limit": "20:00",
+            },
+        }
+    )
     serving = SlurmServing(cfg, SwarmPaths.for_swarm(cfg.name))
     handle = serving.create_or_update(cfg)
     try:
@@ -89,12 +116,17 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, nargs="+", default=[0.0, 20.0])
     args = ap.parse_args()
     os.environ.setdefault("PREFECT_SWARM_HOME", tempfile.mkdtemp(prefix="psw-bench-"))
-    print(f"| stub latency | concurrency | LB rows/s | direct rows/s ({args.replicas} replicas) | ratio | errors |")
+    print(
+        f"| stub latency | concurrency | LB rows/s | direct rows/s ({args.replicas} reps) | ratio | errors |"
+    )
     print("|---|---|---|---|---|---|")
     for latency in args.latency_ms:
         r = run(args.replicas, args.concurrency, args.seconds, latency)
-        print(f"| {latency:g} ms | {args.concurrency} | {r['lb']:.0f} | {r['direct']:.0f} | {r['ratio']:.2f} "
-              f"| {r['errors']:.0f} |", flush=True)
+        print(
+            f"| {latency:g} ms | {args.concurrency} | {r['lb']:.0f} | {r['direct']:.0f} | {r['ratio']:.2f} "
+            f"| {r['errors']:.0f} |",
+            flush=True,
+        )
     sys.exit(0)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from prefect_swarm.testing.stub_engine import StubEngine
 
 MODEL = "stub-model"
@@ -18,8 +19,12 @@ MODEL = "stub-model"
 
 def make_dataset(path: Path, n: int, *, row_group: int = 1000, ids: list[Any] | None = None) -> Path:
     """A parquet file with ``id`` and ``prompt`` columns (prompts differ per row)."""
-    table = pa.table({"id": ids if ids is not None else [f"r{i:06d}" for i in range(n)],
-                      "prompt": [f"question number {i} about topic {i % 17}" for i in range(n)]})
+    table = pa.table(
+        {
+            "id": ids if ids is not None else [f"r{i:06d}" for i in range(n)],
+            "prompt": [f"question number {i} about topic {i % 17}" for i in range(n)],
+        }
+    )
     pq.write_table(table, path, row_group_size=row_group)
     return path
 
@@ -28,25 +33,54 @@ def write_spec(tmp: Path, name: str = "job", **fields: Any) -> Path:
     """A spec file in ``tmp/name``; fields override the defaults."""
     job_dir = tmp / name
     job_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"input": str(tmp / "in.parquet"), "output": str(tmp / f"{name}-out.parquet"), "job_dir": str(job_dir),
-            "id_column": "id", "model": MODEL, "concurrency": 32, "checkpoint_every": 200,
-            "job_kwargs": {"sampling": {"max_tokens": 8, "temperature": 0}}, **fields}
+    spec = {
+        "input": str(tmp / "in.parquet"),
+        "output": str(tmp / f"{name}-out.parquet"),
+        "job_dir": str(job_dir),
+        "id_column": "id",
+        "model": MODEL,
+        "concurrency": 32,
+        "checkpoint_every": 200,
+        "job_kwargs": {"sampling": {"max_tokens": 8, "temperature": 0}},
+        **fields,
+    }
     path = job_dir / "spec.json"
     path.write_text(json.dumps(spec))
     return path
 
 
-def run_job(spec: Path, shard: int = 0, nshards: int = 1, *extra: str, env: dict[str, str] | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_job(
+    spec: Path,
+    shard: int = 0,
+    nshards: int = 1,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
     """Run one job process to its end."""
-    return subprocess.run(job_argv(spec, shard, nshards, *extra), capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        job_argv(spec, shard, nshards, *extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def job_argv(spec: Path, shard: int = 0, nshards: int = 1, *extra: str) -> list[str]:
     """argv of one job process."""
-    return [sys.executable, "-m", "prefect_swarm.jobs.run", "--spec", str(spec), "--shard-id", str(shard),
-            "--nshards", str(nshards), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "prefect_swarm.jobs.run",
+        "--spec",
+        str(spec),
+        "--shard-id",
+        str(shard),
+        "--nshards",
+        str(nshards),
+        *extra,
+    ]
 
 
 def requests(stub: StubEngine) -> int:

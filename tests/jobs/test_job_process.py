@@ -31,7 +31,9 @@ def test_shards_give_one_row_per_id_in_input_order(tmp_path: Path, stub) -> None
     assert requests(stub) - before == 3000
     rows = _out(tmp_path / "job-out.parquet")
     assert [r["id"] for r in rows] == [f"r{i:06d}" for i in range(3000)]
-    assert all(r["status"] == "ok" and r["text"].startswith("stub-") and r["completion_tokens"] > 0 for r in rows)
+    assert all(
+        r["status"] == "ok" and r["text"].startswith("stub-") and r["completion_tokens"] > 0 for r in rows
+    )
     assert rows[5]["prompt"] == "question number 5 about topic 5"
     manifest = read_json(JobPaths(tmp_path / "job").manifest)
     assert manifest["rows"] == manifest["ok"] == 3000 and manifest["prompt_tokens"] > 0
@@ -53,8 +55,15 @@ def test_env_supplies_endpoint_and_model(tmp_path: Path, stub) -> None:
 def test_faults_every_row_ok_or_error_with_reason(tmp_path: Path, stub_factory) -> None:
     flaky = stub_factory(error_rate=0.1, rate_429=0.1, timeout_rate=0.05, seed=7)
     make_dataset(tmp_path / "in.parquet", 1500)
-    spec = write_spec(tmp_path, endpoints=[flaky.url], max_retries=2, backoff_base_s=0.01, backoff_max_s=0.05,
-                      request_timeout_s=0.5, concurrency=64)
+    spec = write_spec(
+        tmp_path,
+        endpoints=[flaky.url],
+        max_retries=2,
+        backoff_base_s=0.01,
+        backoff_max_s=0.05,
+        request_timeout_s=0.5,
+        concurrency=64,
+    )
     res = run_job(spec)
     assert res.returncode == 0, res.stderr
     rows = _out(tmp_path / "job-out.parquet")
@@ -91,7 +100,9 @@ def test_retry_failed_reruns_only_error_rows(tmp_path: Path, stub_factory, stub)
     ]
 
 
-@pytest.mark.parametrize("change", [{"model": "other-model"}, {"job_kwargs": {"sampling": {"max_tokens": 9}}}])
+@pytest.mark.parametrize(
+    "change", [{"model": "other-model"}, {"job_kwargs": {"sampling": {"max_tokens": 9}}}]
+)
 def test_resume_with_other_settings_is_refused(tmp_path: Path, stub, change: dict) -> None:
     make_dataset(tmp_path / "in.parquet", 2000)
     spec = write_spec(tmp_path, endpoints=[stub.url], concurrency=4)
@@ -105,7 +116,9 @@ def test_resume_with_other_settings_is_refused(tmp_path: Path, stub, change: dic
     res = run_job(spec)
     assert res.returncode == 2
     key = next(iter(change))
-    assert "refusing to resume shard 0" in res.stderr and f"{key}:" in res.stderr and "--overwrite" in res.stderr
+    assert (
+        "refusing to resume shard 0" in res.stderr and f"{key}:" in res.stderr and "--overwrite" in res.stderr
+    )
     assert requests(stub) == before
     res = run_job(spec, 0, 1, "--overwrite")
     assert res.returncode == 0, res.stderr
@@ -122,8 +135,9 @@ def _wait_for_parts(job_dir: Path, proc: subprocess.Popen, n: int = 1) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_signal_flushes_and_exits_75_then_resume_finishes(tmp_path: Path, stub, sig: signal.Signals) -> None:
     make_dataset(tmp_path / "in.parquet", 3000)
-    spec = write_spec(tmp_path, endpoints=[stub.url], concurrency=8, checkpoint_every=100_000,
-                      checkpoint_seconds=0.3)
+    spec = write_spec(
+        tmp_path, endpoints=[stub.url], concurrency=8, checkpoint_every=100_000, checkpoint_seconds=0.3
+    )
     before = requests(stub)
     proc = subprocess.Popen(job_argv(spec), stderr=subprocess.PIPE, text=True)
     _wait_for_parts(tmp_path / "job", proc)
@@ -153,8 +167,14 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path, 
     make_dataset(tmp_path / "in.parquet", n)
     ref_spec = write_spec(tmp_path, "ref", endpoints=[stub.url], concurrency=conc, checkpoint_every=every)
     assert run_job(ref_spec).returncode == 0
-    spec = write_spec(tmp_path, "killed", endpoints=[stub.url], concurrency=conc, checkpoint_every=every,
-                      checkpoint_seconds=0.5)
+    spec = write_spec(
+        tmp_path,
+        "killed",
+        endpoints=[stub.url],
+        concurrency=conc,
+        checkpoint_every=every,
+        checkpoint_seconds=0.5,
+    )
     rng, kills, before = random.Random(1), 0, requests(stub)
     while kills < 6:
         proc = subprocess.Popen(job_argv(spec), stderr=subprocess.DEVNULL)
@@ -224,8 +244,15 @@ def test_two_endpoints_share_the_load(tmp_path: Path, stub_factory) -> None:
 def test_adaptive_concurrency_completes_under_429(tmp_path: Path, stub_factory) -> None:
     busy = stub_factory(rate_429=0.3, retry_after_s=0.01, latency_ms=2, seed=5)
     make_dataset(tmp_path / "in.parquet", 800)
-    spec = write_spec(tmp_path, endpoints=[busy.url], adaptive_concurrency=True, concurrency=64, max_retries=10,
-                      backoff_base_s=0.01, backoff_max_s=0.05)
+    spec = write_spec(
+        tmp_path,
+        endpoints=[busy.url],
+        adaptive_concurrency=True,
+        concurrency=64,
+        max_retries=10,
+        backoff_base_s=0.01,
+        backoff_max_s=0.05,
+    )
     assert run_job(spec).returncode == 0
     rows = _out(tmp_path / "job-out.parquet")
     assert len(rows) == 800 and all(r["status"] == "ok" for r in rows)
@@ -234,8 +261,10 @@ def test_adaptive_concurrency_completes_under_429(tmp_path: Path, stub_factory) 
 def test_custom_job_class_and_per_row_sampling(tmp_path: Path, stub) -> None:
     import pyarrow as pa
 
-    pq.write_table(pa.table({"review": ["good", "bad", "fine"], "params": ['{"max_tokens": 5}', "", None]}),
-                   tmp_path / "in.parquet")
+    pq.write_table(
+        pa.table({"review": ["good", "bad", "fine"], "params": ['{"max_tokens": 5}', "", None]}),
+        tmp_path / "in.parquet",
+    )
     (tmp_path / "myjobs.py").write_text(
         "import pyarrow as pa\n"
         "from prefect_swarm.jobs import SwarmJob\n"
@@ -247,13 +276,19 @@ def test_custom_job_class_and_per_row_sampling(tmp_path: Path, stub) -> None:
         "    def columns(self):\n"
         "        return {'review': 'string'}\n"
         "    def request(self, row):\n"
-        "        return {'messages': [{'role': 'user', 'content': self.prefix + row['review']}], **self.sampling}\n"
+        "        msg = {'role': 'user', 'content': self.prefix + row['review']}\n"
+        "        return {'messages': [msg], **self.sampling}\n"
         "    def parse(self, body):\n"
         "        text = body['choices'][0]['message']['content']\n"
         "        return {'label': text.upper(), 'n': body['usage']['completion_tokens']}\n"
     )
-    spec = write_spec(tmp_path, endpoints=[stub.url], id_column=None, job="myjobs:Upper",
-                      job_kwargs={"prefix": "rate: ", "sampling": {"max_tokens": 16}, "sampling_column": "params"})
+    spec = write_spec(
+        tmp_path,
+        endpoints=[stub.url],
+        id_column=None,
+        job="myjobs:Upper",
+        job_kwargs={"prefix": "rate: ", "sampling": {"max_tokens": 16}, "sampling_column": "params"},
+    )
     res = run_job(spec, env={"PYTHONPATH": str(tmp_path)})
     assert res.returncode == 0, res.stderr
     rows = _out(tmp_path / "job-out.parquet")
@@ -264,12 +299,29 @@ def test_custom_job_class_and_per_row_sampling(tmp_path: Path, stub) -> None:
 
 def test_openai_batch_jsonl_in_and_out(tmp_path: Path, stub) -> None:
     src = tmp_path / "in.jsonl"
-    lines = [{"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": "stub-model", "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 4}}
-             for i in range(30)]
+    lines = [
+        {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "stub-model",
+                "messages": [{"role": "user", "content": f"hi {i}"}],
+                "max_tokens": 4,
+            },
+        }
+        for i in range(30)
+    ]
     src.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    spec = write_spec(tmp_path, input=str(src), output=str(tmp_path / "out.jsonl"), id_column=None,
-                      endpoints=[stub.url], output_format="openai-batch", job="chat")
+    spec = write_spec(
+        tmp_path,
+        input=str(src),
+        output=str(tmp_path / "out.jsonl"),
+        id_column=None,
+        endpoints=[stub.url],
+        output_format="openai-batch",
+        job="chat",
+    )
     res = run_job(spec)
     assert res.returncode == 0, res.stderr
     out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]

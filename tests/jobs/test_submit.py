@@ -26,22 +26,45 @@ from prefect_swarm.testing.services import free_port_block
 @pytest.fixture
 def swarm() -> Iterator[Swarm]:
     """Two stub-engine replicas on the local backend."""
-    cmd = [sys.executable, "-m", "prefect_swarm.testing.stub_engine", "--host", "{host}", "--port", "{port}",
-           "--model", "{served_model_name}", "--latency-ms", "5"]
-    cfg = SwarmConfig.model_validate({
-        "name": "jobs-stub", "model": "stub-model", "replicas": 2, "gpus_per_replica": 0,
-        "port": free_port_block(2), "ready_timeout_s": 60,
-        "engine": {"kind": "command", "command": cmd, "startup_timeout_s": 60},
-        "backend": {"type": "local"},
-    })
+    cmd = [
+        sys.executable,
+        "-m",
+        "prefect_swarm.testing.stub_engine",
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "--model",
+        "{served_model_name}",
+        "--latency-ms",
+        "5",
+    ]
+    cfg = SwarmConfig.model_validate(
+        {
+            "name": "jobs-stub",
+            "model": "stub-model",
+            "replicas": 2,
+            "gpus_per_replica": 0,
+            "port": free_port_block(2),
+            "ready_timeout_s": 60,
+            "engine": {"kind": "command", "command": cmd, "startup_timeout_s": 60},
+            "backend": {"type": "local"},
+        }
+    )
     with Swarm(cfg) as s:
         yield s
 
 
 def test_submit_wait_status_resubmit_cancel(tmp_path: Path, swarm: Swarm) -> None:
     make_dataset(tmp_path / "in.parquet", 1200)
-    spec = JobSpec(input=str(tmp_path / "in.parquet"), output=str(tmp_path / "out.parquet"), id_column="id",
-                   shards=2, checkpoint_every=100, job_kwargs={"sampling": {"max_tokens": 4}})
+    spec = JobSpec(
+        input=str(tmp_path / "in.parquet"),
+        output=str(tmp_path / "out.parquet"),
+        id_column="id",
+        shards=2,
+        checkpoint_every=100,
+        job_kwargs={"sampling": {"max_tokens": 4}},
+    )
     rec = submit_job(swarm, spec, detach=False)
     assert rec.status == "SUCCEEDED" and rec.swarm == "jobs-stub"
     rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
@@ -57,8 +80,14 @@ def test_submit_wait_status_resubmit_cancel(tmp_path: Path, swarm: Swarm) -> Non
 
     # a long job, cancelled: the shards flush and a resubmit resumes
     make_dataset(tmp_path / "big.parquet", 200_000, row_group=20_000)
-    big = JobSpec(input=str(tmp_path / "big.parquet"), output=str(tmp_path / "big.parquet.out"), id_column="id",
-                  shards=2, concurrency=8, checkpoint_seconds=0.5)
+    big = JobSpec(
+        input=str(tmp_path / "big.parquet"),
+        output=str(tmp_path / "big.parquet.out"),
+        id_column="id",
+        shards=2,
+        concurrency=8,
+        checkpoint_seconds=0.5,
+    )
     rec = submit_job(swarm, big, detach=True)
     deadline = time.monotonic() + 60
     while job_status(rec.id)["progress"]["done"] == 0:
@@ -75,16 +104,34 @@ def test_prepare_refuses_bad_input_before_submitting(tmp_path: Path) -> None:
 
     make_dataset(tmp_path / "in.parquet", 10, ids=["x"] * 10)
     with pytest.raises(DatasetError, match="duplicated"):
-        prepare_job(JobSpec(input=str(tmp_path / "in.parquet"), output=str(tmp_path / "o.parquet"), id_column="id"))
+        prepare_job(
+            JobSpec(input=str(tmp_path / "in.parquet"), output=str(tmp_path / "o.parquet"), id_column="id")
+        )
     assert StateStore().list_jobs() == []
 
 
 def test_cli_submit_status_list(tmp_path: Path, swarm: Swarm) -> None:
     make_dataset(tmp_path / "in.parquet", 300)
     runner = CliRunner()
-    res = runner.invoke(job_app, ["submit", "-n", "jobs-stub", "--input", str(tmp_path / "in.parquet"),
-                                  "--output", str(tmp_path / "out.parquet"), "--shards", "2", "--id-column", "id",
-                                  "--job-kwargs", '{"sampling": {"max_tokens": 4}}', "--detach"])
+    res = runner.invoke(
+        job_app,
+        [
+            "submit",
+            "-n",
+            "jobs-stub",
+            "--input",
+            str(tmp_path / "in.parquet"),
+            "--output",
+            str(tmp_path / "out.parquet"),
+            "--shards",
+            "2",
+            "--id-column",
+            "id",
+            "--job-kwargs",
+            '{"sampling": {"max_tokens": 4}}',
+            "--detach",
+        ],
+    )
     assert res.exit_code == 0, res.output
     job_id = res.stdout.strip().splitlines()[-1]
     doc = wait_job(job_id, poll_s=0.3, timeout_s=120)
@@ -96,8 +143,10 @@ def test_cli_submit_status_list(tmp_path: Path, swarm: Swarm) -> None:
     assert [j["id"] for j in json.loads(res.stdout)["jobs"]] == [job_id]
     script = tmp_path / "probe.py"
     out = tmp_path / "env.json"
-    script.write_text(f"import json, os\njson.dump({{k: os.environ.get(k) for k in ('ENDPOINT', 'MODEL')}}, "
-                      f"open({str(out)!r}, 'w'))\n")
+    script.write_text(
+        f"import json, os\njson.dump({{k: os.environ.get(k) for k in ('ENDPOINT', 'MODEL')}}, "
+        f"open({str(out)!r}, 'w'))\n"
+    )
     res = runner.invoke(job_app, ["submit-script", "-n", "jobs-stub", str(script)])
     assert res.exit_code == 0, res.output
     env = json.loads(out.read_text())

@@ -27,12 +27,28 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip(services.missing_vllm() or "")
     port = services.free_port()
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    argv = [str(services.vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model",
-            str(services.tiny_model()), "--served-model-name", "tiny", *services.VLLM_ARGS,
-            "--host", "127.0.0.1", "--port", str(port)]
+    argv = [
+        str(services.vllm_python()),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(services.tiny_model()),
+        "--served-model-name",
+        "tiny",
+        *services.VLLM_ARGS,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, env={**os.environ, **services.VLLM_ENV}, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            env={**os.environ, **services.VLLM_ENV},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240
@@ -57,11 +73,18 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def test_chat_job_2000_rows_4_shards_on_vllm(tmp_path: Path, vllm_url: str) -> None:
     make_dataset(tmp_path / "in.parquet", 2000, row_group=300)
-    spec = write_spec(tmp_path, model="tiny", concurrency=16, shards=4,
-                      job_kwargs={"system_prompt": "Answer briefly.", "sampling": {"max_tokens": 4, "temperature": 0}})
+    spec = write_spec(
+        tmp_path,
+        model="tiny",
+        concurrency=16,
+        shards=4,
+        job_kwargs={"system_prompt": "Answer briefly.", "sampling": {"max_tokens": 4, "temperature": 0}},
+    )
     env = {**os.environ, "PREFECT_SWARM_ENDPOINTS": vllm_url}
     started = time.monotonic()
-    procs = [subprocess.Popen(job_argv(spec, i, 4), env=env, stderr=subprocess.PIPE, text=True) for i in range(4)]
+    procs = [
+        subprocess.Popen(job_argv(spec, i, 4), env=env, stderr=subprocess.PIPE, text=True) for i in range(4)
+    ]
     codes = [p.wait(600) for p in procs]
     assert codes == [0, 0, 0, 0], [p.stderr.read()[-2000:] for p in procs if p.stderr]
     elapsed = time.monotonic() - started
@@ -71,5 +94,7 @@ def test_chat_job_2000_rows_4_shards_on_vllm(tmp_path: Path, vllm_url: str) -> N
     assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows if r["status"] != "ok"][:3]
     assert all(r["prompt_tokens"] > 0 and 0 < r["completion_tokens"] <= 4 for r in rows)
     assert all(isinstance(r["text"], str) and r["finish_reason"] in ("length", "stop") for r in rows)
-    print(f"vLLM: 2000 rows, 4 shards in {elapsed:.1f}s; tokens "
-          f"{sum(r['prompt_tokens'] for r in rows)}+{sum(r['completion_tokens'] for r in rows)}")
+    print(
+        f"vLLM: 2000 rows, 4 shards in {elapsed:.1f}s; tokens "
+        f"{sum(r['prompt_tokens'] for r in rows)}+{sum(r['completion_tokens'] for r in rows)}"
+    )

@@ -93,6 +93,10 @@ class SlurmServing:
             ),
         )
 
+    def validate(self, cfg: SwarmConfig) -> None:
+        """Render everything once (no submission): a value no script can hold fails here, before any GPU."""
+        render.render_plan(cfg, self.paths)
+
     def render_plan(self) -> dict[str, str]:
         """Every file ``up`` would write (name -> text); submits nothing. See :func:`render.render_plan`."""
         return render.render_plan(self.cfg, self.paths)

@@ -224,6 +224,9 @@ def map_error(argv: Sequence[str], code: int, stderr: str, what: str) -> Excepti
             return ConfigError(f"{tool} refused to {what}.\nstderr: {err}\nHint: {config_hint}")
     down = "Unable to contact slurm controller" in err or "Socket timed out" in err
     return BackendError(
-        f"{tool} exited {code} while trying to {what}.", command=argv, exit_code=code, stderr=err,
+        f"{tool} exited {code} while trying to {what}.",
+        command=argv,
+        exit_code=code,
+        stderr=err,
         hint="slurmctld is not answering; `scontrol ping` tells." if down else None,
     )
