@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+
 from prefect_swarm.settings import get_settings
 from prefect_swarm.state import StateStore, SwarmRecord
 
@@ -76,7 +77,9 @@ def flow_run_states(run_ids: list[str]) -> dict[str, str]:
         return {}
     try:
         with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)), limit=len(ids))
+            runs = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)), limit=len(ids)
+            )
     except Exception as exc:
         raise PrefectUnavailable(f"reading flow runs failed: {type(exc).__name__}: {exc}") from None
     return {str(r.id): r.state.type.value for r in runs if r.state is not None}
@@ -121,4 +124,3 @@ def _stop(rec: SwarmRecord, store: StateStore) -> bool:
         log.error("could not stop orphan swarm '%s': %s", rec.name, exc)
         return False
     return True
-

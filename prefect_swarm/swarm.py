@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -95,6 +96,10 @@ class Swarm:
         except BaseException:
             self._set_phase(ServingPhase.FAILED)
             raise
+        if status.url and status.url != handle.url:
+            # Some backends learn the endpoint only once running (Slurm: the LB's node).
+            self.handle = dataclasses.replace(handle, url=status.url)
+            self.store.update_swarm(self.cfg.name, handle=self.handle.to_dict())
         self._set_phase(ServingPhase.RUNNING)
         return status
 

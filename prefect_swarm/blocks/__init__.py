@@ -17,4 +17,11 @@ from prefect_swarm.blocks.core import (
     backend_block_for,
 )
 
-__all__ = ["BACKEND_BLOCKS", "LeptonBackend", "LocalBackend", "SlurmBackend", "SwarmSpec", "backend_block_for"]
+__all__ = [
+    "BACKEND_BLOCKS",
+    "LeptonBackend",
+    "LocalBackend",
+    "SlurmBackend",
+    "SwarmSpec",
+    "backend_block_for",
+]

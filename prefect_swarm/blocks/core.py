@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field, model_validator
 from prefect.blocks.core import Block
+from pydantic import BaseModel, Field, model_validator
 
 from prefect_swarm.config import LeptonConfig, LocalConfig, SlurmConfig, SwarmConfig
 
@@ -42,7 +42,7 @@ class LocalBackend(Block, LocalConfig):
 
     _block_type_name = "Swarm Local Backend"
     _block_type_slug = "swarm-local-backend"
-    _documentation_url = DOCS_URL
+    _documentation_url = DOCS_URL  # type: ignore[assignment]  # Block accepts a str URL
     config_model: ClassVar[type[BaseModel]] = LocalConfig
 
     _strip = model_validator(mode="before")(_drop_block_slug)
@@ -69,7 +69,7 @@ class SlurmBackend(Block, SlurmConfig):
 
     _block_type_name = "Swarm Slurm Backend"
     _block_type_slug = "swarm-slurm-backend"
-    _documentation_url = DOCS_URL
+    _documentation_url = DOCS_URL  # type: ignore[assignment]  # Block accepts a str URL
     config_model: ClassVar[type[BaseModel]] = SlurmConfig
 
     _strip = model_validator(mode="before")(_drop_block_slug)
@@ -98,7 +98,7 @@ class LeptonBackend(Block, LeptonConfig):
 
     _block_type_name = "Swarm Lepton Backend"
     _block_type_slug = "swarm-lepton-backend"
-    _documentation_url = DOCS_URL
+    _documentation_url = DOCS_URL  # type: ignore[assignment]  # Block accepts a str URL
     config_model: ClassVar[type[BaseModel]] = LeptonConfig
 
     _strip = model_validator(mode="before")(_drop_block_slug)
@@ -144,7 +144,7 @@ class SwarmSpec(Block, SwarmConfig):
 
     _block_type_name = "Swarm Spec"
     _block_type_slug = "swarm-spec"
-    _documentation_url = DOCS_URL
+    _documentation_url = DOCS_URL  # type: ignore[assignment]  # Block accepts a str URL
     config_model: ClassVar[type[BaseModel]] = SwarmConfig
 
     backend: LocalBackend | SlurmBackend | LeptonBackend = Field(  # type: ignore[assignment]

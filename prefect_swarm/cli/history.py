@@ -31,7 +31,8 @@ def runs_for_swarm(name: str, limit: int = 20) -> list[dict[str, Any]]:
         with get_client(sync_client=True) as client:
             runs = client.read_flow_runs(
                 flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"swarm:{name}"])),
-                sort=FlowRunSort.START_TIME_DESC, limit=limit,
+                sort=FlowRunSort.START_TIME_DESC,
+                limit=limit,
             )
             flows = {f.id: f.name for f in client.read_flows(limit=200)} if runs else {}
     except Exception as exc:
@@ -56,9 +57,13 @@ def _row(run: Any, flows: dict[Any, str]) -> dict[str, Any]:
 
 
 def history_cmd(
-    name: Annotated[str | None, typer.Argument(help="Swarm name; default: every swarm in the state database.")] = None,
+    name: Annotated[
+        str | None, typer.Argument(help="Swarm name; default: every swarm in the state database.")
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="Most runs shown per swarm.")] = 20,
-    output: Annotated[OutputFormat, typer.Option("--output", "-o", help="table or json.")] = OutputFormat.table,
+    output: Annotated[
+        OutputFormat, typer.Option("--output", "-o", help="table or json.")
+    ] = OutputFormat.table,
 ) -> None:
     """Show each swarm's SQLite record and the Prefect flow runs tagged with it (state, start, duration)."""
     store = StateStore()
@@ -71,18 +76,38 @@ def history_cmd(
         except PrefectUnavailable as exc:
             problem, runs[rec.name] = str(exc), []
     if output is OutputFormat.json:
-        emit_json({"swarms": [{"name": r.name, "phase": r.phase, "backend": r.backend, "flow_run_id": r.flow_run_id,
-                               "keep": r.keep, "updated_at": iso(r.updated_at), "runs": runs[r.name]} for r in records],
-                   "prefect_error": problem})
+        emit_json(
+            {
+                "swarms": [
+                    {
+                        "name": r.name,
+                        "phase": r.phase,
+                        "backend": r.backend,
+                        "flow_run_id": r.flow_run_id,
+                        "keep": r.keep,
+                        "updated_at": iso(r.updated_at),
+                        "runs": runs[r.name],
+                    }
+                    for r in records
+                ],
+                "prefect_error": problem,
+            }
+        )
         return
     if problem:
         console.print(f"Prefect run history unavailable: {problem}; showing SQLite only.")
     for rec in records:
-        console.print(table(f"swarm {rec.name}: {rec.phase} on {rec.backend}"
-                            f"{' (kept)' if rec.keep else ''}, flow run {rec.flow_run_id or '-'}, "
-                            f"updated {iso(rec.updated_at)}",
-                            ["flow run", "flow", "state", "start", "duration s", "id"],
-                            [[r["flow_run_name"], r["flow"], r["state"], r["start"], r["duration_s"],
-                              r["flow_run_id"]] for r in runs[rec.name]]))
+        console.print(
+            table(
+                f"swarm {rec.name}: {rec.phase} on {rec.backend}"
+                f"{' (kept)' if rec.keep else ''}, flow run {rec.flow_run_id or '-'}, "
+                f"updated {iso(rec.updated_at)}",
+                ["flow run", "flow", "state", "start", "duration s", "id"],
+                [
+                    [r["flow_run_name"], r["flow"], r["state"], r["start"], r["duration_s"], r["flow_run_id"]]
+                    for r in runs[rec.name]
+                ],
+            )
+        )
     if not records:
         console.print("No swarms in the state database.")

@@ -1,10 +1,10 @@
 """Prefect flows composed of the tasks in ``prefect_swarm.tasks``.
 
-    batch_inference   plan -> up -> ready -> map shards -> commit -> down
-    swarm_up          bring a swarm up and keep it
-    swarm_down        stop a swarm
-    run_job           a batch job on an existing swarm
-    reap_orphans      scheduled: stop swarms whose flow run ended
+batch_inference   plan -> up -> ready -> map shards -> commit -> down
+swarm_up          bring a swarm up and keep it
+swarm_down        stop a swarm
+run_job           a batch job on an existing swarm
+reap_orphans      scheduled: stop swarms whose flow run ended
 """
 
 from prefect_swarm.flows.batch import batch_inference

@@ -12,6 +12,7 @@ Prefect docs ("detect zombie flows"). Heartbeats must be on in the flow process:
 from __future__ import annotations
 
 import argparse
+import contextlib
 from datetime import timedelta
 
 ZOMBIE_AUTOMATION = "prefect-swarm-crash-zombie-flows"
@@ -31,16 +32,25 @@ def zombie_automation(within_s: float = 90.0):  # type: ignore[no-untyped-def]
         "stops their swarms.",
         trigger=EventTrigger(
             after={"prefect.flow-run.heartbeat"},
-            expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
-                    "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"},
+            expect={
+                "prefect.flow-run.heartbeat",
+                "prefect.flow-run.Completed",
+                "prefect.flow-run.Failed",
+                "prefect.flow-run.Cancelled",
+                "prefect.flow-run.Crashed",
+            },
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,
             within=timedelta(seconds=within_s),
         ),
-        actions=[ChangeFlowRunState(state=StateType.CRASHED,
-                                    message="no heartbeat: marked Crashed by the prefect-swarm zombie automation")],
+        actions=[  # type: ignore[call-arg]  # name/force have defaults at runtime
+            ChangeFlowRunState(
+                state=StateType.CRASHED,
+                message="no heartbeat: marked Crashed by the prefect-swarm zombie automation",
+            )
+        ],
     )
 
 
@@ -48,10 +58,8 @@ def ensure_zombie_automation(within_s: float = 90.0) -> str:
     """Create (or replace) the zombie automation; return its id."""
     from prefect.automations import Automation
 
-    try:
+    with contextlib.suppress(ValueError):
         Automation.read(name=ZOMBIE_AUTOMATION).delete()
-    except ValueError:
-        pass
     return str(zombie_automation(within_s).create().id)
 
 

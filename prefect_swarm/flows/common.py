@@ -21,11 +21,18 @@ from prefect_swarm.tasks.artifacts import publish_summary, summary_row
 from prefect_swarm.tasks.jobs import results_dir
 
 
-def job_spec(cfg: SwarmConfig, job: JobOptions | str | dict[str, Any], input: str, output: str,
-             shards: int) -> JobSpec:
+def job_spec(
+    cfg: SwarmConfig, job: JobOptions | str | dict[str, Any], input: str, output: str, shards: int
+) -> JobSpec:
     """The JobSpec for the flow's parameters on swarm ``cfg`` (commit is the flow's own step)."""
-    return job_options(job).to_spec(input=input, output=output, shards=shards, model=cfg.model_name,
-                                    swarm_fingerprint=engine_fingerprint(cfg), auto_commit=False)
+    return job_options(job).to_spec(
+        input=input,
+        output=output,
+        shards=shards,
+        model=cfg.model_name,
+        swarm_fingerprint=engine_fingerprint(cfg),
+        auto_commit=False,
+    )
 
 
 def label_run(swarm_name: str, job_id: str | None) -> None:
@@ -77,8 +84,9 @@ def run_shards(plan: JobPlan, live: Swarm | None) -> list[dict[str, Any]]:
     return [{**f.result(), "how": "skipped"} if i in plan.done else f.result() for i, f in enumerate(futures)]
 
 
-def run_and_commit(plan: JobPlan, live: Swarm | None, cfg: SwarmConfig, started: float,
-                   up_at: float | None) -> dict[str, Any]:
+def run_and_commit(
+    plan: JobPlan, live: Swarm | None, cfg: SwarmConfig, started: float, up_at: float | None
+) -> dict[str, Any]:
     """Run the shards, commit, publish the summary; return the run's numbers and paths."""
     results = run_shards(plan, live)
     manifest = commit_output(plan.spec)
@@ -86,8 +94,13 @@ def run_and_commit(plan: JobPlan, live: Swarm | None, cfg: SwarmConfig, started:
     row = summary_row(manifest, results, live.cfg if live else cfg, time.monotonic() - started, swarm_s)
     publish_summary(plan.spec.job_id, row, results, manifest)
     get_run_logger().info("Job %s: %s", plan.spec.job_id, row)
-    return {**row, "job_id": plan.spec.job_id, "output": manifest.get("output"),
-            "failed_rows": manifest.get("failed_rows"), "job_dir": plan.spec.job_dir}
+    return {
+        **row,
+        "job_id": plan.spec.job_id,
+        "output": manifest.get("output"),
+        "failed_rows": manifest.get("failed_rows"),
+        "job_dir": plan.spec.job_dir,
+    }
 
 
 def teardown_owned(keep_swarm: bool) -> None:

@@ -21,7 +21,7 @@ log = logging.getLogger("prefect_swarm.flows")
 
 @contextmanager
 def _swarm_home_of(flow_run: Any) -> Iterator[None]:
-    env = ((getattr(flow_run, "job_variables", None) or {}).get("env") or {})
+    env = (getattr(flow_run, "job_variables", None) or {}).get("env") or {}
     home = env.get("PREFECT_SWARM_HOME")
     old = os.environ.get("PREFECT_SWARM_HOME")
     if home:

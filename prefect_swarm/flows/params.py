@@ -14,10 +14,21 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from prefect_swarm.jobs.spec import JobSpec
 
-FLOW_OWNED = frozenset({
-    "job_id", "swarm", "input", "output", "job_dir", "shards", "model", "endpoints", "swarm_fingerprint",
-    "retry_failed", "auto_commit",
-})
+FLOW_OWNED = frozenset(
+    {
+        "job_id",
+        "swarm",
+        "input",
+        "output",
+        "job_dir",
+        "shards",
+        "model",
+        "endpoints",
+        "swarm_fingerprint",
+        "retry_failed",
+        "auto_commit",
+    }
+)
 """JobSpec fields the flow fills itself (from its parameters or from the swarm)."""
 
 
@@ -38,7 +49,9 @@ class JobOptions(_options_base()):  # type: ignore[misc]
     def to_spec(self, *, input: str, output: str, shards: int, **flow_fields: Any) -> JobSpec:
         """The JobSpec for these options and the flow's own fields."""
         data = self.model_dump(exclude_unset=False)
-        return JobSpec.model_validate({**data, "input": input, "output": output, "shards": shards, **flow_fields})
+        return JobSpec.model_validate(
+            {**data, "input": input, "output": output, "shards": shards, **flow_fields}
+        )
 
 
 def job_options(job: JobOptions | str | dict[str, Any] | None) -> JobOptions:

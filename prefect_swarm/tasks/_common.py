@@ -10,7 +10,13 @@ from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError, J
 _STOP_LOCK = threading.Lock()
 _STOP_EVENTS: dict[str, threading.Event] = {}
 
-RETRYABLE: tuple[type[BaseException], ...] = (CapacityError, BackendError, JobError, ConnectionError, TimeoutError)
+RETRYABLE: tuple[type[BaseException], ...] = (
+    CapacityError,
+    BackendError,
+    JobError,
+    ConnectionError,
+    TimeoutError,
+)
 """Exceptions a task retries on. ConfigError (and DatasetError) never: the user must fix the input."""
 
 

@@ -14,8 +14,13 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect_swarm.config import SwarmConfig
 
 
-def summary_row(manifest: dict[str, Any], shard_results: list[dict[str, Any]], cfg: SwarmConfig,
-                wall_s: float, swarm_s: float) -> dict[str, Any]:
+def summary_row(
+    manifest: dict[str, Any],
+    shard_results: list[dict[str, Any]],
+    cfg: SwarmConfig,
+    wall_s: float,
+    swarm_s: float,
+) -> dict[str, Any]:
     """The run's numbers: rows ok/failed/skipped, tokens, tok/s, wall time, GPU-hours."""
     skipped = sum(int(r.get("total") or 0) for r in shard_results if r.get("how") == "skipped")
     ran = [r for r in shard_results if r.get("how") != "skipped"]
@@ -39,29 +44,62 @@ def _key(job_id: str | None, what: str) -> str:
     return "".join(c if c.isalnum() or c == "-" else "-" for c in raw)[:100]
 
 
-def publish_summary(job_id: str | None, row: dict[str, Any], shard_results: list[dict[str, Any]],
-                    manifest: dict[str, Any]) -> None:
+def publish_summary(
+    job_id: str | None, row: dict[str, Any], shard_results: list[dict[str, Any]], manifest: dict[str, Any]
+) -> None:
     """Summary table, per-shard table, and links to the output and the failed rows."""
     create_table_artifact(key=_key(job_id, "summary"), table=[row], description=f"job {job_id}: run summary")
-    shards = [{k: r.get(k) for k in ("shard", "how", "done", "failed", "total", "prompt_tokens",
-                                     "completion_tokens", "rate_rows_s")} for r in shard_results]
+    shards = [
+        {
+            k: r.get(k)
+            for k in (
+                "shard",
+                "how",
+                "done",
+                "failed",
+                "total",
+                "prompt_tokens",
+                "completion_tokens",
+                "rate_rows_s",
+            )
+        }
+        for r in shard_results
+    ]
     if shards:
         create_table_artifact(key=_key(job_id, "shards"), table=shards, description=f"job {job_id}: shards")
     output = manifest.get("output")
     if output:
-        create_link_artifact(key=_key(job_id, "output"), link=Path(output).resolve().as_uri(),
-                             link_text=str(output), description=f"job {job_id}: output")
+        create_link_artifact(
+            key=_key(job_id, "output"),
+            link=Path(output).resolve().as_uri(),
+            link_text=str(output),
+            description=f"job {job_id}: output",
+        )
     failed = manifest.get("failed_rows")
     if failed and int(manifest.get("failed") or 0) > 0:
-        create_link_artifact(key=_key(job_id, "failed-rows"), link=Path(failed).resolve().as_uri(),
-                             link_text=str(failed), description=f"job {job_id}: failed rows (JSONL: id, error)")
-    create_markdown_artifact(key=_key(job_id, "report"), markdown=_markdown(job_id, row, manifest),
-                             description=f"job {job_id}: report")
+        create_link_artifact(
+            key=_key(job_id, "failed-rows"),
+            link=Path(failed).resolve().as_uri(),
+            link_text=str(failed),
+            description=f"job {job_id}: failed rows (JSONL: id, error)",
+        )
+    create_markdown_artifact(
+        key=_key(job_id, "report"),
+        markdown=_markdown(job_id, row, manifest),
+        description=f"job {job_id}: report",
+    )
 
 
 def _markdown(job_id: str | None, row: dict[str, Any], manifest: dict[str, Any]) -> str:
-    lines = [f"# Job `{job_id}`", "", "| " + " | ".join(row) + " |", "|" + "---|" * len(row),
-             "| " + " | ".join(str(v) for v in row.values()) + " |", "", f"Output: `{manifest.get('output')}`"]
+    lines = [
+        f"# Job `{job_id}`",
+        "",
+        "| " + " | ".join(row) + " |",
+        "|" + "---|" * len(row),
+        "| " + " | ".join(str(v) for v in row.values()) + " |",
+        "",
+        f"Output: `{manifest.get('output')}`",
+    ]
     if int(manifest.get("failed") or 0):
         lines.append(f"Failed rows: `{manifest.get('failed_rows')}`")
     return "\n".join(lines)

@@ -84,14 +84,21 @@ def plan_shards(spec: JobSpec, swarm_name: str) -> JobPlan:
     fp = job_fingerprint(spec)
     pending = pending_shards(spec)
     done = [i for i in range(spec.shards) if i not in pending]
-    get_run_logger().info("Job %s: %d/%d shards pending (fingerprint %s, ledger %s).",
-                          spec.job_id, len(pending), spec.shards, fp, spec.job_dir)
+    get_run_logger().info(
+        "Job %s: %d/%d shards pending (fingerprint %s, ledger %s).",
+        spec.job_id,
+        len(pending),
+        spec.shards,
+        fp,
+        spec.job_dir,
+    )
     return JobPlan(spec=spec, fingerprint=fp, pending=pending, done=done)
 
 
 def shard_cache_key(context: Any, parameters: dict[str, Any]) -> str:
     """Cache key of a shard task: job fingerprint, shard, shard count (the endpoint is not part of it)."""
-    return f"prefect-swarm-{parameters['fingerprint']}-shard-{parameters['shard']}-of-{parameters['spec'].shards}"
+    fp, shard, nshards = parameters["fingerprint"], parameters["shard"], parameters["spec"].shards
+    return f"prefect-swarm-{fp}-shard-{shard}-of-{nshards}"
 
 
 @task(
@@ -138,11 +145,18 @@ class ShardWatch:
     def _submit(self) -> JobHandle:
         spec, i = self.spec, self.shard
         command = [sys.executable, "-m", "prefect_swarm.jobs.run", "--spec", str(spec.paths.spec)]
-        handle = self.compute.submit(name=f"{spec.job_id}-s{i}", command=command, nshards=spec.shards,
-                                     shard_id=i, detach=True)
+        handle = self.compute.submit(
+            name=f"{spec.job_id}-s{i}", command=command, nshards=spec.shards, shard_id=i, detach=True
+        )
         self._record(handle, JobStatus.RUNNING.value)
-        self.log.info("Shard %d/%d of job %s submitted on %s (job %s).", i, spec.shards, spec.job_id,
-                      handle.backend, handle.id)
+        self.log.info(
+            "Shard %d/%d of job %s submitted on %s (job %s).",
+            i,
+            spec.shards,
+            spec.job_id,
+            handle.backend,
+            handle.id,
+        )
         self.artifact_id = create_progress_artifact(
             progress=_percent(shard_progress(spec, i)), description=f"job {spec.job_id} shard {i}: rows done"
         )
@@ -159,7 +173,9 @@ class ShardWatch:
                 self.log.warning("Shard %d: flow run is stopping; cancelling job %s.", self.shard, handle.id)
                 self.compute.cancel(handle)
                 self._record(handle, JobStatus.CANCELLED.value)
-                raise JobError(f"shard {self.shard} of job {self.spec.job_id} stopped: the flow run is ending.")
+                raise JobError(
+                    f"shard {self.shard} of job {self.spec.job_id} stopped: the flow run is ending."
+                )
             step = min(step * 1.5, POLL_MAX_S)
 
     def _publish(self, force: bool = False) -> None:
@@ -167,7 +183,9 @@ class ShardWatch:
         if self.artifact_id is None or (not force and now - self.last_artifact < ARTIFACT_EVERY_S):
             return
         self.last_artifact = now
-        update_progress_artifact(artifact_id=self.artifact_id, progress=_percent(shard_progress(self.spec, self.shard)))
+        update_progress_artifact(
+            artifact_id=self.artifact_id, progress=_percent(shard_progress(self.spec, self.shard))
+        )
 
     def _outcome(self, status: JobStatus, code: int | None) -> dict[str, Any]:
         spec, i = self.spec, self.shard
@@ -177,18 +195,29 @@ class ShardWatch:
         if code == EXIT_BAD_INPUT:
             raise DatasetError(f"shard {i} of job {spec.job_id} refused its input (exit 2).\n{tail}")
         if code == EXIT_REQUEUE:
-            raise CapacityError(f"shard {i} of job {spec.job_id} was preempted (exit 75); retrying resumes it.")
+            raise CapacityError(
+                f"shard {i} of job {spec.job_id} was preempted (exit 75); retrying resumes it."
+            )
         raise JobError(f"shard {i} of job {spec.job_id} ended {status.value} (exit {code}).\n{tail}")
 
     def _record(self, handle: JobHandle, status: str) -> None:
         store = StateStore()
         rec_id = f"{self.spec.job_id}-s{self.shard}"
-        store.put_job(JobRecord(
-            id=rec_id, spec=self.spec.model_dump(mode="json"), status=status, swarm=self.swarm.cfg.name,
-            handle=handle.to_dict(), shard=self.shard, nshards=self.spec.shards,
-            progress=shard_progress(self.spec, self.shard), flow_run_id=current_flow_run_id(),
-            task_run_id=current_task_run_id(), job_dir=self.spec.job_dir,
-        ))
+        store.put_job(
+            JobRecord(
+                id=rec_id,
+                spec=self.spec.model_dump(mode="json"),
+                status=status,
+                swarm=self.swarm.cfg.name,
+                handle=handle.to_dict(),
+                shard=self.shard,
+                nshards=self.spec.shards,
+                progress=shard_progress(self.spec, self.shard),
+                flow_run_id=current_flow_run_id(),
+                task_run_id=current_task_run_id(),
+                job_dir=self.spec.job_dir,
+            )
+        )
 
 
 def _percent(progress: dict[str, Any]) -> float:
@@ -214,8 +243,13 @@ def _log_tail(swarm: Swarm, shard: int, spec: JobSpec, lines: int = 20) -> str:
 def commit_output(spec: JobSpec) -> dict[str, Any]:
     """Merge the shard ledgers into the output (cheap when already committed); return the manifest."""
     manifest = _commit(spec)
-    get_run_logger().info("Output %s: %s rows (%s ok, %s failed).", manifest.get("output"), manifest.get("rows"),
-                          manifest.get("ok"), manifest.get("failed"))
+    get_run_logger().info(
+        "Output %s: %s rows (%s ok, %s failed).",
+        manifest.get("output"),
+        manifest.get("rows"),
+        manifest.get("ok"),
+        manifest.get("failed"),
+    )
     return manifest
 
 

@@ -40,7 +40,9 @@ def _load_block(name: str) -> SwarmConfig:
 
     slug, _, doc = name.rpartition("/")
     if slug and slug != SwarmSpec.get_block_type_slug():
-        raise ConfigError(f"swarm '{name}' names a '{slug}' block; a SwarmSpec block ('swarm-spec/NAME') is needed.")
+        raise ConfigError(
+            f"swarm '{name}' names a '{slug}' block; a SwarmSpec block ('swarm-spec/NAME') is needed."
+        )
     try:
         return SwarmSpec.load(doc).to_config()
     except ValueError as exc:
@@ -74,12 +76,15 @@ def _check_name_free(cfg: SwarmConfig, store: StateStore, flow_run_id: str | Non
         return
     if rec.fingerprint != engine_fingerprint(cfg):
         raise ConfigError(
-            f"swarm '{cfg.name}' is live with a different model/engine/backend (fingerprint {rec.fingerprint}). "
+            f"swarm '{cfg.name}' is live with a different model/engine/backend "
+            f"(fingerprint {rec.fingerprint}). "
             f"`prefect-swarm down {cfg.name}` first, or pick another name."
         )
 
 
-@task(name="swarm-up", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=retry_on_type)
+@task(
+    name="swarm-up", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=retry_on_type
+)
 def swarm_up(cfg: SwarmConfig, keep: bool = False, reuse: bool = True) -> Swarm:
     """Reuse a matching live swarm (``reuse``), else start this one, owned by the current flow run."""
     log = get_run_logger()
@@ -87,13 +92,22 @@ def swarm_up(cfg: SwarmConfig, keep: bool = False, reuse: bool = True) -> Swarm:
     flow_run_id = current_flow_run_id()
     found = reusable_swarm(cfg, store) if reuse else None
     if found is not None:
-        log.info("Reusing live swarm '%s' (same engine fingerprint %s); it will not be torn down by this run.",
-                 found.name, found.fingerprint)
+        log.info(
+            "Reusing live swarm '%s' (same engine fingerprint %s); it will not be torn down by this run.",
+            found.name,
+            found.fingerprint,
+        )
         return attach(cfg, found, store)
     _check_name_free(cfg, store, flow_run_id)
     swarm = Swarm(cfg, store=store, flow_run_id=flow_run_id, keep=keep)
-    log.info("Bringing up swarm '%s': %d x %s on %s (wall-time limit: %s).", cfg.name, cfg.replicas,
-             cfg.model, cfg.backend.type, _wall_time(cfg))
+    log.info(
+        "Bringing up swarm '%s': %d x %s on %s (wall-time limit: %s).",
+        cfg.name,
+        cfg.replicas,
+        cfg.model,
+        cfg.backend.type,
+        _wall_time(cfg),
+    )
     swarm.up()
     return swarm
 
@@ -112,8 +126,13 @@ def wait_ready(swarm: Swarm, timeout_s: float | None = None) -> list[str]:
     """Block until every replica answers a chat completion; return the endpoint URL(s)."""
     log = get_run_logger()
     status = swarm.wait_ready(timeout_s)
-    log.info("Swarm '%s' ready: %d/%d replicas healthy at %s.", swarm.cfg.name, status.healthy,
-             swarm.cfg.replicas, status.url or swarm.endpoint)
+    log.info(
+        "Swarm '%s' ready: %d/%d replicas healthy at %s.",
+        swarm.cfg.name,
+        status.healthy,
+        swarm.cfg.replicas,
+        status.url or swarm.endpoint,
+    )
     return swarm.endpoints
 
 
@@ -140,7 +159,9 @@ def cancel_flow_run_jobs(flow_run_id: str, store: StateStore | None = None) -> l
 
 
 def teardown_flow_run(flow_run_id: str, *, include_kept: bool = False) -> list[str]:
-    """Cancel the jobs and stop every live swarm flow run ``flow_run_id`` brought up (kept ones only if asked).
+    """Cancel the jobs and stop every live swarm that flow run ``flow_run_id`` brought up.
+
+    Kept swarms are stopped only with ``include_kept``.
 
     Plain function (no task): called from ``finally``, from cancel/crash hooks (which may run in
     the worker process) and from the reaper. Idempotent. Returns the swarm names stopped.

@@ -26,9 +26,12 @@ def _job(name: str, command: list[str]):  # type: ignore[no-untyped-def]
     from leptonai.api.v2.types.deployment import LeptonContainer
     from leptonai.api.v2.types.job import LeptonJob, LeptonJobUserSpec
 
-    return LeptonJob(metadata=Metadata(id=name, name=name, labels={"team": "a" if name < "job-3" else "b"}),
-                     spec=LeptonJobUserSpec(resource_shape="cpu.small",
-                                            container=LeptonContainer(image="x", command=command)))
+    return LeptonJob(
+        metadata=Metadata(id=name, name=name, labels={"team": "a" if name < "job-3" else "b"}),
+        spec=LeptonJobUserSpec(
+            resource_shape="cpu.small", container=LeptonContainer(image="x", command=command)
+        ),
+    )
 
 
 def test_jobs_page_and_filter(fake_lepton: FakeLepton) -> None:
@@ -67,8 +70,12 @@ def test_secrets_are_write_only(fake_lepton: FakeLepton) -> None:
 
 
 def test_module_entry_point(need_lepton_sdk: None, tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "prefect_swarm.testing.fake_lepton", "--token", "tok-1"],
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, "LEPTON_CACHE_DIR": str(tmp_path)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect_swarm.testing.fake_lepton", "--token", "tok-1"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "LEPTON_CACHE_DIR": str(tmp_path)},
+    )
     try:
         info = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
         assert info["token"] == "tok-1" and info["workspace_id"] == "ws-test"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,14 +13,30 @@ import pyarrow.parquet as pq
 from prefect_swarm.testing.services import free_port_block
 
 
-def stub_swarm(name: str, *, replicas: int = 1, latency_ms: float = 5, port: int | None = None,
-               **backend: Any) -> dict[str, Any]:
+def stub_swarm(
+    name: str, *, replicas: int = 1, latency_ms: float = 5, port: int | None = None, **backend: Any
+) -> dict[str, Any]:
     """An inline swarm config: ``replicas`` stub engines on the local backend."""
-    command = [sys.executable, "-m", "prefect_swarm.testing.stub_engine", "--host", "{host}", "--port", "{port}",
-               "--model", "{served_model_name}", "--latency-ms", str(latency_ms)]
+    command = [
+        sys.executable,
+        "-m",
+        "prefect_swarm.testing.stub_engine",
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "--model",
+        "{served_model_name}",
+        "--latency-ms",
+        str(latency_ms),
+    ]
     return {
-        "name": name, "model": "stub-model", "replicas": replicas, "gpus_per_replica": 0,
-        "port": port or free_port_block(replicas), "ready_timeout_s": 60,
+        "name": name,
+        "model": "stub-model",
+        "replicas": replicas,
+        "gpus_per_replica": 0,
+        "port": port or free_port_block(replicas),
+        "ready_timeout_s": 60,
         "engine": {"kind": "command", "command": command, "startup_timeout_s": 60},
         "backend": {"type": "local", "health_interval_s": 0.5, "wall_time_s": 600, **backend},
     }
@@ -34,8 +51,14 @@ def prompts(path: Path, n: int = 40) -> Path:
 
 def job_options(**extra: Any) -> dict[str, Any]:
     """Job options for the stub: chat over the 'prompt' column, fast checkpoints."""
-    return {"job": "chat", "id_column": "id", "job_kwargs": {"prompt_column": "prompt"},
-            "checkpoint_every": 10, "checkpoint_seconds": 1.0, **extra}
+    return {
+        "job": "chat",
+        "id_column": "id",
+        "job_kwargs": {"prompt_column": "prompt"},
+        "checkpoint_every": 10,
+        "checkpoint_seconds": 1.0,
+        **extra,
+    }
 
 
 def swarm_processes(swarm_home: Path, name: str, port: int, replicas: int = 1) -> list[int]:
@@ -48,7 +71,7 @@ def swarm_processes(swarm_home: Path, name: str, port: int, replicas: int = 1) -
     for proc in psutil.process_iter(["pid", "cmdline"]):
         argv = proc.info.get("cmdline") or []
         joined = " ".join(argv)
-        by_port = any(a == "--port" and b in ports for a, b in zip(argv, argv[1:], strict=False))
+        by_port = any(a == "--port" and b in ports for a, b in itertools.pairwise(argv))
         if by_port or root in joined:
             found.append(int(proc.info["pid"]))
     return found

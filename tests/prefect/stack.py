@@ -6,6 +6,7 @@ tree; the worker is stopped before the server, each by its PID: SIGTERM, wait, t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -42,30 +43,54 @@ class PrefectStack:
         """Environment for prefect CLI calls, the worker and the flow runs it starts."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env.update(
-            PREFECT_HOME=str(self.home), PREFECT_API_URL=self.api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
-            DO_NOT_TRACK="1", PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_WORKER_PREFETCH_SECONDS="5",
-            PREFECT_SWARM_HOME=str(self.swarm_home), PREFECT_CLI_COLORS="false", COLUMNS="200",
+            PREFECT_HOME=str(self.home),
+            PREFECT_API_URL=self.api_url,
+            PREFECT_SERVER_ANALYTICS_ENABLED="false",
+            DO_NOT_TRACK="1",
+            PREFECT_WORKER_QUERY_SECONDS="1",
+            PREFECT_WORKER_PREFETCH_SECONDS="5",
+            PREFECT_SWARM_HOME=str(self.swarm_home),
+            PREFECT_CLI_COLORS="false",
+            COLUMNS="200",
         )
         return env
 
     def cli(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run `prefect ARGS` against this stack."""
-        out = subprocess.run([PREFECT, *args], env=self.env, cwd=REPO, capture_output=True, text=True,
-                             timeout=timeout)
+        out = subprocess.run(
+            [PREFECT, *args], env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+        )
         if check and out.returncode != 0:
-            raise RuntimeError(f"prefect {' '.join(args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}")
+            raise RuntimeError(
+                f"prefect {' '.join(args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
+            )
         return out
 
     def _spawn(self, name: str, *args: str) -> None:
         log = (self.home / f"{name}.log").open("ab")
-        self.procs[name] = subprocess.Popen([PREFECT, *args], env=self.env, cwd=REPO, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            [PREFECT, *args],
+            env=self.env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def start_server(self, timeout_s: float = 90) -> None:
         """Start the server and wait for /api/health."""
         self.home.mkdir(parents=True, exist_ok=True)
-        self._spawn("server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port), "--no-ui",
-                    "--analytics-off")
+        self._spawn(
+            "server",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--no-ui",
+            "--analytics-off",
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
@@ -76,15 +101,22 @@ class PrefectStack:
             if self.procs["server"].poll() is not None:
                 break
             time.sleep(0.25)
-        raise RuntimeError(f"prefect server did not start; log: {(self.home / 'server.log').read_text()[-3000:]}")
+        raise RuntimeError(
+            f"prefect server did not start; log: {(self.home / 'server.log').read_text()[-3000:]}"
+        )
 
     def deploy(self) -> None:
         """Work pool, blocks, deployments, zombie automation (40 s: heartbeats every 30 s)."""
         self.cli("work-pool", "create", POOL, "--type", "process")
         self.cli("block", "register", "-m", "prefect_swarm.blocks")
         self.cli("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
-        subprocess.run([sys.executable, "-m", "prefect_swarm.flows.automations", "--within", "40"], env=self.env,
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            [sys.executable, "-m", "prefect_swarm.flows.automations", "--within", "40"],
+            env=self.env,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
     def start_worker(self) -> None:
         """A process worker polling every second."""
@@ -105,7 +137,5 @@ class PrefectStack:
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass

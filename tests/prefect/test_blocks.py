@@ -18,8 +18,12 @@ from stack import PrefectStack
 from prefect_swarm.blocks import LeptonBackend, LocalBackend, SlurmBackend, SwarmSpec
 from prefect_swarm.config import LeptonConfig, LocalConfig, SlurmConfig, SwarmConfig, load_config
 
-PAIRS = [(LocalBackend, LocalConfig), (SlurmBackend, SlurmConfig), (LeptonBackend, LeptonConfig),
-         (SwarmSpec, SwarmConfig)]
+PAIRS = [
+    (LocalBackend, LocalConfig),
+    (SlurmBackend, SlurmConfig),
+    (LeptonBackend, LeptonConfig),
+    (SwarmSpec, SwarmConfig),
+]
 SECRET = "lepton-token-DO-NOT-LEAK-7f3a9c"
 
 
@@ -57,7 +61,9 @@ def test_round_trip_config_block_config() -> None:
     assert back.backend.token.get_secret_value() == SECRET  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("block", [LocalBackend, SlurmBackend, LeptonBackend, SwarmSpec], ids=lambda b: b.__name__)
+@pytest.mark.parametrize(
+    "block", [LocalBackend, SlurmBackend, LeptonBackend, SwarmSpec], ids=lambda b: b.__name__
+)
 class TestBlockStandards(BlockStandardTestSuite):
     @pytest.fixture
     def block(self, block: type[Block]) -> type[Block]:
@@ -94,23 +100,34 @@ def test_register_save_load_use_in_flow(prefect_api: PrefectStack, tmp_path: Pat
 
 @pytest.mark.prefect_server
 def test_lepton_token_never_leaks(prefect_api: PrefectStack, swarm_home: Path, tmp_path: Path) -> None:
+    from conftest import job_variables
     from prefect.deployments import run_deployment
 
-    from conftest import job_variables
-
-    LeptonBackend(workspace_id="ws-test", workspace_url="http://127.0.0.1:9/api",
-                  token=SecretStr(SECRET)).save("lep-secret", overwrite=True)
+    LeptonBackend(
+        workspace_id="ws-test", workspace_url="http://127.0.0.1:9/api", token=SecretStr(SECRET)
+    ).save("lep-secret", overwrite=True)
     spec = SwarmSpec(name="lep", model="m", backend=LeptonBackend.load("lep-secret"))
     spec.save("lep", overwrite=True)
     inp = prompts(tmp_path / "in.parquet", 4)
-    run = run_deployment("batch-inference/on-demand", timeout=240, job_variables=job_variables(swarm_home),
-                         parameters={"swarm": "swarm-spec/lep", "job": job_options(), "input": str(inp),
-                                     "output": str(tmp_path / "o.parquet"), "shards": 1})
+    run = run_deployment(
+        "batch-inference/on-demand",
+        timeout=240,
+        job_variables=job_variables(swarm_home),
+        parameters={
+            "swarm": "swarm-spec/lep",
+            "job": job_options(),
+            "input": str(inp),
+            "output": str(tmp_path / "o.parquet"),
+            "shards": 1,
+        },
+    )
     assert run.state is not None and run.state.is_final()
     texts = asyncio.run(_everything_prefect_knows(run.id))
     texts.append((prefect_stack_home(prefect_api) / "worker.log").read_text(errors="replace"))
     texts += _state_db_dump(swarm_home)
-    texts += [p.read_text(errors="replace") for p in swarm_home.rglob("*") if p.is_file() and p.suffix != ".db"]
+    texts += [
+        p.read_text(errors="replace") for p in swarm_home.rglob("*") if p.is_file() and p.suffix != ".db"
+    ]
     assert texts and not [t for t in texts if SECRET in t], "the Lepton token leaked"
     blocks = prefect_api.cli("block", "inspect", "swarm-lepton-backend/lep-secret").stdout
     assert SECRET not in blocks
@@ -130,14 +147,21 @@ async def _everything_prefect_knows(run_id: typing.Any) -> list[str]:
         arts = await client.read_artifacts(flow_run_filter=FlowRunFilter(id={"any_": [run_id]}))
         tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [run_id]}))
         states = await client.read_flow_run_states(run_id)
-    return [json.dumps(run.parameters), str(run.state), *(lg.message for lg in logs),
-            *(json.dumps(a.data, default=str) for a in arts), *(str(t.state) for t in tasks),
-            *(str(s.message) for s in states)]
+    return [
+        json.dumps(run.parameters),
+        str(run.state),
+        *(lg.message for lg in logs),
+        *(json.dumps(a.data, default=str) for a in arts),
+        *(str(t.state) for t in tasks),
+        *(str(s.message) for s in states),
+    ]
 
 
 def _state_db_dump(home: Path) -> list[str]:
     db = sqlite3.connect(home / "state.db")
     try:
-        return [json.dumps(row) for table in ("swarms", "jobs") for row in db.execute(f"SELECT * FROM {table}")]
+        return [
+            json.dumps(row) for table in ("swarms", "jobs") for row in db.execute(f"SELECT * FROM {table}")
+        ]
     finally:
         db.close()

@@ -26,15 +26,26 @@ def _start_long_run(name: str, swarm_home: Path, tmp_path: Path) -> tuple[Any, d
     cfg = stub_swarm(name, latency_ms=300)
     inp = prompts(tmp_path / "in.parquet", 400)
     run = run_deployment(
-        "batch-inference/on-demand", timeout=0, job_variables=job_variables(swarm_home),
-        parameters={"swarm": cfg, "job": job_options(concurrency=2), "input": str(inp),
-                    "output": str(tmp_path / "out.parquet"), "shards": 2},
+        "batch-inference/on-demand",
+        timeout=0,
+        job_variables=job_variables(swarm_home),
+        parameters={
+            "swarm": cfg,
+            "job": job_options(concurrency=2),
+            "input": str(inp),
+            "output": str(tmp_path / "out.parquet"),
+            "shards": 2,
+        },
     )
     store = StateStore()
 
     def shards_running() -> bool:
         rec = store.get_swarm(name)
-        return rec is not None and rec.phase == "RUNNING" and any(j.status == "RUNNING" for j in store.list_jobs(name))
+        return (
+            rec is not None
+            and rec.phase == "RUNNING"
+            and any(j.status == "RUNNING" for j in store.list_jobs(name))
+        )
 
     wait_for(shards_running, 120, what="swarm RUNNING with shard jobs")
     time.sleep(2)
@@ -48,7 +59,9 @@ def _state(run_id: Any) -> Any:
         return client.read_flow_run(run_id).state
 
 
-def test_cancel_reaches_backend_within_30s(prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path) -> None:
+def test_cancel_reaches_backend_within_30s(
+    prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path
+) -> None:
     from prefect import get_client
     from prefect.states import Cancelling
 
@@ -57,13 +70,18 @@ def test_cancel_reaches_backend_within_30s(prefect_stack: PrefectStack, swarm_ho
     t0 = time.monotonic()
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(run.id, Cancelling(), force=True)  # what the UI's Cancel button does
-    gone = wait_for(lambda: not swarm_processes(swarm_home, "cancelme", cfg["port"]), 30,
-                    what="every swarm process to exit")
+    gone = wait_for(
+        lambda: not swarm_processes(swarm_home, "cancelme", cfg["port"]),
+        30,
+        what="every swarm process to exit",
+    )
     rec = StateStore().get_swarm("cancelme")
     assert rec is not None and rec.phase == "STOPPED"
     final = wait_for(lambda: _state(run.id).is_final(), 40, what="run final")
     assert _state(run.id).type.value == "CANCELLED"
-    print(f"cancel -> no swarm process: {gone:.1f} s; -> Cancelled: {time.monotonic() - t0:.1f} s ({final:.1f})")
+    print(
+        f"cancel -> no swarm process: {gone:.1f} s; -> Cancelled: {time.monotonic() - t0:.1f} s ({final:.1f})"
+    )
 
 
 def _flow_process(run_id: Any) -> psutil.Process:
@@ -81,10 +99,17 @@ def test_sigkilled_flow_is_reaped(prefect_stack: PrefectStack, swarm_home: Path,
     os.kill(_flow_process(run.id).pid, signal.SIGKILL)
     t0 = time.monotonic()
     # the worker sees its child die and marks the run Crashed; the zombie automation covers a dead worker
-    crashed = wait_for(lambda: _state(run.id).type.value == "CRASHED", 150, step_s=1,
-                       what="the run to be marked Crashed")
+    crashed = wait_for(
+        lambda: _state(run.id).type.value == "CRASHED", 150, step_s=1, what="the run to be marked Crashed"
+    )
     reaped = reap_orphans()  # what `prefect-swarm db prune` and the next flow run do
-    wait_for(lambda: StateStore().get_swarm("killme").phase == "STOPPED", 30,  # type: ignore[union-attr]
-             what="record STOPPED")
+    wait_for(
+        lambda: StateStore().get_swarm("killme").phase == "STOPPED",
+        30,  # type: ignore[union-attr]
+        what="record STOPPED",
+    )
     wait_for(lambda: not swarm_processes(swarm_home, "killme", cfg["port"]), 30, what="swarm processes gone")
-    print(f"SIGKILL -> Crashed {crashed:.0f} s; reaped by this call: {reaped}; total {time.monotonic() - t0:.0f} s")
+    print(
+        f"SIGKILL -> Crashed {crashed:.0f} s; reaped by this call: {reaped}; "
+        f"total {time.monotonic() - t0:.0f} s"
+    )

@@ -24,7 +24,9 @@ def _flow_run(name: str):  # type: ignore[no-untyped-def]
 
     async def read():  # type: ignore[no-untyped-def]
         async with get_client() as client:
-            runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+            runs = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name]))
+            )
             run = runs[0]
             arts = await client.read_artifacts(flow_run_filter=FlowRunFilter(id={"any_": [run.id]}))
             return run, arts
@@ -32,16 +34,35 @@ def _flow_run(name: str):  # type: ignore[no-untyped-def]
     return asyncio.run(read())
 
 
-def test_deployment_run_completes_with_artifacts(prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path) -> None:
+def test_deployment_run_completes_with_artifacts(
+    prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path
+) -> None:
     inp = prompts(tmp_path / "in.parquet", 60)
     out = tmp_path / "out.parquet"
     t0 = time.monotonic()
     res = prefect_stack.cli(
-        "deployment", "run", "batch-inference/on-demand",
-        "--param", "swarm=" + json.dumps(stub_swarm("e2e")), "--param", "job=" + json.dumps(job_options()),
-        "--param", f"input={inp}", "--param", f"output={out}", "--param", "shards=3",
-        "--flow-run-name", "e2e-ondemand", *jv_arg(swarm_home),
-        "--watch", "--watch-interval", "1", "--watch-timeout", "240", timeout=300,
+        "deployment",
+        "run",
+        "batch-inference/on-demand",
+        "--param",
+        "swarm=" + json.dumps(stub_swarm("e2e")),
+        "--param",
+        "job=" + json.dumps(job_options()),
+        "--param",
+        f"input={inp}",
+        "--param",
+        f"output={out}",
+        "--param",
+        "shards=3",
+        "--flow-run-name",
+        "e2e-ondemand",
+        *jv_arg(swarm_home),
+        "--watch",
+        "--watch-interval",
+        "1",
+        "--watch-timeout",
+        "240",
+        timeout=300,
     )
     elapsed = time.monotonic() - t0
     assert "Completed" in res.stdout, res.stdout + res.stderr
@@ -51,8 +72,11 @@ def test_deployment_run_completes_with_artifacts(prefect_stack: PrefectStack, sw
     run, arts = _flow_run("e2e-ondemand")
     assert {"swarm:e2e", "prefect-swarm"} <= set(run.tags) and any(t.startswith("job:") for t in run.tags)
     kinds = {(a.type, (a.key or "").rsplit("-", 1)[-1]) for a in arts}
-    assert ("table", "summary") in kinds and ("markdown", "output") in kinds and ("progress", "") in {
-        (a.type, "") for a in arts}
+    assert (
+        ("table", "summary") in kinds
+        and ("markdown", "output") in kinds
+        and ("progress", "") in {(a.type, "") for a in arts}
+    )
     summary = next(a for a in arts if a.key and a.key.endswith("-summary") and a.type == "table")
     rows = json.loads(summary.data) if isinstance(summary.data, str) else summary.data
     assert rows[0]["rows"] == 60 and rows[0]["ok"] == 60
