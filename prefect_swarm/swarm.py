@@ -113,8 +113,10 @@ class Swarm:
             rec = self.store.get_swarm(self.cfg.name)
             if rec and rec.handle:
                 self.handle = ServingHandle.from_dict(rec.handle)
-        if self.handle is not None:
-            self.deployment.serving.delete(self.handle)
+        if self.handle is None:
+            # create_or_update may have failed halfway: let the backend find what it started.
+            self.handle = ServingHandle(name=self.cfg.name, backend=self.cfg.backend.type)
+        self.deployment.serving.delete(self.handle)
         if self.store.get_swarm(self.cfg.name) is not None:
             self._set_phase(ServingPhase.STOPPED)
 

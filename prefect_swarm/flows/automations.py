@@ -45,8 +45,8 @@ def zombie_automation(within_s: float = 90.0):  # type: ignore[no-untyped-def]
             threshold=1,
             within=timedelta(seconds=within_s),
         ),
-        actions=[  # type: ignore[call-arg]  # name/force have defaults at runtime
-            ChangeFlowRunState(
+        actions=[
+            ChangeFlowRunState(  # type: ignore[call-arg]  # name/force have defaults at runtime
                 state=StateType.CRASHED,
                 message="no heartbeat: marked Crashed by the prefect-swarm zombie automation",
             )
@@ -59,7 +59,7 @@ def ensure_zombie_automation(within_s: float = 90.0) -> str:
     from prefect.automations import Automation
 
     with contextlib.suppress(ValueError):
-        Automation.read(name=ZOMBIE_AUTOMATION).delete()
+        Automation.read(name=ZOMBIE_AUTOMATION).delete()  # type: ignore[attr-defined]  # sync dispatch
     return str(zombie_automation(within_s).create().id)
 
 

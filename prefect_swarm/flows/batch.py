@@ -28,7 +28,7 @@ from prefect_swarm.tasks import plan_shards, resolve_swarm, stop_event, swarm_up
 
 @flow(
     name="batch-inference",
-    task_runner=ThreadPoolTaskRunner(max_workers=64),
+    task_runner=ThreadPoolTaskRunner(max_workers=64),  # type: ignore[arg-type]
     on_cancellation=[teardown_hook],
     on_crashed=[teardown_hook],
 )

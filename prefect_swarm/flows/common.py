@@ -4,6 +4,7 @@ publish the summary, tear down what the run owns, reap orphans."""
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from prefect import get_run_logger
@@ -47,7 +48,7 @@ def label_run(swarm_name: str, job_id: str | None) -> None:
     current = list(flow_run.tags or [])
     try:
         with get_client(sync_client=True) as client:
-            client.update_flow_run(run_id, tags=sorted({*current, *wanted}))
+            client.update_flow_run(uuid.UUID(run_id), tags=sorted({*current, *wanted}))
     except Exception as exc:  # labels are for history only; never fail a run for them
         get_run_logger().warning("could not tag flow run %s: %s", run_id, exc)
 

@@ -48,7 +48,7 @@ def swarm_down(name: str) -> None:
 
 @flow(
     name="run-job",
-    task_runner=ThreadPoolTaskRunner(max_workers=64),
+    task_runner=ThreadPoolTaskRunner(max_workers=64),  # type: ignore[arg-type]
     on_cancellation=[teardown_hook],
     on_crashed=[teardown_hook],
 )

@@ -44,7 +44,8 @@ def _load_block(name: str) -> SwarmConfig:
             f"swarm '{name}' names a '{slug}' block; a SwarmSpec block ('swarm-spec/NAME') is needed."
         )
     try:
-        return SwarmSpec.load(doc).to_config()
+        block: SwarmSpec = SwarmSpec.load(doc)  # type: ignore[assignment]  # sync dispatch
+        return block.to_config()
     except ValueError as exc:
         raise ConfigError(
             f"swarm '{name}' is neither a YAML file nor a saved SwarmSpec block ({exc}). "

@@ -204,7 +204,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
     ap.add_argument("--retry-after-s", type=float, default=0.0)
     ap.add_argument("--exit-after", type=int, default=None, help="exit (code 3) after N good completions")
     ap.add_argument("--startup-delay-s", type=float, default=0.0)
-    ap.add_argument("--api-key", default=os.environ.get("STUB_API_KEY"))
+    ap.add_argument(
+        "--api-key", default=os.environ.get("PREFECT_SWARM_ENGINE_API_KEY") or os.environ.get("STUB_API_KEY")
+    )
     ap.add_argument("--seed", type=int, default=0)
     a, _unknown = ap.parse_known_args(argv)  # tolerate vLLM-style extra flags
     opts = StubOptions(model=a.model, latency_s=a.latency_ms / 1000, error_rate=a.error_rate, rate_429=a.rate_429,

@@ -162,6 +162,10 @@ LEPTON = BackendFactory(name="lepton", backend=lepton_backend, leftovers=lepton_
                         marks=_lepton_marks(), exit_codes=False)
 
 FACTORIES: dict[str, BackendFactory] = {"local": LOCAL, "lepton": LEPTON}
+
+from contract_slurm import SLURM  # noqa: E402  (defined in its own module; it imports from this one)
+
+FACTORIES["slurm"] = SLURM
 """Backend name -> factory. Other backends register theirs here (with their gate and marks)."""
 
 

@@ -153,9 +153,8 @@ class SlurmCompute(DefaultComputeMixin):
             out.setdefault("ENDPOINT", lb)
             out.setdefault("PREFECT_SWARM_ENDPOINTS", lb)
         out.setdefault("MODEL", self.cfg.model_name)
-        if shard is not None:
-            out["PREFECT_SWARM_SHARD_ID"] = str(shard)
-            out["PREFECT_SWARM_NSHARDS"] = str(nshards)
+        out["PREFECT_SWARM_SHARD_ID"] = str(shard if shard is not None else 0)
+        out["PREFECT_SWARM_NSHARDS"] = str(nshards)
         secret = dict(secret_env or {})
         if self.cfg.api_key is not None:
             secret.setdefault(API_KEY_ENV, self.cfg.api_key.get_secret_value())
