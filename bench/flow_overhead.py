@@ -37,22 +37,48 @@ LATENCY_MS = 50
 
 def options(concurrency: int) -> dict[str, object]:
     """Job options shared by both sides."""
-    return {"job": "chat", "id_column": "id", "concurrency": concurrency, "checkpoint_every": 2000,
-            "job_kwargs": {"sampling": {"max_tokens": 8}}}
+    return {
+        "job": "chat",
+        "id_column": "id",
+        "concurrency": concurrency,
+        "checkpoint_every": 2000,
+        "job_kwargs": {"sampling": {"max_tokens": 8}},
+    }
 
 
 def bare(tmp: Path, src: Path, shards: int, concurrency: int) -> float:
     """Stub up + shard processes + commit, no Prefect."""
     t0 = time.monotonic()
     with StubEngine(free_port(), latency_ms=LATENCY_MS, model="stub-model") as stub:
-        spec = JobSpec(input=str(src), output=str(tmp / "bare.parquet"), job_dir=str(tmp / "bare-job"),
-                       shards=shards, endpoints=[stub.url], model="stub-model", auto_commit=False,
-                       **options(concurrency))  # type: ignore[arg-type]
+        spec = JobSpec(
+            input=str(src),
+            output=str(tmp / "bare.parquet"),
+            job_dir=str(tmp / "bare-job"),
+            shards=shards,
+            endpoints=[stub.url],
+            model="stub-model",
+            auto_commit=False,
+            **options(concurrency),
+        )  # type: ignore[arg-type]
         spec.paths.ensure()
         path = spec.save()
-        procs = [subprocess.Popen([sys.executable, "-m", "prefect_swarm.jobs.run", "--spec", str(path),
-                                   "--shard-id", str(i), "--nshards", str(shards)], stderr=subprocess.DEVNULL)
-                 for i in range(shards)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "prefect_swarm.jobs.run",
+                    "--spec",
+                    str(path),
+                    "--shard-id",
+                    str(i),
+                    "--nshards",
+                    str(shards),
+                ],
+                stderr=subprocess.DEVNULL,
+            )
+            for i in range(shards)
+        ]
         codes = [p.wait() for p in procs]
         assert codes == [0] * shards, codes
         manifest = commit_output(spec)
@@ -66,7 +92,9 @@ def flow(tmp: Path, src: Path, shards: int, concurrency: int, run: int) -> float
 
     cfg = stub_swarm(f"bench-{run}", latency_ms=LATENCY_MS)
     t0 = time.monotonic()
-    res = batch_inference(cfg, options(concurrency), str(src), str(tmp / f"flow-{run}.parquet"), shards=shards)
+    res = batch_inference(
+        cfg, options(concurrency), str(src), str(tmp / f"flow-{run}.parquet"), shards=shards
+    )
     took = time.monotonic() - t0
     assert res["ok"] == res["rows"], res
     return took
@@ -92,7 +120,9 @@ def main() -> None:
             flows.append(flow(tmp, src, a.shards, a.concurrency, run))
             print(f"run {run}: bare {bares[-1]:.2f} s, flow {flows[-1]:.2f} s", file=sys.stderr)
     b, f = statistics.median(bares), statistics.median(flows)
-    print(f"| {a.rows} | {a.shards} | {a.concurrency} | {LATENCY_MS} ms | {b:.2f} s | {f:.2f} s | {f / b:.2f} |")
+    print(
+        f"| {a.rows} | {a.shards} | {a.concurrency} | {LATENCY_MS} ms | {b:.2f} s | {f:.2f} s | {f / b:.2f} |"
+    )
 
 
 if __name__ == "__main__":

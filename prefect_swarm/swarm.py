@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any
 
 from prefect_swarm.backends import Deployment, build_deployment
@@ -192,9 +193,7 @@ class Swarm:
                 flow_run_id=self.flow_run_id,
                 keep=self.keep,
                 fingerprint=self.fingerprint,
-                created_at=old.created_at if old and old.phase in LIVE_PHASES else SwarmRecord.__dataclass_fields__[
-                    "created_at"
-                ].default_factory(),  # type: ignore[misc]
+                created_at=old.created_at if old and old.phase in LIVE_PHASES else time.time(),
             )
         )
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prefect_swarm.exceptions import DatasetError
@@ -129,33 +129,41 @@ class InputDataset:
                 )
 
     def check_unique_ids(self, id_column: str | None) -> None:
-        """Refuse null or duplicate ids (reads the id column only)."""
+        """Refuse null or duplicate ids, streaming the id column (memory: 8 bytes per row).
+
+        Ids are reduced to 64-bit hashes, sorted, and only the values behind equal hashes are
+        compared, so a 2M-row input costs ~16 MB, not a hash table of every id.
+        """
         if not id_column:
             return
-        ids = self._read_column(id_column)
-        if ids.null_count:
+        hashes = np.empty(self.num_rows, dtype=np.int64)
+        pos = 0
+        for _, batch in self.iter_range(0, self.num_rows, [id_column], 65536):
+            arr = batch.column(0)
+            if arr.null_count:
+                raise DatasetError(f"input {self.path}: id column '{id_column}' has empty (null) values.")
+            hashes[pos : pos + len(arr)] = _id_hashes(arr)
+            pos += len(arr)
+        hashes.sort()
+        same = hashes[1:][hashes[1:] == hashes[:-1]]
+        if same.size:
+            self._confirm_duplicates(id_column, set(same.tolist()))
+
+    def _confirm_duplicates(self, id_column: str, suspects: set[int]) -> None:
+        seen: set[object] = set()
+        dups: set[object] = set()
+        for _, batch in self.iter_range(0, self.num_rows, [id_column], 65536):
+            arr = batch.column(0)
+            for h, v in zip(_id_hashes(arr).tolist(), arr.to_pylist(), strict=True):
+                if h in suspects:
+                    (dups if v in seen else seen).add(v)
+        if dups:
+            example = min(dups, key=str)
             raise DatasetError(
-                f"input {self.path}: id column '{id_column}' has {ids.null_count} empty (null) values."
-            )
-        if pc.count_distinct(ids).as_py() != len(ids):
-            counts = pc.value_counts(ids)
-            dup = counts.filter(pc.greater(counts.field("counts"), 1))
-            example = dup[0]["values"].as_py()
-            raise DatasetError(
-                f"input {self.path}: id column '{id_column}' has {len(dup)} duplicated values "
+                f"input {self.path}: id column '{id_column}' has {len(dups)} duplicated values "
                 f"(e.g. {example!r}). Ids must be unique: dedupe the input, "
                 "or drop id_column to use row numbers."
             )
-
-    def _read_column(self, col: str) -> pa.ChunkedArray:
-        if self.kind == "parquet":
-            return pa.chunked_array(
-                [c for f in self.files for c in pq.read_table(f.path, columns=[col]).column(col).chunks],
-                type=self.schema.field(col).type,
-            )
-        return pa.chunked_array(
-            [b.column(col) for _, b in self.iter_range(0, self.num_rows, [col], 65536)], type=pa.string()
-        )
 
     # ------------------------------------------------------------------ stream
     def iter_range(
@@ -228,6 +236,13 @@ class InputDataset:
             "url": str(rec.get("url") or "/v1/chat/completions"),
             "body": json.dumps(rec["body"], separators=(",", ":")),
         }
+
+
+def _id_hashes(arr: pa.Array) -> np.ndarray:
+    """64-bit hashes of ids: integers as they are, strings by Python's hash (stable within a process)."""
+    if pa.types.is_integer(arr.type):
+        return np.asarray(arr.cast(pa.int64(), safe=False).to_numpy(zero_copy_only=False), dtype=np.int64)
+    return np.fromiter((hash(v) for v in arr.to_pylist()), dtype=np.int64, count=len(arr))
 
 
 def _jsonl_batch(rows: dict[str, list[Any]], cols: list[str]) -> pa.RecordBatch:

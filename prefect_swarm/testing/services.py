@@ -50,7 +50,8 @@ def missing_slurm() -> str | None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"sinfo failed ({exc}); run scripts/slurm/start-slurm.sh"
     if out.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc")) for s in out.stdout.split()):
-        return f"no Slurm node is up (sinfo: {out.stdout.strip() or out.stderr.strip()}); run scripts/slurm/start-slurm.sh"
+        seen = out.stdout.strip() or out.stderr.strip()
+        return f"no Slurm node is up (sinfo: {seen}); run scripts/slurm/start-slurm.sh"
     return None
 
 
