@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from prefect_swarm.config.base import StrictModel
 
@@ -42,6 +43,11 @@ class EngineConfig(StrictModel):
     startup_timeout_s: float = Field(
         default=900.0, gt=0, description="Seconds a replica may take from start to a healthy /health."
     )
+
+    @field_validator("python")
+    @classmethod
+    def _expand_home(cls, value: str | None) -> str | None:
+        return os.path.expanduser(value) if value and value.startswith("~") else value
 
     @model_validator(mode="after")
     def _command_kind_needs_command(self) -> EngineConfig:

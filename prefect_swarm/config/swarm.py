@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
@@ -66,6 +67,11 @@ class SwarmConfig(StrictModel):
                 "start with a letter, at most 36 characters"
             )
         return value
+
+    @field_validator("model")
+    @classmethod
+    def _expand_home(cls, value: str) -> str:
+        return os.path.expanduser(value) if value.startswith("~") else value
 
     @model_validator(mode="after")
     def _fits_on_node(self) -> SwarmConfig:
