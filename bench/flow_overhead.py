@@ -92,9 +92,7 @@ def flow(tmp: Path, src: Path, shards: int, concurrency: int, run: int) -> float
 
     cfg = stub_swarm(f"bench-{run}", latency_ms=LATENCY_MS)
     t0 = time.monotonic()
-    res = batch_inference(
-        cfg, options(concurrency), str(src), str(tmp / f"flow-{run}.parquet"), shards=shards
-    )
+    res = batch_inference(cfg, options(concurrency), str(src), str(tmp / f"flow-{run}.parquet"), shards=shards)
     took = time.monotonic() - t0
     assert res["ok"] == res["rows"], res
     return took
@@ -120,9 +118,7 @@ def main() -> None:
             flows.append(flow(tmp, src, a.shards, a.concurrency, run))
             print(f"run {run}: bare {bares[-1]:.2f} s, flow {flows[-1]:.2f} s", file=sys.stderr)
     b, f = statistics.median(bares), statistics.median(flows)
-    print(
-        f"| {a.rows} | {a.shards} | {a.concurrency} | {LATENCY_MS} ms | {b:.2f} s | {f:.2f} s | {f / b:.2f} |"
-    )
+    print(f"| {a.rows} | {a.shards} | {a.concurrency} | {LATENCY_MS} ms | {b:.2f} s | {f:.2f} s | {f / b:.2f} |")
 
 
 if __name__ == "__main__":

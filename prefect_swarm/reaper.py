@@ -77,9 +77,7 @@ def flow_run_states(run_ids: list[str]) -> dict[str, str]:
         return {}
     try:
         with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)), limit=len(ids)
-            )
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)), limit=len(ids))
     except Exception as exc:
         raise PrefectUnavailable(f"reading flow runs failed: {type(exc).__name__}: {exc}") from None
     return {str(r.id): r.state.type.value for r in runs if r.state is not None}

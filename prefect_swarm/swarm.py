@@ -97,10 +97,7 @@ class Swarm:
         except BaseException:
             self._set_phase(ServingPhase.FAILED)
             raise
-        if status.url and status.url != handle.url:
-            # Some backends learn the endpoint only once running (Slurm: the LB's node).
-            self.handle = dataclasses.replace(handle, url=status.url)
-            self.store.update_swarm(self.cfg.name, handle=self.handle.to_dict())
+        self._learn_url(status)
         self._set_phase(ServingPhase.RUNNING)
         return status
 
@@ -140,6 +137,8 @@ class Swarm:
     def endpoint(self) -> str:
         """Base URL clients call (``.../v1/chat/completions`` below it)."""
         handle = self._require_handle()
+        if not handle.url:  # not learnt yet (up without wait_ready): ask the backend once, never blocking
+            handle = self._learn_url(self.deployment.serving.status(handle))
         if not handle.url:
             raise StateError(f"swarm '{self.cfg.name}' has no endpoint URL yet; is it up?")
         return handle.url
@@ -180,6 +179,15 @@ class Swarm:
         if self.handle is None:
             raise StateError(f"swarm '{self.cfg.name}' has not been brought up (no handle).")
         return self.handle
+
+    def _learn_url(self, status: ServingStatus) -> ServingHandle:
+        """Keep (and record) the URL ``status`` reports: some backends learn it only once running
+        (Slurm: the LB's node)."""
+        handle = self._require_handle()
+        if status.url and status.url != handle.url:
+            self.handle = handle = dataclasses.replace(handle, url=status.url)
+            self.store.update_swarm(self.cfg.name, handle=handle.to_dict())
+        return handle
 
     def _record(self, phase: ServingPhase, handle: dict[str, Any] | None) -> None:
         old = self.store.get_swarm(self.cfg.name)

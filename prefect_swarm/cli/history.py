@@ -57,13 +57,9 @@ def _row(run: Any, flows: dict[Any, str]) -> dict[str, Any]:
 
 
 def history_cmd(
-    name: Annotated[
-        str | None, typer.Argument(help="Swarm name; default: every swarm in the state database.")
-    ] = None,
+    name: Annotated[str | None, typer.Argument(help="Swarm name; default: every swarm in the state database.")] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="Most runs shown per swarm.")] = 20,
-    output: Annotated[
-        OutputFormat, typer.Option("--output", "-o", help="table or json.")
-    ] = OutputFormat.table,
+    output: Annotated[OutputFormat, typer.Option("--output", "-o", help="table or json.")] = OutputFormat.table,
 ) -> None:
     """Show each swarm's SQLite record and the Prefect flow runs tagged with it (state, start, duration)."""
     store = StateStore()

@@ -30,7 +30,6 @@ Exit codes:
 
 from __future__ import annotations
 
-import importlib
 import logging
 import platform
 from typing import Annotated
@@ -40,6 +39,8 @@ import typer
 from prefect_swarm import __version__
 from prefect_swarm.cli import db, swarms, validate
 from prefect_swarm.cli.errors import EXIT_CODES_HELP, SwarmGroup
+from prefect_swarm.cli.history import history_cmd
+from prefect_swarm.cli.job import job_app
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, setup_logging
 from prefect_swarm.settings import get_settings
 
@@ -89,18 +90,8 @@ def version(output: Annotated[OutputFormat, typer.Option("--output", "-o")] = Ou
         console.print(f"prefect-swarm {__version__} (Python {platform.python_version()})")
 
 
-def _mount_job_app() -> None:
-    """Mount ``prefect-swarm job`` from ``prefect_swarm.cli.job`` when it is there."""
-    try:
-        job = importlib.import_module("prefect_swarm.cli.job")
-    except ImportError as exc:
-        if exc.name == "prefect_swarm.cli.job":
-            return  # not written/installed yet: the rest of the CLI works without it
-        raise
-    app.add_typer(job.job_app, name="job")
-
-
-_mount_job_app()
+app.add_typer(job_app, name="job")
+app.command("history", epilog=EXIT_CODES_HELP)(history_cmd)
 
 
 if __name__ == "__main__":

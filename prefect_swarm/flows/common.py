@@ -22,9 +22,7 @@ from prefect_swarm.tasks.artifacts import publish_summary, summary_row
 from prefect_swarm.tasks.jobs import results_dir
 
 
-def job_spec(
-    cfg: SwarmConfig, job: JobOptions | str | dict[str, Any], input: str, output: str, shards: int
-) -> JobSpec:
+def job_spec(cfg: SwarmConfig, job: JobOptions | str | dict[str, Any], input: str, output: str, shards: int) -> JobSpec:
     """The JobSpec for the flow's parameters on swarm ``cfg`` (commit is the flow's own step)."""
     return job_options(job).to_spec(
         input=input,

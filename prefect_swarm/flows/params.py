@@ -49,9 +49,7 @@ class JobOptions(_options_base()):  # type: ignore[misc]
     def to_spec(self, *, input: str, output: str, shards: int, **flow_fields: Any) -> JobSpec:
         """The JobSpec for these options and the flow's own fields."""
         data = self.model_dump(exclude_unset=False)
-        return JobSpec.model_validate(
-            {**data, "input": input, "output": output, "shards": shards, **flow_fields}
-        )
+        return JobSpec.model_validate({**data, "input": input, "output": output, "shards": shards, **flow_fields})
 
 
 def job_options(job: JobOptions | str | dict[str, Any] | None) -> JobOptions:

@@ -57,9 +57,7 @@ def run_job(name: str, job: JobOptions | str, input: str, output: str, shards: i
     started = time.monotonic()
     live = Swarm.from_state(name, store=StateStore())
     if live.handle is None:
-        raise StateError(
-            f"swarm '{name}' has no handle: it was never brought up. `prefect-swarm up` it first."
-        )
+        raise StateError(f"swarm '{name}' has no handle: it was never brought up. `prefect-swarm up` it first.")
     plan = plan_shards(job_spec(live.cfg, job, input, output, shards), name)
     label_run(name, plan.spec.job_id)
     stop = stop_event()

@@ -173,9 +173,7 @@ class ShardWatch:
                 self.log.warning("Shard %d: flow run is stopping; cancelling job %s.", self.shard, handle.id)
                 self.compute.cancel(handle)
                 self._record(handle, JobStatus.CANCELLED.value)
-                raise JobError(
-                    f"shard {self.shard} of job {self.spec.job_id} stopped: the flow run is ending."
-                )
+                raise JobError(f"shard {self.shard} of job {self.spec.job_id} stopped: the flow run is ending.")
             step = min(step * 1.5, POLL_MAX_S)
 
     def _publish(self, force: bool = False) -> None:
@@ -183,9 +181,7 @@ class ShardWatch:
         if self.artifact_id is None or (not force and now - self.last_artifact < ARTIFACT_EVERY_S):
             return
         self.last_artifact = now
-        update_progress_artifact(
-            artifact_id=self.artifact_id, progress=_percent(shard_progress(self.spec, self.shard))
-        )
+        update_progress_artifact(artifact_id=self.artifact_id, progress=_percent(shard_progress(self.spec, self.shard)))
 
     def _outcome(self, status: JobStatus, code: int | None) -> dict[str, Any]:
         spec, i = self.spec, self.shard
@@ -195,9 +191,7 @@ class ShardWatch:
         if code == EXIT_BAD_INPUT:
             raise DatasetError(f"shard {i} of job {spec.job_id} refused its input (exit 2).\n{tail}")
         if code == EXIT_REQUEUE:
-            raise CapacityError(
-                f"shard {i} of job {spec.job_id} was preempted (exit 75); retrying resumes it."
-            )
+            raise CapacityError(f"shard {i} of job {spec.job_id} was preempted (exit 75); retrying resumes it.")
         raise JobError(f"shard {i} of job {spec.job_id} ended {status.value} (exit {code}).\n{tail}")
 
     def _record(self, handle: JobHandle, status: str) -> None:

@@ -40,9 +40,7 @@ def _load_block(name: str) -> SwarmConfig:
 
     slug, _, doc = name.rpartition("/")
     if slug and slug != SwarmSpec.get_block_type_slug():
-        raise ConfigError(
-            f"swarm '{name}' names a '{slug}' block; a SwarmSpec block ('swarm-spec/NAME') is needed."
-        )
+        raise ConfigError(f"swarm '{name}' names a '{slug}' block; a SwarmSpec block ('swarm-spec/NAME') is needed.")
     try:
         block: SwarmSpec = SwarmSpec.load(doc)  # type: ignore[assignment]  # sync dispatch
         return block.to_config()
@@ -83,9 +81,7 @@ def _check_name_free(cfg: SwarmConfig, store: StateStore, flow_run_id: str | Non
         )
 
 
-@task(
-    name="swarm-up", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=retry_on_type
-)
+@task(name="swarm-up", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=retry_on_type)
 def swarm_up(cfg: SwarmConfig, keep: bool = False, reuse: bool = True) -> Swarm:
     """Reuse a matching live swarm (``reuse``), else start this one, owned by the current flow run."""
     log = get_run_logger()

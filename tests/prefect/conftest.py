@@ -30,8 +30,16 @@ def prefect_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectS
         stack.start_worker()
         with temporary_settings({PREFECT_API_URL: stack.api_url}):
             yield stack
+            _flush_api_logs()
     finally:
         stack.stop()
+
+
+def _flush_api_logs() -> None:
+    """Send in-process flows' buffered logs while the server is still up."""
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=5)
 
 
 @pytest.fixture

@@ -57,13 +57,9 @@ class PrefectStack:
 
     def cli(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run `prefect ARGS` against this stack."""
-        out = subprocess.run(
-            [PREFECT, *args], env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout
-        )
+        out = subprocess.run([PREFECT, *args], env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
         if check and out.returncode != 0:
-            raise RuntimeError(
-                f"prefect {' '.join(args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
-            )
+            raise RuntimeError(f"prefect {' '.join(args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}")
         return out
 
     def _spawn(self, name: str, *args: str) -> None:
@@ -101,9 +97,7 @@ class PrefectStack:
             if self.procs["server"].poll() is not None:
                 break
             time.sleep(0.25)
-        raise RuntimeError(
-            f"prefect server did not start; log: {(self.home / 'server.log').read_text()[-3000:]}"
-        )
+        raise RuntimeError(f"prefect server did not start; log: {(self.home / 'server.log').read_text()[-3000:]}")
 
     def deploy(self) -> None:
         """Work pool, blocks, deployments, zombie automation (40 s: heartbeats every 30 s)."""

@@ -61,9 +61,7 @@ def test_round_trip_config_block_config() -> None:
     assert back.backend.token.get_secret_value() == SECRET  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize(
-    "block", [LocalBackend, SlurmBackend, LeptonBackend, SwarmSpec], ids=lambda b: b.__name__
-)
+@pytest.mark.parametrize("block", [LocalBackend, SlurmBackend, LeptonBackend, SwarmSpec], ids=lambda b: b.__name__)
 class TestBlockStandards(BlockStandardTestSuite):
     @pytest.fixture
     def block(self, block: type[Block]) -> type[Block]:
@@ -103,9 +101,9 @@ def test_lepton_token_never_leaks(prefect_api: PrefectStack, swarm_home: Path, t
     from conftest import job_variables
     from prefect.deployments import run_deployment
 
-    LeptonBackend(
-        workspace_id="ws-test", workspace_url="http://127.0.0.1:9/api", token=SecretStr(SECRET)
-    ).save("lep-secret", overwrite=True)
+    LeptonBackend(workspace_id="ws-test", workspace_url="http://127.0.0.1:9/api", token=SecretStr(SECRET)).save(
+        "lep-secret", overwrite=True
+    )
     spec = SwarmSpec(name="lep", model="m", backend=LeptonBackend.load("lep-secret"))
     spec.save("lep", overwrite=True)
     inp = prompts(tmp_path / "in.parquet", 4)
@@ -121,13 +119,11 @@ def test_lepton_token_never_leaks(prefect_api: PrefectStack, swarm_home: Path, t
             "shards": 1,
         },
     )
-    assert run.state is not None and run.state.is_final()
+    assert run.state is not None and run.state.type.value == "FAILED"  # no Lepton API there: swarm-up fails
     texts = asyncio.run(_everything_prefect_knows(run.id))
     texts.append((prefect_stack_home(prefect_api) / "worker.log").read_text(errors="replace"))
     texts += _state_db_dump(swarm_home)
-    texts += [
-        p.read_text(errors="replace") for p in swarm_home.rglob("*") if p.is_file() and p.suffix != ".db"
-    ]
+    texts += [p.read_text(errors="replace") for p in swarm_home.rglob("*") if p.is_file() and p.suffix != ".db"]
     assert texts and not [t for t in texts if SECRET in t], "the Lepton token leaked"
     blocks = prefect_api.cli("block", "inspect", "swarm-lepton-backend/lep-secret").stdout
     assert SECRET not in blocks
@@ -160,8 +156,6 @@ async def _everything_prefect_knows(run_id: typing.Any) -> list[str]:
 def _state_db_dump(home: Path) -> list[str]:
     db = sqlite3.connect(home / "state.db")
     try:
-        return [
-            json.dumps(row) for table in ("swarms", "jobs") for row in db.execute(f"SELECT * FROM {table}")
-        ]
+        return [json.dumps(row) for table in ("swarms", "jobs") for row in db.execute(f"SELECT * FROM {table}")]
     finally:
         db.close()

@@ -41,11 +41,7 @@ def _start_long_run(name: str, swarm_home: Path, tmp_path: Path) -> tuple[Any, d
 
     def shards_running() -> bool:
         rec = store.get_swarm(name)
-        return (
-            rec is not None
-            and rec.phase == "RUNNING"
-            and any(j.status == "RUNNING" for j in store.list_jobs(name))
-        )
+        return rec is not None and rec.phase == "RUNNING" and any(j.status == "RUNNING" for j in store.list_jobs(name))
 
     wait_for(shards_running, 120, what="swarm RUNNING with shard jobs")
     time.sleep(2)
@@ -59,9 +55,7 @@ def _state(run_id: Any) -> Any:
         return client.read_flow_run(run_id).state
 
 
-def test_cancel_reaches_backend_within_30s(
-    prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path
-) -> None:
+def test_cancel_reaches_backend_within_30s(prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path) -> None:
     from prefect import get_client
     from prefect.states import Cancelling
 
@@ -79,9 +73,7 @@ def test_cancel_reaches_backend_within_30s(
     assert rec is not None and rec.phase == "STOPPED"
     final = wait_for(lambda: _state(run.id).is_final(), 40, what="run final")
     assert _state(run.id).type.value == "CANCELLED"
-    print(
-        f"cancel -> no swarm process: {gone:.1f} s; -> Cancelled: {time.monotonic() - t0:.1f} s ({final:.1f})"
-    )
+    print(f"cancel -> no swarm process: {gone:.1f} s; -> Cancelled: {time.monotonic() - t0:.1f} s ({final:.1f})")
 
 
 def _flow_process(run_id: Any) -> psutil.Process:
@@ -109,7 +101,4 @@ def test_sigkilled_flow_is_reaped(prefect_stack: PrefectStack, swarm_home: Path,
         what="record STOPPED",
     )
     wait_for(lambda: not swarm_processes(swarm_home, "killme", cfg["port"]), 30, what="swarm processes gone")
-    print(
-        f"SIGKILL -> Crashed {crashed:.0f} s; reaped by this call: {reaped}; "
-        f"total {time.monotonic() - t0:.0f} s"
-    )
+    print(f"SIGKILL -> Crashed {crashed:.0f} s; reaped by this call: {reaped}; total {time.monotonic() - t0:.0f} s")

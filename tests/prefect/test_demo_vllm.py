@@ -8,9 +8,7 @@ from stack import PrefectStack
 pytestmark = [pytest.mark.vllm, pytest.mark.prefect_server, pytest.mark.slow]
 
 
-def test_demo_runs_end_to_end(
-    need_vllm: None, prefect_api: PrefectStack, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_demo_runs_end_to_end(need_vllm: None, prefect_api: PrefectStack, capsys: pytest.CaptureFixture[str]) -> None:
     from prefect_swarm.flows.demo import main
     from prefect_swarm.state import StateStore
 

@@ -24,9 +24,7 @@ def _flow_run(name: str):  # type: ignore[no-untyped-def]
 
     async def read():  # type: ignore[no-untyped-def]
         async with get_client() as client:
-            runs = await client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name]))
-            )
+            runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
             run = runs[0]
             arts = await client.read_artifacts(flow_run_filter=FlowRunFilter(id={"any_": [run.id]}))
             return run, arts
@@ -34,9 +32,7 @@ def _flow_run(name: str):  # type: ignore[no-untyped-def]
     return asyncio.run(read())
 
 
-def test_deployment_run_completes_with_artifacts(
-    prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path
-) -> None:
+def test_deployment_run_completes_with_artifacts(prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path) -> None:
     inp = prompts(tmp_path / "in.parquet", 60)
     out = tmp_path / "out.parquet"
     t0 = time.monotonic()

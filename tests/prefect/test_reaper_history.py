@@ -16,9 +16,7 @@ from prefect_swarm.state import StateStore, SwarmRecord
 from prefect_swarm.testing.services import free_port
 
 
-def _orphan(
-    store: StateStore, name: str = "orphan", run_id: str = "6f1c7d0e-0000-4000-8000-000000000001"
-) -> None:
+def _orphan(store: StateStore, name: str = "orphan", run_id: str = "6f1c7d0e-0000-4000-8000-000000000001") -> None:
     store.put_swarm(SwarmRecord(name=name, backend="local", config={}, phase="RUNNING", flow_run_id=run_id))
 
 

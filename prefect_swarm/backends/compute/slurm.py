@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.serving.slurm import render
-from prefect_swarm.backends.serving.slurm.client import AcctEntry, SlurmClient, clean_env
-from prefect_swarm.exceptions import BackendError
+from prefect_swarm.backends.serving.slurm.client import AcctEntry, QueueEntry, SlurmClient, clean_env
+from prefect_swarm.exceptions import BackendError, CapacityError
 from prefect_swarm.paths import JobPaths
 from prefect_swarm.platform import DefaultComputeMixin, JobHandle, JobProbe, JobStatus, coerce_job_status
 
@@ -37,6 +37,12 @@ if TYPE_CHECKING:
 
 STEP_APPEAR_S = 60.0
 """How long submit waits for a started srun to show up as a step."""
+TARGET_POLL_S = 1.0
+"""How often submit asks squeue while the swarm's jobs are still starting."""
+LB_HEAD_WAIT_S = 60.0
+"""Once the LB job runs, how long submit waits for it to write ``lb.head`` (the jobs' ENDPOINT)."""
+_STARTING = {"PENDING", "CONFIGURING", "REQUEUED", "RESIZING"}
+"""Queue states from which a job goes on to RUNNING."""
 
 API_KEY_ENV = "PREFECT_SWARM_API_KEY"
 
@@ -112,25 +118,57 @@ class SlurmCompute(DefaultComputeMixin):
         return handle
 
     def _target(self) -> str:
-        """Raw id of the allocation steps go into: the LB job, else a running replica task."""
+        """Raw id of the allocation steps go into: the LB job, else a running replica task.
+
+        Right after ``up`` the jobs are still PENDING/CONFIGURING: wait (polling squeue, at most
+        ``backend.queue_timeout_s``) for the LB job to run and announce itself (``lb.head``, so the
+        step gets ``ENDPOINT``). A running replica task is used only once the LB job is gone or
+        the wait is over. Neither job queued: BackendError at once; still queued at the end:
+        CapacityError with Slurm's pending reason.
+        """
         meta = self.serving.meta if self.serving else {}
-        running = {
-            e.id: e
-            for e in self.client.squeue([str(meta[k]) for k in ("lb_job", "replicas_job") if meta.get(k)])
-            if e.state == "RUNNING"
-        }
-        if meta.get("lb_job") and str(meta["lb_job"]) in running:
-            return str(meta["lb_job"])
-        for entry in running.values():
-            if entry.task_id is not None:
-                raw = self.client.raw_id(entry.id)
+        lb_id = str(meta["lb_job"]) if meta.get("lb_job") else None
+        ids = [str(meta[k]) for k in ("lb_job", "replicas_job") if meta.get(k)]
+        queue_timeout = render.slurm_section(self.cfg).queue_timeout_s
+        start = time.monotonic()
+        deadline = start + queue_timeout
+        head_deadline: float | None = None
+        while True:
+            entries = self.client.squeue(ids) if ids else []
+            lb = next((e for e in entries if e.id == lb_id), None)
+            now = time.monotonic()
+            if lb is not None and lb.state == "RUNNING":
+                head_deadline = head_deadline or now + LB_HEAD_WAIT_S
+                if _head_url(self.paths.file(render.LB_HEAD)) or now >= head_deadline:
+                    return str(lb_id)
+            else:
+                replica = self._running_replica(entries)
+                if replica and (lb is None or lb.state not in _STARTING or now >= deadline):
+                    return replica
+                if not entries:
+                    raise BackendError(
+                        f"swarm '{self.cfg.name}' has no Slurm job in the queue to run job steps in "
+                        f"(jobs {meta.get('lb_job')}, {meta.get('replicas_job')}).",
+                        hint=f"`prefect-swarm status {self.cfg.name}`; bring it up with `prefect-swarm up`.",
+                    )
+                if now >= deadline:
+                    waiting = ", ".join(f"{e.id} {e.state} ({e.reason})" for e in entries)
+                    raise CapacityError(
+                        f"swarm '{self.cfg.name}' had no running Slurm allocation to run job steps in "
+                        f"after {now - start:.0f}s (backend.queue_timeout_s={queue_timeout:g}): {waiting}.\n"
+                        f"Hint: `prefect-swarm status {self.cfg.name}`; submit again once it runs, or "
+                        "ask for fewer resources / another partition."
+                    )
+            time.sleep(TARGET_POLL_S)
+
+    def _running_replica(self, entries: Sequence[QueueEntry]) -> str | None:
+        """Raw id of a RUNNING replica array task (what ``srun --jobid`` takes), if any."""
+        for entry in entries:
+            if entry.state == "RUNNING" and entry.task_id is not None:
+                raw = entry.raw_id if entry.raw_id.isdigit() else self.client.raw_id(entry.id)
                 if raw:
                     return raw
-        raise BackendError(
-            f"swarm '{self.cfg.name}' has no running Slurm allocation to run job steps in "
-            f"(jobs {meta.get('lb_job')}, {meta.get('replicas_job')}).",
-            hint=f"`prefect-swarm status {self.cfg.name}`; bring it up with `prefect-swarm up`.",
-        )
+        return None
 
     def _log_path(self, workdir: str | None, shard: int | None, step_name: str) -> Path:
         if workdir and shard is not None:
