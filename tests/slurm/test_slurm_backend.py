@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ from _slurmkit import PY, LiveSwarm, job_command, make_job, our_jobs, output_ids
 
 from prefect_swarm.backends.compute.slurm import SlurmCompute
 from prefect_swarm.backends.serving.slurm.client import SlurmClient
-from prefect_swarm.exceptions import CapacityError
+from prefect_swarm.exceptions import BackendError, CapacityError
 from prefect_swarm.platform import JobStatus, ReplicaHealth, ServingPhase
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -178,6 +179,37 @@ def test_probe_cancel_and_reattach_by_external_id(slurm_swarm: MakeSwarm) -> Non
     other.cancel(again)
     assert other.wait(again, poll_s=0.3) is JobStatus.CANCELLED
     other.cancel(again)  # idempotent
+
+
+def test_submit_waits_for_the_allocation_and_reports_why_it_never_ran(slurm_swarm: MakeSwarm) -> None:
+    # --hold keeps both jobs PENDING (JobHeldUser) until released: submit waits, then says why
+    swarm = slurm_swarm(stub_config(replicas=1, backend={"sbatch_args": ["--hold"], "queue_timeout_s": 3}))
+    handle = swarm.handle = swarm.serving.create_or_update(swarm.cfg)
+    t0 = time.monotonic()
+    with pytest.raises(CapacityError, match="JobHeldUser") as err:
+        SlurmCompute(swarm.cfg, swarm.paths, handle).submit(name="early", command=[PY, "-c", "pass"])
+    assert 3 <= time.monotonic() - t0 < 3 + 15
+    assert "queue_timeout_s" in str(err.value)
+    assert len(our_jobs(swarm.cfg).splitlines()) == 2, "a job that cannot start leaves the swarm alone"
+
+    patient = swarm.cfg.model_copy(update={"backend": swarm.cfg.backend.model_copy(update={"queue_timeout_s": 60})})
+    jobs = [str(handle.meta["replicas_job"]), str(handle.meta["lb_job"])]
+    timer = threading.Timer(2.0, subprocess.run, args=(["scontrol", "release", *jobs],), kwargs={"check": True})
+    timer.start()
+    try:
+        compute = SlurmCompute(patient, swarm.paths, handle)
+        job = compute.submit(name="late", command=[PY, "-c", "import os; print(os.environ['ENDPOINT'])"])
+        assert compute.wait(job, poll_s=0.3) is JobStatus.SUCCEEDED, compute.probe(job)
+    finally:
+        timer.cancel()
+    log = Path(job.meta["logs"][0]).read_text()
+    assert swarm.serving.status(handle).url in log  # the step started after the LB announced itself
+
+    swarm.down()
+    t0 = time.monotonic()
+    with pytest.raises(BackendError, match="no Slurm job in the queue"):
+        compute.submit(name="gone", command=[PY, "-c", "pass"])
+    assert time.monotonic() - t0 < 10
 
 
 @pytest.mark.vllm
