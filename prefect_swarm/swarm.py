@@ -28,6 +28,9 @@ from prefect_swarm.platform import (
 )
 from prefect_swarm.state import StateStore, SwarmRecord
 
+API_KEY_ENV = "PREFECT_SWARM_API_KEY"
+"""Environment variable a reattaching process reads the swarm's api_key from."""
+
 LIVE_PHASES = {ServingPhase.PENDING.value, ServingPhase.INITIALIZING.value, ServingPhase.RUNNING.value}
 
 
@@ -39,6 +42,39 @@ def engine_fingerprint(cfg: SwarmConfig) -> str:
     data = cfg.redacted()
     keep = {k: data[k] for k in ("model", "served_model_name", "gpus_per_replica", "engine", "backend")}
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def missing_secrets(config: dict[str, Any]) -> list[str]:
+    """Secrets a recorded (redacted) config lacks that the environment does not supply either."""
+    missing = []
+    if config.get("api_key") is None and not os.environ.get(API_KEY_ENV):
+        missing.append("api_key")
+    backend = config.get("backend") or {}
+    if "token" in backend and backend["token"] is None and not os.environ.get(str(backend.get("token_env") or "")):
+        missing.append("backend.token")
+    return missing
+
+
+def restore_secrets(config: dict[str, Any], source: SwarmConfig | None = None) -> dict[str, Any]:
+    """``config`` (redacted) with its secrets back: the environment's first, else ``source``'s.
+
+    The backend token is taken from ``source`` only for the same backend type and workspace, and
+    only when ``token_env`` is unset (an environment token is read by the backend itself).
+    """
+    data = dict(config)
+    missing = missing_secrets(config)
+    if os.environ.get(API_KEY_ENV):
+        data["api_key"] = os.environ[API_KEY_ENV]
+    elif "api_key" in missing and source is not None and source.api_key is not None:
+        data["api_key"] = source.api_key
+    token = getattr(source.backend, "token", None) if source is not None else None
+    backend = dict(data.get("backend") or {})
+    same = source is not None and all(
+        getattr(source.backend, key, None) == backend.get(key) for key in ("type", "workspace_id")
+    )
+    if "backend.token" in missing and token is not None and same:
+        data["backend"] = {**backend, "token": token}
+    return data
 
 
 class Swarm:
@@ -53,8 +89,10 @@ class Swarm:
         flow_run_id: str | None = None,
         keep: bool = False,
         handle: ServingHandle | None = None,
+        source: str | None = None,
     ) -> None:
         self.cfg = cfg
+        self.source = source
         self.delete_on_exit = delete_on_exit
         self.store = store or StateStore()
         self.flow_run_id = flow_run_id
@@ -161,17 +199,22 @@ class Swarm:
         return engine_fingerprint(self.cfg)
 
     @classmethod
-    def from_state(cls, name: str, store: StateStore | None = None, **kwargs: Any) -> Swarm:
-        """Reattach to swarm ``name`` from the state database (secrets come from the environment)."""
+    def from_state(
+        cls, name: str, store: StateStore | None = None, *, secrets: SwarmConfig | None = None, **kwargs: Any
+    ) -> Swarm:
+        """Reattach to swarm ``name`` from the state database.
+
+        The record holds no secrets: they come from the environment (``PREFECT_SWARM_API_KEY``,
+        the backend's ``token_env``), else from ``secrets``, the config the swarm came from
+        (the Prefect layer reloads it from the block named by the record's ``source``).
+        """
         store = store or StateStore()
         rec = store.require_swarm(name)
-        data = dict(rec.config)
-        if os.environ.get("PREFECT_SWARM_API_KEY"):
-            data["api_key"] = os.environ["PREFECT_SWARM_API_KEY"]
-        cfg = SwarmConfig.model_validate(data)
+        cfg = SwarmConfig.model_validate(restore_secrets(rec.config, secrets))
         handle = ServingHandle.from_dict(rec.handle) if rec.handle else None
         kwargs.setdefault("flow_run_id", rec.flow_run_id)
         kwargs.setdefault("keep", rec.keep)
+        kwargs.setdefault("source", rec.source)
         return cls(cfg, store=store, handle=handle, **kwargs)
 
     # ------------------------------------------------------------------ internals
@@ -201,6 +244,7 @@ class Swarm:
                 flow_run_id=self.flow_run_id,
                 keep=self.keep,
                 fingerprint=self.fingerprint,
+                source=self.source,
                 created_at=old.created_at if old and old.phase in LIVE_PHASES else time.time(),
             )
         )

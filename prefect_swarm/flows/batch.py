@@ -23,7 +23,7 @@ from prefect_swarm.flows.common import (
 )
 from prefect_swarm.flows.hooks import teardown_hook
 from prefect_swarm.flows.params import JobOptions
-from prefect_swarm.tasks import plan_shards, resolve_swarm, stop_event, swarm_up, wait_ready
+from prefect_swarm.tasks import block_ref, plan_shards, resolve_swarm, stop_event, swarm_up, wait_ready
 
 
 @flow(
@@ -63,7 +63,7 @@ def batch_inference(
         try:
             live = None
             if plan.pending:
-                live = swarm_up(cfg, keep=keep_swarm, reuse=reuse)
+                live = swarm_up(cfg, keep=keep_swarm, reuse=reuse, source=block_ref(swarm))
                 up_at = time.monotonic()
                 wait_ready(live)
             return run_and_commit(plan, live, cfg, started, up_at)

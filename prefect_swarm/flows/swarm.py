@@ -13,8 +13,15 @@ from prefect_swarm.flows.common import job_spec, label_run, reap_quietly, run_an
 from prefect_swarm.flows.hooks import teardown_hook
 from prefect_swarm.flows.params import JobOptions
 from prefect_swarm.state import StateStore
-from prefect_swarm.swarm import Swarm
-from prefect_swarm.tasks import plan_shards, resolve_swarm, stop_event, teardown_flow_run, wait_ready
+from prefect_swarm.tasks import (
+    block_ref,
+    plan_shards,
+    reattach,
+    resolve_swarm,
+    stop_event,
+    teardown_flow_run,
+    wait_ready,
+)
 from prefect_swarm.tasks import swarm_down as swarm_down_task
 from prefect_swarm.tasks import swarm_up as swarm_up_task
 
@@ -28,7 +35,7 @@ def swarm_up(swarm: str | dict[str, Any], reuse: bool = True) -> dict[str, Any]:
     cfg = resolve_swarm(swarm)
     reap_quietly()
     label_run(cfg.name, None)
-    live = swarm_up_task(cfg, keep=True, reuse=reuse)
+    live = swarm_up_task(cfg, keep=True, reuse=reuse, source=block_ref(swarm))
     try:
         endpoints = wait_ready(live)
     except BaseException:
@@ -55,7 +62,7 @@ def swarm_down(name: str) -> None:
 def run_job(name: str, job: JobOptions | str, input: str, output: str, shards: int = 1) -> dict[str, Any]:
     """Run a batch job on the existing swarm ``name`` (which stays up afterwards)."""
     started = time.monotonic()
-    live = Swarm.from_state(name, store=StateStore())
+    live = reattach(name, StateStore())
     if live.handle is None:
         raise StateError(f"swarm '{name}' has no handle: it was never brought up. `prefect-swarm up` it first.")
     plan = plan_shards(job_spec(live.cfg, job, input, output, shards), name)

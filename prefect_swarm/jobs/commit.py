@@ -147,16 +147,16 @@ def _merge_shard(
     start, end = shard_range(ds.num_rows, i, spec.shards)
     if start == end:
         return
-    ledger = read_ledger(spec.paths.shard(i))
+    extra = ["_id", *outputs, *RESULT_COLUMNS] + (
+        ["_response", "http_status"] if spec.output_format == "openai-batch" else []
+    )
+    ledger = read_ledger(spec.paths.shard(i), ["_row", *extra])  # not latency_ms, attempts, unused outputs
     if ledger is None:
         raise JobError(f"shard {i} of job {spec.job_id} has no ledger in {spec.paths.shard(i).root}.")
     pos = latest_positions(ledger.column("_row").to_numpy(), start, end)
     if (pos < 0).any():
         missing = int(np.nonzero(pos < 0)[0][0]) + start
         raise JobError(f"shard {i} ledger lacks row {missing} (and maybe more); rerun the shard.")
-    extra = ["_id", *outputs, *RESULT_COLUMNS] + (
-        ["_response", "http_status"] if spec.output_format == "openai-batch" else []
-    )
     ledger = ledger.select(extra)
     cols = keep if keep else None
     for first, batch in ds.iter_range(start, end, cols, spec.read_batch_rows):

@@ -8,13 +8,20 @@ Each flush writes ``part-<seq>.parquet`` to a temp name and renames it (atomic),
 several parts (a retry of an error row, a rerun after a crash between flush and exit): the
 last write wins, in part order.
 
-A kill -9 loses only rows finished since the last flush; they are redone on resume.
+A kill -9 loses only rows finished since the last completed flush (a part still being written
+is not one); they are redone on resume.
+
+While requests run, :meth:`ShardLedger.flush_in_background` hands the write (parquet encoding,
+fsync, rename, progress) to a writer thread so the event loop keeps serving responses; at most
+one such write is pending (the next flush waits for it), parts are still written in order, and
+a failed write is re-raised by every later flush, so no DONE marker can follow a lost part.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -95,7 +102,9 @@ class ShardLedger:
         self.outputs = list(outputs)
         self.schema = ledger_schema(outputs, keep_raw)
         self.keep_raw = keep_raw
-        self.buf: dict[str, list[Any]] = {f.name: [] for f in self.schema}
+        self.buf: list[tuple[Any, ...]] = []  # one tuple per finished row (see add); columns at flush
+        self._writer: threading.Thread | None = None
+        self._write_error: BaseException | None = None
         self.done = np.zeros(end - start, dtype=bool)  # rows to skip on this run
         self.seen = np.zeros(end - start, dtype=bool)  # rows in the ledger
         self.err = np.zeros(end - start, dtype=bool)  # rows whose latest status is error
@@ -199,20 +208,7 @@ class ShardLedger:
         raw: str | None,
     ) -> None:
         """Buffer one finished row (flushed by :meth:`flush`)."""
-        b = self.buf
-        b["_row"].append(row)
-        b["_id"].append(rid)
-        b["status"].append(status)
-        b["error"].append(error)
-        b["http_status"].append(http_status)
-        b["prompt_tokens"].append(pt)
-        b["completion_tokens"].append(ct)
-        b["latency_ms"].append(latency_ms)
-        b["attempts"].append(attempts)
-        for name in self.outputs:
-            b[name].append(outputs.get(name) if outputs else None)
-        if self.keep_raw:
-            b["_response"].append(raw)
+        self.buf.append((row, rid, status, error, http_status, pt, ct, latency_ms, attempts, outputs, raw))
         rel = row - self.start
         self.done[rel] = True
         if not self.seen[rel]:
@@ -229,43 +225,94 @@ class ShardLedger:
     @property
     def buffered(self) -> int:
         """Rows finished but not yet flushed."""
-        return len(self.buf["_row"])
+        return len(self.buf)
 
     def flush(self, state: str = "running") -> None:
-        """Write buffered rows as one part (temp + rename), then the progress file."""
-        if self.buffered:
-            table = pa.Table.from_pydict(self.buf, schema=self.schema)
-            sink = io.BytesIO()
-            pq.write_table(table, sink, compression="zstd")
-            atomic_write_bytes(self.paths.part(self.seq), sink.getvalue())
-            self.seq += 1
-            self.buf = {f.name: [] for f in self.schema}
+        """Write buffered rows as one part (temp + rename), then the progress file; return when written."""
+        self.join()
+        rows, seq, progress = self._cut(state)
+        try:
+            self._write_part(rows, seq)
+        except BaseException:  # keep the rows for the next flush, as if this one had not happened
+            self.buf[:0] = rows
+            self.seq = self.seq if seq is None else seq
+            raise
+        atomic_write_json(self.paths.progress, progress)
+
+    def flush_in_background(self, state: str = "running") -> None:
+        """Like :meth:`flush`, but the write runs on a writer thread (after the previous one finished)."""
+        self.join()
+        cut = self._cut(state)
+        self._writer = threading.Thread(
+            target=self._write_or_keep_error, args=cut, name=f"ledger-{self.shard}-{self.seq}"
+        )
+        self._writer.start()
+
+    def join(self) -> None:
+        """Wait for the background write; raise its error (then, and on every later call)."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        if self._write_error is not None:
+            raise self._write_error
+
+    def _cut(self, state: str) -> tuple[list[tuple[Any, ...]], int | None, dict[str, Any]]:
+        """Take the buffer, a part number for it (None when empty) and the progress as of now."""
+        rows, self.buf = self.buf, []
+        seq = None
+        if rows:
+            seq, self.seq = self.seq, self.seq + 1
         self.last_flush = time.monotonic()
-        self.write_progress(state)
+        return rows, seq, self._progress(state)
+
+    def _write_part(self, rows: list[tuple[Any, ...]], seq: int | None) -> None:
+        if rows and seq is not None:
+            sink = io.BytesIO()
+            pq.write_table(self._table(rows), sink, compression="zstd")
+            atomic_write_bytes(self.paths.part(seq), sink.getvalue())
+
+    def _write_or_keep_error(self, rows: list[tuple[Any, ...]], seq: int | None, progress: dict[str, Any]) -> None:
+        try:
+            self._write_part(rows, seq)
+            atomic_write_json(self.paths.progress, progress)
+        except BaseException as exc:  # re-raised by join(): the part's rows are not on disk
+            self._write_error = exc
+
+    def _table(self, rows: list[tuple[Any, ...]]) -> pa.Table:
+        cols = list(zip(*rows, strict=True))
+        data: dict[str, Any] = {f[0]: cols[k] for k, f in enumerate(BASE_FIELDS)}
+        outs = cols[len(BASE_FIELDS)]
+        for name in self.outputs:
+            data[name] = [o.get(name) if o else None for o in outs]
+        if self.keep_raw:
+            data["_response"] = cols[len(BASE_FIELDS) + 1]
+        return pa.Table.from_pydict(data, schema=self.schema)
 
     def write_progress(self, state: str) -> None:
         """Rewrite ``progress.json`` (what `job status` and the Prefect task show)."""
+        self.join()
+        atomic_write_json(self.paths.progress, self._progress(state))
+
+    def _progress(self, state: str) -> dict[str, Any]:
         elapsed = max(time.time() - self.started, 1e-9)
-        atomic_write_json(
-            self.paths.progress,
-            {
-                "shard": self.shard,
-                "nshards": self.nshards,
-                "state": state,
-                "pid": os.getpid(),
-                "total": self.total,
-                "done": self.n_done,
-                "failed": self.n_failed,
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "rows_this_run": self.rows_this_run,
-                "requests": self.requests,
-                "rate_rows_s": round(self.rows_this_run / elapsed, 2),
-                "started_at": self.started,
-                "updated_at": time.time(),
-            },
-        )
+        return {
+            "shard": self.shard,
+            "nshards": self.nshards,
+            "state": state,
+            "pid": os.getpid(),
+            "total": self.total,
+            "done": self.n_done,
+            "failed": self.n_failed,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "rows_this_run": self.rows_this_run,
+            "requests": self.requests,
+            "rate_rows_s": round(self.rows_this_run / elapsed, 2),
+            "started_at": self.started,
+            "updated_at": time.time(),
+        }
 
     def mark_done(self) -> None:
         """Write the DONE marker (holding the fingerprint it is valid for)."""
+        self.join()
         atomic_write_text(self.paths.done_marker, self.fingerprint)

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
+from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import SwarmJob
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -46,8 +46,7 @@ class RunnerConfig:
     keep_raw: bool = False
 
 
-@dataclass(frozen=True)
-class Item:
+class Item(NamedTuple):
     """One prepared row: global index, id, endpoint path, JSON body."""
 
     row: int
@@ -56,7 +55,7 @@ class Item:
     body: bytes
 
 
-@dataclass
+@dataclass(slots=True)
 class Result:
     """What became of one row."""
 
@@ -72,7 +71,7 @@ class Result:
     raw: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Endpoint:
     """One base URL and its outstanding requests."""
 
@@ -273,7 +272,7 @@ class Runner:
 
     def _parse(self, item: Item, data: bytes, latency: float, attempts: int) -> Result:
         try:
-            body = json.loads(data)
+            body = fastjson.loads(data)
             outputs = self.job.parse(body)
             pt, ct = self.job.usage(body)
         except Exception as exc:  # a bad answer fails this row, not the shard

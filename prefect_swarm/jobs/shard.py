@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -17,7 +16,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import SwarmJob, load_job
 from prefect_swarm.jobs.dataset import InputDataset, shard_range
 from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details
@@ -219,9 +221,10 @@ class ShardRun:
             self._flush()
 
     def _flush(self) -> None:
+        """A checkpoint while requests run: written on the ledger's writer thread, off the event loop."""
         if self.runner:
             self.ledger.requests = self.runner.requests
-        self.ledger.flush()
+        self.ledger.flush_in_background()
 
     def _items(self, model: str | None) -> Iterator[Item]:
         """Rows of this shard not in the ledger, as prepared requests, in input order."""
@@ -231,14 +234,16 @@ class ShardRun:
             cols.append(spec.id_column)
         for first, batch in self.ds.iter_range(self.start, self.end, cols, spec.read_batch_rows):
             rel0 = first - self.start
-            if ledger.done[rel0 : rel0 + batch.num_rows].all():
+            pending = np.flatnonzero(~ledger.done[rel0 : rel0 + batch.num_rows]).tolist()
+            if not pending:
                 continue
+            if len(pending) < batch.num_rows:
+                batch = batch.take(pending)
             ids = batch.column(spec.id_column).to_pylist() if spec.id_column else None
-            for k, row in enumerate(batch.to_pylist()):
-                if ledger.done[rel0 + k]:
-                    continue
-                rid = str(ids[k]) if ids is not None else str(first + k)
-                item = self._prepare(job, row, first + k, rid, model)
+            prepare = self._prepare
+            for j, row in enumerate(batch.to_pylist()):
+                idx = first + pending[j]
+                item = prepare(job, row, idx, str(ids[j]) if ids is not None else str(idx), model)
                 if item is not None:
                     yield item
 
@@ -247,7 +252,7 @@ class ShardRun:
             body = job.body(row)
             if model and "model" not in body:
                 body["model"] = model
-            return Item(idx, rid, job.route(row), json.dumps(body, separators=(",", ":")).encode())
+            return Item(idx, rid, job.route(row), fastjson.dumps(body))
         except Exception as exc:  # one bad row is an error row, not a dead shard
             self.ledger.add(
                 idx,

@@ -63,7 +63,11 @@ def _v2(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS swarms_flow_run ON swarms(flow_run_id)")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2]
+def _v3(db: sqlite3.Connection) -> None:
+    db.execute("ALTER TABLE swarms ADD COLUMN source TEXT")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3]
 """Migration i brings the schema from version i to i+1. Append only."""
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -81,6 +85,8 @@ class SwarmRecord:
     flow_run_id: str | None = None
     keep: bool = False
     fingerprint: str | None = None
+    source: str | None = None
+    """Where the config came from, e.g. ``swarm-spec/NAME``: a later process reloads its secrets there."""
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
 

@@ -5,12 +5,22 @@ Nothing below ``backends/``, ``jobs/`` or ``state/`` imports prefect; these task
 
 from prefect_swarm.tasks._common import release_stop_event, stop_event
 from prefect_swarm.tasks.jobs import JobPlan, commit_output, plan_shards, run_shard
-from prefect_swarm.tasks.swarm import resolve_swarm, swarm_down, swarm_up, teardown_flow_run, wait_ready
+from prefect_swarm.tasks.swarm import (
+    block_ref,
+    reattach,
+    resolve_swarm,
+    swarm_down,
+    swarm_up,
+    teardown_flow_run,
+    wait_ready,
+)
 
 __all__ = [
     "JobPlan",
+    "block_ref",
     "commit_output",
     "plan_shards",
+    "reattach",
     "release_stop_event",
     "resolve_swarm",
     "run_shard",

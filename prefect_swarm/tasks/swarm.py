@@ -7,6 +7,7 @@ brought it up, so the flow's ``finally``, its hooks and the reaper all find it t
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,13 @@ from prefect_swarm.config import SwarmConfig, load_config
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.platform import JobHandle, ServingHandle
 from prefect_swarm.state import StateStore, SwarmRecord
-from prefect_swarm.swarm import LIVE_PHASES, Swarm, engine_fingerprint
+from prefect_swarm.swarm import LIVE_PHASES, Swarm, engine_fingerprint, missing_secrets
 from prefect_swarm.tasks._common import current_flow_run_id, retry_on_type
+
+logger = logging.getLogger("prefect_swarm.tasks")
+
+SWARM_SPEC_SLUG = "swarm-spec"
+"""Block type slug of :class:`prefect_swarm.blocks.SwarmSpec` (kept here: blocks are imported lazily)."""
 
 SwarmParam = str | dict[str, Any] | SwarmConfig
 """What a flow's ``swarm`` parameter may be: a SwarmSpec block name, a YAML path, or an inline config."""
@@ -30,9 +36,22 @@ def resolve_swarm(swarm: SwarmParam) -> SwarmConfig:
         return swarm
     if isinstance(swarm, dict):
         return load_config(data=swarm)
-    if swarm.endswith((".yaml", ".yml")) or Path(swarm).expanduser().is_file():
+    ref = block_ref(swarm)
+    if ref is None:
         return load_config(Path(swarm).expanduser())
-    return _load_block(swarm)
+    return _load_block(ref)
+
+
+def block_ref(swarm: SwarmParam) -> str | None:
+    """The SwarmSpec block a ``swarm`` parameter names (``swarm-spec/NAME``); None for a file or inline config.
+
+    Recorded with the swarm (never the secrets themselves), so teardown in another process can
+    reload the block's secrets when its environment lacks them.
+    """
+    if not isinstance(swarm, str) or swarm.endswith((".yaml", ".yml")) or Path(swarm).expanduser().is_file():
+        return None
+    slug, _, doc = swarm.rpartition("/")
+    return f"{slug or SWARM_SPEC_SLUG}/{doc}"
 
 
 def _load_block(name: str) -> SwarmConfig:
@@ -42,13 +61,45 @@ def _load_block(name: str) -> SwarmConfig:
     if slug and slug != SwarmSpec.get_block_type_slug():
         raise ConfigError(f"swarm '{name}' names a '{slug}' block; a SwarmSpec block ('swarm-spec/NAME') is needed.")
     try:
-        block: SwarmSpec = SwarmSpec.load(doc)  # type: ignore[assignment]  # sync dispatch
+        # _sync: hooks and the reaper may call this from a thread of an event loop
+        block: SwarmSpec = SwarmSpec.load(doc, _sync=True)  # type: ignore[call-arg, assignment]
         return block.to_config()
     except ValueError as exc:
         raise ConfigError(
             f"swarm '{name}' is neither a YAML file nor a saved SwarmSpec block ({exc}). "
             "Hint: `prefect block ls` lists saved blocks; pass a path ending in .yaml for a config file."
         ) from None
+
+
+def reattach(name: str, store: StateStore | None = None) -> Swarm:
+    """:meth:`Swarm.from_state`, with the secrets the record dropped reloaded from the block the
+    swarm came from when the environment lacks them.
+
+    Teardown runs in processes that may not have the token in their environment (the flow run a
+    worker started, the worker's cancel/crash hooks, the reaper): the SwarmSpec block named in
+    the record (``source``) still holds it.
+    """
+    store = store or StateStore()
+    rec = store.require_swarm(name)
+    return Swarm.from_state(name, store=store, secrets=_source_secrets(rec))
+
+
+def _source_secrets(rec: SwarmRecord) -> SwarmConfig | None:
+    missing = missing_secrets(rec.config)
+    if rec.source is None or not missing:
+        return None
+    try:
+        return _load_block(rec.source)
+    except Exception as exc:  # teardown goes on with what the environment has
+        logger.warning(
+            "swarm '%s': could not reload %s from block '%s' (%s: %s); using the environment's.",
+            rec.name,
+            " and ".join(missing),
+            rec.source,
+            type(exc).__name__,
+            exc,
+        )
+        return None
 
 
 def reusable_swarm(cfg: SwarmConfig, store: StateStore) -> SwarmRecord | None:
@@ -66,7 +117,7 @@ def attach(cfg: SwarmConfig, rec: SwarmRecord, store: StateStore) -> Swarm:
     """A Swarm object for an existing record, keeping ``cfg``'s secrets (the record has none)."""
     handle = ServingHandle.from_dict(rec.handle) if rec.handle else None
     cfg = cfg if cfg.name == rec.name else cfg.model_copy(update={"name": rec.name})
-    return Swarm(cfg, store=store, handle=handle, flow_run_id=rec.flow_run_id, keep=rec.keep)
+    return Swarm(cfg, store=store, handle=handle, flow_run_id=rec.flow_run_id, keep=rec.keep, source=rec.source)
 
 
 def _check_name_free(cfg: SwarmConfig, store: StateStore, flow_run_id: str | None) -> None:
@@ -82,8 +133,11 @@ def _check_name_free(cfg: SwarmConfig, store: StateStore, flow_run_id: str | Non
 
 
 @task(name="swarm-up", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=retry_on_type)
-def swarm_up(cfg: SwarmConfig, keep: bool = False, reuse: bool = True) -> Swarm:
-    """Reuse a matching live swarm (``reuse``), else start this one, owned by the current flow run."""
+def swarm_up(cfg: SwarmConfig, keep: bool = False, reuse: bool = True, source: str | None = None) -> Swarm:
+    """Reuse a matching live swarm (``reuse``), else start this one, owned by the current flow run.
+
+    ``source`` (see :func:`block_ref`) is recorded so teardown elsewhere can reload the secrets.
+    """
     log = get_run_logger()
     store = StateStore()
     flow_run_id = current_flow_run_id()
@@ -96,7 +150,7 @@ def swarm_up(cfg: SwarmConfig, keep: bool = False, reuse: bool = True) -> Swarm:
         )
         return attach(cfg, found, store)
     _check_name_free(cfg, store, flow_run_id)
-    swarm = Swarm(cfg, store=store, flow_run_id=flow_run_id, keep=keep)
+    swarm = Swarm(cfg, store=store, flow_run_id=flow_run_id, keep=keep, source=source)
     log.info(
         "Bringing up swarm '%s': %d x %s on %s (wall-time limit: %s).",
         cfg.name,
@@ -136,7 +190,7 @@ def wait_ready(swarm: Swarm, timeout_s: float | None = None) -> list[str]:
 @task(name="swarm-down", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
 def swarm_down(name: str) -> None:
     """Stop swarm ``name`` (idempotent); its record stays, phase STOPPED."""
-    Swarm.from_state(name).down()
+    reattach(name).down()
     get_run_logger().info("Swarm '%s' stopped.", name)
 
 
@@ -149,7 +203,7 @@ def cancel_flow_run_jobs(flow_run_id: str, store: StateStore | None = None) -> l
             continue
         if rec.swarm is None or store.get_swarm(rec.swarm) is None:
             continue
-        Swarm.from_state(rec.swarm, store=store).compute.cancel(JobHandle.from_dict(rec.handle))
+        reattach(rec.swarm, store).compute.cancel(JobHandle.from_dict(rec.handle))
         store.update_job(rec.id, status="CANCELLED")
         cancelled.append(rec.id)
     return cancelled
@@ -168,6 +222,6 @@ def teardown_flow_run(flow_run_id: str, *, include_kept: bool = False) -> list[s
     cancel_flow_run_jobs(flow_run_id, store)
     for rec in store.find_swarms_by_flow_run(flow_run_id):
         if rec.phase in LIVE_PHASES and (include_kept or not rec.keep):
-            Swarm.from_state(rec.name, store=store).down()
+            reattach(rec.name, store).down()
             stopped.append(rec.name)
     return stopped

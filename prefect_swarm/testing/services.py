@@ -49,7 +49,7 @@ def missing_slurm() -> str | None:
         out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"sinfo failed ({exc}); run scripts/slurm/start-slurm.sh"
-    if out.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc")) for s in out.stdout.split()):
+    if out.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc", "comp")) for s in out.stdout.split()):
         seen = out.stdout.strip() or out.stderr.strip()
         return f"no Slurm node is up (sinfo: {seen}); run scripts/slurm/start-slurm.sh"
     return None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _slurmkit import PY, LiveSwarm, job_command, make_job, our_jobs, output_ids, stub_config
+from _slurmkit import PY, LiveSwarm, job_command, make_job, our_jobs, output_ids, stub_config, unique_name
 
 from prefect_swarm.backends.compute.slurm import SlurmCompute
 from prefect_swarm.backends.serving.slurm.client import SlurmClient
@@ -182,28 +182,32 @@ def test_probe_cancel_and_reattach_by_external_id(slurm_swarm: MakeSwarm) -> Non
 
 
 def test_submit_waits_for_the_allocation_and_reports_why_it_never_ran(slurm_swarm: MakeSwarm) -> None:
-    # --hold keeps both jobs PENDING (JobHeldUser) until released: submit waits, then says why
-    swarm = slurm_swarm(stub_config(replicas=1, backend={"sbatch_args": ["--hold"], "queue_timeout_s": 3}))
-    handle = swarm.handle = swarm.serving.create_or_update(swarm.cfg)
-    t0 = time.monotonic()
-    with pytest.raises(CapacityError, match="JobHeldUser") as err:
-        SlurmCompute(swarm.cfg, swarm.paths, handle).submit(name="early", command=[PY, "-c", "pass"])
-    assert 3 <= time.monotonic() - t0 < 3 + 15
-    assert "queue_timeout_s" in str(err.value)
-    assert len(our_jobs(swarm.cfg).splitlines()) == 2, "a job that cannot start leaves the swarm alone"
-
-    patient = swarm.cfg.model_copy(update={"backend": swarm.cfg.backend.model_copy(update={"queue_timeout_s": 60})})
-    jobs = [str(handle.meta["replicas_job"]), str(handle.meta["lb_job"])]
-    timer = threading.Timer(2.0, subprocess.run, args=(["scontrol", "release", *jobs],), kwargs={"check": True})
-    timer.start()
+    # an exclusive job of ours holds the node: both swarm jobs stay PENDING until it is cancelled
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", "--exclusive", "--time=5:00", f"--job-name=psw-{unique_name()}-blocker",
+         "--output=/dev/null", "--wrap", "sleep 300"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip().split(";")[0]
     try:
-        compute = SlurmCompute(patient, swarm.paths, handle)
+        swarm = slurm_swarm(stub_config(replicas=1, backend={"queue_timeout_s": 3}))
+        handle = swarm.handle = swarm.serving.create_or_update(swarm.cfg)
+        t0 = time.monotonic()
+        with pytest.raises(CapacityError, match=r"PENDING \((Resources|Priority)\)") as err:
+            SlurmCompute(swarm.cfg, swarm.paths, handle).submit(name="early", command=[PY, "-c", "pass"])
+        assert 3 <= time.monotonic() - t0 < 3 + 15
+        assert "queue_timeout_s" in str(err.value)
+        assert len(our_jobs(swarm.cfg).splitlines()) == 2, "a job that cannot start leaves the swarm alone"
+
+        backend = swarm.cfg.backend.model_copy(update={"queue_timeout_s": 60})
+        compute = SlurmCompute(swarm.cfg.model_copy(update={"backend": backend}), swarm.paths, handle)
+        timer = threading.Timer(2.0, SlurmClient().scancel, args=([blocker],))
+        timer.start()
         job = compute.submit(name="late", command=[PY, "-c", "import os; print(os.environ['ENDPOINT'])"])
         assert compute.wait(job, poll_s=0.3) is JobStatus.SUCCEEDED, compute.probe(job)
     finally:
-        timer.cancel()
-    log = Path(job.meta["logs"][0]).read_text()
-    assert swarm.serving.status(handle).url in log  # the step started after the LB announced itself
+        SlurmClient().scancel([blocker])
+    url = swarm.serving.status(handle).url
+    assert url and url in Path(job.meta["logs"][0]).read_text()  # the step started once the LB announced itself
 
     swarm.down()
     t0 = time.monotonic()

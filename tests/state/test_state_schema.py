@@ -82,10 +82,12 @@ def test_v1_database_is_migrated_forward_keeping_rows(tmp_path: Path) -> None:
     assert rec.config == {"name": "old", "model": "m"}
     assert rec.handle and rec.handle["url"] == "http://127.0.0.1:1"
     assert rec.keep is False and rec.fingerprint is None  # v2 columns, defaulted
+    assert rec.source is None  # v3 column, defaulted
     job = store.require_job("job-1")
     assert (job.swarm, job.nshards, job.job_dir) == ("old", 2, None)
     # the new columns are usable
     assert store.update_swarm("old", keep=True, fingerprint="abc").keep is True
+    assert store.update_swarm("old", source="swarm-spec/old").source == "swarm-spec/old"
     store.put_job(JobRecord(id="job-2", spec={}, status="PENDING", job_dir="/tmp/j"))
     assert store.require_job("job-2").job_dir == "/tmp/j"
 

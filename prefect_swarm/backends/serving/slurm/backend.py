@@ -33,6 +33,7 @@ from prefect_swarm.platform import (
     ServingStatus,
 )
 from prefect_swarm.platform.readiness import ProbeResult, check_chat, check_health
+from prefect_swarm.runtime.lb import resolve
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
@@ -238,7 +239,7 @@ class SlurmServing:
 
     # ------------------------------------------------------------------ readiness
     def wait_ready(self, handle: ServingHandle, timeout_s: float) -> ServingStatus:
-        """Both jobs RUNNING, the LB's /health, then one chat completion per replica.
+        """Both jobs RUNNING, the LB's /health, one chat completion per replica, every replica in the LB.
 
         Stuck PENDING past ``backend.queue_timeout_s``: scancel everything, CapacityError with
         Slurm's reason. A job that left the queue: ReadinessError with its log tail.
@@ -313,6 +314,18 @@ class SlurmServing:
             chatted[i] = check_chat(url, self.cfg.model_name, key, timeout_s=30.0)
             if not chatted[i].ok:
                 return f"replica {i} at {url}: chat completion failed: {chatted[i].detail}"
+        return self._unrouted()
+
+    def _unrouted(self) -> str:
+        """'' when the LB's upstream list holds every replica (the reconciler lags the head files by
+        up to its interval), else which replica it lacks."""
+        upstreams = _read(self.paths.file(render.UPSTREAMS)) or ""
+        servers = {line.split()[1] for line in upstreams.splitlines() if line.startswith("server ")}
+        for i in range(self.cfg.replicas):
+            head = _read(self.paths.replica_head(i))
+            addr = resolve(head) if head else None
+            if addr is None or addr not in servers:
+                return f"the LB does not route to replica {i} ({head}) yet"
         return ""
 
     def _evidence(self) -> str:
