@@ -1,11 +1,19 @@
 """Rows/s through the Slurm swarm's nginx LB / rows/s spread directly over its replicas (goal >= 0.9).
 
-    python bench/slurm_lb.py [--replicas 4] [--concurrency 64] [--seconds 10] [--latency-ms 0 20]
+    python bench/slurm_lb.py [--replicas 4] [--concurrency 64] [--seconds 8] [--repeat 3]
+                             [--latency-ms 0 20] [--nginx-workers N] [--no-pin]
 
 Brings up a real Slurm swarm of stub engines (scripts/slurm/ci-up.sh first), runs a closed-loop
 aiohttp client (``concurrency`` requests always in flight, one chat completion per row) for
 ``seconds`` against (a) the LB URL and (b) the replica URLs directly, round robin, then tears the
-swarm down. Prints one Markdown table row per latency setting.
+swarm down. Prints one Markdown table row per latency setting: medians over ``repeat`` rounds.
+
+Fair on a small machine: the client runs alone on ``--client-core`` (default 1); every process of
+the swarm -- the stubs, their watchdogs, nginx and the reconciler -- is pinned to ``--server-core``
+(default 0), for BOTH measurements (in the direct one nginx is merely idle). Each round runs the
+two sides in alternating order (LB first in even rounds, direct first in odd ones), each after a
+1 s warm-up, so drift of the machine's load hits both alike. The rendered nginx.conf is checked for
+the proxy settings that matter here (access_log off, HTTP/1.1 with keep-alive to the upstreams).
 """
 
 from __future__ import annotations
@@ -14,12 +22,17 @@ import argparse
 import asyncio
 import itertools
 import os
+import re
+import statistics
 import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
+from typing import Any
 
 import aiohttp
+import psutil
 
 
 async def closed_loop(urls: list[str], concurrency: int, seconds: float, model: str) -> tuple[float, int]:
@@ -55,79 +68,160 @@ async def closed_loop(urls: list[str], concurrency: int, seconds: float, model: 
         return done / (time.monotonic() - t0), errors
 
 
-def run(replicas: int, concurrency: int, seconds: float, latency_ms: float) -> dict[str, float]:
-    """One swarm, both measurements (each after a short warm-up)."""
-    from prefect_swarm.backends.serving.slurm import SlurmServing
+def measure(urls: list[str], concurrency: int, seconds: float, model: str) -> tuple[float, int]:
+    """1 s warm-up (connections opened, caches warm), then the measured closed loop."""
+    asyncio.run(closed_loop(urls, concurrency, 1.0, model))
+    return asyncio.run(closed_loop(urls, concurrency, seconds, model))
+
+
+NGINX_MUST = {
+    "access_log off": r"^\s*access_log off;",
+    "proxy_http_version 1.1": r"^\s*proxy_http_version 1\.1;",
+    'Connection ""': r'^\s*proxy_set_header Connection "";',
+    "upstream keepalive": r"^\s*keepalive \d+;",
+}
+
+
+def check_nginx_conf(text: str) -> str:
+    """Fail unless the rendered nginx.conf has every setting of NGINX_MUST; return its worker_processes."""
+    missing = [what for what, pattern in NGINX_MUST.items() if not re.search(pattern, text, re.M)]
+    if missing:
+        raise SystemExit(f"rendered nginx.conf lacks {', '.join(missing)}")
+    found = re.search(r"^\s*worker_processes (\S+);", text, re.M)
+    return found.group(1) if found else "?"
+
+
+def swarm_pids(swarm_dir: Path, ports: set[int]) -> list[int]:
+    """Every process of the swarm: stubs (by --port), watchdogs, nginx and reconciler (by swarm folder)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        argv = proc.info.get("cmdline") or []
+        by_port = any(a == "--port" and b.isdigit() and int(b) in ports for a, b in itertools.pairwise(argv))
+        if by_port or any(str(swarm_dir) in a for a in argv):
+            found.append(int(proc.info["pid"]))
+    return found
+
+
+def pin(pids: list[int], core: int) -> int:
+    """Pin every thread of ``pids`` to ``core``; return how many threads were pinned."""
+    n = 0
+    for pid in pids:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, {core})
+                n += 1
+            except OSError:
+                continue
+    return n
+
+
+def swarm_config(replicas: int, latency_ms: float) -> Any:
+    """A Slurm swarm of ``replicas`` stub engines, one CPU each."""
     from prefect_swarm.config import SwarmConfig
-    from prefect_swarm.paths import SwarmPaths
     from prefect_swarm.testing.services import free_port_block
 
-    cfg = SwarmConfig.model_validate(
+    command = [
+        "{python}", "-m", "prefect_swarm.testing.stub_engine", "--host", "{host}", "--port", "{port}",
+        "--model", "{served_model_name}", "--latency-ms", str(latency_ms),
+    ]  # fmt: skip
+    return SwarmConfig.model_validate(
         {
             "name": f"bench-{uuid.uuid4().hex[:6]}",
             "model": "stub-model",
             "replicas": replicas,
-            "gpus_per_replica": 1,
+            "gpus_per_replica": 0,
             "port": free_port_block(replicas),
-            "engine": {
-                "kind": "command",
-                "command": [
-                    "{python}",
-                    "-m",
-                    "prefect_swarm.testing.stub_engine",
-                    "--host",
-                    "{host}",
-                    "--port",
-                    "{port}",
-                    "--model",
-                    "{served_model_name}",
-                    "--latency-ms",
-                    str(latency_ms),
-                ],
-            },
-            "backend": {
-                "type": "slurm",
-                "cpus_per_replica": 1,
-                "lb_port": free_port_block(1),
-                "time_limit": "20:00",
-            },
+            "engine": {"kind": "command", "command": command},
+            "backend": {"type": "slurm", "cpus_per_replica": 1, "lb_port": free_port_block(1), "time_limit": "20:00"},
         }
     )
+
+
+def run(args: argparse.Namespace, latency_ms: float) -> dict[str, Any]:
+    """One swarm, ``args.repeat`` rounds of both measurements; medians."""
+    from prefect_swarm.backends.serving.slurm import SlurmServing
+    from prefect_swarm.paths import SwarmPaths
+
+    cfg = swarm_config(args.replicas, latency_ms)
     serving = SlurmServing(cfg, SwarmPaths.for_swarm(cfg.name))
+    workers = check_nginx_conf(serving.render_plan()["nginx.conf"])
     handle = serving.create_or_update(cfg)
+    lbs, directs, ratios, errors = [], [], [], 0
     try:
-        st = serving.wait_ready(handle, 120)
+        st = serving.wait_ready(handle, 180)
         direct = [r.url for r in st.replicas if r.url]
-        assert st.url and len(direct) == replicas, st
-        asyncio.run(closed_loop([st.url], concurrency, 1.0, cfg.model_name))
-        lb, lb_err = asyncio.run(closed_loop([st.url], concurrency, seconds, cfg.model_name))
-        asyncio.run(closed_loop(direct, concurrency, 1.0, cfg.model_name))
-        dr, dr_err = asyncio.run(closed_loop(direct, concurrency, seconds, cfg.model_name))
+        assert st.url and len(direct) == args.replicas, st
+        if args.pin:
+            ports = {cfg.port + i for i in range(cfg.replicas)}
+            pids = swarm_pids(serving.paths.root, ports)
+            threads = pin(pids, args.server_core)
+            print(
+                f"  pinned {len(pids)} swarm processes ({threads} threads) to core {args.server_core}",
+                file=sys.stderr,
+            )
+        for r in range(args.repeat):
+            sides = [("lb", [st.url]), ("direct", direct)]
+            got: dict[str, float] = {}
+            for side, urls in sides if r % 2 == 0 else sides[::-1]:
+                got[side], err = measure(urls, args.concurrency, args.seconds, cfg.model_name)
+                errors += err
+            lbs.append(got["lb"])
+            directs.append(got["direct"])
+            ratios.append(got["lb"] / got["direct"])
+            print(
+                f"  {latency_ms:g} ms round {r + 1}: LB {got['lb']:.0f}, direct {got['direct']:.0f}, "
+                f"ratio {ratios[-1]:.3f}",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         serving.delete(handle)
-    return {"latency_ms": latency_ms, "lb": lb, "direct": dr, "ratio": lb / dr, "errors": lb_err + dr_err}
+    return {
+        "latency_ms": latency_ms,
+        "lb": statistics.median(lbs),
+        "direct": statistics.median(directs),
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "errors": errors,
+        "workers": workers,
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--latency-ms", type=float, nargs="+", default=[0.0, 20.0])
+    ap.add_argument("--client-core", type=int, default=1)
+    ap.add_argument("--server-core", type=int, default=0)
+    ap.add_argument("--no-pin", dest="pin", action="store_false", help="leave the scheduler to place everything")
+    ap.add_argument("--nginx-workers", type=int, default=None, help="override nginx worker_processes (experiments)")
     args = ap.parse_args()
     os.environ.setdefault("PREFECT_SWARM_HOME", tempfile.mkdtemp(prefix="psw-bench-"))
+    if args.nginx_workers is not None:
+        from prefect_swarm.backends.serving.slurm import render
+
+        render.NGINX_WORKERS = args.nginx_workers
+    if args.pin:
+        os.sched_setaffinity(0, {args.client_core})
     print(
-        f"| stub latency | concurrency | LB rows/s | direct rows/s ({args.replicas} reps) | ratio | errors |"
+        f"| stub latency | concurrency | nginx workers | LB rows/s | direct rows/s ({args.replicas} reps) "
+        f"| ratio (median of {args.repeat}) | ratios | errors |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for latency in args.latency_ms:
-        r = run(args.replicas, args.concurrency, args.seconds, latency)
+        r = run(args, latency)
         print(
-            f"| {latency:g} ms | {args.concurrency} | {r['lb']:.0f} | {r['direct']:.0f} | {r['ratio']:.2f} "
-            f"| {r['errors']:.0f} |",
+            f"| {latency:g} ms | {args.concurrency} | {r['workers']} | {r['lb']:.0f} | {r['direct']:.0f} "
+            f"| {r['ratio']:.2f} | {' '.join(f'{x:.2f}' for x in r['ratios'])} | {r['errors']} |",
             flush=True,
         )
-    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,9 @@ def test_swarm_brought_up_by_another_process_is_found_probed_and_torn_down() -> 
     assert swarm.status().phase is ServingPhase.STOPPED
 
 
-def test_all_replicas_failing_stop_readiness_early_with_each_tail(local_swarm: Callable[..., Swarm]) -> None:
+def test_failing_replicas_stop_readiness_early_with_the_log_tail(local_swarm: Callable[..., Swarm]) -> None:
+    # Readiness stops at the first replica that has failed for good (every replica ready can no longer
+    # happen); under load the second one may not have used up its restarts yet, so either tail may lead.
     fail = ["{python}", "-c", "import sys; print('no such model: stub-model', flush=True); sys.exit(1)"]
     swarm = local_swarm(replicas=2, command=fail, ready=False, backend={"max_restarts": 1})
     t0 = time.monotonic()
@@ -61,7 +63,7 @@ def test_all_replicas_failing_stop_readiness_early_with_each_tail(local_swarm: C
         swarm.wait_ready(timeout_s=120)
     assert time.monotonic() - t0 < 20
     msg = str(err.value)
-    assert "replica 0" in msg and "replica 1" in msg and "no such model: stub-model" in msg
+    assert ("replica 0" in msg or "replica 1" in msg) and "no such model: stub-model" in msg
     assert "Hint:" in msg
 
 

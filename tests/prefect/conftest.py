@@ -9,9 +9,7 @@ use the same server.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from stack import PrefectStack
@@ -46,13 +44,3 @@ def _flush_api_logs() -> None:
 def prefect_api(prefect_stack: PrefectStack) -> PrefectStack:
     """The stack (explicit name for tests that only talk to the API)."""
     return prefect_stack
-
-
-def job_variables(swarm_home: Path) -> dict[str, dict[str, str]]:
-    """Job variables pointing a flow run at the test's PREFECT_SWARM_HOME (heartbeats kept on)."""
-    return {"env": {"PREFECT_SWARM_HOME": str(swarm_home), "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}}
-
-
-def jv_arg(swarm_home: Path) -> list[str]:
-    """The same as `prefect deployment run` arguments."""
-    return ["--job-variable", "env=" + json.dumps(job_variables(swarm_home)["env"])]

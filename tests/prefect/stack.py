@@ -7,6 +7,7 @@ tree; the worker is stopped before the server, each by its PID: SIGTERM, wait, t
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -133,3 +134,13 @@ class PrefectStack:
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
+
+
+def job_variables(swarm_home: Path) -> dict[str, dict[str, str]]:
+    """Job variables pointing a flow run at the test's PREFECT_SWARM_HOME (heartbeats kept on)."""
+    return {"env": {"PREFECT_SWARM_HOME": str(swarm_home), "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}}
+
+
+def jv_arg(swarm_home: Path) -> list[str]:
+    """The same as `prefect deployment run` arguments."""
+    return ["--job-variable", "env=" + json.dumps(job_variables(swarm_home)["env"])]

@@ -98,8 +98,8 @@ def test_register_save_load_use_in_flow(prefect_api: PrefectStack, tmp_path: Pat
 
 @pytest.mark.prefect_server
 def test_lepton_token_never_leaks(prefect_api: PrefectStack, swarm_home: Path, tmp_path: Path) -> None:
-    from conftest import job_variables
     from prefect.deployments import run_deployment
+    from stack import job_variables
 
     LeptonBackend(workspace_id="ws-test", workspace_url="http://127.0.0.1:9/api", token=SecretStr(SECRET)).save(
         "lep-secret", overwrite=True

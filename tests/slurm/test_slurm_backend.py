@@ -249,3 +249,18 @@ def test_vllm_cpu_swarm_on_slurm(slurm_swarm: MakeSwarm, need_vllm: None, tmp_pa
         "vllm.entrypoints" not in subprocess.run(["ps", "-eo", "cmd"], capture_output=True, text=True).stdout
         or os.environ.get("PREFECT_SWARM_VLLM_SHARED") == "1"
     )
+
+
+def test_delete_also_cancels_jobs_the_handle_does_not_list(slurm_swarm: MakeSwarm, tmp_path: Path) -> None:
+    # an `up` whose record was never written (say the LB's sbatch failed after the replicas' went
+    # through) left a job under the swarm's name that the handle does not know: delete still finds it
+    swarm = slurm_swarm(stub_config(replicas=1))
+    handle = swarm.up()
+    stray = subprocess.run(
+        ["sbatch", "--parsable", "-J", swarm.serving.names.replicas, "-t", "2", "-o", str(tmp_path / "stray.out"),
+         "--wrap", "sleep 120"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert stray in our_jobs(swarm.cfg)
+    swarm.serving.delete(handle)
+    assert our_jobs(swarm.cfg) == "", "a job under the swarm's psw- name outlived delete()"

@@ -340,14 +340,25 @@ class SlurmServing:
     def delete(self, handle: ServingHandle) -> None:
         """scancel both jobs (by id and by our names), wait until they left the queue. Idempotent."""
         ids = [str(handle.meta[k]) for k in ("replicas_job", "lb_job") if handle.meta.get(k)]
-        live = self.client.squeue(ids, names=self.names.all())
+        live = self._ours(ids)
         self.client.scancel(sorted({*ids, *(e.array_job_id if e.task_id else e.raw_id for e in live)}))
         end = time.monotonic() + GONE_WAIT_S
-        while self.client.squeue(ids, names=self.names.all()) and time.monotonic() < end:
+        while self._ours(ids) and time.monotonic() < end:
             time.sleep(0.5)
         for i in range(int(handle.meta.get("replicas", self.cfg.replicas))):
             self.paths.replica_head(i).unlink(missing_ok=True)
         self.paths.file(render.LB_HEAD).unlink(missing_ok=True)
+
+
+    def _ours(self, ids: list[str]) -> list[QueueEntry]:
+        """Queued jobs of this swarm: by id OR by our names (squeue ANDs ``-j`` and ``-n``, so two calls).
+
+        By name catches what a handle does not list: a job submitted by an ``up`` whose record was
+        never written (sbatch of the LB failed after the replicas' went through) or a replaced one.
+        """
+        by_id = self.client.squeue(ids) if ids else []
+        by_name = self.client.squeue(names=self.names.all())
+        return list({e.id: e for e in (*by_id, *by_name)}.values())
 
 
 def _hash(text: str) -> str:

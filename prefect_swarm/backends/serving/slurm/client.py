@@ -136,7 +136,10 @@ class SlurmClient:
 
     # ------------------------------------------------------------------ look
     def squeue(self, ids: Sequence[str] = (), *, names: Sequence[str] = ()) -> list[QueueEntry]:
-        """Jobs/tasks by id and/or by name (names: this user's only). Jobs gone from the queue are absent."""
+        """Jobs/tasks by id and/or by name (names: this user's only). Jobs gone from the queue are absent.
+
+        With both, squeue ANDs them: only jobs with one of the ids AND one of the names.
+        """
         if not ids and not names:
             return []
         argv = ["squeue", "-h", "-r", "-o", "%i|%A|%F|%K|%j|%T|%r|%N"]

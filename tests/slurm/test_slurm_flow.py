@@ -1,0 +1,189 @@
+"""``batch_inference`` on the Slurm backend through a real Prefect server + process worker.
+
+Cancel from the API (what the UI's Cancel button does): within 30 s no job of the swarm is left in
+squeue (by the ids its record holds and by its ``psw-`` names) and the record says STOPPED. A run to
+the end writes every input row exactly once and leaves nothing queued.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from _slurmkit import unique_name
+from stack import PrefectStack
+
+from prefect_swarm.backends.serving.slurm.client import SlurmClient
+from prefect_swarm.state import StateStore
+from prefect_swarm.testing.services import free_port_block
+
+pytestmark = [pytest.mark.slurm, pytest.mark.prefect_server, pytest.mark.slow]
+
+
+def slurm_stub_swarm(name: str, latency_ms: float, replicas: int = 2) -> dict[str, Any]:
+    """An inline Slurm swarm of ``replicas`` stub engines, one CPU each, no GPU."""
+    command = [
+        "{python}", "-m", "prefect_swarm.testing.stub_engine", "--host", "{host}", "--port", "{port}",
+        "--model", "{served_model_name}", "--latency-ms", str(latency_ms),
+    ]  # fmt: skip
+    return {
+        "name": name,
+        "model": "stub-model",
+        "replicas": replicas,
+        "gpus_per_replica": 0,
+        "port": free_port_block(replicas),
+        "ready_timeout_s": 180,
+        "engine": {"kind": "command", "command": command, "startup_timeout_s": 120},
+        "backend": {
+            "type": "slurm",
+            "cpus_per_replica": 1,
+            "queue_timeout_s": 120,
+            "time_limit": "15:00",
+            "lb_port": free_port_block(1),
+        },
+    }
+
+
+def prompts(path: Path, n: int) -> Path:
+    """A parquet file of ``n`` prompts with unique ids ``r00000``..."""
+    table = pa.table({"id": [f"r{i:05d}" for i in range(n)], "prompt": [f"say hello {i}" for i in range(n)]})
+    pq.write_table(table, path)
+    return path
+
+
+def job_options(concurrency: int) -> dict[str, Any]:
+    """Chat over the 'prompt' column, fast checkpoints."""
+    return {
+        "job": "chat",
+        "id_column": "id",
+        "job_kwargs": {"prompt_column": "prompt", "sampling": {"max_tokens": 8}},
+        "concurrency": concurrency,
+        "checkpoint_every": 10,
+        "checkpoint_seconds": 1.0,
+    }
+
+
+def job_variables(swarm_home: Path) -> dict[str, Any]:
+    """Point the flow run (and its hooks in the worker) at this test's PREFECT_SWARM_HOME."""
+    return {"env": {"PREFECT_SWARM_HOME": str(swarm_home), "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}}
+
+
+def queued(ids: list[str], names: list[str]) -> list[str]:
+    """squeue ids of what is still queued, looked up by id and (separately) by name, steps included."""
+    client = SlurmClient()
+    found = {e.id for e in client.squeue(ids)} | {e.id for e in client.squeue(names=names)}
+    for jid in ids:
+        found |= set(client.steps(jid))
+    return sorted(found)
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str, step_s: float = 0.2) -> float:
+    """Poll ``predicate`` until true; seconds it took; AssertionError after ``timeout_s``."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if predicate():
+            return time.monotonic() - t0
+        time.sleep(step_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def run_state(run_id: Any) -> Any:
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(run_id).state
+
+
+@pytest.fixture
+def swarm_name(need_slurm: None) -> Iterator[str]:
+    """A fresh swarm name; afterwards anything still queued under its ``psw-`` names is cancelled."""
+    name = unique_name("fl")
+    yield name
+    names = [f"psw-{name}-replicas", f"psw-{name}-lb"]
+    left = SlurmClient().squeue(names=names)
+    if left:
+        SlurmClient().scancel(sorted({e.array_job_id if e.task_id else e.raw_id for e in left}))
+
+
+def start_run(swarm_home: Path, tmp_path: Path, cfg: dict[str, Any], rows: int, concurrency: int) -> Any:
+    from prefect.deployments import run_deployment
+
+    return run_deployment(
+        "batch-inference/on-demand",
+        timeout=0,
+        job_variables=job_variables(swarm_home),
+        parameters={
+            "swarm": cfg,
+            "job": job_options(concurrency),
+            "input": str(prompts(tmp_path / "in.parquet", rows)),
+            "output": str(tmp_path / "out.parquet"),
+            "shards": 2,
+        },
+    )
+
+
+def test_cancel_clears_the_slurm_queue_within_30s(
+    slurm_prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path, swarm_name: str
+) -> None:
+    from prefect import get_client
+    from prefect.states import Cancelling
+
+    cfg = slurm_stub_swarm(swarm_name, latency_ms=200)
+    run = start_run(swarm_home, tmp_path, cfg, rows=3000, concurrency=2)  # 2 x 2 / 0.2 s: ~150 s of work
+    store = StateStore()
+
+    def shards_running() -> bool:
+        rec = store.get_swarm(swarm_name)
+        jobs = store.list_jobs(swarm_name)
+        return rec is not None and rec.phase == "RUNNING" and sum(j.status == "RUNNING" for j in jobs) == 2
+
+    wait_for(shards_running, 300, "swarm RUNNING with both shard steps", step_s=0.5)
+    time.sleep(3)
+    rec = store.get_swarm(swarm_name)
+    assert rec is not None and rec.handle
+    ids = [str(rec.handle["meta"][k]) for k in ("replicas_job", "lb_job")]
+    names = list(rec.handle["meta"]["job_names"])
+    assert len(queued(ids, names)) >= 3 + 2, queued(ids, names)  # 2 replica tasks + LB + 2 shard steps
+
+    t0 = time.monotonic()
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run.id, Cancelling(), force=True)  # what the UI's Cancel button does
+    empty = wait_for(lambda: not queued(ids, names), 30, "every job and step of the swarm to leave squeue")
+    stopped = wait_for(
+        lambda: store.get_swarm(swarm_name).phase == "STOPPED",  # type: ignore[union-attr]
+        max(1.0, 30 - (time.monotonic() - t0)),
+        "the swarm record to say STOPPED",
+    )
+    final = wait_for(lambda: run_state(run.id).is_final(), 60, "the run to be final", step_s=0.5)
+    assert run_state(run.id).type.value == "CANCELLED"
+    took = time.monotonic() - t0
+    print(
+        f"\ncancel -> empty squeue {empty:.1f} s; -> record STOPPED +{stopped:.1f} s; "
+        f"-> run Cancelled +{final:.1f} s (total {took:.1f} s)",
+        file=sys.stderr,
+    )
+
+
+def test_flow_on_slurm_writes_every_row_exactly_once(
+    slurm_prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path, swarm_name: str
+) -> None:
+    n = 400
+    cfg = slurm_stub_swarm(swarm_name, latency_ms=5)
+    run = start_run(swarm_home, tmp_path, cfg, rows=n, concurrency=8)
+    took = wait_for(lambda: run_state(run.id).is_final(), 420, "the run to finish", step_s=1)
+    assert run_state(run.id).type.value == "COMPLETED", run_state(run.id)
+    print(f"\nbatch_inference on Slurm, {n} rows, 2 shards, through the worker: {took:.1f} s", file=sys.stderr)
+    ids = [str(x) for x in pq.read_table(tmp_path / "out.parquet", columns=["id"]).column("id").to_pylist()]
+    assert len(ids) == n and sorted(ids) == [f"r{i:05d}" for i in range(n)]  # one row per input id
+    rec = StateStore().get_swarm(swarm_name)
+    assert rec is not None and rec.phase == "STOPPED" and rec.handle
+    meta = rec.handle["meta"]
+    assert not queued([str(meta["replicas_job"]), str(meta["lb_job"])], list(meta["job_names"]))
+    assert subprocess.run(["squeue", "-h", "-n", ",".join(meta["job_names"])], capture_output=True).stdout == b""
