@@ -96,10 +96,14 @@ def swarm_pids(swarm_dir: Path, ports: set[int]) -> list[int]:
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         argv = proc.info.get("cmdline") or []
+        if argv[:1] and Path(argv[0]).name in ("bash", "sh", "srun", "slurmstepd"):
+            continue  # the job scripts themselves only wait
         by_port = any(a == "--port" and b.isdigit() and int(b) in ports for a, b in itertools.pairwise(argv))
         if by_port or any(str(swarm_dir) in a for a in argv):
             found.append(int(proc.info["pid"]))
-    return found
+            # nginx's workers ("nginx: worker process") name no folder: take the children too
+            found += [c.pid for c in proc.children(recursive=True)]
+    return sorted(set(found))
 
 
 def pin(pids: list[int], core: int) -> int:

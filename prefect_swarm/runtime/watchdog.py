@@ -277,7 +277,9 @@ class Watchdog:
             if not self.step():
                 code = 0 if self.stop_requested else 1
                 break
-            self.sleep(min(self.spec.health_interval_s, max(self.wall_time_left(), 0.0)))
+            # Poll faster until the first healthy answer so `status` turns Healthy soon after readiness.
+            interval = self.spec.health_interval_s if self.healthy is ReplicaHealth.HEALTHY else 0.5
+            self.sleep(min(interval, max(self.wall_time_left(), 0.0)))
         if self.stop_requested:
             self.shutdown(self.stop_requested)
         return code
