@@ -7,6 +7,9 @@ Service gates skip locally with the install hint; under PREFECT_SWARM_REQUIRE_SE
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,16 +17,7 @@ import pytest
 
 from prefect_swarm.testing import services
 
-REQUIRE = os.environ.get("PREFECT_SWARM_REQUIRE_SERVICES") == "1"
-
-
-def gate(reason: str | None) -> None:
-    """Skip (locally) or fail (CI) when ``reason`` says a service is missing."""
-    if reason is None:
-        return
-    if REQUIRE:
-        pytest.fail(f"required service missing in CI: {reason}", pytrace=False)
-    pytest.skip(reason)
+gate = services.gate
 
 
 @pytest.fixture(autouse=True)
@@ -68,3 +62,27 @@ def need_lepton_sdk() -> None:
 def free_port() -> Callable[[], int]:
     """Call to get a free loopback port."""
     return services.free_port
+
+
+def cli_argv() -> list[str]:
+    """The installed ``prefect-swarm`` script, else ``python -m prefect_swarm.cli.main``."""
+    script = Path(sys.executable).with_name("prefect-swarm")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("prefect-swarm")
+    return [found] if found else [sys.executable, "-m", "prefect_swarm.cli.main"]
+
+
+@pytest.fixture
+def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run ``prefect-swarm ARGS`` in a subprocess with this test's environment."""
+
+    def run(
+        *args: str, env: dict[str, str] | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+        return subprocess.run(
+            [*cli_argv(), *args], capture_output=True, text=True, env=full_env, timeout=timeout
+        )
+
+    return run

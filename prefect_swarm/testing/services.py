@@ -94,3 +94,15 @@ def _is_free(host: str, port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def gate(reason: str | None) -> None:
+    """In a pytest test: skip when ``reason`` says a service is missing, or fail under
+    ``PREFECT_SWARM_REQUIRE_SERVICES=1`` (CI), so CI never passes on skipped integration tests."""
+    if reason is None:
+        return
+    import pytest
+
+    if os.environ.get("PREFECT_SWARM_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"required service missing in CI: {reason}", pytrace=False)
+    pytest.skip(reason)

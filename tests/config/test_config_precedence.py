@@ -123,8 +123,6 @@ def _backend_loadable(kind: str) -> bool:
 def test_cli_validate_json_shows_the_winning_layer(
     top: str, run_cli: Callable[..., Any], swarm_home: Path, tmp_path: Path
 ) -> None:
-    if not _backend_loadable("local"):
-        pytest.skip("local backend not importable yet (backends/serving/local.py, backends/compute/local.py)")
     path, env, overrides = _setup(top, swarm_home, tmp_path)
     flags = ["--replicas", str(overrides["replicas"])] if overrides else []
     result = run_cli("validate", "-c", str(path), "-o", "json", *flags, env=env)

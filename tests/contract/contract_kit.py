@@ -141,15 +141,10 @@ def lepton_leftovers(swarm: Swarm) -> list[str]:
 
 
 def _lepton_gate() -> None:
-    import pytest
 
-    from prefect_swarm.testing.services import missing_lepton_sdk
+    from prefect_swarm.testing.services import gate, missing_lepton_sdk
 
-    reason = missing_lepton_sdk()
-    if reason and os.environ.get("PREFECT_SWARM_REQUIRE_SERVICES") == "1":
-        pytest.fail(f"required service missing in CI: {reason}", pytrace=False)
-    if reason:
-        pytest.skip(reason)
+    gate(missing_lepton_sdk())
 
 
 def _lepton_marks() -> list[Any]:

@@ -13,7 +13,7 @@ import pytest
 from contract_kit import BackendFactory
 
 from prefect_swarm.swarm import Swarm
-from prefect_swarm.testing.services import free_port_block, missing_nginx, missing_slurm
+from prefect_swarm.testing.services import free_port_block, gate, missing_nginx, missing_slurm
 
 
 def slurm_backend() -> dict[str, Any]:
@@ -37,14 +37,7 @@ def slurm_leftovers(swarm: Swarm) -> list[str]:
 
 
 def _gate() -> None:
-    import os
-
-    reason = missing_slurm() or missing_nginx()
-    if reason is None:
-        return
-    if os.environ.get("PREFECT_SWARM_REQUIRE_SERVICES") == "1":
-        pytest.fail(f"required service missing in CI: {reason}", pytrace=False)
-    pytest.skip(reason)
+    gate(missing_slurm() or missing_nginx())
 
 
 SLURM = BackendFactory(

@@ -21,10 +21,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One vLLM server for the module (stopped by its process group)."""
-    if services.missing_vllm():
-        if os.environ.get("PREFECT_SWARM_REQUIRE_SERVICES") == "1":
-            pytest.fail(f"required service missing in CI: {services.missing_vllm()}")
-        pytest.skip(services.missing_vllm() or "")
+    services.gate(services.missing_vllm())
     port = services.free_port()
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     argv = [

@@ -6,7 +6,6 @@ Tests run in file order on the same swarm: up -> chat -> SIGKILL a replica (the 
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 
@@ -25,11 +24,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def vllm_swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
     """Two vLLM replicas under watchdogs, ready; brought down at the end of the module."""
-    reason = services.missing_vllm()
-    if reason:
-        if os.environ.get("PREFECT_SWARM_REQUIRE_SERVICES") == "1":
-            pytest.fail(f"required service missing in CI: {reason}", pytrace=False)
-        pytest.skip(reason)
+    services.gate(services.missing_vllm())
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PREFECT_SWARM_HOME", str(tmp_path_factory.mktemp("vllm-home")))
         cfg = SwarmConfig.model_validate({
