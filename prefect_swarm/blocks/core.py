@@ -8,7 +8,7 @@ declare a field here except ``SwarmSpec.backend``, whose type is the union of ba
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from prefect.blocks.core import Block
 from pydantic import BaseModel, Field, model_validator
@@ -16,6 +16,8 @@ from pydantic import BaseModel, Field, model_validator
 from prefect_swarm.config import LeptonConfig, LocalConfig, SlurmConfig, SwarmConfig
 
 DOCS_URL = "https://github.com/prefect-swarm/prefect-swarm/blob/main/docs/blocks.md"
+LOGO_URL = "https://raw.githubusercontent.com/prefect-swarm/prefect-swarm/main/prefect_swarm/blocks/logo.png"
+"""Where the UI fetches the block logo: the ``logo.png`` shipped beside this module."""
 
 
 def _drop_block_slug(cls: type, data: Any) -> Any:
@@ -30,7 +32,22 @@ def _field_values(model: BaseModel, config_cls: type[BaseModel]) -> dict[str, An
     return {name: getattr(model, name) for name in config_cls.model_fields}
 
 
-class LocalBackend(Block, LocalConfig):
+class _ConfigBlock:
+    """Conversions between a backend block and its config model (``config_model``)."""
+
+    config_model: ClassVar[type[BaseModel]]
+
+    def to_config(self) -> Any:
+        """The plain config model (validated again; secrets stay SecretStr)."""
+        return self.config_model.model_validate(_field_values(self, self.config_model))  # type: ignore[arg-type]
+
+    @classmethod
+    def from_config(cls, cfg: BaseModel) -> Self:
+        """A block holding ``cfg``'s values."""
+        return cls.model_validate(_field_values(cfg, cls.config_model))  # type: ignore[attr-defined,no-any-return]
+
+
+class LocalBackend(_ConfigBlock, Block, LocalConfig):
     """Run a swarm's replicas as processes on the machine running the flow.
 
     Example:
@@ -43,21 +60,13 @@ class LocalBackend(Block, LocalConfig):
     _block_type_name = "Swarm Local Backend"
     _block_type_slug = "swarm-local-backend"
     _documentation_url = DOCS_URL  # type: ignore[assignment]  # Block accepts a str URL
+    _logo_url = LOGO_URL  # type: ignore[assignment]
     config_model: ClassVar[type[BaseModel]] = LocalConfig
 
     _strip = model_validator(mode="before")(_drop_block_slug)
 
-    def to_config(self) -> LocalConfig:
-        """The plain config model (validated again)."""
-        return LocalConfig.model_validate(_field_values(self, LocalConfig))
 
-    @classmethod
-    def from_config(cls, cfg: LocalConfig) -> LocalBackend:
-        """A block holding ``cfg``'s values."""
-        return cls.model_validate(_field_values(cfg, LocalConfig))
-
-
-class SlurmBackend(Block, SlurmConfig):
+class SlurmBackend(_ConfigBlock, Block, SlurmConfig):
     """Run a swarm's replicas as one Slurm job array behind an nginx load balancer.
 
     Example:
@@ -70,21 +79,13 @@ class SlurmBackend(Block, SlurmConfig):
     _block_type_name = "Swarm Slurm Backend"
     _block_type_slug = "swarm-slurm-backend"
     _documentation_url = DOCS_URL  # type: ignore[assignment]  # Block accepts a str URL
+    _logo_url = LOGO_URL  # type: ignore[assignment]
     config_model: ClassVar[type[BaseModel]] = SlurmConfig
 
     _strip = model_validator(mode="before")(_drop_block_slug)
 
-    def to_config(self) -> SlurmConfig:
-        """The plain config model (validated again)."""
-        return SlurmConfig.model_validate(_field_values(self, SlurmConfig))
 
-    @classmethod
-    def from_config(cls, cfg: SlurmConfig) -> SlurmBackend:
-        """A block holding ``cfg``'s values."""
-        return cls.model_validate(_field_values(cfg, SlurmConfig))
-
-
-class LeptonBackend(Block, LeptonConfig):
+class LeptonBackend(_ConfigBlock, Block, LeptonConfig):
     """Run a swarm as an endpoint (and jobs as batch jobs) on NVIDIA DGX Cloud Lepton.
 
     The workspace token is a secret: the API and UI show it masked.
@@ -99,18 +100,10 @@ class LeptonBackend(Block, LeptonConfig):
     _block_type_name = "Swarm Lepton Backend"
     _block_type_slug = "swarm-lepton-backend"
     _documentation_url = DOCS_URL  # type: ignore[assignment]  # Block accepts a str URL
+    _logo_url = LOGO_URL  # type: ignore[assignment]
     config_model: ClassVar[type[BaseModel]] = LeptonConfig
 
     _strip = model_validator(mode="before")(_drop_block_slug)
-
-    def to_config(self) -> LeptonConfig:
-        """The plain config model (validated again; the token stays a SecretStr)."""
-        return LeptonConfig.model_validate(_field_values(self, LeptonConfig))
-
-    @classmethod
-    def from_config(cls, cfg: LeptonConfig) -> LeptonBackend:
-        """A block holding ``cfg``'s values."""
-        return cls.model_validate(_field_values(cfg, LeptonConfig))
 
 
 BackendBlock = LocalBackend | SlurmBackend | LeptonBackend
@@ -145,6 +138,7 @@ class SwarmSpec(Block, SwarmConfig):
     _block_type_name = "Swarm Spec"
     _block_type_slug = "swarm-spec"
     _documentation_url = DOCS_URL  # type: ignore[assignment]  # Block accepts a str URL
+    _logo_url = LOGO_URL  # type: ignore[assignment]
     config_model: ClassVar[type[BaseModel]] = SwarmConfig
 
     backend: LocalBackend | SlurmBackend | LeptonBackend = Field(  # type: ignore[assignment]

@@ -12,15 +12,17 @@ A kill -9 loses only rows finished since the last completed flush (a part still 
 is not one); they are redone on resume.
 
 While requests run, :meth:`ShardLedger.flush_in_background` hands the write (parquet encoding,
-fsync, rename, progress) to a writer thread so the event loop keeps serving responses; at most
-one such write is pending (the next flush waits for it), parts are still written in order, and
-a failed write is re-raised by every later flush, so no DONE marker can follow a lost part.
+fsync, rename, progress) to a writer thread so the event loop keeps serving responses (an fsync
+on a busy disk took up to 0.5 s); at most ``MAX_PENDING_WRITES`` parts wait for it (the next
+flush then waits), parts are written in order, nothing is written after a failed write, and its
+error is re-raised by every later flush, so no DONE marker can follow a lost part.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import queue
 import threading
 import time
 from collections.abc import Mapping
@@ -41,6 +43,8 @@ from prefect_swarm.paths import (
 )
 
 STATUS_OK, STATUS_ERROR = "ok", "error"
+MAX_PENDING_WRITES = 2
+"""Parts queued for the writer thread at most (each ``checkpoint_every`` rows or fewer)."""
 
 BASE_FIELDS: list[tuple[str, pa.DataType]] = [
     ("_row", pa.int64()),
@@ -104,6 +108,7 @@ class ShardLedger:
         self.keep_raw = keep_raw
         self.buf: list[tuple[Any, ...]] = []  # one tuple per finished row (see add); columns at flush
         self._writer: threading.Thread | None = None
+        self._queue: queue.Queue[tuple[list[tuple[Any, ...]], int | None, dict[str, Any]] | None] | None = None
         self._write_error: BaseException | None = None
         self.done = np.zeros(end - start, dtype=bool)  # rows to skip on this run
         self.seen = np.zeros(end - start, dtype=bool)  # rows in the ledger
@@ -240,21 +245,40 @@ class ShardLedger:
         atomic_write_json(self.paths.progress, progress)
 
     def flush_in_background(self, state: str = "running") -> None:
-        """Like :meth:`flush`, but the write runs on a writer thread (after the previous one finished)."""
-        self.join()
-        cut = self._cut(state)
-        self._writer = threading.Thread(
-            target=self._write_or_keep_error, args=cut, name=f"ledger-{self.shard}-{self.seq}"
-        )
-        self._writer.start()
+        """Like :meth:`flush`, but the write is queued for the writer thread (parts keep their order).
 
-    def join(self) -> None:
-        """Wait for the background write; raise its error (then, and on every later call)."""
-        if self._writer is not None:
-            self._writer.join()
-            self._writer = None
+        Waits only when ``MAX_PENDING_WRITES`` parts are already queued (a disk slower than the
+        requests), so memory stays bounded; raises the error of an earlier failed write.
+        """
         if self._write_error is not None:
             raise self._write_error
+        if self._writer is None:
+            self._queue = queue.Queue(maxsize=MAX_PENDING_WRITES)
+            self._writer = threading.Thread(target=self._write_loop, name=f"ledger-{self.shard}", daemon=True)
+            self._writer.start()
+        assert self._queue is not None
+        self._queue.put(self._cut(state))
+
+    def join(self) -> None:
+        """Wait until every queued write is on disk; raise a failed one's error (then, and on every later call)."""
+        if self._writer is not None and self._queue is not None:
+            self._queue.put(None)
+            self._writer.join()
+            self._writer = self._queue = None
+        if self._write_error is not None:
+            raise self._write_error
+
+    def _write_loop(self) -> None:
+        assert self._queue is not None
+        q = self._queue
+        while (cut := q.get()) is not None:
+            if self._write_error is None:  # after a failure nothing more is written: join() reports it
+                try:
+                    rows, seq, progress = cut
+                    self._write_part(rows, seq)
+                    atomic_write_json(self.paths.progress, progress)
+                except BaseException as exc:  # the part's rows are not on disk
+                    self._write_error = exc
 
     def _cut(self, state: str) -> tuple[list[tuple[Any, ...]], int | None, dict[str, Any]]:
         """Take the buffer, a part number for it (None when empty) and the progress as of now."""
@@ -270,13 +294,6 @@ class ShardLedger:
             sink = io.BytesIO()
             pq.write_table(self._table(rows), sink, compression="zstd")
             atomic_write_bytes(self.paths.part(seq), sink.getvalue())
-
-    def _write_or_keep_error(self, rows: list[tuple[Any, ...]], seq: int | None, progress: dict[str, Any]) -> None:
-        try:
-            self._write_part(rows, seq)
-            atomic_write_json(self.paths.progress, progress)
-        except BaseException as exc:  # re-raised by join(): the part's rows are not on disk
-            self._write_error = exc
 
     def _table(self, rows: list[tuple[Any, ...]]) -> pa.Table:
         cols = list(zip(*rows, strict=True))

@@ -124,7 +124,12 @@ class ShardRun:
             target.model,
         )
         self.ledger.write_progress("running")
-        finished = asyncio.run(self._run_async(target))
+        try:
+            finished = asyncio.run(self._run_async(target))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.ledger.join()  # parts already queued still reach the disk before the error propagates
+            raise
         self.ledger.requests = self.runner.requests if self.runner else 0
         if not finished:
             self.ledger.flush("requeue")

@@ -67,6 +67,18 @@ class TestBlockStandards(BlockStandardTestSuite):
     def block(self, block: type[Block]) -> type[Block]:
         return block
 
+    def test_has_a_valid_image(self, block: type[Block]) -> None:
+        """Prefect's version downloads ``_logo_url``; with no network here, check the file that URL serves
+        (``prefect_swarm/blocks/logo.png``, shipped in the package) against the same rules."""
+        from PIL import Image
+
+        import prefect_swarm.blocks.core as core
+
+        assert block._logo_url is not None and str(block._logo_url) == core.LOGO_URL
+        assert core.LOGO_URL.endswith("/prefect_swarm/blocks/logo.png")
+        img = Image.open(Path(core.__file__).with_name("logo.png"))
+        assert img.width == img.height and 1000 > img.width > 45
+
 
 def test_register_top_package_lazily() -> None:
     import subprocess
