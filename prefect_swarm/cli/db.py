@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
 from prefect_swarm.cli.swarms import OutputOpt, YesOpt, confirm
 from prefect_swarm.platform import ServingPhase
@@ -35,9 +36,8 @@ def certainly_gone(rec: SwarmRecord, store: StateStore) -> tuple[bool, str]:
     if not rec.handle:
         return False, f"recorded {rec.phase} with no backend handle; cannot ask the backend"
     try:
-        from prefect_swarm.swarm import Swarm
 
-        phase = Swarm.from_state(rec.name, store=store).status().phase
+        phase = attach(rec.name, store).status().phase
     except Exception as exc:  # "could not tell" is never "gone"
         return False, f"could not ask the {rec.backend} backend ({type(exc).__name__}: {exc})"
     if phase is ServingPhase.STOPPED:

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, iso, table
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.jobs.spec import JobSpec
@@ -80,7 +81,6 @@ def submit(
 ) -> None:
     """Submit a batch job: one process per shard, checkpointed; resubmitting the same --id resumes it."""
     from prefect_swarm.jobs.submit import submit_job
-    from prefect_swarm.swarm import Swarm
 
     try:
         kwargs = json.loads(job_kwargs) if job_kwargs else None
@@ -101,7 +101,7 @@ def submit(
             "swarm": swarm,
         },
     )
-    rec = submit_job(Swarm.from_state(swarm), spec, detach=True, overwrite=overwrite)
+    rec = submit_job(attach(swarm), spec, detach=True, overwrite=overwrite)
     err_console.print(f"submitted job [bold]{rec.id}[/] ({spec.shards} shard(s)) to swarm '{swarm}'")
     if detach:
         console.print(rec.id)
@@ -116,13 +116,12 @@ def retry(
 ) -> None:
     """Rerun only the rows that ended as errors, then commit the output again."""
     from prefect_swarm.jobs.submit import submit_job
-    from prefect_swarm.swarm import Swarm
 
     rec = StateStore().require_job(job_id)
     if not rec.swarm or "input" not in rec.spec:
         raise ConfigError(f"job {job_id} is not a batch job on a swarm; nothing to retry.")
     spec = JobSpec.model_validate(rec.spec)
-    submit_job(Swarm.from_state(rec.swarm), spec, detach=True, retry_failed=True)
+    submit_job(attach(rec.swarm), spec, detach=True, retry_failed=True)
     if not detach:
         _wait_and_show(job_id)
 
@@ -287,11 +286,10 @@ def submit_script_cmd(
 ) -> None:
     """Run an arbitrary Python script next to the swarm."""
     from prefect_swarm.jobs.submit import submit_script
-    from prefect_swarm.swarm import Swarm
 
     if not Path(script).is_file():
         raise ConfigError(f"script {script} does not exist.")
-    rec = submit_script(Swarm.from_state(swarm), script, list(args or []), detach=detach)
+    rec = submit_script(attach(swarm), script, list(args or []), detach=detach)
     console.print(f"{rec.id} {rec.status}")
     if not detach and rec.status != "SUCCEEDED":
         raise typer.Exit(1)

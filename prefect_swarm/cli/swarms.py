@@ -10,6 +10,7 @@ import typer
 import yaml
 from rich.syntax import Syntax
 
+from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
 from prefect_swarm.cli.views import live_status, paths_view, prefect_history, record_view
 from prefect_swarm.config import load_config
@@ -221,7 +222,6 @@ def down(
     yes: YesOpt = False,
 ) -> None:
     """Stop a swarm (or all of them); idempotent. The record stays, phase STOPPED, until `db prune`."""
-    from prefect_swarm.swarm import Swarm
 
     if (name is None) == (not all_):
         raise ConfigError(
@@ -239,7 +239,7 @@ def down(
     failed: list[str] = []
     for one in names:
         try:
-            Swarm.from_state(one, store=store).down()
+            attach(one, store).down()
             log.info("swarm '%s' stopped", one)
         except PrefectSwarmError as exc:
             if name is not None:

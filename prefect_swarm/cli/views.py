@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.output import iso
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.platform import ServingPhase
@@ -56,9 +57,8 @@ def live_status(rec: SwarmRecord, store: StateStore) -> dict[str, Any]:
             "detail": "no backend handle recorded (bring-up never submitted)",
         }
     try:
-        from prefect_swarm.swarm import Swarm
 
-        return Swarm.from_state(rec.name, store=store).status().to_dict()
+        return attach(rec.name, store).status().to_dict()
     except Exception as exc:  # a status look must not fail the command: it reports what it could not see
         log.debug("status of %s failed", rec.name, exc_info=True)
         return {**unknown, "detail": f"could not ask the {rec.backend} backend: {type(exc).__name__}: {exc}"}
