@@ -40,7 +40,14 @@ def release_stop_event(flow_run_id: str | None) -> None:
 
 
 def retry_on_type(task: Any, task_run: Any, state: Any) -> bool:
-    """``retry_condition_fn``: retry transient failures (by exception type), never bad input."""
+    """``retry_condition_fn``: retry transient failures (by exception type), never bad input, and
+    never once the run is stopping (a cancel makes shards fail with JobError; retrying them would
+    submit new work into a swarm being torn down)."""
+    run_id = getattr(task_run, "flow_run_id", None)
+    with _STOP_LOCK:
+        event = _STOP_EVENTS.get(str(run_id)) if run_id else None
+    if event is not None and event.is_set():
+        return False
     try:
         state.result()
     except ConfigError:
