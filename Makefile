@@ -29,7 +29,6 @@ demo: venv vllm  ## batch inference on the local backend with real vLLM, end to 
 
 lint: venv
 	$(BIN)/ruff check prefect_swarm tests bench
-	$(BIN)/ruff format --check prefect_swarm tests bench || true
 
 typecheck: venv
 	$(BIN)/mypy prefect_swarm
