@@ -224,6 +224,13 @@ class JobPaths:
         """Lock file serialising commits of this job."""
         return self.root / "commit.lock"
 
+    COMMIT_TMP_PREFIX = ".commit-buckets-"
+    """Prefix of the temporary bucket folders a commit sorts one shard's ledger in."""
+
+    def commit_tmp_dirs(self) -> list[Path]:
+        """Bucket folders left by a commit that was killed mid-merge."""
+        return sorted(self.root.glob(self.COMMIT_TMP_PREFIX + "*"))
+
     def shards_root(self) -> Path:
         """Folder holding every shard's ledger."""
         return self.root / "shards"

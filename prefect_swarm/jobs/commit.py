@@ -2,9 +2,20 @@
 
 The output holds the input columns (or ``input_columns``), the job's outputs, ``status``,
 ``error``, ``prompt_tokens`` and ``completion_tokens``: exactly one row per input row, in input
-order (the ledger's last write wins). It is streamed shard by shard: memory holds one shard's
-ledger and one input batch. ``failed.jsonl`` lists the error rows (id, error); a retry of just
-those rows is ``submit_job(..., retry_failed=True)`` (CLI: ``job retry``) followed by a commit.
+order (the ledger's last write wins). It is streamed, so memory is bounded whatever the input
+or shard size.
+
+Ledger parts are in completion order, so a shard is put in input order by a bucketed external
+sort: one pass over its parts appends each ledger row to the temp bucket file of its ``_row``
+range (Arrow IPC, in a ``.commit-buckets-*`` folder of the job dir); then, bucket by bucket, a
+bucket is loaded, deduped (the last write wins, in part order, as in the ledger), put in ``_row``
+order and joined with the input rows of that range, streamed once. Memory holds one bucket (at
+most ``bucket_rows`` rows and about ``BUCKET_BYTES``), one ledger part and one input batch. At
+most ``MAX_OPEN_BUCKETS`` bucket files are written per pass; a shard with more buckets takes
+more passes over its parts.
+
+``failed.jsonl`` (streamed too) lists the error rows (id, error); a retry of just those rows
+is ``submit_job(..., retry_failed=True)`` (CLI: ``job retry``) followed by a commit.
 
 Committing twice is cheap: when the ledgers have not changed since the manifest, the manifest
 is returned as is.
@@ -14,11 +25,15 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
+import os
+import shutil
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import pyarrow as pa
@@ -29,12 +44,19 @@ from prefect_swarm.exceptions import JobError
 from prefect_swarm.jobs.api import load_job
 from prefect_swarm.jobs.dataset import InputDataset, shard_range
 from prefect_swarm.jobs.fingerprint import job_fingerprint
-from prefect_swarm.jobs.ledger import latest_positions, read_ledger
+from prefect_swarm.jobs.ledger import latest_positions
 from prefect_swarm.jobs.plan import pending_shards, shard_progress
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import atomic_file, atomic_write_json, read_json
 
 RESULT_COLUMNS = ["status", "error", "prompt_tokens", "completion_tokens"]
+BUCKET_ROWS = 200_000
+"""Rows of one commit bucket at most (``PREFECT_SWARM_COMMIT_BUCKET_ROWS`` or ``bucket_rows`` overrides)."""
+BUCKET_BYTES = 128 * 2**20
+"""Uncompressed ledger bytes of one bucket, about (fewer rows per bucket when rows are wide)."""
+MAX_OPEN_BUCKETS = 256
+"""Bucket files written at once; more buckets take more passes over the shard's parts."""
+BUCKET_ENV = "PREFECT_SWARM_COMMIT_BUCKET_ROWS"
 
 
 @contextmanager
@@ -62,10 +84,12 @@ def _ledger_signature(spec: JobSpec, fingerprint: str) -> dict[str, Any]:
     }
 
 
-def commit_output(spec: JobSpec, *, force: bool = False) -> dict[str, Any]:
+def commit_output(spec: JobSpec, *, force: bool = False, bucket_rows: int | None = None) -> dict[str, Any]:
     """Merge every shard into ``spec.output``; write the manifest and failed rows; return the manifest.
 
-    Raises JobError naming the shards still pending.
+    ``bucket_rows`` caps the rows the merge holds at once (default ``BUCKET_ROWS``, or the
+    ``PREFECT_SWARM_COMMIT_BUCKET_ROWS`` environment variable). Raises JobError naming the
+    shards still pending.
     """
     spec = spec.model_copy(update={"retry_failed": False})
     with _locked(spec.paths.commit_lock):
@@ -75,15 +99,29 @@ def commit_output(spec: JobSpec, *, force: bool = False) -> dict[str, Any]:
                 f"cannot commit job {spec.job_id or spec.job_dir}: shards {pending} are not done. "
                 "Run them first (`prefect-swarm job wait`, or resubmit: finished shards are skipped)."
             )
+        for stale in spec.paths.commit_tmp_dirs():  # left by a commit killed mid-merge
+            shutil.rmtree(stale, ignore_errors=True)
         fp = job_fingerprint(spec)
         signature = _ledger_signature(spec, fp)
         old = read_json(spec.paths.manifest)
         if not force and old and old.get("signature") == signature and Path(spec.output).exists():
             return dict(old)
-        return _commit(spec, fp, signature)
+        return _commit(spec, fp, signature, _bucket_rows(bucket_rows))
 
 
-def _commit(spec: JobSpec, fp: str, signature: dict[str, Any]) -> dict[str, Any]:
+def _bucket_rows(value: int | None) -> int:
+    if value is None:
+        raw = os.environ.get(BUCKET_ENV, "").strip()
+        try:
+            value = int(raw) if raw else BUCKET_ROWS
+        except ValueError as exc:
+            raise JobError(f"{BUCKET_ENV}={raw!r} is not an integer; set a row count such as 200000.") from exc
+    if value < 1:
+        raise JobError(f"commit bucket_rows must be at least 1 (got {value}).")
+    return value
+
+
+def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int) -> dict[str, Any]:
     t0 = time.time()
     ds = InputDataset(spec.input)
     job = load_job(spec.job, spec.job_kwargs)
@@ -91,19 +129,18 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any]) -> dict[str, Any]
     keep = spec.input_columns if spec.input_columns is not None else ds.schema.names
     counts = {"rows": 0, "ok": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
     writer: _Writer = _JsonlWriter() if spec.output_format == "openai-batch" else _ParquetWriter()
-    failed_lines: list[str] = []
-    with atomic_file(Path(spec.output).expanduser()) as tmp:
-        writer.open(tmp)
-        for i in range(spec.shards):
-            for merged in _merge_shard(spec, ds, i, keep, outputs):
-                writer.write(merged)
-                _count(merged, counts, failed_lines)
-        writer.close()
-    if counts["rows"] != ds.num_rows:
-        raise JobError(
-            f"commit of {spec.output} produced {counts['rows']} rows for {ds.num_rows} input rows."
-        )
-    _write_failed(spec, failed_lines)
+    with atomic_file(spec.paths.failed_rows) as failed_tmp, open(failed_tmp, "w") as failed:
+        with atomic_file(Path(spec.output).expanduser()) as tmp:
+            writer.open(tmp)
+            for i in range(spec.shards):
+                for merged in _merge_shard(spec, ds, i, keep, outputs, bucket_rows):
+                    writer.write(merged)
+                    _count(merged, counts, failed)
+            writer.close()
+        if counts["rows"] != ds.num_rows:  # failed.jsonl is then left as it was
+            raise JobError(
+                f"commit of {spec.output} produced {counts['rows']} rows for {ds.num_rows} input rows."
+            )
     manifest = {
         "job_id": spec.job_id,
         "output": str(spec.output),
@@ -120,12 +157,7 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any]) -> dict[str, Any]
     return manifest
 
 
-def _write_failed(spec: JobSpec, lines: list[str]) -> None:
-    with atomic_file(spec.paths.failed_rows) as tmp:
-        tmp.write_text("".join(lines))
-
-
-def _count(merged: pa.RecordBatch, counts: dict[str, int], failed: list[str]) -> None:
+def _count(merged: pa.RecordBatch, counts: dict[str, int], failed: TextIO) -> None:
     n = merged.num_rows
     status = merged.column("status")
     bad = pc.not_equal(status, "ok")
@@ -137,11 +169,11 @@ def _count(merged: pa.RecordBatch, counts: dict[str, int], failed: list[str]) ->
     counts["completion_tokens"] += int(pc.sum(merged.column("completion_tokens")).as_py() or 0)
     if nbad:
         rows = merged.filter(bad).select(["_id", "error"]).to_pylist()
-        failed.extend(json.dumps({"id": r["_id"], "error": r["error"]}) + "\n" for r in rows)
+        failed.writelines(json.dumps({"id": r["_id"], "error": r["error"]}) + "\n" for r in rows)
 
 
 def _merge_shard(
-    spec: JobSpec, ds: InputDataset, i: int, keep: list[str], outputs: list[str]
+    spec: JobSpec, ds: InputDataset, i: int, keep: list[str], outputs: list[str], bucket_rows: int
 ) -> Iterator[pa.RecordBatch]:
     """The shard's input rows, in order, each joined with its latest ledger row."""
     start, end = shard_range(ds.num_rows, i, spec.shards)
@@ -150,19 +182,120 @@ def _merge_shard(
     extra = ["_id", *outputs, *RESULT_COLUMNS] + (
         ["_response", "http_status"] if spec.output_format == "openai-batch" else []
     )
-    ledger = read_ledger(spec.paths.shard(i), ["_row", *extra])  # not latency_ms, attempts, unused outputs
-    if ledger is None:
-        raise JobError(f"shard {i} of job {spec.job_id} has no ledger in {spec.paths.shard(i).root}.")
-    pos = latest_positions(ledger.column("_row").to_numpy(), start, end)
-    if (pos < 0).any():
-        missing = int(np.nonzero(pos < 0)[0][0]) + start
-        raise JobError(f"shard {i} ledger lacks row {missing} (and maybe more); rerun the shard.")
-    ledger = ledger.select(extra)
     cols = keep if keep else None
-    for first, batch in ds.iter_range(start, end, cols, spec.read_batch_rows):
-        taken = ledger.take(pa.array(pos[first - start : first - start + batch.num_rows]))
-        arrays = [*batch.columns, *(taken.column(c).combine_chunks() for c in extra)]
-        yield pa.RecordBatch.from_arrays(arrays, names=[*batch.schema.names, *extra])
+    buckets = _ledger_in_order(spec, i, extra, start, end, bucket_rows)
+    lo = hi = start
+    ledger: pa.Table | None = None
+    pos = np.zeros(0, dtype=np.int64)
+    try:
+        for first, batch in ds.iter_range(start, end, cols, spec.read_batch_rows):
+            off = 0
+            while off < batch.num_rows:
+                row = first + off
+                while row >= hi:
+                    ledger = None  # drop the last bucket before loading the next one
+                    lo, hi, ledger, pos = next(buckets)
+                assert ledger is not None
+                n = min(batch.num_rows - off, hi - row)
+                taken = ledger.take(pa.array(pos[row - lo : row - lo + n]))  # a copy: the bucket can go
+                arrays = [*batch.slice(off, n).columns, *(taken.column(c).combine_chunks() for c in extra)]
+                yield pa.RecordBatch.from_arrays(arrays, names=[*batch.schema.names, *extra])
+                off += n
+    finally:
+        buckets.close()  # removes the temp bucket files now, also on error
+
+
+def _ledger_in_order(
+    spec: JobSpec, i: int, extra: list[str], start: int, end: int, bucket_rows: int
+) -> Generator[tuple[int, int, pa.Table, np.ndarray], None, None]:
+    """Yield ``(lo, hi, bucket, pos)`` covering ``[start, end)`` in order.
+
+    ``bucket`` holds ``extra`` of ledger rows; ``pos[k]`` is the position of row ``lo + k``'s last write.
+    """
+    paths = spec.paths.shard(i)
+    parts = paths.parts()
+    if not parts:
+        raise JobError(f"shard {i} of job {spec.job_id} has no ledger in {paths.root}.")
+    columns = ["_row", *extra]  # not latency_ms, attempts, unused outputs
+    schema, row_bytes = _parts_schema(parts, columns)
+    size = max(1, min(bucket_rows, BUCKET_BYTES // max(row_bytes, 1)))
+    nbuckets = math.ceil((end - start) / size)
+    with tempfile.TemporaryDirectory(prefix=spec.paths.COMMIT_TMP_PREFIX, dir=spec.paths.root) as tmp:
+        for g0 in range(0, nbuckets, MAX_OPEN_BUCKETS):
+            group = range(g0, min(g0 + MAX_OPEN_BUCKETS, nbuckets))
+            files = _split_parts(parts, schema, Path(tmp), start, end, size, group)
+            for b in group:
+                lo, hi = start + b * size, min(end, start + (b + 1) * size)
+                yield (lo, hi, *_load_bucket(files.get(b), i, extra, lo, hi))
+                if b in files:
+                    files[b].unlink()
+
+
+def _parts_schema(parts: list[Path], columns: list[str]) -> tuple[pa.Schema, int]:
+    """The parts' common schema of ``columns`` (types promoted as when reading the ledger) and bytes per row."""
+    schemas, nbytes, nrows = [], 0, 0
+    for p in parts:
+        with pq.ParquetFile(p) as pf:
+            meta = pf.metadata
+            schemas.append(pf.schema_arrow)
+            nrows += meta.num_rows
+            for rg in range(meta.num_row_groups):
+                group = meta.row_group(rg)
+                for c in range(group.num_columns):
+                    chunk = group.column(c)
+                    if chunk.path_in_schema.split(".")[0] in columns:
+                        nbytes += chunk.total_uncompressed_size
+    schema = pa.unify_schemas(schemas, promote_options="permissive")
+    missing = [c for c in columns if c not in schema.names]
+    if missing:
+        raise JobError(f"ledger parts in {parts[0].parent} lack columns {missing}; rerun the shard.")
+    return pa.schema([schema.field(c) for c in columns]), math.ceil(nbytes / max(nrows, 1))
+
+
+def _split_parts(
+    parts: list[Path], schema: pa.Schema, tmp: Path, start: int, end: int, size: int, group: range
+) -> dict[int, Path]:
+    """One pass over the parts, in order: append each row of a bucket in ``group`` to that bucket's file."""
+    files: dict[int, Path] = {}
+    writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    try:
+        for p in parts:
+            table = pq.read_table(p, columns=schema.names)
+            if table.schema != schema:
+                table = table.cast(schema)
+            rows = table.column("_row").to_numpy()
+            bucket = (rows - start) // size
+            sel = np.nonzero((rows >= start) & (rows < end) & (bucket >= group.start) & (bucket < group.stop))[0]
+            if not len(sel):
+                continue
+            order = sel[np.argsort(bucket[sel], kind="stable")]  # stable: part order kept within a bucket
+            ordered = table.take(pa.array(order))
+            keys = bucket[order]
+            bounds = np.flatnonzero(np.diff(keys)) + 1
+            for lo, hi in zip([0, *bounds], [*bounds, len(keys)], strict=True):
+                b = int(keys[lo])
+                if b not in writers:
+                    files[b] = tmp / f"bucket-{b:08d}.arrow"
+                    writers[b] = pa.ipc.new_stream(str(files[b]), schema, options=options)
+                writers[b].write_table(ordered.slice(lo, hi - lo))
+    finally:
+        for w in writers.values():
+            w.close()
+    return files
+
+
+def _load_bucket(path: Path | None, i: int, extra: list[str], lo: int, hi: int) -> tuple[pa.Table, np.ndarray]:
+    """The bucket file's ``extra`` columns and, for each row of ``[lo, hi)``, the position of its last write."""
+    if path is None:
+        raise JobError(f"shard {i} ledger lacks row {lo} (and maybe more); rerun the shard.")
+    with pa.ipc.open_stream(str(path)) as reader:
+        table = reader.read_all()
+    pos = latest_positions(table.column("_row").to_numpy(), lo, hi)
+    if (pos < 0).any():
+        missing = int(np.nonzero(pos < 0)[0][0]) + lo
+        raise JobError(f"shard {i} ledger lacks row {missing} (and maybe more); rerun the shard.")
+    return table.select(extra), pos
 
 
 class _Writer:
