@@ -10,4 +10,4 @@ set -euo pipefail
 BIN="$1"
 "$BIN/pip" install -q -e '.[dev]'
 "$BIN/pip" install -q --no-deps 'leptonai==0.47.1'
-"$BIN/pip" install -q contextlib2 loguru requests click rich fastapi exceptiongroup typing-extensions
+"$BIN/pip" install -q --no-warn-conflicts contextlib2 loguru requests click rich fastapi exceptiongroup typing-extensions
