@@ -127,11 +127,9 @@ def swarm_config(replicas: int, latency_ms: float) -> Any:
     """A Slurm swarm of ``replicas`` stub engines, one CPU each."""
     from prefect_swarm.config import SwarmConfig
     from prefect_swarm.testing.services import free_port_block
+    from prefect_swarm.testing.stub_engine import engine_command
 
-    command = [
-        "{python}", "-m", "prefect_swarm.testing.stub_engine", "--host", "{host}", "--port", "{port}",
-        "--model", "{served_model_name}", "--latency-ms", str(latency_ms),
-    ]  # fmt: skip
+    command = engine_command(latency_ms=latency_ms)
     return SwarmConfig.model_validate(
         {
             "name": f"bench-{uuid.uuid4().hex[:6]}",

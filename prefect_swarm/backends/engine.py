@@ -51,42 +51,23 @@ def engine_python(cfg: SwarmConfig) -> str:
     return cfg.engine.python or sys.executable
 
 
+_SERVERS: dict[str, tuple[str, str, str]] = {
+    "vllm": (VLLM_MODULE, "--model", "--tensor-parallel-size"),
+    "sglang": (SGLANG_MODULE, "--model-path", "--tp-size"),
+}
+"""Engine kind -> (server module, model flag, tensor-parallel flag)."""
+
+
 def engine_argv(cfg: SwarmConfig, *, host: str, port: int) -> list[str]:
     """The engine command line for a replica listening on ``host:port`` (holds no secrets)."""
     eng = cfg.engine
     python = engine_python(cfg)
-    if eng.kind == "vllm":
-        argv = [
-            python,
-            "-m",
-            VLLM_MODULE,
-            "--model",
-            cfg.model,
-            "--served-model-name",
-            cfg.model_name,
-            "--host",
-            host,
-            "--port",
-            str(port),
-        ]
+    if eng.kind in _SERVERS:
+        module, model_flag, tp_flag = _SERVERS[eng.kind]
+        argv = [python, "-m", module, model_flag, cfg.model, "--served-model-name", cfg.model_name,
+                "--host", host, "--port", str(port)]  # fmt: skip
         if cfg.gpus_per_replica > 1:
-            argv += ["--tensor-parallel-size", str(cfg.gpus_per_replica)]
-    elif eng.kind == "sglang":
-        argv = [
-            python,
-            "-m",
-            SGLANG_MODULE,
-            "--model-path",
-            cfg.model,
-            "--served-model-name",
-            cfg.model_name,
-            "--host",
-            host,
-            "--port",
-            str(port),
-        ]
-        if cfg.gpus_per_replica > 1:
-            argv += ["--tp-size", str(cfg.gpus_per_replica)]
+            argv += [tp_flag, str(cfg.gpus_per_replica)]
     else:
         argv = substitute(
             eng.command or [],

@@ -56,12 +56,9 @@ class ProcRef:
             proc = psutil.Process(self.pid)
             if abs(proc.create_time() - self.create_time) > _CREATE_TIME_SLACK_S:
                 return None
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                _reap(self.pid)
-                return None
         except psutil.Error:
             return None
-        return proc
+        return proc if _running(proc) else None
 
     def alive(self) -> bool:
         """True while the very process we started is running."""

@@ -22,7 +22,9 @@ keyword arguments, and rebuilt inside each job process by :func:`load_job`::
 
 from __future__ import annotations
 
+import abc
 import importlib
+import inspect
 import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -44,7 +46,7 @@ ColumnKind = str
 string of one), ``json`` (a struct/map or a JSON string), ``number`` or ``any``."""
 
 
-class SwarmJob:
+class SwarmJob(abc.ABC):
     """Base class of every job. Subclasses set ``path`` and ``outputs`` and override the hooks.
 
     ``sampling`` (a dict merged into every request) and ``sampling_column`` (a column holding a
@@ -65,13 +67,13 @@ class SwarmJob:
         """Input columns every row needs, with the kind each must be (checked before any request)."""
         return {}
 
+    @abc.abstractmethod
     def request(self, row: dict[str, Any]) -> dict[str, Any]:
         """The JSON body for ``row`` (``model`` is added by the runner when absent)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def parse(self, body: dict[str, Any]) -> dict[str, Any]:
         """Output values (keys of ``outputs``) from a 200 response body."""
-        raise NotImplementedError
 
     def route(self, row: dict[str, Any]) -> str:
         """Endpoint path for ``row`` (default: :attr:`path`)."""
@@ -120,6 +122,9 @@ def load_job(ref: str, kwargs: Mapping[str, Any] | None = None) -> SwarmJob:
     cls = getattr(module, cls_name, None)
     if not (isinstance(cls, type) and issubclass(cls, SwarmJob)):
         raise ConfigError(f"job '{ref}': '{cls_name}' is not a SwarmJob subclass in module '{module_name}'.")
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(cls.__abstractmethods__))
+        raise ConfigError(f"job '{ref}': '{cls_name}' does not implement {missing} (a SwarmJob needs both).")
     try:
         return cls(**dict(kwargs or {}))
     except TypeError as exc:

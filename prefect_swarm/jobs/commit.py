@@ -33,7 +33,7 @@ import time
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import numpy as np
 import pyarrow as pa
@@ -298,18 +298,17 @@ def _load_bucket(path: Path | None, i: int, extra: list[str], lo: int, hi: int) 
     return table.select(extra), pos
 
 
-class _Writer:
-    def open(self, path: Path) -> None:
-        raise NotImplementedError
+class _Writer(Protocol):
+    """An output format: opened on the temp path, fed record batches in input order, closed."""
 
-    def write(self, batch: pa.RecordBatch) -> None:
-        raise NotImplementedError
+    def open(self, path: Path) -> None: ...
 
-    def close(self) -> None:
-        raise NotImplementedError
+    def write(self, batch: pa.RecordBatch) -> None: ...
+
+    def close(self) -> None: ...
 
 
-class _ParquetWriter(_Writer):
+class _ParquetWriter:
     """Parquet output: input columns + outputs + status, error, tokens (``_id`` and internals dropped)."""
 
     def open(self, path: Path) -> None:
@@ -329,7 +328,7 @@ class _ParquetWriter(_Writer):
             self.writer.close()
 
 
-class _JsonlWriter(_Writer):
+class _JsonlWriter:
     """OpenAI Batch output format: ``{id, custom_id, response: {status_code, request_id, body}, error}``."""
 
     def open(self, path: Path) -> None:

@@ -57,6 +57,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from prefect_swarm.testing.stub_engine import engine_command
+
 Reply = tuple[int, Any]
 
 
@@ -136,17 +138,7 @@ class FakeLepton:
     ) -> None:
         self.token = token or "fake-lepton-" + secrets.token_hex(12)
         self.workspace_id = workspace_id
-        self.endpoint_command = endpoint_command or [
-            "{python}",
-            "-m",
-            "prefect_swarm.testing.stub_engine",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "{port}",
-            "--model",
-            "{served_model_name}",
-        ]
+        self.endpoint_command = endpoint_command or engine_command(host="127.0.0.1")
         self.python = python
         self.run_endpoint_commands = run_endpoint_commands
         self.fail_jobs = tuple(fail_jobs)

@@ -221,16 +221,34 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.run(serve(host, port, opts))
 
 
+def knob_args(knobs: dict[str, Any]) -> list[str]:
+    """``--flag value`` arguments for stub knobs given as keyword names (``latency_ms=50``)."""
+    args: list[str] = []
+    for key, value in knobs.items():
+        if value is not None:
+            args += [f"--{key.replace('_', '-')}", str(value)]
+    return args
+
+
+def engine_command(host: str = "{host}", **knobs: Any) -> list[str]:
+    """The ``engine.command`` template (engine kind ``command``) that runs this stub as a swarm replica.
+
+    ``{python}``, ``{port}`` and ``{served_model_name}`` are left for the backend to fill in;
+    ``knobs`` become flags (``engine_command(latency_ms=50)`` adds ``--latency-ms 50``).
+    """
+    return [
+        "{python}", "-m", "prefect_swarm.testing.stub_engine", "--host", host, "--port", "{port}",
+        "--model", "{served_model_name}", *knob_args(knobs),
+    ]  # fmt: skip
+
+
 class StubEngine:
     """Run the stub engine in a subprocess: ``with StubEngine(port, latency_ms=50) as s: s.url``."""
 
     def __init__(self, port: int, host: str = "127.0.0.1", *args: str, cpu: int | None = None, **knobs: Any) -> None:
         self.host, self.port = host, port
         self.argv = [sys.executable, "-m", "prefect_swarm.testing.stub_engine", "--host", host, "--port", str(port)]
-        for key, value in knobs.items():
-            if value is not None:
-                self.argv += [f"--{key.replace('_', '-')}", str(value)]
-        self.argv += list(args)
+        self.argv += [*knob_args(knobs), *args]
         if cpu is not None:
             self.argv = ["taskset", "-c", str(cpu), *self.argv]
         self.proc: subprocess.Popen[bytes] | None = None

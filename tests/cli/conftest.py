@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from prefect_swarm.testing.stub_engine import engine_command
+
 
 @pytest.fixture
 def stub_swarm_config(tmp_path: Path) -> Callable[..., Path]:
@@ -26,17 +28,7 @@ def stub_swarm_config(tmp_path: Path) -> Callable[..., Path]:
             "ready_timeout_s": 60,
             "engine": {
                 "kind": "command",
-                "command": [
-                    "{python}",
-                    "-m",
-                    "prefect_swarm.testing.stub_engine",
-                    "--host",
-                    "{host}",
-                    "--port",
-                    "{port}",
-                    "--model",
-                    "{served_model_name}",
-                ],
+                "command": engine_command(),
                 "startup_timeout_s": 60,
             },
             "backend": {"type": "local"},

@@ -108,16 +108,6 @@ def test_cli_layers_proven_by_the_value_that_fails(
     assert "(got -5)" in _cli_replicas_error(run_cli, path, "--replicas", "-5", env=env)  # flag beats env
 
 
-def _backend_loadable(kind: str) -> bool:
-    from prefect_swarm.backends.registry import BUILTIN, _load
-
-    try:
-        for ref in BUILTIN[kind]:
-            _load(ref)
-    except (ImportError, AttributeError):
-        return False
-    return True
-
 
 @pytest.mark.parametrize("top", LAYERS)
 def test_cli_validate_json_shows_the_winning_layer(

@@ -27,6 +27,7 @@ import psutil
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.services import free_port_block
+from prefect_swarm.testing.stub_engine import engine_command
 
 BOOM = "ENGINE-BOOM: cannot load model"
 
@@ -37,8 +38,7 @@ _BLACKHOLE = (
 )
 
 ENGINES: dict[str, list[str]] = {
-    "stub": ["{python}", "-m", "prefect_swarm.testing.stub_engine", "--host", "{host}", "--port", "{port}",
-             "--model", "{served_model_name}"],
+    "stub": engine_command(),
     "fail": ["{python}", "-c", f"import sys; print({BOOM!r}, flush=True); sys.exit(1)"],
     "blackhole": ["{python}", "-c", _BLACKHOLE, "{host}", "{port}"],
 }

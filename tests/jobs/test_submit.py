@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,24 +20,13 @@ from prefect_swarm.jobs.submit import cancel_job, job_status, prepare_job, submi
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.services import free_port_block
+from prefect_swarm.testing.stub_engine import engine_command
 
 
 @pytest.fixture
 def swarm() -> Iterator[Swarm]:
     """Two stub-engine replicas on the local backend."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "prefect_swarm.testing.stub_engine",
-        "--host",
-        "{host}",
-        "--port",
-        "{port}",
-        "--model",
-        "{served_model_name}",
-        "--latency-ms",
-        "5",
-    ]
+    cmd = engine_command(latency_ms=5)
     cfg = SwarmConfig.model_validate(
         {
             "name": "jobs-stub",

@@ -17,6 +17,7 @@ from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.platform import JobStatus, ServingPhase
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.fake_lepton import FakeLepton
+from prefect_swarm.testing.stub_engine import engine_command
 
 pytestmark = pytest.mark.lepton
 
@@ -260,17 +261,7 @@ def test_runs_the_container_command_as_given(lepton_cfg: Make, need_lepton_sdk: 
                 "engine": {
                     "kind": "command",
                     "python": sys.executable,
-                    "command": [
-                        "{python}",
-                        "-m",
-                        "prefect_swarm.testing.stub_engine",
-                        "--host",
-                        "{host}",
-                        "--port",
-                        "{port}",
-                        "--model",
-                        "{served_model_name}",
-                    ],
+                    "command": engine_command(),
                 },
             }
         )

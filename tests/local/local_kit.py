@@ -12,9 +12,9 @@ from prefect_swarm.config import SwarmConfig
 from prefect_swarm.platform import ServingStatus
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.services import free_port_block
+from prefect_swarm.testing.stub_engine import engine_command
 
-STUB = ["{python}", "-m", "prefect_swarm.testing.stub_engine", "--host", "{host}", "--port", "{port}",
-        "--model", "{served_model_name}"]
+STUB = engine_command()
 
 
 def stub_config(replicas: int = 1, command: list[str] | None = None, backend: dict[str, Any] | None = None,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,25 +10,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prefect_swarm.testing.services import free_port_block
+from prefect_swarm.testing.stub_engine import engine_command
 
 
 def stub_swarm(
     name: str, *, replicas: int = 1, latency_ms: float = 5, port: int | None = None, **backend: Any
 ) -> dict[str, Any]:
     """An inline swarm config: ``replicas`` stub engines on the local backend."""
-    command = [
-        sys.executable,
-        "-m",
-        "prefect_swarm.testing.stub_engine",
-        "--host",
-        "{host}",
-        "--port",
-        "{port}",
-        "--model",
-        "{served_model_name}",
-        "--latency-ms",
-        str(latency_ms),
-    ]
+    command = engine_command(latency_ms=latency_ms)
     return {
         "name": name,
         "model": "stub-model",

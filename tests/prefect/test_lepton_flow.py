@@ -25,6 +25,7 @@ from helpers import job_options, prompts, wait_for
 from stack import PrefectStack, job_variables
 
 from prefect_swarm.state import StateStore
+from prefect_swarm.testing.stub_engine import engine_command
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -53,9 +54,7 @@ def shared(need_lepton_sdk: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def _fake(latency_ms: float = 0) -> Any:
     from prefect_swarm.testing.fake_lepton import FakeLepton
 
-    command = ["{python}", "-m", "prefect_swarm.testing.stub_engine", "--host", "127.0.0.1", "--port", "{port}"]
-    command += ["--model", "{served_model_name}", "--latency-ms", str(latency_ms)]
-    return FakeLepton(endpoint_command=command)
+    return FakeLepton(endpoint_command=engine_command(host="127.0.0.1", latency_ms=latency_ms))
 
 
 @pytest.fixture

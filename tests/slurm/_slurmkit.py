@@ -13,18 +13,9 @@ from prefect_swarm.config import SwarmConfig
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.platform import ServingHandle
 from prefect_swarm.testing.services import free_port_block
+from prefect_swarm.testing.stub_engine import engine_command
 
-STUB_COMMAND = [
-    "{python}",
-    "-m",
-    "prefect_swarm.testing.stub_engine",
-    "--host",
-    "{host}",
-    "--port",
-    "{port}",
-    "--model",
-    "{served_model_name}",
-]
+STUB_COMMAND = engine_command()
 
 
 def unique_name(prefix: str = "t") -> str:

@@ -18,21 +18,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from _slurmkit import unique_name
-from stack import PrefectStack
+from helpers import wait_for
+from stack import PrefectStack, job_variables
 
 from prefect_swarm.backends.serving.slurm.client import SlurmClient
 from prefect_swarm.state import StateStore
 from prefect_swarm.testing.services import free_port_block
+from prefect_swarm.testing.stub_engine import engine_command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.prefect_server, pytest.mark.slow]
 
 
 def slurm_stub_swarm(name: str, latency_ms: float, replicas: int = 2) -> dict[str, Any]:
     """An inline Slurm swarm of ``replicas`` stub engines, one CPU each, no GPU."""
-    command = [
-        "{python}", "-m", "prefect_swarm.testing.stub_engine", "--host", "{host}", "--port", "{port}",
-        "--model", "{served_model_name}", "--latency-ms", str(latency_ms),
-    ]  # fmt: skip
+    command = engine_command(latency_ms=latency_ms)
     return {
         "name": name,
         "model": "stub-model",
@@ -70,11 +69,6 @@ def job_options(concurrency: int) -> dict[str, Any]:
     }
 
 
-def job_variables(swarm_home: Path) -> dict[str, Any]:
-    """Point the flow run (and its hooks in the worker) at this test's PREFECT_SWARM_HOME."""
-    return {"env": {"PREFECT_SWARM_HOME": str(swarm_home), "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}}
-
-
 def queued(ids: list[str], names: list[str]) -> list[str]:
     """squeue ids of what is still queued, looked up by id and (separately) by name, steps included."""
     client = SlurmClient()
@@ -82,16 +76,6 @@ def queued(ids: list[str], names: list[str]) -> list[str]:
     for jid in ids:
         found |= set(client.steps(jid))
     return sorted(found)
-
-
-def wait_for(predicate: Any, timeout_s: float, what: str, step_s: float = 0.2) -> float:
-    """Poll ``predicate`` until true; seconds it took; AssertionError after ``timeout_s``."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if predicate():
-            return time.monotonic() - t0
-        time.sleep(step_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def run_state(run_id: Any) -> Any:
@@ -144,7 +128,7 @@ def test_cancel_clears_the_slurm_queue_within_30s(
         jobs = store.list_jobs(swarm_name)
         return rec is not None and rec.phase == "RUNNING" and sum(j.status == "RUNNING" for j in jobs) == 2
 
-    wait_for(shards_running, 300, "swarm RUNNING with both shard steps", step_s=0.5)
+    wait_for(shards_running, 300, what="swarm RUNNING with both shard steps", step_s=0.5)
     time.sleep(3)
     rec = store.get_swarm(swarm_name)
     assert rec is not None and rec.handle
@@ -155,13 +139,13 @@ def test_cancel_clears_the_slurm_queue_within_30s(
     t0 = time.monotonic()
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(run.id, Cancelling(), force=True)  # what the UI's Cancel button does
-    empty = wait_for(lambda: not queued(ids, names), 30, "every job and step of the swarm to leave squeue")
+    empty = wait_for(lambda: not queued(ids, names), 30, what="every job and step of the swarm to leave squeue")
     stopped = wait_for(
         lambda: store.get_swarm(swarm_name).phase == "STOPPED",  # type: ignore[union-attr]
         max(1.0, 30 - (time.monotonic() - t0)),
-        "the swarm record to say STOPPED",
+        what="the swarm record to say STOPPED",
     )
-    final = wait_for(lambda: run_state(run.id).is_final(), 60, "the run to be final", step_s=0.5)
+    final = wait_for(lambda: run_state(run.id).is_final(), 60, what="the run to be final", step_s=0.5)
     assert run_state(run.id).type.value == "CANCELLED"
     took = time.monotonic() - t0
     print(
@@ -177,7 +161,7 @@ def test_flow_on_slurm_writes_every_row_exactly_once(
     n = 400
     cfg = slurm_stub_swarm(swarm_name, latency_ms=5)
     run = start_run(swarm_home, tmp_path, cfg, rows=n, concurrency=8)
-    took = wait_for(lambda: run_state(run.id).is_final(), 420, "the run to finish", step_s=1)
+    took = wait_for(lambda: run_state(run.id).is_final(), 420, what="the run to finish", step_s=1)
     assert run_state(run.id).type.value == "COMPLETED", run_state(run.id)
     print(f"\nbatch_inference on Slurm, {n} rows, 2 shards, through the worker: {took:.1f} s", file=sys.stderr)
     ids = [str(x) for x in pq.read_table(tmp_path / "out.parquet", columns=["id"]).column("id").to_pylist()]
