@@ -145,7 +145,7 @@ def swarm_config(replicas: int, latency_ms: float) -> Any:
 
 def run(args: argparse.Namespace, latency_ms: float) -> dict[str, Any]:
     """One swarm, ``args.repeat`` rounds of both measurements; medians."""
-    from prefect_swarm.backends.serving.slurm import SlurmServing
+    from prefect_swarm.backends.slurm.serving import SlurmServing
     from prefect_swarm.paths import SwarmPaths
 
     cfg = swarm_config(args.replicas, latency_ms)
@@ -207,7 +207,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("PREFECT_SWARM_HOME", tempfile.mkdtemp(prefix="psw-bench-"))
     if args.nginx_workers is not None:
-        from prefect_swarm.backends.serving.slurm import render
+        from prefect_swarm.backends.slurm import render
 
         render.NGINX_WORKERS = args.nginx_workers
     if args.pin:

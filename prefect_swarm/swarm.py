@@ -15,17 +15,17 @@ import os
 import time
 from typing import Any
 
-from prefect_swarm.backends import Deployment, build_deployment
+from prefect_swarm.backends import BackendPair, build_backends
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import ConfigError, StateError
-from prefect_swarm.paths import SwarmPaths, atomic_write_text
-from prefect_swarm.platform import (
+from prefect_swarm.interfaces import (
     ComputeBackend,
     ServingHandle,
     ServingPhase,
     ServingStatus,
     check_config,
 )
+from prefect_swarm.paths import SwarmPaths, atomic_write_text
 from prefect_swarm.state import StateStore, SwarmRecord
 
 API_KEY_ENV = "PREFECT_SWARM_API_KEY"
@@ -98,14 +98,14 @@ class Swarm:
         self.flow_run_id = flow_run_id
         self.keep = keep
         self.paths = SwarmPaths.for_swarm(cfg.name)
-        self.deployment: Deployment = build_deployment(cfg, self.paths)
+        self.backends: BackendPair = build_backends(cfg, self.paths)
         self.handle = handle
 
     # ------------------------------------------------------------------ lifecycle
     def validate(self) -> None:
         """Refuse what the backend cannot do; starts nothing."""
-        check_config(self.cfg, self.deployment.serving.capabilities())
-        backend_validate = getattr(self.deployment.serving, "validate", None)
+        check_config(self.cfg, self.backends.serving.capabilities())
+        backend_validate = getattr(self.backends.serving, "validate", None)
         if backend_validate is not None:  # optional hook: backend-specific checks (Lepton: shared mount)
             backend_validate(self.cfg)
 
@@ -123,7 +123,7 @@ class Swarm:
 
         atomic_write_text(self.paths.config, yaml.safe_dump(self.cfg.redacted(), sort_keys=False))
         self._record(ServingPhase.PENDING, handle=None if not existing else existing.handle)
-        self.handle = self.deployment.serving.create_or_update(self.cfg)
+        self.handle = self.backends.serving.create_or_update(self.cfg)
         self._record(ServingPhase.INITIALIZING, handle=self.handle.to_dict())
         return self.handle
 
@@ -131,7 +131,7 @@ class Swarm:
         """Block until every replica answers; record RUNNING, or FAILED with the error."""
         handle = self._require_handle()
         try:
-            status = self.deployment.serving.wait_ready(handle, timeout_s or self.cfg.ready_timeout_s)
+            status = self.backends.serving.wait_ready(handle, timeout_s or self.cfg.ready_timeout_s)
         except BaseException:
             self._set_phase(ServingPhase.FAILED)
             raise
@@ -141,7 +141,7 @@ class Swarm:
 
     def status(self) -> ServingStatus:
         """The swarm now (never blocks on it)."""
-        return self.deployment.serving.status(self._require_handle())
+        return self.backends.serving.status(self._require_handle())
 
     def down(self) -> None:
         """Stop everything; idempotent. The record stays, phase STOPPED, for history."""
@@ -152,7 +152,7 @@ class Swarm:
         if self.handle is None:
             # create_or_update may have failed halfway: let the backend find what it started.
             self.handle = ServingHandle(name=self.cfg.name, backend=self.cfg.backend.type)
-        self.deployment.serving.delete(self.handle)
+        self.backends.serving.delete(self.handle)
         if self.store.get_swarm(self.cfg.name) is not None:
             self._set_phase(ServingPhase.STOPPED)
 
@@ -176,7 +176,7 @@ class Swarm:
         """Base URL clients call (``.../v1/chat/completions`` below it)."""
         handle = self._require_handle()
         if not handle.url:  # not learnt yet (up without wait_ready): ask the backend once, never blocking
-            handle = self._learn_url(self.deployment.serving.status(handle))
+            handle = self._learn_url(self.backends.serving.status(handle))
         if not handle.url:
             raise StateError(f"swarm '{self.cfg.name}' has no endpoint URL yet; is it up?")
         return handle.url
@@ -191,7 +191,7 @@ class Swarm:
     @property
     def compute(self) -> ComputeBackend:
         """Compute backend running jobs against this swarm."""
-        return self.deployment.compute(self.handle)
+        return self.backends.compute(self.handle)
 
     @property
     def fingerprint(self) -> str:

@@ -3,6 +3,6 @@
 Nothing here imports prefect.
 """
 
-from prefect_swarm.backends.registry import BUILTIN, Deployment, build_deployment
+from prefect_swarm.backends.registry import BUILTIN, BackendPair, build_backends
 
-__all__ = ["BUILTIN", "Deployment", "build_deployment"]
+__all__ = ["BUILTIN", "BackendPair", "build_backends"]

@@ -11,22 +11,22 @@ from prefect_swarm.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
+    from prefect_swarm.interfaces import ComputeBackend, ServingBackend, ServingHandle
     from prefect_swarm.paths import SwarmPaths
-    from prefect_swarm.platform import ComputeBackend, ServingBackend, ServingHandle
 
 # backend type -> ("module:ServingClass", "module:ComputeClass")
 BUILTIN: dict[str, tuple[str, str]] = {
     "local": (
-        "prefect_swarm.backends.serving.local:LocalServing",
-        "prefect_swarm.backends.compute.local:LocalCompute",
+        "prefect_swarm.backends.local.serving:LocalServing",
+        "prefect_swarm.backends.local.compute:LocalCompute",
     ),
     "slurm": (
-        "prefect_swarm.backends.serving.slurm.backend:SlurmServing",
-        "prefect_swarm.backends.compute.slurm:SlurmCompute",
+        "prefect_swarm.backends.slurm.serving:SlurmServing",
+        "prefect_swarm.backends.slurm.compute:SlurmCompute",
     ),
     "lepton": (
-        "prefect_swarm.backends.serving.lepton:LeptonServing",
-        "prefect_swarm.backends.compute.lepton:LeptonCompute",
+        "prefect_swarm.backends.lepton.serving:LeptonServing",
+        "prefect_swarm.backends.lepton.compute:LeptonCompute",
     ),
 }
 
@@ -37,7 +37,7 @@ def _load(ref: str) -> Callable[..., object]:
 
 
 @dataclass
-class Deployment:
+class BackendPair:
     """A swarm's serving backend paired with the compute backend that runs jobs next to it.
 
     Serving backends are built as ``cls(cfg, paths)``; compute backends as
@@ -55,11 +55,11 @@ class Deployment:
         return self.compute_cls(self.cfg, self.paths, handle)
 
 
-def build_deployment(cfg: SwarmConfig, paths: SwarmPaths) -> Deployment:
+def build_backends(cfg: SwarmConfig, paths: SwarmPaths) -> BackendPair:
     """Build the backends a config names; unknown types list the valid ones."""
     kind = cfg.backend.type
     if kind not in BUILTIN:
         raise ConfigError(f"backend type '{kind}' is not valid; choose one of {', '.join(sorted(BUILTIN))}.")
     serving_ref, compute_ref = BUILTIN[kind]
     serving = _load(serving_ref)(cfg, paths)
-    return Deployment(cfg=cfg, paths=paths, serving=serving, compute_cls=_load(compute_ref))  # type: ignore[arg-type]
+    return BackendPair(cfg=cfg, paths=paths, serving=serving, compute_cls=_load(compute_ref))  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ import typer
 from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
 from prefect_swarm.cli.swarms import OutputOpt, YesOpt, confirm
-from prefect_swarm.platform import ServingPhase
+from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.state import StateStore, SwarmRecord
 
 log = logging.getLogger("prefect_swarm.cli")
@@ -20,7 +20,7 @@ db_app = typer.Typer(
     help="Housekeeping of the state database ($PREFECT_SWARM_HOME/state.db).", no_args_is_help=True
 )
 
-REAPER_HOOK = "prefect_swarm.reaper:reap_orphans"
+REAPER_HOOK = "prefect_swarm.tasks.reaper:reap_orphans"
 """Optional orphan reaper ``reap_orphans(*, dry_run)``: stops swarms whose flow run died; runs before
 pruning, so what it stops is pruned in the same pass."""
 

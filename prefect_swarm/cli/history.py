@@ -12,14 +12,14 @@ from typing import Annotated, Any
 import typer
 
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, iso, table
-from prefect_swarm.reaper import PrefectUnavailable, check_api
 from prefect_swarm.state import StateStore
+from prefect_swarm.tasks.reaper import PrefectUnavailable, check_api
 
 
 def runs_for_swarm(name: str, limit: int = 20) -> list[dict[str, Any]]:
     """Flow runs tagged ``swarm:<name>``, newest first: id, name, flow, state, start, duration, tags.
 
-    Raises :class:`prefect_swarm.reaper.PrefectUnavailable` (one-line message) when the Prefect
+    Raises :class:`prefect_swarm.tasks.reaper.PrefectUnavailable` (one-line message) when the Prefect
     API is not configured or does not answer within ``PREFECT_SWARM_PREFECT_API_TIMEOUT_S``.
     """
     from prefect import get_client

@@ -9,7 +9,7 @@
     prefect-swarm job retry ID [--detach]          rerun only the error rows, then commit
     prefect-swarm job submit-script -n SWARM SCRIPT [ARGS]...
 
-The orchestration lives in :mod:`prefect_swarm.jobs.submit`; this module parses arguments and
+The orchestration lives in :mod:`prefect_swarm.launch`; this module parses arguments and
 shows results (tables on stdout, progress on stderr).
 """
 
@@ -80,7 +80,7 @@ def submit(
     job_id: Annotated[str | None, typer.Option("--id", help="Job id (reuse one to resume it).")] = None,
 ) -> None:
     """Submit a batch job: one process per shard, checkpointed; resubmitting the same --id resumes it."""
-    from prefect_swarm.jobs.submit import submit_job
+    from prefect_swarm.launch import submit_job
 
     try:
         kwargs = json.loads(job_kwargs) if job_kwargs else None
@@ -115,7 +115,7 @@ def retry(
     detach: Annotated[bool, typer.Option("--detach", help="Return once submitted.")] = False,
 ) -> None:
     """Rerun only the rows that ended as errors, then commit the output again."""
-    from prefect_swarm.jobs.submit import submit_job
+    from prefect_swarm.launch import submit_job
 
     rec = StateStore().require_job(job_id)
     if not rec.swarm or "input" not in rec.spec:
@@ -127,7 +127,7 @@ def retry(
 
 
 def _wait_and_show(job_id: str, timeout_s: float | None = None) -> None:
-    from prefect_swarm.jobs.submit import wait_job
+    from prefect_swarm.launch import wait_job
 
     if sys.stderr.isatty():
         with Progress(
@@ -167,7 +167,7 @@ def status(
     output: OutputOpt = OutputFormat.table,
 ) -> None:
     """Show a job's status and per-shard progress (from its ledger)."""
-    from prefect_swarm.jobs.submit import job_status
+    from prefect_swarm.launch import job_status
 
     doc = job_status(job_id, refresh=refresh)
     if output is OutputFormat.json:
@@ -224,7 +224,7 @@ def wait(
 @job_app.command("cancel")
 def cancel(job_id: IdArg) -> None:
     """Stop a job's processes (they flush their checkpoint; resubmit with --id to resume)."""
-    from prefect_swarm.jobs.submit import cancel_job
+    from prefect_swarm.launch import cancel_job
 
     cancel_job(job_id)
     console.print(f"job {job_id} cancelled")
@@ -236,7 +236,7 @@ def list_cmd(
     output: OutputOpt = OutputFormat.table,
 ) -> None:
     """List recorded jobs."""
-    from prefect_swarm.jobs.submit import list_jobs
+    from prefect_swarm.launch import list_jobs
 
     recs = list_jobs(swarm)
     if output is OutputFormat.json:
@@ -285,7 +285,7 @@ def submit_script_cmd(
     detach: Annotated[bool, typer.Option("--detach", help="Return once submitted.")] = False,
 ) -> None:
     """Run an arbitrary Python script next to the swarm."""
-    from prefect_swarm.jobs.submit import submit_script
+    from prefect_swarm.launch import submit_script
 
     if not Path(script).is_file():
         raise ConfigError(f"script {script} does not exist.")

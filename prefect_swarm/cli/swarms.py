@@ -15,7 +15,7 @@ from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_conso
 from prefect_swarm.cli.views import live_status, paths_view, prefect_history, record_view
 from prefect_swarm.config import load_config
 from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError
-from prefect_swarm.platform import ServingPhase, ServingStatus
+from prefect_swarm.interfaces import ServingPhase, ServingStatus
 from prefect_swarm.state import StateStore
 
 if TYPE_CHECKING:

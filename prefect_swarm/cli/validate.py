@@ -30,7 +30,7 @@ def validate(
     cfg = load_config(config, overrides={"replicas": replicas, "name": name})
     swarm = make_swarm(cfg)
     swarm.validate()
-    serving = swarm.deployment.serving
+    serving = swarm.backends.serving
     backend_check = getattr(serving, "validate", None)
     if callable(backend_check):
         backend_check()  # the backend's own pre-flight checks (calls nothing remote)

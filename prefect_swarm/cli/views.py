@@ -13,8 +13,8 @@ from typing import Any
 
 from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.output import iso
+from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.paths import SwarmPaths
-from prefect_swarm.platform import ServingPhase
 from prefect_swarm.settings import get_settings
 from prefect_swarm.state import StateStore, SwarmRecord
 

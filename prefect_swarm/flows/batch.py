@@ -3,7 +3,7 @@
 A rerun with the same parameters skips finished shards (ledger + task cache) and, when the
 output is already committed, never brings a swarm up at all. Teardown runs in ``finally`` and
 in the cancel/crash hooks; a SIGKILLed run is covered by wall-time limits, the zombie
-automation and the reaper (``prefect_swarm.reaper``).
+automation and the reaper (``prefect_swarm.tasks.reaper``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from prefect_swarm.flows.common import (
 )
 from prefect_swarm.flows.hooks import teardown_hook
 from prefect_swarm.flows.params import JobOptions
-from prefect_swarm.tasks import block_ref, plan_shards, resolve_swarm, stop_event, swarm_up, wait_ready
+from prefect_swarm.tasks._common import stop_event
+from prefect_swarm.tasks.jobs import plan_shards
+from prefect_swarm.tasks.swarm import block_ref, resolve_swarm, swarm_up, wait_ready
 
 
 @flow(

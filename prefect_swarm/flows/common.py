@@ -16,10 +16,10 @@ from prefect_swarm.flows.params import JobOptions, job_options
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import LIVE_PHASES, Swarm, engine_fingerprint
-from prefect_swarm.tasks import JobPlan, commit_output, run_shard, swarm_down, teardown_flow_run
 from prefect_swarm.tasks._common import current_flow_run_id
 from prefect_swarm.tasks.artifacts import publish_summary, summary_row
-from prefect_swarm.tasks.jobs import results_dir
+from prefect_swarm.tasks.jobs import JobPlan, commit_output, results_dir, run_shard
+from prefect_swarm.tasks.swarm import swarm_down, teardown_flow_run
 
 
 def job_spec(cfg: SwarmConfig, job: JobOptions | str | dict[str, Any], input: str, output: str, shards: int) -> JobSpec:
@@ -53,7 +53,7 @@ def label_run(swarm_name: str, job_id: str | None) -> None:
 
 def reap_quietly() -> None:
     """Run the orphan reaper; log (never raise) what it did."""
-    from prefect_swarm.reaper import reap_orphans
+    from prefect_swarm.tasks.reaper import reap_orphans
 
     try:
         reaped = reap_orphans()

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from prefect_swarm.tasks import stop_event, teardown_flow_run
+from prefect_swarm.tasks._common import stop_event
+from prefect_swarm.tasks.swarm import teardown_flow_run
 
 log = logging.getLogger("prefect_swarm.flows")
 

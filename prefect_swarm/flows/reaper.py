@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from prefect_swarm.reaper import reap_orphans
+from prefect_swarm.tasks.reaper import reap_orphans
 
 
 @flow(name="reap-orphans")

@@ -13,17 +13,11 @@ from prefect_swarm.flows.common import job_spec, label_run, reap_quietly, run_an
 from prefect_swarm.flows.hooks import teardown_hook
 from prefect_swarm.flows.params import JobOptions
 from prefect_swarm.state import StateStore
-from prefect_swarm.tasks import (
-    block_ref,
-    plan_shards,
-    reattach,
-    resolve_swarm,
-    stop_event,
-    teardown_flow_run,
-    wait_ready,
-)
-from prefect_swarm.tasks import swarm_down as swarm_down_task
-from prefect_swarm.tasks import swarm_up as swarm_up_task
+from prefect_swarm.tasks._common import stop_event
+from prefect_swarm.tasks.jobs import plan_shards
+from prefect_swarm.tasks.swarm import block_ref, reattach, resolve_swarm, teardown_flow_run, wait_ready
+from prefect_swarm.tasks.swarm import swarm_down as swarm_down_task
+from prefect_swarm.tasks.swarm import swarm_up as swarm_up_task
 
 
 @flow(name="swarm-up")

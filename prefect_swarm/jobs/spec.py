@@ -1,6 +1,6 @@
 """JobSpec: everything a job process needs, as one JSON file (``<job_dir>/spec.json``).
 
-The spec is written by :func:`prefect_swarm.jobs.submit.prepare_job` (CLI, Prefect task) and
+The spec is written by :func:`prefect_swarm.launch.prepare_job` (CLI, Prefect task) and
 read by every shard process. It holds no secret: the API key travels in the environment
 (``PREFECT_SWARM_API_KEY``). Fields the submitter fills from the swarm (``endpoints``, ``model``,
 ``swarm_fingerprint``) may be left empty; the job process then reads them from its environment.

@@ -21,13 +21,13 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from prefect_swarm.exceptions import CapacityError, ConfigError, DatasetError, JobError
+from prefect_swarm.interfaces import JobHandle, JobStatus
 from prefect_swarm.jobs.commit import commit_output as _commit
 from prefect_swarm.jobs.fingerprint import job_fingerprint
 from prefect_swarm.jobs.plan import pending_shards, shard_done, shard_progress
 from prefect_swarm.jobs.shard import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE, validate_input
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import SwarmPaths, read_json
-from prefect_swarm.platform import JobHandle, JobStatus
 from prefect_swarm.settings import get_settings
 from prefect_swarm.state import JobRecord, StateStore
 from prefect_swarm.swarm import Swarm

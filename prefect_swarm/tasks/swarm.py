@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from prefect_swarm.config import SwarmConfig, load_config
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.platform import JobHandle, ServingHandle
+from prefect_swarm.interfaces import JobHandle, ServingHandle
 from prefect_swarm.state import StateStore, SwarmRecord
 from prefect_swarm.swarm import LIVE_PHASES, Swarm, engine_fingerprint, missing_secrets
 from prefect_swarm.tasks._common import current_flow_run_id, retry_on_type

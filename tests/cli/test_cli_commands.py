@@ -149,9 +149,9 @@ def test_prefect_history_runs_are_shown(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_prune_removes_only_what_is_certainly_gone(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[bool] = []
-    reaper = types.ModuleType("prefect_swarm.reaper")
+    reaper = types.ModuleType("prefect_swarm.tasks.reaper")
     reaper.reap_orphans = lambda dry_run=False: calls.append(dry_run) or []  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "prefect_swarm.reaper", reaper)
+    monkeypatch.setitem(sys.modules, "prefect_swarm.tasks.reaper", reaper)
     _record("stopped", phase="STOPPED")
     _record("no-handle", phase="PENDING")
     # the backend cannot be asked (the stored config is unusable): an error proves nothing, so it stays

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from contract_kit import BackendFactory, run_py
 
-from prefect_swarm.platform import JobHandle, JobStatus
+from prefect_swarm.interfaces import JobHandle, JobStatus
 from prefect_swarm.swarm import Swarm
 
 SECRET = "s3cr3t-token-value-42"
@@ -120,7 +120,7 @@ def test_one_shard_of_many(swarm: Swarm, tmp_path: Path) -> None:
 
 _PROBE_CHILD = """
 import json, sys
-from prefect_swarm.platform import JobHandle
+from prefect_swarm.interfaces import JobHandle
 from prefect_swarm.swarm import Swarm
 compute = Swarm.from_state(sys.argv[1]).compute
 job = JobHandle.from_dict(json.loads(sys.argv[2]))

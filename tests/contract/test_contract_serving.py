@@ -11,7 +11,7 @@ import pytest
 from contract_kit import BOOM, BackendFactory, run_py
 
 from prefect_swarm.exceptions import ReadinessError
-from prefect_swarm.platform import ReplicaHealth, ServingPhase
+from prefect_swarm.interfaces import ReplicaHealth, ServingPhase
 from prefect_swarm.swarm import Swarm
 
 

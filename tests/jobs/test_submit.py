@@ -16,7 +16,7 @@ from prefect_swarm.cli.job import job_app
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.jobs.plan import pending_shards
 from prefect_swarm.jobs.spec import JobSpec
-from prefect_swarm.jobs.submit import cancel_job, job_status, prepare_job, submit_job, wait_job
+from prefect_swarm.launch import cancel_job, job_status, prepare_job, submit_job, wait_job
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.services import free_port_block

@@ -9,12 +9,12 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from prefect_swarm.backends.compute.lepton import LeptonCompute
-from prefect_swarm.backends.serving.lepton import LeptonServing
+from prefect_swarm.backends.lepton.compute import LeptonCompute
+from prefect_swarm.backends.lepton.serving import LeptonServing
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
+from prefect_swarm.interfaces import JobStatus, ServingPhase
 from prefect_swarm.paths import SwarmPaths
-from prefect_swarm.platform import JobStatus, ServingPhase
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.fake_lepton import FakeLepton
 from prefect_swarm.testing.stub_engine import engine_command
@@ -203,7 +203,7 @@ def test_transient_503_and_429_are_retried(lepton_cfg: Make, fake_lepton: FakeLe
 def test_api_unavailable_gives_up_with_backend_error(
     lepton_cfg: Make, fake_lepton: FakeLepton, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prefect_swarm.backends.lepton_client import LeptonClient
+    from prefect_swarm.backends.lepton.client import LeptonClient
 
     monkeypatch.setattr(LeptonClient, "backoff_s", 0.01)
     cfg = lepton_cfg()

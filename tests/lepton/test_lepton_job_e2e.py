@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from prefect_swarm.config import SwarmConfig
-from prefect_swarm.platform import JobStatus
+from prefect_swarm.interfaces import JobStatus
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.fake_lepton import FakeLepton
 
@@ -90,7 +90,7 @@ def test_submit_job_through_the_job_api(
 ) -> None:
     """The job API (prepare, submit, wait, commit) on a Lepton swarm whose home lies on the shared mount."""
     from prefect_swarm.jobs.spec import JobSpec
-    from prefect_swarm.jobs.submit import submit_job
+    from prefect_swarm.launch import submit_job
 
     monkeypatch.setenv("PREFECT_SWARM_HOME", str(shared_dir / "home"))
     # the job API reattaches with Swarm.from_state (secrets dropped): the token comes from the env
@@ -114,7 +114,7 @@ def test_submit_job_through_the_job_api(
 def test_spec_off_the_shared_mount_is_refused(
     lepton_cfg: Callable[..., SwarmConfig], fake_lepton: FakeLepton, tmp_path: Path
 ) -> None:
-    from prefect_swarm.backends.compute.lepton import LeptonCompute
+    from prefect_swarm.backends.lepton.compute import LeptonCompute
     from prefect_swarm.exceptions import ConfigError
     from prefect_swarm.paths import SwarmPaths
 

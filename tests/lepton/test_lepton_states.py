@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_swarm.backends.compute.lepton import JOB_STATUSES, aggregate, job_names, job_status
-from prefect_swarm.backends.serving.lepton import DEPLOYMENT_PHASES, deployment_phase
-from prefect_swarm.platform import JobStatus, ServingPhase
+from prefect_swarm.backends.lepton.compute import JOB_STATUSES, aggregate, job_names, job_status
+from prefect_swarm.backends.lepton.serving import DEPLOYMENT_PHASES, deployment_phase
+from prefect_swarm.interfaces import JobStatus, ServingPhase
 
 DEPLOYMENT_TABLE = [
     ("Ready", None, ServingPhase.RUNNING),

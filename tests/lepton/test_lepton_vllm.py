@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from prefect_swarm.config import SwarmConfig
-from prefect_swarm.platform import JobStatus, ServingPhase
+from prefect_swarm.interfaces import JobStatus, ServingPhase
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing import services
 from prefect_swarm.testing.fake_lepton import FakeLepton

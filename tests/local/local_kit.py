@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prefect_swarm.config import SwarmConfig
-from prefect_swarm.platform import ServingStatus
+from prefect_swarm.interfaces import ServingStatus
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.services import free_port_block
 from prefect_swarm.testing.stub_engine import engine_command

@@ -11,10 +11,10 @@ import psutil
 import pytest
 from local_kit import stub_config
 
-from prefect_swarm.backends.compute.local import LocalCompute
+from prefect_swarm.backends.local.compute import LocalCompute
 from prefect_swarm.exceptions import StateError
+from prefect_swarm.interfaces import ComputeBackend, JobHandle, JobStatus, ServingHandle
 from prefect_swarm.paths import SwarmPaths
-from prefect_swarm.platform import ComputeBackend, JobHandle, JobStatus, ServingHandle
 
 
 @pytest.fixture

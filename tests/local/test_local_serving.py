@@ -14,10 +14,10 @@ import psutil
 import pytest
 from local_kit import stub_config, wait_for
 
-from prefect_swarm.backends.serving.local import LocalServing
+from prefect_swarm.backends.local.serving import LocalServing
 from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
+from prefect_swarm.interfaces import Capability, ServingPhase, check_config
 from prefect_swarm.paths import SwarmPaths, read_json
-from prefect_swarm.platform import Capability, ServingPhase, check_config
 from prefect_swarm.swarm import Swarm
 
 _UP_IN_CHILD = """

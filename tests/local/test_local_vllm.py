@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from prefect_swarm.config import SwarmConfig
-from prefect_swarm.platform import ReplicaHealth, ServingPhase
+from prefect_swarm.interfaces import ReplicaHealth, ServingPhase
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing import services
 

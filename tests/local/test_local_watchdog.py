@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 from local_kit import STUB, wait_for
 
-from prefect_swarm.platform import ReplicaHealth, ServingPhase
+from prefect_swarm.interfaces import ReplicaHealth, ServingPhase
 from prefect_swarm.swarm import Swarm
 
 FAIL = ["{python}", "-c", "import sys; print('BOOM from the engine', flush=True); sys.exit(1)"]
@@ -125,12 +125,12 @@ def test_api_key_reaches_the_engine_only_through_the_environment(local_swarm: Ca
 
 
 def test_watchdog_spec_file_runs_standalone(tmp_path: Path) -> None:
-    """`python -m prefect_swarm.runtime.watchdog --spec FILE` works on its own and stops on SIGTERM."""
+    """`python -m prefect_swarm.sidecar.watchdog --spec FILE` works on its own and stops on SIGTERM."""
     import subprocess
 
     from prefect_swarm.backends.engine import substitute
     from prefect_swarm.paths import SwarmPaths
-    from prefect_swarm.runtime.watchdog import WatchdogSpec
+    from prefect_swarm.sidecar.watchdog import WatchdogSpec
     from prefect_swarm.testing.services import free_port
 
     port = free_port()
@@ -139,7 +139,7 @@ def test_watchdog_spec_file_runs_standalone(tmp_path: Path) -> None:
                         health_interval_s=0.2)
     spec_file = tmp_path / "watchdog-0.json"
     spec_file.write_text(json.dumps(spec.to_dict()))
-    dog = subprocess.Popen([sys.executable, "-m", "prefect_swarm.runtime.watchdog", "--spec", str(spec_file)])
+    dog = subprocess.Popen([sys.executable, "-m", "prefect_swarm.sidecar.watchdog", "--spec", str(spec_file)])
     status = SwarmPaths(tmp_path).replica_status(0)
     try:
         deadline = time.monotonic() + 20

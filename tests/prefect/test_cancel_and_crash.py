@@ -13,8 +13,8 @@ import pytest
 from helpers import job_options, prompts, stub_swarm, swarm_processes, wait_for
 from stack import PrefectStack, job_variables
 
-from prefect_swarm.reaper import reap_orphans
 from prefect_swarm.state import StateStore
+from prefect_swarm.tasks.reaper import reap_orphans
 
 pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
 

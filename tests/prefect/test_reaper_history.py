@@ -11,8 +11,8 @@ from stack import PrefectStack
 from typer.testing import CliRunner
 
 from prefect_swarm.cli.history import history_cmd, runs_for_swarm
-from prefect_swarm.reaper import PrefectUnavailable, reap_orphans
 from prefect_swarm.state import StateStore, SwarmRecord
+from prefect_swarm.tasks.reaper import PrefectUnavailable, reap_orphans
 from prefect_swarm.testing.services import free_port
 
 

@@ -11,7 +11,7 @@ import pytest
 from _slurmkit import LiveSwarm
 
 from prefect_swarm.config import SwarmConfig
-from prefect_swarm.platform import ServingHandle
+from prefect_swarm.interfaces import ServingHandle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "prefect"))
 from stack import PrefectStack  # tests/prefect/stack.py: one stack class for both areas

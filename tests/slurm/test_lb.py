@@ -11,9 +11,9 @@ import httpx
 import pytest
 from _slurmkit import stub_config
 
-from prefect_swarm.backends.serving.slurm import render
+from prefect_swarm.backends.slurm import render
+from prefect_swarm.backends.slurm.lb import STRIKES, Reconciler
 from prefect_swarm.paths import SwarmPaths
-from prefect_swarm.runtime.lb import STRIKES, Reconciler
 from prefect_swarm.testing.services import free_port, free_port_block
 from prefect_swarm.testing.stub_engine import StubEngine
 

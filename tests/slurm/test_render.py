@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from prefect_swarm.backends.serving.slurm import render
-from prefect_swarm.backends.serving.slurm.backend import SlurmServing
+from prefect_swarm.backends.slurm import render
+from prefect_swarm.backends.slurm.serving import SlurmServing
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.paths import SwarmPaths
@@ -219,7 +219,7 @@ def test_hostile_prelude_executes_without_side_effects(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert not marker.exists() and not (Path.cwd() / "x").exists()
     logged = (tmp_path / "argv.log").read_text()
-    assert "prefect_swarm.runtime.watchdog" in logged
+    assert "prefect_swarm.sidecar.watchdog" in logged
     assert str(paths.file("watchdog-0.run.json")) in logged
 
 

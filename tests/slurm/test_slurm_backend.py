@@ -18,10 +18,10 @@ import httpx
 import pytest
 from _slurmkit import PY, LiveSwarm, job_command, make_job, our_jobs, output_ids, stub_config, unique_name
 
-from prefect_swarm.backends.compute.slurm import SlurmCompute
-from prefect_swarm.backends.serving.slurm.client import SlurmClient
+from prefect_swarm.backends.slurm.client import SlurmClient
+from prefect_swarm.backends.slurm.compute import SlurmCompute
 from prefect_swarm.exceptions import BackendError, CapacityError
-from prefect_swarm.platform import JobStatus, ReplicaHealth, ServingPhase
+from prefect_swarm.interfaces import JobStatus, ReplicaHealth, ServingPhase
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -172,7 +172,7 @@ def test_probe_cancel_and_reattach_by_external_id(slurm_swarm: MakeSwarm) -> Non
     compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
     job = compute.submit(name="sleep", command=[PY, "-c", "import time; time.sleep(120)"])
     other = SlurmCompute(swarm.cfg, swarm.paths, handle)  # another process would rebuild it from state
-    from prefect_swarm.platform import JobHandle
+    from prefect_swarm.interfaces import JobHandle
 
     again = JobHandle.from_dict(job.to_dict())
     assert other.probe(again).status is JobStatus.RUNNING

@@ -21,7 +21,7 @@ from _slurmkit import unique_name
 from helpers import wait_for
 from stack import PrefectStack, job_variables
 
-from prefect_swarm.backends.serving.slurm.client import SlurmClient
+from prefect_swarm.backends.slurm.client import SlurmClient
 from prefect_swarm.state import StateStore
 from prefect_swarm.testing.services import free_port_block
 from prefect_swarm.testing.stub_engine import engine_command

@@ -1,6 +1,6 @@
 """The LB reconciler: keeps nginx's upstream list equal to the replicas that are alive.
 
-    python -m prefect_swarm.runtime.lb --swarm-dir DIR [--nginx-bin nginx] [--public node:port] [--once]
+    python -m prefect_swarm.backends.slurm.lb --swarm-dir DIR [--nginx-bin nginx] [--public node:port] [--once]
 
 Runs inside the Slurm LB job next to ``nginx -g 'daemon off;'``. Every ``--interval`` seconds:
 

@@ -19,7 +19,7 @@ import uuid
 from prefect_swarm.settings import get_settings
 from prefect_swarm.state import StateStore, SwarmRecord
 
-log = logging.getLogger("prefect_swarm.reaper")
+log = logging.getLogger("prefect_swarm.tasks.reaper")
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "CRASHED"})
 """Prefect state types after which a flow run will never tear its swarm down itself."""

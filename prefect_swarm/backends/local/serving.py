@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.engine import engine_launch
-from prefect_swarm.backends.processes import ProcRef, stop
+from prefect_swarm.backends.local.processes import ProcRef, stop
 from prefect_swarm.config import LocalConfig
 from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
-from prefect_swarm.paths import atomic_write_json, read_json
-from prefect_swarm.platform import (
+from prefect_swarm.interfaces import (
     Capabilities,
     Capability,
     ReplicaHealth,
@@ -35,8 +34,9 @@ from prefect_swarm.platform import (
     ServingPhase,
     ServingStatus,
 )
-from prefect_swarm.platform.readiness import ProbeResult, check_chat, check_health
-from prefect_swarm.runtime.watchdog import WatchdogSpec
+from prefect_swarm.interfaces.readiness import ProbeResult, check_chat, check_health
+from prefect_swarm.paths import atomic_write_json, read_json
+from prefect_swarm.sidecar.watchdog import WatchdogSpec
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
@@ -183,7 +183,7 @@ class LocalServing:
         argv = [
             sys.executable,
             "-m",
-            "prefect_swarm.runtime.watchdog",
+            "prefect_swarm.sidecar.watchdog",
             "--spec",
             str(self.paths.watchdog_spec(i)),
         ]
@@ -392,7 +392,7 @@ def _evidence(reps: list[ReplicaStatus], tail_of: Callable[[int], Path] | None =
 
 
 def _tail(path: Path) -> str:
-    from prefect_swarm.runtime.watchdog import log_tail
+    from prefect_swarm.sidecar.watchdog import log_tail
 
     return log_tail(path, 20)
 

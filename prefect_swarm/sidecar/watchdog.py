@@ -1,6 +1,6 @@
 """The replica watchdog: runs one engine process, health-checks it, restarts it, reports on it.
 
-    python -m prefect_swarm.runtime.watchdog --spec <swarm>/watchdog-<i>.json
+    python -m prefect_swarm.sidecar.watchdog --spec <swarm>/watchdog-<i>.json
 
 * The replica runs in its own process group (so stopping it reaches vLLM's worker processes),
   with stdout+stderr appended to ``replica-<i>.log``.
@@ -35,9 +35,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefect_swarm.interfaces.readiness import check_health
+from prefect_swarm.interfaces.types import ReplicaHealth
 from prefect_swarm.paths import SwarmPaths, atomic_write_json, read_json
-from prefect_swarm.platform.readiness import check_health
-from prefect_swarm.platform.types import ReplicaHealth
 
 log = logging.getLogger("prefect_swarm.watchdog")
 

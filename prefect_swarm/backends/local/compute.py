@@ -1,6 +1,6 @@
 """Local compute: a job is one subprocess per shard on this machine.
 
-Each process runs under ``python -m prefect_swarm.runtime.exitcode`` in its own process group, so
+Each process runs under ``python -m prefect_swarm.sidecar.exitcode`` in its own process group, so
 any later process can learn how it ended from ``logs/shard-<i>.exit.json``; pids are recorded with
 their create time in ``launch.json`` (and the handle), so a reattached process never signals a
 recycled pid. Files live in ``SwarmPaths.job_dir(handle.id)``:
@@ -27,15 +27,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.backends.processes import ProcRef, stop
+from prefect_swarm.backends.local.processes import ProcRef, stop
 from prefect_swarm.exceptions import StateError
+from prefect_swarm.interfaces import DefaultComputeMixin, JobHandle, JobProbe, JobStatus
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
-from prefect_swarm.platform import DefaultComputeMixin, JobHandle, JobProbe, JobStatus
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
+    from prefect_swarm.interfaces import ServingHandle
     from prefect_swarm.paths import SwarmPaths
-    from prefect_swarm.platform import ServingHandle
 
 CANCEL_GRACE_S = 10.0
 """Seconds a job process gets to flush after SIGTERM before SIGKILL."""
@@ -140,7 +140,7 @@ class LocalCompute(DefaultComputeMixin):
         wrapped = [
             sys.executable,
             "-m",
-            "prefect_swarm.runtime.exitcode",
+            "prefect_swarm.sidecar.exitcode",
             "--out",
             str(exit_file),
             "--",

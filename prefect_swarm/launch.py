@@ -17,12 +17,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.exceptions import ConfigError, JobError
+from prefect_swarm.interfaces.types import JobHandle, JobStatus
 from prefect_swarm.jobs.commit import commit_output
 from prefect_swarm.jobs.plan import job_progress, pending_shards
 from prefect_swarm.jobs.shard import validate_input
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, SwarmPaths, read_json
-from prefect_swarm.platform.types import JobHandle, JobStatus
 from prefect_swarm.state import JobRecord, StateStore
 
 if TYPE_CHECKING:

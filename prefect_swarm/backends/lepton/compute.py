@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.backends.lepton_client import (
+from prefect_swarm.backends.lepton.client import (
     LABEL_JOB,
     LABEL_SWARM,
     LeptonClient,
@@ -28,12 +28,12 @@ from prefect_swarm.backends.lepton_client import (
     under_mount,
 )
 from prefect_swarm.exceptions import ConfigError, PrefectSwarmError
-from prefect_swarm.platform import DefaultComputeMixin, JobHandle, JobProbe, JobStatus
+from prefect_swarm.interfaces import DefaultComputeMixin, JobHandle, JobProbe, JobStatus
 
 if TYPE_CHECKING:
     from prefect_swarm.config import LeptonConfig, SwarmConfig
+    from prefect_swarm.interfaces import ServingHandle
     from prefect_swarm.paths import SwarmPaths
-    from prefect_swarm.platform import ServingHandle
 
 log = logging.getLogger(__name__)
 

@@ -24,16 +24,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.backends.serving.slurm import render
-from prefect_swarm.backends.serving.slurm.client import AcctEntry, QueueEntry, SlurmClient, clean_env
+from prefect_swarm.backends.slurm import render
+from prefect_swarm.backends.slurm.client import AcctEntry, QueueEntry, SlurmClient, clean_env
 from prefect_swarm.exceptions import BackendError, CapacityError
+from prefect_swarm.interfaces import DefaultComputeMixin, JobHandle, JobProbe, JobStatus, coerce_job_status
 from prefect_swarm.paths import JobPaths
-from prefect_swarm.platform import DefaultComputeMixin, JobHandle, JobProbe, JobStatus, coerce_job_status
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
+    from prefect_swarm.interfaces import ServingHandle
     from prefect_swarm.paths import SwarmPaths
-    from prefect_swarm.platform import ServingHandle
 
 STEP_APPEAR_S = 60.0
 """How long submit waits for a started srun to show up as a step."""

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.engine import engine_secret_env
-from prefect_swarm.backends.serving.slurm import render
-from prefect_swarm.backends.serving.slurm.client import QueueEntry, SlurmClient, clean_env
+from prefect_swarm.backends.slurm import render
+from prefect_swarm.backends.slurm.client import QueueEntry, SlurmClient, clean_env
+from prefect_swarm.backends.slurm.lb import resolve
 from prefect_swarm.exceptions import CapacityError, ReadinessError
-from prefect_swarm.paths import atomic_write_json, atomic_write_text, read_json
-from prefect_swarm.platform import (
+from prefect_swarm.interfaces import (
     Capabilities,
     Capability,
     ReplicaHealth,
@@ -32,8 +32,8 @@ from prefect_swarm.platform import (
     ServingPhase,
     ServingStatus,
 )
-from prefect_swarm.platform.readiness import ProbeResult, check_chat, check_health
-from prefect_swarm.runtime.lb import resolve
+from prefect_swarm.interfaces.readiness import ProbeResult, check_chat, check_health
+from prefect_swarm.paths import atomic_write_json, atomic_write_text, read_json
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig

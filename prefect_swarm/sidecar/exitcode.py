@@ -1,6 +1,6 @@
 """Run a command and record how it ended, so a process that is not its parent can learn the exit code.
 
-    python -m prefect_swarm.runtime.exitcode --out shard-00000.exit.json -- CMD ARG...
+    python -m prefect_swarm.sidecar.exitcode --out shard-00000.exit.json -- CMD ARG...
 
 The wrapper stays the command's parent, forwards SIGTERM/SIGINT/SIGHUP/SIGUSR1/SIGUSR2 to it
 (so signal the wrapper, not its process group, or the command gets each signal twice), waits for it, writes

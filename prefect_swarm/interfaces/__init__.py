@@ -1,8 +1,8 @@
 """The seams between prefect-swarm and where it runs: protocols, handles, statuses, capabilities."""
 
-from prefect_swarm.platform.capabilities import Capabilities, Capability, check_config
-from prefect_swarm.platform.protocols import ComputeBackend, DefaultComputeMixin, ServingBackend, wait_by_polling
-from prefect_swarm.platform.types import (
+from prefect_swarm.interfaces.capabilities import Capabilities, Capability, check_config
+from prefect_swarm.interfaces.protocols import ComputeBackend, DefaultComputeMixin, ServingBackend, wait_by_polling
+from prefect_swarm.interfaces.types import (
     JobHandle,
     JobProbe,
     JobStatus,

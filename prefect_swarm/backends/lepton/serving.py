@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.engine import engine_argv, engine_env
-from prefect_swarm.backends.lepton_client import (
+from prefect_swarm.backends.lepton.client import (
     LABEL_SWARM,
     LeptonClient,
     affinity,
@@ -24,7 +24,7 @@ from prefect_swarm.backends.lepton_client import (
     validate_lepton,
 )
 from prefect_swarm.exceptions import BackendError, CapacityError, PrefectSwarmError, ReadinessError
-from prefect_swarm.platform import (
+from prefect_swarm.interfaces import (
     Capabilities,
     Capability,
     ReplicaHealth,
@@ -33,7 +33,7 @@ from prefect_swarm.platform import (
     ServingPhase,
     ServingStatus,
 )
-from prefect_swarm.platform.readiness import check_chat
+from prefect_swarm.interfaces.readiness import check_chat
 
 if TYPE_CHECKING:
     from prefect_swarm.config import LeptonConfig, SwarmConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_swarm.platform import JobStatus, coerce_job_status
+from prefect_swarm.interfaces import JobStatus, coerce_job_status
 
 P, R, S, F, C = (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.SUCCEEDED, JobStatus.FAILED,
                  JobStatus.CANCELLED)

@@ -12,8 +12,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from prefect_swarm.platform.capabilities import Capabilities
-from prefect_swarm.platform.types import JobHandle, JobProbe, JobStatus, ServingHandle, ServingStatus
+from prefect_swarm.interfaces.capabilities import Capabilities
+from prefect_swarm.interfaces.types import JobHandle, JobProbe, JobStatus, ServingHandle, ServingStatus
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig

@@ -1,0 +1,3 @@
+"""The local backend: replicas are engine processes on this machine, each under the watchdog; jobs
+are local subprocesses. ``serving`` and ``compute`` implement the two protocols; ``processes``
+finds and stops the processes they start."""
