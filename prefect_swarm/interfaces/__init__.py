@@ -1,6 +1,8 @@
-"""The seams between prefect-swarm and where it runs: protocols, handles, statuses, capabilities."""
+"""The seams between prefect-swarm and where it runs: protocols, handles, statuses, capabilities,
+and the environment contract of job processes (``jobenv``)."""
 
 from prefect_swarm.interfaces.capabilities import Capabilities, Capability, check_config
+from prefect_swarm.interfaces.jobenv import JobEnv, JobRuntime
 from prefect_swarm.interfaces.protocols import ComputeBackend, DefaultComputeMixin, ServingBackend, wait_by_polling
 from prefect_swarm.interfaces.types import (
     JobHandle,
@@ -19,8 +21,10 @@ __all__ = [
     "Capability",
     "ComputeBackend",
     "DefaultComputeMixin",
+    "JobEnv",
     "JobHandle",
     "JobProbe",
+    "JobRuntime",
     "JobStatus",
     "ReplicaHealth",
     "ReplicaStatus",

@@ -68,8 +68,9 @@ def check_config(cfg: SwarmConfig, caps: Capabilities) -> None:
         )
     packed = cfg.gpus_per_node is not None or cfg.replicas_per_node is not None
     if packed and cfg.replicas > cfg.effective_replicas_per_node:
-        caps.require(Capability.MULTI_NODE, f"replicas={cfg.replicas} with replicas_per_node="
-                     f"{cfg.effective_replicas_per_node}")
+        caps.require(
+            Capability.MULTI_NODE, f"replicas={cfg.replicas} with replicas_per_node={cfg.effective_replicas_per_node}"
+        )
     container = getattr(cfg.backend, "container", None)
     if container is not None and container.runtime != "none":
         caps.require(Capability.CONTAINERS, f"backend.container.runtime={container.runtime}")

@@ -12,7 +12,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from prefect_swarm.interfaces import jobenv
 from prefect_swarm.interfaces.capabilities import Capabilities
+from prefect_swarm.interfaces.jobenv import JobRuntime
 from prefect_swarm.interfaces.types import JobHandle, JobProbe, JobStatus, ServingHandle, ServingStatus
 
 if TYPE_CHECKING:
@@ -91,6 +93,10 @@ class ComputeBackend(Protocol):
         """Stop the job. Idempotent: cancelling a finished job is not an error."""
         ...
 
+    def job_runtime(self) -> JobRuntime:
+        """How job processes start where this backend runs them: interpreter, base env, workdir, image."""
+        ...
+
 
 class DefaultComputeMixin:
     """Defaults a compute backend may use for how it starts the job process."""
@@ -112,8 +118,12 @@ class DefaultComputeMixin:
     def default_env(self) -> dict[str, str]:
         """Environment every job process gets: the swarm's env and the paths it needs."""
         env = dict(self.cfg.env)
-        env.setdefault("PREFECT_SWARM_HOME", os.environ.get("PREFECT_SWARM_HOME", ""))
+        env.setdefault(jobenv.HOME, os.environ.get(jobenv.HOME, ""))
         return {k: v for k, v in env.items() if v != ""}
+
+    def job_runtime(self) -> JobRuntime:
+        """The runtime assembled from the ``default_*`` hooks above."""
+        return JobRuntime(python=self.default_python(), env=self.default_env(), image=self.default_image())
 
     @staticmethod
     def shard_argv(command: Sequence[str], nshards: int, shard_id: int) -> list[str]:

@@ -31,9 +31,7 @@ def check_health(base_url: str, path: str = "/health", timeout_s: float = 5.0) -
     return ProbeResult(resp.status_code == 200, f"HTTP {resp.status_code}")
 
 
-def check_chat(
-    base_url: str, model: str, api_key: str | None = None, timeout_s: float = 60.0
-) -> ProbeResult:
+def check_chat(base_url: str, model: str, api_key: str | None = None, timeout_s: float = 60.0) -> ProbeResult:
     """POST one tiny chat completion; ok when it returns a choice."""
     body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1, "temperature": 0}
     try:
@@ -51,9 +49,7 @@ def check_chat(
     return ProbeResult(ok, "" if ok else "no choices in response")
 
 
-def check_replica(
-    base_url: str, model: str, health_path: str = "/health", api_key: str | None = None
-) -> ProbeResult:
+def check_replica(base_url: str, model: str, health_path: str = "/health", api_key: str | None = None) -> ProbeResult:
     """Health, then a chat completion."""
     health = check_health(base_url, health_path)
     if not health.ok:

@@ -1,0 +1,118 @@
+"""The environment contract between the control plane and the processes it starts.
+
+Every ``PREFECT_SWARM_*`` variable that crosses a process boundary is named here once:
+
+- :class:`JobEnv` is what a job process (``python -m prefect_swarm.jobs.run``) or a user's script
+  reads: where to send requests, which model, the API key, which shard it is. The submitter writes
+  it with :meth:`JobEnv.to_env` / :meth:`JobEnv.secret_env`; the job process reads it with
+  :meth:`JobEnv.from_env`.
+- :class:`JobRuntime` is how a compute backend starts a job process: the interpreter that exists
+  *where the job runs* (a Lepton container, a Slurm node), its base environment and working
+  directory. The control plane asks the backend for it instead of using its own ``sys.executable``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+ENDPOINTS = "PREFECT_SWARM_ENDPOINTS"
+"""Comma-separated base URLs a job spreads its requests over."""
+ENDPOINT = "ENDPOINT"
+"""One base URL (the swarm's endpoint), for users' scripts."""
+MODEL = "MODEL"
+"""The served model name."""
+API_KEY = "PREFECT_SWARM_API_KEY"
+"""The swarm's API key: engines require it, clients send it, a reattaching process reads it."""
+SHARD_ID = "PREFECT_SWARM_SHARD_ID"
+NSHARDS = "PREFECT_SWARM_NSHARDS"
+HOME = "PREFECT_SWARM_HOME"
+"""Where state and job folders live (``~/.prefect-swarm`` by default)."""
+LOG_LEVEL = "PREFECT_SWARM_LOG_LEVEL"
+
+
+@dataclass(frozen=True)
+class JobEnv:
+    """What a job process learns from its environment (anything the spec does not say)."""
+
+    endpoints: tuple[str, ...] = ()
+    model: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    shard_id: int | None = None
+    nshards: int | None = None
+    home: str | None = None
+    log_level: str | None = None
+
+    def to_env(self) -> dict[str, str]:
+        """The plain (non-secret) variables; the API key goes by :meth:`secret_env` only."""
+        env: dict[str, str] = {}
+        if self.endpoints:
+            env[ENDPOINTS] = ",".join(self.endpoints)
+            env[ENDPOINT] = self.endpoints[0]
+        for name, value in (
+            (MODEL, self.model),
+            (SHARD_ID, self.shard_id),
+            (NSHARDS, self.nshards),
+            (HOME, self.home),
+            (LOG_LEVEL, self.log_level),
+        ):
+            if value is not None and value != "":
+                env[name] = str(value)
+        return env
+
+    def secret_env(self) -> dict[str, str]:
+        """The secret variables (passed as a compute backend's ``secret_env``, never rendered)."""
+        return {API_KEY: self.api_key} if self.api_key else {}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> JobEnv:
+        """Read the contract back (``os.environ`` by default); unset or empty values are None."""
+        env = os.environ if environ is None else environ
+        raw = env.get(ENDPOINTS) or env.get(ENDPOINT) or ""
+        return cls(
+            endpoints=tuple(u.strip().rstrip("/") for u in raw.split(",") if u.strip()),
+            model=env.get(MODEL) or None,
+            api_key=env.get(API_KEY) or None,
+            shard_id=_int(env.get(SHARD_ID)),
+            nshards=_int(env.get(NSHARDS)),
+            home=env.get(HOME) or None,
+            log_level=env.get(LOG_LEVEL) or None,
+        )
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value not in (None, "") else None
+
+
+@dataclass(frozen=True)
+class JobRuntime:
+    """How a compute backend starts a job process where the job runs."""
+
+    python: str
+    """The interpreter in the job's environment (``python3`` in a container image, the Slurm
+    config's ``job_python``, this interpreter for local jobs)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Base environment every job process gets (the swarm's ``env``, ``PREFECT_SWARM_HOME``)."""
+    workdir: str | None = None
+    """Working directory of the job process; None leaves the backend's default."""
+    image: str | None = None
+    """Container image the job runs in; None runs on the host."""
+
+    def module_argv(self, module: str, *args: str) -> list[str]:
+        """``[python, -m, module, *args]`` with this runtime's interpreter."""
+        return [self.python, "-m", module, *args]
+
+
+__all__ = [
+    "API_KEY",
+    "ENDPOINT",
+    "ENDPOINTS",
+    "HOME",
+    "LOG_LEVEL",
+    "MODEL",
+    "NSHARDS",
+    "SHARD_ID",
+    "JobEnv",
+    "JobRuntime",
+]
