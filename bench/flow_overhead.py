@@ -29,7 +29,7 @@ from helpers import stub_swarm  # noqa: E402
 
 from prefect_swarm.jobs.commit import commit_output  # noqa: E402
 from prefect_swarm.jobs.spec import JobSpec  # noqa: E402
-from prefect_swarm.testing.services import free_port  # noqa: E402
+from prefect_swarm.testing import free_port  # noqa: E402
 from prefect_swarm.testing.stub_engine import StubEngine  # noqa: E402
 
 LATENCY_MS = 50

@@ -126,7 +126,7 @@ def pin(pids: list[int], core: int) -> int:
 def swarm_config(replicas: int, latency_ms: float) -> Any:
     """A Slurm swarm of ``replicas`` stub engines, one CPU each."""
     from prefect_swarm.config import SwarmConfig
-    from prefect_swarm.testing.services import free_port_block
+    from prefect_swarm.testing import free_port_block
     from prefect_swarm.testing.stub_engine import engine_command
 
     command = engine_command(latency_ms=latency_ms)
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace, latency_ms: float) -> dict[str, Any]:
 
     cfg = swarm_config(args.replicas, latency_ms)
     serving = SlurmServing(cfg, SwarmPaths.for_swarm(cfg.name))
-    workers = check_nginx_conf(serving.render_plan()["nginx.conf"])
+    workers = check_nginx_conf(serving.plan()["nginx.conf"])
     handle = serving.create_or_update(cfg)
     lbs, directs, ratios, errors = [], [], [], 0
     try:

@@ -1,73 +1,198 @@
-"""Job orchestration through a swarm's compute backend: prepare, submit, status, wait, cancel.
+"""The one control-plane path for a job on a swarm: prepare, plan, submit, poll, record, commit.
 
-Used by the CLI (``prefect-swarm job ...``) and by the Prefect tasks alike; nothing here imports
-prefect. A job is one row in the state store (``JobRecord``: id, swarm, spec, status, progress,
-``handle = {"submissions": [JobHandle, ...]}``) plus its ledger folder (``spec.job_dir``). The
-ledger is the truth for what is done; the compute backend's probe only says whether processes
-still run and how they ended.
+The CLI (``prefect-swarm job ...``) and the Prefect tasks (``prefect_swarm.tasks.jobs``) both call
+this module; the tasks add only what Prefect adds (retries, run logger, artifacts, the stop event,
+the cache). Nothing here imports prefect.
+
+A job is ONE row in the state store (:class:`~prefect_swarm.state.JobRecord`: id, swarm, spec,
+status, progress sums, ``handle = {"submissions": [...]}``) plus its ledger folder
+(``spec.job_dir``), whoever submitted it. A submission is one call to the compute backend (a
+fan-out over every shard, or one shard) started with the backend's job runtime
+(:meth:`~prefect_swarm.interfaces.ComputeBackend.job_runtime`): the interpreter that exists where
+the job runs, not this process's. The ledger is the truth for what is done; the compute backend's
+probe only says whether processes still run and how they ended.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
-import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.exceptions import ConfigError, JobError
-from prefect_swarm.interfaces.types import JobHandle, JobStatus
+from prefect_swarm.exceptions import CapacityError, ConfigError, DatasetError, JobError
+from prefect_swarm.interfaces import ComputeBackend, JobEnv, JobHandle, JobProbe, JobRequest, JobStatus
 from prefect_swarm.jobs.commit import commit_output
-from prefect_swarm.jobs.plan import job_progress, pending_shards
-from prefect_swarm.jobs.shard import validate_input
+from prefect_swarm.jobs.fingerprint import job_fingerprint
+from prefect_swarm.jobs.plan import check_resume, job_progress, pending_shards, shard_progress
+from prefect_swarm.jobs.shard import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE, validate_input
 from prefect_swarm.jobs.spec import JobSpec
-from prefect_swarm.paths import JobPaths, SwarmPaths, read_json
+from prefect_swarm.paths import JobPaths, SwarmPaths, read_json, read_tail
 from prefect_swarm.state import JobRecord, StateStore
 
 if TYPE_CHECKING:
     from prefect_swarm.swarm import Swarm
 
-ACTIVE = {JobStatus.PENDING.value, JobStatus.RUNNING.value}
+JOB_MODULE = "prefect_swarm.jobs.run"
+"""The job process every shard runs (``python -m prefect_swarm.jobs.run``)."""
+ACTIVE = frozenset({JobStatus.PENDING, JobStatus.RUNNING})
+POLL_MIN_S, POLL_MAX_S = 0.1, 2.0
+"""Polling steps grow from POLL_MIN_S to POLL_MAX_S: short jobs end fast, a stop is seen in <= 2 s."""
 
 
-def new_job_id() -> str:
-    """A fresh, sortable job id: ``job-YYYYmmdd-HHMMSS-xxxxxx``."""
-    return f"job-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+# ---------------------------------------------------------------------------------------- prepare
+def job_id_for(swarm_name: str | None, spec: JobSpec, fingerprint: str) -> str:
+    """The job id for these parameters: the same output, fingerprint and shard count give the same id,
+    so a rerun (from the CLI or a flow) finds its ledger and its record."""
+    key = f"{Path(spec.output).expanduser().resolve()}|{fingerprint}|{spec.shards}"
+    return f"{swarm_name or 'job'}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
 
-def prepare_job(spec: JobSpec, *, overwrite: bool = False) -> tuple[JobSpec, JobPaths]:
-    """Fill the job id and job dir, validate the job class and the dataset, write ``spec.json``.
+def for_swarm(spec: JobSpec, swarm: Swarm, *, retry_failed: bool = False) -> JobSpec:
+    """``spec`` aimed at ``swarm`` as it is NOW: its name, endpoints, model and engine fingerprint.
 
-    Every refusal (bad job class or kwargs, missing column, duplicate ids, unreadable file)
-    happens here, before anything is submitted. ``overwrite`` discards an existing ledger.
+    Always the live swarm's, never what a stored spec remembers: a swarm brought up again listens
+    elsewhere, and an engine swapped behind the same name changes the fingerprint, which the
+    resume check of :func:`prepare_job` then refuses (a checkpoint never mixes two engines' answers).
     """
-    job_id = spec.job_id or new_job_id()
-    job_dir = spec.job_dir or str(
-        SwarmPaths.for_swarm(spec.swarm).job_dir(job_id) if spec.swarm else JobPaths.standalone(job_id).root
-    )
-    spec = JobSpec.model_validate({**spec.model_dump(), "job_id": job_id, "job_dir": job_dir})
-    paths = JobPaths(spec.paths.root).ensure()
-    if overwrite:
-        shutil.rmtree(paths.shards_root(), ignore_errors=True)
-        for f in (paths.manifest, paths.failed_rows, paths.validated):
-            f.unlink(missing_ok=True)
-    validate_input(spec)
-    spec.save()
-    return spec, paths
-
-
-def _for_swarm(swarm: Swarm, spec: JobSpec, retry_failed: bool) -> JobSpec:
-    return JobSpec.model_validate(
-        {
-            **spec.model_dump(),
+    return spec.model_copy(
+        update={
             "swarm": swarm.cfg.name,
-            "endpoints": spec.endpoints or swarm.endpoints,
-            "model": spec.model or swarm.cfg.model_name,
-            "swarm_fingerprint": spec.swarm_fingerprint or swarm.fingerprint,
+            "endpoints": swarm.endpoints,
+            "model": swarm.cfg.model_name,
+            "swarm_fingerprint": swarm.fingerprint,
             "retry_failed": retry_failed,
         }
     )
+
+
+def prepare_job(spec: JobSpec, swarm_name: str | None = None, *, overwrite: bool = False) -> JobSpec:
+    """Validate the job class and the dataset, fill the job id and job dir, write ``spec.json``.
+
+    Every refusal (bad job class or kwargs, missing column, duplicate ids, unreadable file) happens
+    here, before anything is submitted and before anything is written. ``overwrite`` discards an
+    existing ledger.
+    """
+    swarm_name = swarm_name or spec.swarm
+    fingerprint = job_fingerprint(spec)  # opens the dataset: an unreadable input fails here
+    job_id = spec.job_id or job_id_for(swarm_name, spec, fingerprint)
+    job_dir = spec.job_dir or str(
+        SwarmPaths.for_swarm(swarm_name).job_dir(job_id) if swarm_name else JobPaths.standalone(job_id).root
+    )
+    spec = spec.model_copy(update={"job_id": job_id, "job_dir": job_dir, "swarm": swarm_name})
+    validate_input(spec)
+    if not overwrite:
+        check_resume(spec)  # a refused resubmit changes nothing: no spec.json, no record
+    paths = JobPaths(spec.paths.root).ensure()
+    if overwrite:
+        shutil.rmtree(paths.shards_root(), ignore_errors=True)
+        for f in (paths.manifest, paths.failed_rows):
+            f.unlink(missing_ok=True)
+    spec.save()
+    return spec
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What the ledger says before anything starts."""
+
+    spec: JobSpec
+    fingerprint: str
+    pending: list[int]
+    done: list[int] = field(default_factory=list)
+
+    @property
+    def nothing_to_run(self) -> bool:
+        """Every shard is done: no swarm is needed (commit at most)."""
+        return not self.pending
+
+
+def plan_job(
+    spec: JobSpec,
+    swarm_name: str | None,
+    *,
+    overwrite: bool = False,
+    flow_run_id: str | None = None,
+    store: StateStore | None = None,
+) -> JobPlan:
+    """Prepare ``spec``, record the job, and read which shards are pending (before any GPU is asked for)."""
+    spec = prepare_job(spec, swarm_name, overwrite=overwrite)
+    fingerprint = job_fingerprint(spec)
+    pending = pending_shards(spec)
+    record_job(spec, store=store, flow_run_id=flow_run_id)
+    return JobPlan(spec, fingerprint, pending, [i for i in range(spec.shards) if i not in pending])
+
+
+def record_job(spec: JobSpec, *, store: StateStore | None = None, flow_run_id: str | None = None) -> JobRecord:
+    """Insert or refresh job ``spec.job_id``'s row, keeping its submissions and creation time."""
+    assert spec.job_id is not None
+    store = store or StateStore()
+    old = store.get_job(spec.job_id)
+    return store.put_job(
+        JobRecord(
+            id=spec.job_id,
+            spec=spec.model_dump(mode="json"),
+            status=JobStatus.PENDING,
+            swarm=spec.swarm,
+            handle={"submissions": list((old.handle or {}).get("submissions", [])) if old else []},
+            nshards=spec.shards,
+            job_dir=spec.job_dir,
+            flow_run_id=flow_run_id or (old.flow_run_id if old else None),
+            progress=old.progress if old else None,
+            created_at=old.created_at if old else time.time(),
+        )
+    )
+
+
+# ----------------------------------------------------------------------------------------- submit
+def submit_shards(
+    swarm: Swarm,
+    spec: JobSpec,
+    shards: list[int],
+    *,
+    store: StateStore | None = None,
+    task_run_id: str | None = None,
+) -> list[JobHandle]:
+    """Start ``shards`` of prepared job ``spec`` on ``swarm``'s compute backend and record each submission.
+
+    Every shard at once is one fan-out submission; a subset is one submission per shard. The
+    command uses the backend's job runtime; the swarm's API key reaches the process environment
+    only (never a command, a log or a state row).
+    """
+    assert spec.job_id is not None
+    bad = [i for i in shards if not 0 <= i < spec.shards]
+    if bad:
+        raise ConfigError(f"shard ids {bad} are out of range for a job of {spec.shards} shards.")
+    store = store or StateStore()
+    compute = swarm.compute
+    command = compute.job_runtime().module_argv(JOB_MODULE, "--spec", str(spec.paths.spec))
+    key = swarm.cfg.api_key.get_secret_value() if swarm.cfg.api_key else None
+    secret = JobEnv(api_key=key).secret_env()
+    n = spec.shards
+    if sorted(shards) == list(range(n)) and task_run_id is None:
+        fan_out = JobRequest(
+            name=spec.job_id, command=command, secret_env=secret, nshards=n, shard_id=0 if n == 1 else None
+        )
+        batches = [(list(range(n)), compute.submit(fan_out))]
+    else:
+        batches = [
+            (
+                [i],
+                compute.submit(
+                    JobRequest(name=f"{spec.job_id}-s{i}", command=command, secret_env=secret, nshards=n, shard_id=i)
+                ),
+            )
+            for i in shards
+        ]
+    for ids, handle in batches:
+        entry = {**handle.to_dict(), "shards": ids, "task_run_id": task_run_id}
+        store.add_job_submission(spec.job_id, entry, JobStatus.RUNNING)
+    return [h for _, h in batches]
 
 
 def submit_job(
@@ -81,64 +206,148 @@ def submit_job(
     commit: bool | None = None,
     store: StateStore | None = None,
 ) -> JobRecord:
-    """Submit the pending shards of ``spec`` (or just ``shard_ids``) to ``swarm``'s compute backend.
+    """Submit the pending shards of ``spec`` (or just ``shard_ids``) to ``swarm``; the CLI's path.
 
-    Fills endpoints, model and swarm_fingerprint from the swarm, prepares the job, records it in
-    the state store and starts one process per shard (``python -m prefect_swarm.jobs.run``). Shards
-    already done are not started. With ``detach=False`` it waits, then commits (unless
+    Fills endpoints, model and engine fingerprint from the swarm, prepares and records the job,
+    and starts the shards not yet done. With ``detach=False`` it waits, then commits (unless
     ``commit=False``) when every shard is done. Returns the job's record.
     """
     store = store or StateStore()
-    spec, paths = prepare_job(_for_swarm(swarm, spec, retry_failed), overwrite=overwrite)
+    plan = plan_job(for_swarm(spec, swarm, retry_failed=retry_failed), swarm.cfg.name, overwrite=overwrite, store=store)
+    spec = plan.spec
     assert spec.job_id is not None
-    todo = sorted(set(shard_ids)) if shard_ids is not None else pending_shards(spec)
-    bad = [i for i in todo if not 0 <= i < spec.shards]
-    if bad:
-        raise ConfigError(f"shard ids {bad} are out of range for a job of {spec.shards} shards.")
-    old = store.get_job(spec.job_id)
-    submissions = list((old.handle or {}).get("submissions", [])) if old else []
-    rec = store.put_job(
-        JobRecord(
-            id=spec.job_id,
-            spec=spec.model_dump(),
-            status=JobStatus.PENDING.value,
-            swarm=swarm.cfg.name,
-            handle={"submissions": submissions},
-            nshards=spec.shards,
-            job_dir=str(paths.root),
-            created_at=old.created_at if old else time.time(),
-        )
-    )
+    todo = sorted(set(shard_ids)) if shard_ids is not None else plan.pending
     if todo:
-        submissions += [h.to_dict() for h in _start(swarm, spec, todo)]
-        rec = store.update_job(
-            spec.job_id, handle={"submissions": submissions}, status=JobStatus.RUNNING.value
-        )
+        submit_shards(swarm, spec, todo, store=store)
     if detach:
-        return rec
+        return store.require_job(spec.job_id)
     wait_job(spec.job_id, commit=commit is not False and shard_ids is None, store=store)
     return store.require_job(spec.job_id)
 
 
-def _start(swarm: Swarm, spec: JobSpec, shards: list[int]) -> list[JobHandle]:
+def submit_script(
+    swarm: Swarm, script: str, args: list[str], *, detach: bool = True, store: StateStore | None = None
+) -> JobRecord:
+    """Run an arbitrary Python script next to the swarm, with ENDPOINT, MODEL and the API key in its environment."""
+    store = store or StateStore()
     compute = swarm.compute
-    python = getattr(compute, "default_python", lambda: sys.executable)()
-    command = [python, "-m", "prefect_swarm.jobs.run", "--spec", str(spec.paths.spec)]
-    secret = {"PREFECT_SWARM_API_KEY": swarm.cfg.api_key.get_secret_value()} if swarm.cfg.api_key else {}
-    common: dict[str, Any] = {"name": spec.job_id, "env": {}, "secret_env": secret, "detach": True}
-    n = spec.shards
-    if shards == list(range(n)):
-        cmd = command if n > 1 else [*command, "--shard-id", "0", "--nshards", "1"]
-        return [compute.submit(command=cmd, nshards=n, **common)]
-    return [
-        compute.submit(
-            command=[*command, "--shard-id", str(i), "--nshards", str(n)], nshards=n, shard_id=i, **common
+    job_id = f"script-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    key = swarm.cfg.api_key.get_secret_value() if swarm.cfg.api_key else None
+    env = JobEnv(endpoints=tuple(swarm.endpoints), model=swarm.cfg.model_name, api_key=key)
+    store.put_job(
+        JobRecord(
+            id=job_id,
+            spec={"script": script, "args": list(args)},
+            status=JobStatus.PENDING,
+            swarm=swarm.cfg.name,
+            handle={"submissions": []},
         )
-        for i in shards
-    ]
+    )
+    env_vars = {**env.to_env(), "ENDPOINT": swarm.endpoint}
+    handle = compute.submit(
+        JobRequest(
+            name=job_id,
+            command=[compute.job_runtime().python, script, *args],
+            env=env_vars,
+            secret_env=env.secret_env(),
+            detach=detach,
+        )
+    )
+    status = JobStatus.RUNNING
+    if not detach:
+        probe = compute.probe(handle)
+        status = probe.status or status
+    return store.add_job_submission(job_id, {**handle.to_dict(), "shards": [], "task_run_id": None}, status)
 
 
-def _probe(rec: JobRecord) -> list[dict[str, Any]]:
+# --------------------------------------------------------------------------------- watch one shard
+class ShardWatch:
+    """One shard of a prepared job on a swarm: submit it, poll it until it ends (or ``stop`` is set),
+    turn its exit code into a result or an exception. The Prefect ``run-shard`` task drives it."""
+
+    def __init__(self, swarm: Swarm, spec: JobSpec, shard: int, *, store: StateStore | None = None) -> None:
+        self.swarm, self.spec, self.shard = swarm, spec, shard
+        self.store = store or StateStore()
+        self.compute = swarm.compute
+        self.handle: JobHandle | None = None
+
+    def submit(self, task_run_id: str | None = None) -> JobHandle:
+        """Start the shard's process."""
+        (self.handle,) = submit_shards(self.swarm, self.spec, [self.shard], store=self.store, task_run_id=task_run_id)
+        return self.handle
+
+    def watch(self, stop: threading.Event | None = None, on_step: Callable[[], None] | None = None) -> JobProbe:
+        """Poll until the process ends; return its last probe. Raises :class:`ShardStopped` (after
+        cancelling the process) when ``stop`` is set first."""
+        handle = self.handle or self.submit()
+        try:
+            return poll_until_finished(
+                lambda: self.compute.probe(handle), stop=stop, on_step=on_step, what=f"shard {self.shard}"
+            )
+        except BaseException:
+            self.compute.cancel(handle)
+            raise
+
+    def outcome(self, probe: JobProbe) -> dict[str, Any]:
+        """The shard's progress when it succeeded; else the exception its exit code means."""
+        spec, i, code, status = self.spec, self.shard, probe.exit_code, probe.status
+        if status is JobStatus.SUCCEEDED and code in (None, EXIT_OK):
+            return shard_summary(spec, i, "ran")
+        tail = shard_log_tail(spec, i)
+        if code == EXIT_BAD_INPUT:
+            raise DatasetError(f"shard {i} of job {spec.job_id} refused its input (exit 2).\n{tail}")
+        if code == EXIT_REQUEUE:
+            raise CapacityError(f"shard {i} of job {spec.job_id} was preempted (exit 75); retrying resumes it.")
+        state = status.value if status else "UNKNOWN"
+        raise JobError(f"shard {i} of job {spec.job_id} ended {state} (exit {code}).\n{tail}")
+
+
+class ShardStopped(Exception):
+    """The run that watched a shard is ending; the shard's process was cancelled (it flushes)."""
+
+
+def poll_until_finished(
+    probe: Callable[[], JobProbe],
+    *,
+    stop: threading.Event | None = None,
+    on_step: Callable[[], None] | None = None,
+    deadline: float | None = None,
+    what: str = "job",
+) -> JobProbe:
+    """Probe in growing steps until the job has finished. ``stop`` set raises ShardStopped; passing
+    the monotonic ``deadline`` raises JobError (the job keeps running). Probe errors ("could not
+    tell") keep waiting."""
+    stop = stop or threading.Event()
+    step = POLL_MIN_S
+    while True:
+        last = probe()
+        if last.status is not None and last.status.finished:
+            return last
+        if on_step is not None:
+            on_step()
+        if deadline is not None and time.monotonic() > deadline:
+            raise JobError(f"{what} still running at its deadline; it keeps running.")
+        if stop.wait(step):
+            raise ShardStopped(f"{what}: the run is ending")
+        step = min(step * 1.5, POLL_MAX_S)
+
+
+def shard_summary(spec: JobSpec, shard: int, how: str) -> dict[str, Any]:
+    """A shard's progress plus how this run got it (``ran``, ``skipped``)."""
+    return {**shard_progress(spec, shard), "shard": shard, "how": how}
+
+
+def shard_log_tail(spec: JobSpec, shard: int, lines: int = 20) -> str:
+    """The end of shard ``shard``'s process log, for error messages ('' when there is none)."""
+    for path in (spec.paths.shard(shard).log, spec.paths.log(shard)):
+        tail = read_tail(path, lines)
+        if tail:
+            return f"log tail ({path}):\n{tail}"
+    return ""
+
+
+# ------------------------------------------------------------------------------ status of a job
+def _probe_all(rec: JobRecord) -> list[dict[str, Any]]:
     """The compute backend's view of each submission (never raises: errors are 'could not tell')."""
     subs = (rec.handle or {}).get("submissions", [])
     if not subs or not rec.swarm:
@@ -148,85 +357,77 @@ def _probe(rec: JobRecord) -> list[dict[str, Any]]:
 
         compute = Swarm.from_state(rec.swarm).compute
     except Exception as exc:
-        return [
-            {"id": s.get("id"), "status": None, "error": f"cannot reach swarm '{rec.swarm}': {exc}"}
-            for s in subs
-        ]
+        return [{"id": s.get("id"), "status": None, "error": f"cannot reach swarm '{rec.swarm}': {exc}"} for s in subs]
     out = []
     for sub in subs:
         try:
             p = compute.probe(JobHandle.from_dict(sub))
-            out.append(
-                {
-                    "id": sub.get("id"),
-                    "status": p.status.value if p.status else None,
-                    "exit_code": p.exit_code,
-                    "error": p.error,
-                    "detail": p.detail,
-                }
-            )
         except Exception as exc:
-            out.append({"id": sub.get("id"), "status": None, "error": str(exc)})
+            out.append({"id": sub.get("id"), "shards": sub.get("shards"), "status": None, "error": str(exc)})
+            continue
+        out.append(
+            {
+                "id": sub.get("id"),
+                "shards": sub.get("shards"),
+                "status": p.status.value if p.status else None,
+                "exit_code": p.exit_code,
+                "error": p.error,
+                "detail": p.detail,
+            }
+        )
     return out
 
 
-def _overall(
-    spec: JobSpec, progress: dict[str, Any], probes: list[dict[str, Any]], old: str
-) -> tuple[str, bool]:
+def _overall(spec: JobSpec, probes: list[dict[str, Any]], old: JobStatus) -> tuple[JobStatus, bool]:
     """(status, committed) from the ledger, the manifest and the processes."""
     manifest = read_json(spec.paths.manifest)
     pending = pending_shards(spec.model_copy(update={"retry_failed": False}))
     committed = bool(manifest) and not pending and manifest.get("fingerprint") is not None
     running = any(p.get("status") in ACTIVE for p in probes)
     if running or (not probes and old in ACTIVE and pending):
-        return JobStatus.RUNNING.value, committed
+        return JobStatus.RUNNING, committed
     if not pending:
-        return JobStatus.SUCCEEDED.value, committed
-    if old == JobStatus.CANCELLED.value or any(p.get("status") == JobStatus.CANCELLED.value for p in probes):
-        return JobStatus.CANCELLED.value, committed
-    return JobStatus.FAILED.value, committed
+        return JobStatus.SUCCEEDED, committed
+    if old is JobStatus.CANCELLED or any(p.get("status") == JobStatus.CANCELLED for p in probes):
+        return JobStatus.CANCELLED, committed
+    return JobStatus.FAILED, committed
 
 
 def job_status(job_id: str, *, refresh: bool = True, store: StateStore | None = None) -> dict[str, Any]:
-    """The job now: status, per-shard progress, backend view; the state row is updated.
+    """The job now: status, per-shard progress, the backend's view; the state row is updated.
 
     ``SUCCEEDED`` means every shard is done; ``committed`` says whether the output is written.
     With ``refresh=False`` the compute backend is not asked (ledger files only).
     """
     store = store or StateStore()
     rec = store.require_job(job_id)
-    if "input" not in rec.spec:  # a submit-script job: the backend is the only source
-        probes = _probe(rec) if refresh else []
-        status = next((p["status"] for p in probes if p.get("status")), rec.status)
-        store.update_job(job_id, status=status)
-        return {
-            "id": job_id,
-            "swarm": rec.swarm,
-            "status": status,
-            "kind": "script",
-            "backend": probes,
-            "spec": rec.spec,
-            "created_at": rec.created_at,
-        }
-    spec = JobSpec.model_validate(rec.spec)
-    progress = job_progress(spec)
-    probes = _probe(rec) if refresh else []
-    status, committed = _overall(spec, progress, probes, rec.status)
-    store.update_job(job_id, status=status, progress={k: v for k, v in progress.items() if k != "shards"})
-    return {
+    probes = _probe_all(rec) if refresh else []
+    base = {
         "id": job_id,
         "swarm": rec.swarm,
-        "status": status,
+        "flow_run_id": rec.flow_run_id,
+        "nshards": rec.nshards,
+        "created_at": rec.created_at,
+        "backend": probes,
+    }
+    if "input" not in rec.spec:  # a script job: the backend is the only source
+        status = next((JobStatus(p["status"]) for p in probes if p.get("status")), rec.status)
+        store.update_job(job_id, status=status)
+        return {**base, "status": status.value, "kind": "script", "spec": rec.spec}
+    spec = JobSpec.model_validate(rec.spec)
+    progress = job_progress(spec)
+    status, committed = _overall(spec, probes, rec.status)
+    store.update_job(job_id, status=status, progress={k: v for k, v in progress.items() if k != "shards"})
+    return {
+        **base,
+        "status": status.value,
         "committed": committed,
         "kind": "batch",
         "input": spec.input,
         "output": spec.output,
         "job_dir": spec.job_dir,
-        "nshards": spec.shards,
         "progress": progress,
-        "backend": probes,
         "manifest": read_json(spec.paths.manifest) if committed else None,
-        "created_at": rec.created_at,
     }
 
 
@@ -249,7 +450,7 @@ def wait_job(
         doc = job_status(job_id, store=store)
         if on_progress:
             on_progress(doc)
-        if doc["status"] not in ACTIVE:
+        if JobStatus(doc["status"]) not in ACTIVE:
             break
         if deadline is not None and time.monotonic() > deadline:
             raise JobError(
@@ -257,59 +458,46 @@ def wait_job(
                 f"`prefect-swarm job status {job_id}` shows its progress."
             )
         time.sleep(poll_s)
-    if (
-        doc["status"] == JobStatus.SUCCEEDED.value
-        and commit
-        and doc.get("kind") == "batch"
-        and not doc["committed"]
-    ):
-        commit_output(JobSpec.model_validate(store.require_job(job_id).spec))
+    if doc["status"] == JobStatus.SUCCEEDED and commit and doc.get("kind") == "batch" and not doc["committed"]:
+        commit_job(job_id, store=store)
         doc = job_status(job_id, refresh=False, store=store)
     return doc
 
 
-def cancel_job(job_id: str, *, store: StateStore | None = None) -> dict[str, Any]:
-    """Stop every process of the job (they flush and exit 75); mark it CANCELLED. Idempotent."""
+def commit_job(job_id: str, *, store: StateStore | None = None) -> dict[str, Any]:
+    """Merge the shard ledgers into the output (cheap when already committed); record it; return the manifest."""
+    store = store or StateStore()
+    manifest = commit_output(JobSpec.model_validate(store.require_job(job_id).spec))
+    store.update_job(job_id, status=JobStatus.SUCCEEDED, progress=_sums(manifest))
+    return manifest
+
+
+def _sums(manifest: dict[str, Any]) -> dict[str, Any]:
+    keys = ("rows", "ok", "failed", "prompt_tokens", "completion_tokens")
+    out = {k: manifest.get(k) for k in keys}
+    out.update(done=manifest.get("rows"), total=manifest.get("rows"))
+    return out
+
+
+def cancel_job(
+    job_id: str, *, store: StateStore | None = None, compute: ComputeBackend | None = None
+) -> dict[str, Any]:
+    """Stop every process of the job (they flush and exit 75); mark it CANCELLED. Idempotent.
+
+    ``compute`` is the swarm's compute backend when the caller has it (the Prefect layer reattaches
+    with the secrets of the block the swarm came from); else it is found from the state database."""
     store = store or StateStore()
     rec = store.require_job(job_id)
     subs = (rec.handle or {}).get("submissions", [])
-    if subs and rec.swarm:
+    if compute is None and subs and rec.swarm and store.get_swarm(rec.swarm) is not None:
         from prefect_swarm.swarm import Swarm
 
         compute = Swarm.from_state(rec.swarm).compute
+    if compute is not None:
         for sub in subs:
             compute.cancel(JobHandle.from_dict(sub))
-    store.update_job(job_id, status=JobStatus.CANCELLED.value)
+    store.update_job(job_id, status=JobStatus.CANCELLED)
     return {"id": job_id, "status": JobStatus.CANCELLED.value}
-
-
-def submit_script(
-    swarm: Swarm, script: str, args: list[str], *, detach: bool = True, store: StateStore | None = None
-) -> JobRecord:
-    """Run an arbitrary Python script next to the swarm, with ENDPOINT and MODEL in its environment."""
-    store = store or StateStore()
-    compute = swarm.compute
-    python = getattr(compute, "default_python", lambda: sys.executable)()
-    job_id = new_job_id()
-    secret = {"PREFECT_SWARM_API_KEY": swarm.cfg.api_key.get_secret_value()} if swarm.cfg.api_key else {}
-    env = {
-        "ENDPOINT": swarm.endpoint,
-        "MODEL": swarm.cfg.model_name,
-        "PREFECT_SWARM_ENDPOINTS": ",".join(swarm.endpoints),
-    }
-    rec = store.put_job(
-        JobRecord(
-            id=job_id, spec={"script": script, "args": list(args)}, status="PENDING", swarm=swarm.cfg.name
-        )
-    )
-    handle = compute.submit(
-        name=job_id, command=[python, script, *args], env=env, secret_env=secret, detach=detach
-    )
-    status = JobStatus.RUNNING.value
-    if not detach:
-        probe = compute.probe(handle)
-        status = probe.status.value if probe.status else status
-    return store.update_job(rec.id, handle={"submissions": [handle.to_dict()]}, status=status)
 
 
 def list_jobs(swarm: str | None = None, *, store: StateStore | None = None) -> list[JobRecord]:

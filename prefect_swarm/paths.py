@@ -1,40 +1,47 @@
 """The only code that knows the on-disk layout under ``$PREFECT_SWARM_HOME``.
 
-    <home>/state.db
-    <home>/defaults.yaml
-    <home>/swarms/<name>/            SwarmPaths
-        config.yaml                  redacted config as brought up
-        replica-<i>.status.json      watchdog status (atomic writes)
-        replica-<i>.log              engine stdout+stderr
-        replica-<i>.head             host:port once healthy (Slurm)
-        watchdog-<i>.log / .pid / .json   watchdog log, pid record, spec (no secrets)
-        jobs/<job_id>/               JobPaths
-    <home>/jobs/<job_id>/            JobPaths.standalone (a job against no recorded swarm)
-    <job_dir>/                       JobPaths (also used for ledgers outside a swarm folder)
-        spec.json  manifest.json  failed.jsonl  validated.json  commit.lock
-        launch.json  logs/shard-<i>.log  logs/shard-<i>.exit.json   (local compute backend)
-        shards/<i>/                  ShardPaths
-            part-<seq>.parquet  progress.json  fingerprint.json  job.log  DONE
+<home>/state.db
+<home>/defaults.yaml
+<home>/swarms/<name>/            SwarmPaths
+    config.yaml                  redacted config as brought up
+    replica-<i>.status.json      watchdog status (atomic writes)
+    replica-<i>.log              engine stdout+stderr
+    replica-<i>.head             host:port once healthy (Slurm)
+    watchdog-<i>.log / .pid / .json   watchdog log, pid record, spec (no secrets)
+    replicas.sbatch lb.sbatch nginx.conf slurm.json   rendered scripts, submitted job ids (Slurm)
+    upstreams.conf lb.head lb/ steps/ replicas-<job>_<task>.out lb-<job>.out   the LB's files (Slurm)
+    jobs/<job_id>/               JobPaths
+<home>/jobs/<job_id>/            JobPaths.standalone (a job against no recorded swarm)
+<job_dir>/                       JobPaths (also used for ledgers outside a swarm folder)
+    spec.json  manifest.json  failed.jsonl  validated.json  commit.lock
+    launch.json  logs/shard-<i>.log  logs/shard-<i>.exit.json   (local compute backend)
+    shards/<i>/                  ShardPaths
+        part-<seq>.parquet  progress.json  fingerprint.json  job.log  DONE
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from prefect_swarm.settings import get_settings
+
+TEMP_SUFFIX = ".tmp"
+"""Suffix of the temp files atomic writes rename into place (``.<name>.<random>.tmp``)."""
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to a temp file beside ``path``, fsync, then rename over ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -54,7 +61,7 @@ def atomic_file(path: Path) -> Iterator[Path]:
     file is removed and ``path`` is left as it was.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)
@@ -84,70 +91,139 @@ def read_json(path: Path, default: Any = None) -> Any:
         return default
 
 
+def read_tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a (log) file, read from its last 64 KiB; '' when it is missing."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            tail = deque(fh.read().decode("utf-8", "replace").splitlines(), maxlen=lines)
+    except OSError:
+        return ""
+    return "\n".join(tail)
+
+
+def read_text(path: Path) -> str | None:
+    """A small file's text, stripped; None when it is missing or empty (a head file not written yet)."""
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
 def home_dir() -> Path:
     """``$PREFECT_SWARM_HOME`` expanded."""
     return get_settings().home_dir
 
 
+_REPLICA_HEAD = re.compile(r"^replica-(\d+)\.head$")
+
+
+def _per_replica(pattern: str, doc: str) -> Callable[[SwarmPaths, int], Path]:
+    """A method ``paths.<name>(i)`` -> the file ``pattern`` (``{i}`` = replica index) in the swarm folder."""
+
+    def path(self: SwarmPaths, i: int) -> Path:
+        return self.root / pattern.format(i=i)
+
+    path.__doc__ = doc
+    return path
+
+
 @dataclass(frozen=True)
-class SwarmPaths:
-    """Files of one swarm."""
+class Folder:
+    """A folder whose files one object names (the subclasses below)."""
 
     root: Path
+
+    def ensure(self) -> Self:
+        """Create the folder; return self."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return self
+
+
+class SwarmPaths(Folder):
+    """Files of one swarm."""
 
     @classmethod
     def for_swarm(cls, name: str, base: Path | None = None) -> SwarmPaths:
         """The folder of swarm ``name`` under ``base`` (default ``$PREFECT_SWARM_HOME``)."""
         return cls((base or home_dir()) / "swarms" / name)
 
-    def ensure(self) -> SwarmPaths:
-        """Create the folder; return self."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        return self
-
     @property
     def config(self) -> Path:
         """Redacted config as brought up."""
         return self.root / "config.yaml"
 
-    def replica_status(self, i: int) -> Path:
-        """Watchdog status file of replica ``i``."""
-        return self.root / f"replica-{i}.status.json"
+    replica_status = _per_replica("replica-{i}.status.json", "Watchdog status file of replica ``i``.")
+    replica_log = _per_replica("replica-{i}.log", "Engine log of replica ``i``.")
+    replica_head = _per_replica("replica-{i}.head", "Head file (``host:port``) of replica ``i``, written once healthy.")
+    watchdog_log = _per_replica("watchdog-{i}.log", "Watchdog log of replica ``i``.")
+    watchdog_pid = _per_replica(
+        "watchdog-{i}.pid", "Pid record (JSON: pid, create_time) of the watchdog of replica ``i`` (local backend)."
+    )
+    watchdog_spec = _per_replica("watchdog-{i}.json", "JSON spec the watchdog of replica ``i`` runs from (no secrets).")
 
-    def replica_log(self, i: int) -> Path:
-        """Engine log of replica ``i``."""
-        return self.root / f"replica-{i}.log"
+    def replica_heads(self) -> dict[int, Path]:
+        """Replica index -> head file, for every head file present now."""
+        found = (_REPLICA_HEAD.match(p.name) for p in self.root.glob("replica-*.head"))
+        return {int(m.group(1)): self.root / m.group(0) for m in found if m}
 
-    def replica_head(self, i: int) -> Path:
-        """Head file (``host:port``) of replica ``i``, written once healthy."""
-        return self.root / f"replica-{i}.head"
+    # Slurm: rendered scripts, the submitted-jobs record, the load balancer's files.
+    @property
+    def replicas_script(self) -> Path:
+        """sbatch script of the replica array job."""
+        return self.root / "replicas.sbatch"
 
-    def watchdog_log(self, i: int) -> Path:
-        """Watchdog log of replica ``i``."""
-        return self.root / f"watchdog-{i}.log"
+    @property
+    def lb_script(self) -> Path:
+        """sbatch script of the load-balancer job."""
+        return self.root / "lb.sbatch"
 
-    def watchdog_pid(self, i: int) -> Path:
-        """Pid record (JSON: pid, create_time) of the watchdog of replica ``i`` (local backend)."""
-        return self.root / f"watchdog-{i}.pid"
+    @property
+    def nginx_conf(self) -> Path:
+        """nginx.conf of the load balancer."""
+        return self.root / "nginx.conf"
 
-    def watchdog_spec(self, i: int) -> Path:
-        """JSON spec the watchdog of replica ``i`` runs from (no secrets inside)."""
-        return self.root / f"watchdog-{i}.json"
+    @property
+    def upstreams(self) -> Path:
+        """The include nginx reads its upstream servers from (rewritten by the reconciler)."""
+        return self.root / "upstreams.conf"
 
-    def file(self, name: str) -> Path:
-        """Any other file in the swarm folder (rendered scripts, nginx config...)."""
-        return self.root / name
+    @property
+    def lb_head(self) -> Path:
+        """``host:port`` of the load balancer, written once nginx answers."""
+        return self.root / "lb.head"
+
+    @property
+    def lb_dir(self) -> Path:
+        """nginx's own folder (listen.conf, error log, temp folders)."""
+        return self.root / "lb"
+
+    @property
+    def lb_error_log(self) -> Path:
+        """nginx's error log."""
+        return self.lb_dir / "error.log"
+
+    @property
+    def slurm_record(self) -> Path:
+        """Job ids and plan hashes of what ``up`` submitted (no secrets)."""
+        return self.root / "slurm.json"
+
+    def step_log(self, step_name: str) -> Path:
+        """Log of a job step that has no job folder of its own."""
+        return self.root / "steps" / f"{step_name}.log"
+
+    def batch_output(self, job: str, pattern: str) -> Path:
+        """sbatch ``--output`` of job ``job`` (``replicas``, ``lb``) with Slurm's filename ``pattern``."""
+        return self.root / f"{job}-{pattern}.out"
 
     def job_dir(self, job_id: str) -> Path:
         """Folder of job ``job_id`` run on this swarm."""
         return self.root / "jobs" / job_id
 
 
-@dataclass(frozen=True)
-class ShardPaths:
+class ShardPaths(Folder):
     """Files of one shard's ledger."""
-
-    root: Path
 
     @property
     def parts_glob(self) -> str:
@@ -161,6 +237,20 @@ class ShardPaths:
     def parts(self) -> list[Path]:
         """Committed part files, in order (temp files are never matched)."""
         return sorted(self.root.glob(self.parts_glob))
+
+    @staticmethod
+    def part_seq(part: Path) -> int:
+        """The number of part file ``part`` (``part-000012.parquet`` -> 12)."""
+        return int(part.stem.split("-")[1])
+
+    def next_seq(self) -> int:
+        """The number the next part file gets: one past the last committed part."""
+        parts = self.parts()
+        return self.part_seq(parts[-1]) + 1 if parts else 0
+
+    def temp_files(self) -> list[Path]:
+        """Temp files of atomic writes killed mid-write (never a committed file)."""
+        return sorted(self.root.glob(f".*{TEMP_SUFFIX}"))
 
     @property
     def progress(self) -> Path:
@@ -183,21 +273,8 @@ class ShardPaths:
         return self.root / "DONE"
 
 
-@dataclass(frozen=True)
-class JobPaths:
+class JobPaths(Folder):
     """Files of one job: spec, shard ledgers, manifest, failed rows."""
-
-    root: Path
-
-    @classmethod
-    def standalone(cls, job_id: str, base: Path | None = None) -> JobPaths:
-        """Folder of job ``job_id`` when it belongs to no swarm: ``<home>/jobs/<job_id>``."""
-        return cls((base or home_dir()) / "jobs" / job_id)
-
-    def ensure(self) -> JobPaths:
-        """Create the folder; return self."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        return self
 
     @property
     def spec(self) -> Path:
@@ -251,3 +328,8 @@ class JobPaths:
     def launch(self) -> Path:
         """What a compute backend started for this job (JSON: pids, shards; local backend)."""
         return self.root / "launch.json"
+
+    @classmethod
+    def standalone(cls, job_id: str, base: Path | None = None) -> JobPaths:
+        """Folder of job ``job_id`` when it belongs to no swarm: ``<home>/jobs/<job_id>``."""
+        return cls((base or home_dir()) / "jobs" / job_id)

@@ -1,11 +1,11 @@
 """Swarm: a config brought to life — plan, backends, state — as a context manager.
 
-    with Swarm(cfg) as swarm:            # up -> wait_ready
-        run_things(swarm.endpoint)
-    # down on every exit path, unless delete_on_exit=False
+with Swarm(cfg) as swarm:            # up -> wait_ready
+    run_things(swarm.endpoint)
+# down on every exit path, unless delete_on_exit=False
 
-    swarm = Swarm.from_state("qwen")     # any later process reattaches by name
-    swarm.status(); swarm.down()
+swarm = Swarm.from_state("qwen")     # any later process reattaches by name
+swarm.status(); swarm.down()
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from prefect_swarm.backends import BackendPair, build_backends
-from prefect_swarm.config import SwarmConfig
+from prefect_swarm.config import LeptonConfig, SwarmConfig
 from prefect_swarm.exceptions import ConfigError, StateError
 from prefect_swarm.interfaces import (
     ComputeBackend,
@@ -25,13 +25,11 @@ from prefect_swarm.interfaces import (
     ServingStatus,
     check_config,
 )
+from prefect_swarm.interfaces.jobenv import API_KEY
 from prefect_swarm.paths import SwarmPaths, atomic_write_text
 from prefect_swarm.state import StateStore, SwarmRecord
 
-API_KEY_ENV = "PREFECT_SWARM_API_KEY"
-"""Environment variable a reattaching process reads the swarm's api_key from."""
-
-LIVE_PHASES = {ServingPhase.PENDING.value, ServingPhase.INITIALIZING.value, ServingPhase.RUNNING.value}
+LIVE_PHASES = frozenset({ServingPhase.PENDING, ServingPhase.INITIALIZING, ServingPhase.RUNNING})
 
 
 def engine_fingerprint(cfg: SwarmConfig) -> str:
@@ -47,7 +45,7 @@ def engine_fingerprint(cfg: SwarmConfig) -> str:
 def missing_secrets(config: dict[str, Any]) -> list[str]:
     """Secrets a recorded (redacted) config lacks that the environment does not supply either."""
     missing = []
-    if config.get("api_key") is None and not os.environ.get(API_KEY_ENV):
+    if config.get("api_key") is None and not os.environ.get(API_KEY):
         missing.append("api_key")
     backend = config.get("backend") or {}
     if "token" in backend and backend["token"] is None and not os.environ.get(str(backend.get("token_env") or "")):
@@ -63,17 +61,18 @@ def restore_secrets(config: dict[str, Any], source: SwarmConfig | None = None) -
     """
     data = dict(config)
     missing = missing_secrets(config)
-    if os.environ.get(API_KEY_ENV):
-        data["api_key"] = os.environ[API_KEY_ENV]
+    if os.environ.get(API_KEY):
+        data["api_key"] = os.environ[API_KEY]
     elif "api_key" in missing and source is not None and source.api_key is not None:
         data["api_key"] = source.api_key
-    token = getattr(source.backend, "token", None) if source is not None else None
+    lepton = source.backend if source is not None and isinstance(source.backend, LeptonConfig) else None
     backend = dict(data.get("backend") or {})
-    same = source is not None and all(
-        getattr(source.backend, key, None) == backend.get(key) for key in ("type", "workspace_id")
+    same = lepton is not None and (lepton.type, lepton.workspace_id) == (
+        backend.get("type"),
+        backend.get("workspace_id"),
     )
-    if "backend.token" in missing and token is not None and same:
-        data["backend"] = {**backend, "token": token}
+    if "backend.token" in missing and lepton is not None and lepton.token is not None and same:
+        data["backend"] = {**backend, "token": lepton.token}
     return data
 
 
@@ -103,11 +102,9 @@ class Swarm:
 
     # ------------------------------------------------------------------ lifecycle
     def validate(self) -> None:
-        """Refuse what the backend cannot do; starts nothing."""
+        """Refuse what the backend cannot do (its capabilities, its own pre-flight); starts nothing."""
         check_config(self.cfg, self.backends.serving.capabilities())
-        backend_validate = getattr(self.backends.serving, "validate", None)
-        if backend_validate is not None:  # optional hook: backend-specific checks (Lepton: shared mount)
-            backend_validate(self.cfg)
+        self.backends.serving.validate(self.cfg)
 
     def up(self) -> ServingHandle:
         """Validate, record, and start (or reconcile) the swarm. Returns once submitted."""
@@ -239,7 +236,7 @@ class Swarm:
                 name=self.cfg.name,
                 backend=self.cfg.backend.type,
                 config=self.cfg.redacted(),
-                phase=phase.value,
+                phase=phase,
                 handle=handle,
                 flow_run_id=self.flow_run_id,
                 keep=self.keep,
@@ -250,4 +247,4 @@ class Swarm:
         )
 
     def _set_phase(self, phase: ServingPhase) -> None:
-        self.store.update_swarm(self.cfg.name, phase=phase.value)
+        self.store.update_swarm(self.cfg.name, phase=phase)

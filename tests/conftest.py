@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import services
 
-from prefect_swarm.testing import services
+from prefect_swarm.testing import free_port as free_port_fn
 
 gate = services.gate
 
@@ -27,8 +28,11 @@ def swarm_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     monkeypatch.setenv("PREFECT_SWARM_HOME", str(home))
     for key in list(os.environ):
         if key.startswith("PREFECT_SWARM_") and key not in (
-            "PREFECT_SWARM_HOME", "PREFECT_SWARM_REQUIRE_SERVICES", "PREFECT_SWARM_VLLM_PYTHON",
-            "PREFECT_SWARM_TINY_MODEL", "PREFECT_SWARM_CACHE",
+            "PREFECT_SWARM_HOME",
+            "PREFECT_SWARM_REQUIRE_SERVICES",
+            "PREFECT_SWARM_VLLM_PYTHON",
+            "PREFECT_SWARM_TINY_MODEL",
+            "PREFECT_SWARM_CACHE",
         ):
             monkeypatch.delenv(key)
     return home
@@ -61,7 +65,7 @@ def need_lepton_sdk() -> None:
 @pytest.fixture
 def free_port() -> Callable[[], int]:
     """Call to get a free loopback port."""
-    return services.free_port
+    return free_port_fn
 
 
 def cli_argv() -> list[str]:
@@ -77,12 +81,8 @@ def cli_argv() -> list[str]:
 def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run ``prefect-swarm ARGS`` in a subprocess with this test's environment."""
 
-    def run(
-        *args: str, env: dict[str, str] | None = None, timeout: float = 60
-    ) -> subprocess.CompletedProcess[str]:
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
-        return subprocess.run(
-            [*cli_argv(), *args], capture_output=True, text=True, env=full_env, timeout=timeout
-        )
+        return subprocess.run([*cli_argv(), *args], capture_output=True, text=True, env=full_env, timeout=timeout)
 
     return run

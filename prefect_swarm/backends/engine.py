@@ -24,15 +24,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.interfaces.jobenv import API_KEY
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 SGLANG_MODULE = "sglang.launch_server"
-
-API_KEY_ENV = "PREFECT_SWARM_ENGINE_API_KEY"
-"""Every engine gets the API key under this name, so a ``command`` engine can read it."""
 
 _KEY_ENV_BY_KIND = {"vllm": "VLLM_API_KEY", "command": "VLLM_API_KEY"}
 
@@ -98,8 +96,10 @@ def engine_env(cfg: SwarmConfig) -> dict[str, str]:
 def engine_secret_env(cfg: SwarmConfig) -> dict[str, str]:
     """The API key under the names the engine reads it from; empty without a key.
 
-    vLLM reads ``VLLM_API_KEY``. SGLang only takes ``--api-key`` on its command line, which
-    would expose the key in the process list, so an SGLang swarm with an API key is refused.
+    Every engine gets it as :data:`jobenv.API_KEY`, the one name the swarm's clients use too, so a
+    ``command`` engine can read it. vLLM reads ``VLLM_API_KEY``. SGLang only takes ``--api-key`` on
+    its command line, which would expose the key in the process list, so an SGLang swarm with an API
+    key is refused.
     """
     if cfg.api_key is None:
         return {}
@@ -108,9 +108,9 @@ def engine_secret_env(cfg: SwarmConfig) -> dict[str, str]:
         raise ConfigError(
             "api_key is set but SGLang reads its key only from --api-key, which would expose it in the "
             "process list. Use engine.kind 'vllm', or a 'command' engine that reads "
-            f"${API_KEY_ENV}."
+            f"${API_KEY}."
         )
-    return {API_KEY_ENV: key, _KEY_ENV_BY_KIND[cfg.engine.kind]: key}
+    return {API_KEY: key, _KEY_ENV_BY_KIND[cfg.engine.kind]: key}
 
 
 def engine_launch(cfg: SwarmConfig, *, host: str, port: int) -> EngineLaunch:
@@ -121,7 +121,6 @@ def engine_launch(cfg: SwarmConfig, *, host: str, port: int) -> EngineLaunch:
 
 
 __all__ = [
-    "API_KEY_ENV",
     "EngineLaunch",
     "engine_argv",
     "engine_env",

@@ -33,7 +33,7 @@ BUILTIN: dict[str, tuple[str, str]] = {
 
 def _load(ref: str) -> Callable[..., object]:
     module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), attr)
 
 
 @dataclass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Annotated, Any
 
@@ -16,13 +15,7 @@ from prefect_swarm.state import StateStore, SwarmRecord
 
 log = logging.getLogger("prefect_swarm.cli")
 
-db_app = typer.Typer(
-    help="Housekeeping of the state database ($PREFECT_SWARM_HOME/state.db).", no_args_is_help=True
-)
-
-REAPER_HOOK = "prefect_swarm.tasks.reaper:reap_orphans"
-"""Optional orphan reaper ``reap_orphans(*, dry_run)``: stops swarms whose flow run died; runs before
-pruning, so what it stops is pruned in the same pass."""
+db_app = typer.Typer(help="Housekeeping of the state database ($PREFECT_SWARM_HOME/state.db).", no_args_is_help=True)
 
 
 def certainly_gone(rec: SwarmRecord, store: StateStore) -> tuple[bool, str]:
@@ -31,12 +24,11 @@ def certainly_gone(rec: SwarmRecord, store: StateStore) -> tuple[bool, str]:
     Only two facts count: the record says STOPPED, or the backend answers that it is STOPPED. A
     probe that errors or answers UNKNOWN proves nothing, so the record is kept.
     """
-    if rec.phase == ServingPhase.STOPPED.value:
+    if rec.phase is ServingPhase.STOPPED:
         return True, "recorded as STOPPED"
     if not rec.handle:
         return False, f"recorded {rec.phase} with no backend handle; cannot ask the backend"
     try:
-
         phase = attach(rec.name, store).status().phase
     except Exception as exc:  # "could not tell" is never "gone"
         return False, f"could not ask the {rec.backend} backend ({type(exc).__name__}: {exc})"
@@ -46,15 +38,12 @@ def certainly_gone(rec: SwarmRecord, store: StateStore) -> tuple[bool, str]:
 
 
 def run_reaper(dry_run: bool = False) -> Any:
-    """Call the orphan reaper if it is installed; its failure is logged, never fatal here."""
-    module, _, attr = REAPER_HOOK.partition(":")
+    """Run the orphan reaper (it stops swarms whose flow run died) before pruning, so what it stops is
+    pruned in the same pass; its failure is logged, never fatal here."""
+    from prefect_swarm.tasks.reaper import reap_orphans
+
     try:
-        reap = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError):
-        log.debug("no orphan reaper installed (%s)", REAPER_HOOK)
-        return None
-    try:
-        return reap(dry_run=dry_run)
+        return reap_orphans(dry_run=dry_run)
     except Exception as exc:  # pruning is conservative on its own; go on without the reaper
         log.warning("the orphan reaper failed: %s", exc)
         return None
@@ -63,9 +52,7 @@ def run_reaper(dry_run: bool = False) -> Any:
 @db_app.command("prune")
 def prune(
     yes: YesOpt = False,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Show what would be removed; remove nothing.")
-    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would be removed; remove nothing.")] = False,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
     """Remove records of swarms that are certainly gone (STOPPED); keep any whose state is unsure."""

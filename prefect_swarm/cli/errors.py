@@ -19,6 +19,7 @@ from prefect_swarm.exceptions import (
     BackendError,
     CapacityError,
     ConfigError,
+    FingerprintMismatch,
     PrefectSwarmError,
     ReadinessError,
     StateError,
@@ -47,7 +48,7 @@ def exit_code_for(exc: BaseException) -> ExitCode:
     """The exit code an error maps to (most specific type first)."""
     if isinstance(exc, ReadinessError | CapacityError):
         return ExitCode.NOT_READY
-    if isinstance(exc, ConfigError):
+    if isinstance(exc, ConfigError | FingerprintMismatch):  # a refused resume: fix the input or --overwrite
         return ExitCode.BAD_INPUT
     if isinstance(exc, StateError):
         return ExitCode.NOT_FOUND

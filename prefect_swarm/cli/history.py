@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, iso, table
+from prefect_swarm.cli.views import job_view
 from prefect_swarm.state import StateStore
 from prefect_swarm.tasks.reaper import PrefectUnavailable, check_api
 
@@ -77,12 +78,13 @@ def history_cmd(
                 "swarms": [
                     {
                         "name": r.name,
-                        "phase": r.phase,
+                        "phase": r.phase.value,
                         "backend": r.backend,
                         "flow_run_id": r.flow_run_id,
                         "keep": r.keep,
                         "updated_at": iso(r.updated_at),
                         "runs": runs[r.name],
+                        "jobs": [job_view(j) for j in store.list_jobs(r.name)],
                     }
                     for r in records
                 ],
@@ -105,5 +107,9 @@ def history_cmd(
                 ],
             )
         )
+        jobs = [job_view(j) for j in store.list_jobs(rec.name)]
+        if jobs:
+            cols = ["id", "status", "done", "failed", "total", "flow_run_id", "created_at"]
+            console.print(table(f"jobs of {rec.name}", cols, [[j[c] for c in cols] for j in jobs]))
     if not records:
         console.print("No swarms in the state database.")

@@ -24,8 +24,10 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from prefect_swarm.cli.attach import attach
-from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, iso, table
+from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
+from prefect_swarm.cli.views import job_view
 from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.interfaces import JobStatus
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.state import StateStore
 
@@ -54,29 +56,21 @@ def submit(
     output: Annotated[
         str | None, typer.Option("--output", help="Output file (parquet, or JSONL for openai-batch).")
     ] = None,
-    shards: Annotated[
-        int | None, typer.Option("--shards", min=1, help="Number of shards (processes).")
-    ] = None,
+    shards: Annotated[int | None, typer.Option("--shards", min=1, help="Number of shards (processes).")] = None,
     job: Annotated[
         str | None, typer.Option("--job", help="Job class module:Class, or chat|completion|embedding.")
     ] = None,
-    job_kwargs: Annotated[
-        str | None, typer.Option("--job-kwargs", help="Job kwargs as a JSON object.")
-    ] = None,
+    job_kwargs: Annotated[str | None, typer.Option("--job-kwargs", help="Job kwargs as a JSON object.")] = None,
     id_column: Annotated[str | None, typer.Option("--id-column", help="Unique id column.")] = None,
     concurrency: Annotated[
         int | None, typer.Option("--concurrency", min=1, help="Requests in flight per shard.")
     ] = None,
-    output_format: Annotated[
-        str | None, typer.Option("--output-format", help="parquet | openai-batch.")
-    ] = None,
+    output_format: Annotated[str | None, typer.Option("--output-format", help="parquet | openai-batch.")] = None,
     spec_file: Annotated[
         Path | None, typer.Option("--spec", help="JobSpec JSON to start from (flags override).")
     ] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Return once submitted.")] = False,
-    overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Discard an existing checkpoint; start over.")
-    ] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard an existing checkpoint; start over.")] = False,
     job_id: Annotated[str | None, typer.Option("--id", help="Job id (reuse one to resume it).")] = None,
 ) -> None:
     """Submit a batch job: one process per shard, checkpointed; resubmitting the same --id resumes it."""
@@ -154,7 +148,7 @@ def _wait_and_show(job_id: str, timeout_s: float | None = None) -> None:
     else:
         doc = wait_job(job_id, timeout_s=timeout_s)
     _print_status(doc)
-    if doc["status"] != "SUCCEEDED":
+    if doc["status"] != JobStatus.SUCCEEDED:
         raise typer.Exit(1)
 
 
@@ -213,9 +207,7 @@ def _print_status(doc: dict[str, Any]) -> None:
 @job_app.command("wait")
 def wait(
     job_id: IdArg,
-    timeout: Annotated[
-        float | None, typer.Option("--timeout", help="Give up waiting after this many seconds.")
-    ] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Give up waiting after this many seconds.")] = None,
 ) -> None:
     """Wait for a job to end; commit its output when every shard is done."""
     _wait_and_show(job_id, timeout)
@@ -238,43 +230,12 @@ def list_cmd(
     """List recorded jobs."""
     from prefect_swarm.launch import list_jobs
 
-    recs = list_jobs(swarm)
+    views = [job_view(r) for r in list_jobs(swarm)]
     if output is OutputFormat.json:
-        emit_json(
-            {
-                "jobs": [
-                    {
-                        "id": r.id,
-                        "swarm": r.swarm,
-                        "status": r.status,
-                        "progress": r.progress,
-                        "nshards": r.nshards,
-                        "job_dir": r.job_dir,
-                        "created_at": iso(r.created_at),
-                    }
-                    for r in recs
-                ]
-            }
-        )
+        emit_json({"jobs": views})
         return
-    console.print(
-        table(
-            None,
-            ["id", "swarm", "status", "done", "failed", "total", "created"],
-            [
-                [
-                    r.id,
-                    r.swarm,
-                    r.status,
-                    (r.progress or {}).get("done"),
-                    (r.progress or {}).get("failed"),
-                    (r.progress or {}).get("total"),
-                    iso(r.created_at),
-                ]
-                for r in recs
-            ],
-        )
-    )
+    cols = ["id", "swarm", "status", "done", "failed", "total", "created_at"]
+    console.print(table(None, cols, [[v[c] for c in cols] for v in views]))
 
 
 @job_app.command("submit-script", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -291,5 +252,5 @@ def submit_script_cmd(
         raise ConfigError(f"script {script} does not exist.")
     rec = submit_script(attach(swarm), script, list(args or []), detach=detach)
     console.print(f"{rec.id} {rec.status}")
-    if not detach and rec.status != "SUCCEEDED":
+    if not detach and rec.status is not JobStatus.SUCCEEDED:
         raise typer.Exit(1)

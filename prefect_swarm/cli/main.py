@@ -10,6 +10,8 @@ Commands::
     prefect-swarm validate -c FILE [-o table|json]
     prefect-swarm db prune [-y] [--dry-run]
     prefect-swarm job ...            (batch jobs; see `prefect-swarm job --help`)
+    prefect-swarm history [NAME]
+    prefect-swarm automations install [--within 90]
     prefect-swarm version
 
 Config precedence, lowest first: built-in defaults < ``$PREFECT_SWARM_HOME/defaults.yaml`` <
@@ -38,6 +40,7 @@ import typer
 
 from prefect_swarm import __version__
 from prefect_swarm.cli import db, swarms, validate
+from prefect_swarm.cli.automations import automations_app
 from prefect_swarm.cli.errors import EXIT_CODES_HELP, SwarmGroup
 from prefect_swarm.cli.history import history_cmd
 from prefect_swarm.cli.job import job_app
@@ -92,6 +95,7 @@ def version(output: Annotated[OutputFormat, typer.Option("--output", "-o")] = Ou
 
 app.add_typer(job_app, name="job")
 app.command("history", epilog=EXIT_CODES_HELP)(history_cmd)
+app.add_typer(automations_app, name="automations")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from rich.syntax import Syntax
 
 from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
-from prefect_swarm.cli.views import live_status, paths_view, prefect_history, record_view
+from prefect_swarm.cli.views import job_view, live_status, paths_view, prefect_history, record_view
 from prefect_swarm.config import load_config
 from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError
 from prefect_swarm.interfaces import ServingPhase, ServingStatus
@@ -24,9 +24,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("prefect_swarm.cli")
 
-ConfigOpt = Annotated[
-    Path, typer.Option("--config", "-c", help="Swarm config YAML file.", show_default=False)
-]
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Swarm config YAML file.", show_default=False)]
 ReplicasOpt = Annotated[
     int | None, typer.Option("--replicas", help="Override the number of replicas (highest precedence).")
 ]
@@ -44,7 +42,7 @@ def make_swarm(cfg: SwarmConfig, **kwargs: Any) -> Swarm:
     except ImportError as exc:
         raise BackendError(
             f"the {cfg.backend.type} backend cannot be loaded: {exc}",
-            hint="install its extra (e.g. pip install 'prefect-swarm[lepton]') or check the installation.",
+            hint="install the backend's optional dependencies (the message above says how) or check the installation.",
         ) from exc
 
 
@@ -72,9 +70,7 @@ def up(
     """Bring a swarm up and wait until every replica answers a chat completion."""
     cfg = load_config(config, overrides={"replicas": replicas, "name": name})
     swarm = make_swarm(cfg, keep=keep, delete_on_exit=not keep)
-    log.info(
-        "bringing up swarm '%s': %d x %s on %s", cfg.name, cfg.replicas, cfg.model_name, cfg.backend.type
-    )
+    log.info("bringing up swarm '%s': %d x %s on %s", cfg.name, cfg.replicas, cfg.model_name, cfg.backend.type)
     ready: ServingStatus | None = None
     try:
         swarm.up()
@@ -117,9 +113,7 @@ def status(
     show_status(name, output, history=history)
 
 
-def show_status(
-    name: str, output: OutputFormat, *, history: bool, live: dict[str, Any] | None = None
-) -> None:
+def show_status(name: str, output: OutputFormat, *, history: bool, live: dict[str, Any] | None = None) -> None:
     """Print the status document of swarm ``name`` (``live``: a status already in hand)."""
     store = StateStore()
     rec = store.require_swarm(name)
@@ -188,9 +182,7 @@ def list_swarms(output: OutputOpt = OutputFormat.table) -> None:
     console.print(table(None, cols, [[v[c] for c in cols] for v in views]))
 
 
-def describe(
-    name: Annotated[str, typer.Argument(help="Swarm name.")], output: OutputOpt = OutputFormat.table
-) -> None:
+def describe(name: Annotated[str, typer.Argument(help="Swarm name.")], output: OutputOpt = OutputFormat.table) -> None:
     """Show a swarm's stored config (secrets removed), its files and its backend handle."""
     store = StateStore()
     rec = store.require_swarm(name)
@@ -199,39 +191,30 @@ def describe(
         "config": rec.config,
         "paths": paths_view(rec),
         "handle": rec.handle,
-        "jobs": [
-            {"id": j.id, "status": j.status, "shard": j.shard, "nshards": j.nshards}
-            for j in store.list_jobs(swarm=name)
-        ],
+        "jobs": [job_view(j) for j in store.list_jobs(swarm=name)],
     }
     if output is OutputFormat.json:
         emit_json(doc)
         return
     for key in ("swarm", "config", "paths", "handle", "jobs"):
         console.print(f"[bold]{key}[/]")
-        console.print(
-            Syntax(yaml.safe_dump(doc[key], sort_keys=False).rstrip(), "yaml", background_color="default")
-        )
+        console.print(Syntax(yaml.safe_dump(doc[key], sort_keys=False).rstrip(), "yaml", background_color="default"))
 
 
 def down(
     name: Annotated[str | None, typer.Argument(help="Swarm name (or --all).", show_default=False)] = None,
-    all_: Annotated[
-        bool, typer.Option("--all", help="Stop every swarm that is not already STOPPED.")
-    ] = False,
+    all_: Annotated[bool, typer.Option("--all", help="Stop every swarm that is not already STOPPED.")] = False,
     yes: YesOpt = False,
 ) -> None:
     """Stop a swarm (or all of them); idempotent. The record stays, phase STOPPED, until `db prune`."""
 
     if (name is None) == (not all_):
-        raise ConfigError(
-            "give either a swarm NAME or --all (not both). `prefect-swarm list` shows the swarms."
-        )
+        raise ConfigError("give either a swarm NAME or --all (not both). `prefect-swarm list` shows the swarms.")
     store = StateStore()
     if name is not None:
         names = [store.require_swarm(name).name]
     else:
-        names = [r.name for r in store.list_swarms() if r.phase != ServingPhase.STOPPED.value]
+        names = [r.name for r in store.list_swarms() if r.phase is not ServingPhase.STOPPED]
     if not names:
         err_console.print("no running swarms to stop.")
         return

@@ -5,10 +5,8 @@ Pure data (dicts that become JSON or tables); nothing here prints.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from prefect_swarm.cli.attach import attach
@@ -16,12 +14,9 @@ from prefect_swarm.cli.output import iso
 from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.settings import get_settings
-from prefect_swarm.state import StateStore, SwarmRecord
+from prefect_swarm.state import JobRecord, StateStore, SwarmRecord
 
 log = logging.getLogger("prefect_swarm.cli")
-
-HISTORY_HOOK = "prefect_swarm.cli.history:runs_for_swarm"
-"""Optional function (the Prefect layer's) returning the Prefect runs tagged ``swarm:<name>``."""
 
 
 def record_view(rec: SwarmRecord) -> dict[str, Any]:
@@ -30,13 +25,43 @@ def record_view(rec: SwarmRecord) -> dict[str, Any]:
     return {
         "name": rec.name,
         "backend": rec.backend,
-        "phase": rec.phase,
+        "phase": rec.phase.value,
         "model": rec.config.get("served_model_name") or rec.config.get("model"),
         "replicas": rec.config.get("replicas"),
         "endpoint": handle.get("url"),
         "keep": rec.keep,
         "flow_run_id": rec.flow_run_id,
         "fingerprint": rec.fingerprint,
+        "created_at": iso(rec.created_at),
+        "updated_at": iso(rec.updated_at),
+    }
+
+
+def job_view(rec: JobRecord) -> dict[str, Any]:
+    """The stored facts about a job (stable keys), the same whoever submitted it (CLI or flow run)."""
+    subs = (rec.handle or {}).get("submissions", [])
+    progress = rec.progress or {}
+    return {
+        "id": rec.id,
+        "swarm": rec.swarm,
+        "status": rec.status.value,
+        "kind": "batch" if "input" in rec.spec else "script",
+        "nshards": rec.nshards,
+        "done": progress.get("done"),
+        "failed": progress.get("failed"),
+        "total": progress.get("total"),
+        "submissions": [
+            {
+                "id": s.get("id"),
+                "backend": s.get("backend"),
+                "shards": s.get("shards"),
+                "task_run_id": s.get("task_run_id"),
+            }
+            for s in subs
+        ],
+        "flow_run_id": rec.flow_run_id,
+        "job_dir": rec.job_dir,
+        "output": rec.spec.get("output"),
         "created_at": iso(rec.created_at),
         "updated_at": iso(rec.updated_at),
     }
@@ -57,7 +82,6 @@ def live_status(rec: SwarmRecord, store: StateStore) -> dict[str, Any]:
             "detail": "no backend handle recorded (bring-up never submitted)",
         }
     try:
-
         return attach(rec.name, store).status().to_dict()
     except Exception as exc:  # a status look must not fail the command: it reports what it could not see
         log.debug("status of %s failed", rec.name, exc_info=True)
@@ -85,46 +109,19 @@ def paths_view(rec: SwarmRecord) -> dict[str, Any]:
     }
 
 
-def _load_hook(ref: str) -> Callable[[str], Any] | None:
-    module, _, attr = ref.partition(":")
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as exc:
-        if exc.name and module.startswith(exc.name):
-            return None  # the hook's module is not installed: no history to show
-        raise
-    return getattr(mod, attr, None)
-
-
-def _jsonable_run(run: Any) -> Any:
-    if isinstance(run, dict):
-        return run
-    if hasattr(run, "model_dump"):
-        return run.model_dump(mode="json")
-    return str(run)
-
-
 def prefect_history(name: str) -> dict[str, Any]:
     """Prefect runs of swarm ``name``: ``{available, runs, error}``; never raises, never hangs.
 
     ``available`` is False when no history hook is installed; ``error`` says why the runs could
     not be read (the Prefect API is unreachable, or took longer than the settings' timeout).
     """
-    try:
-        hook = _load_hook(HISTORY_HOOK)
-    except Exception as exc:
-        return {
-            "available": True,
-            "runs": [],
-            "error": f"Prefect API unreachable ({type(exc).__name__}: {exc})",
-        }
-    if hook is None:
-        return {"available": False, "runs": [], "error": None}
+    from prefect_swarm.cli.history import runs_for_swarm  # imports Prefect only when it is called
+
     result: dict[str, Any] = {}
 
     def call() -> None:
         try:
-            result["runs"] = [_jsonable_run(r) for r in (hook(name) or [])]
+            result["runs"] = runs_for_swarm(name)
         except Exception as exc:  # whatever the Prefect client raises: shown as one line
             result["error"] = f"{type(exc).__name__}: {exc}"
 

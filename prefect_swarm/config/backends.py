@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from prefect_swarm.config.base import StrictModel
+from prefect_swarm.config.base import Count, NonNegativeInt, NonNegativeSeconds, Port, Seconds, StrictModel
 
 _SLURM_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
 
@@ -22,22 +22,18 @@ class LocalConfig(StrictModel):
 
     type: Literal["local"] = Field(default="local", description="Backend discriminator: 'local'.")
     host: str = Field(default="127.0.0.1", description="Interface the replicas listen on.")
-    max_restarts: int = Field(
-        default=3, ge=0, description="Restarts the watchdog allows a replica before marking it failed."
+    max_restarts: NonNegativeInt = Field(
+        default=3, description="Restarts the watchdog allows a replica before marking it failed."
     )
-    restart_backoff_s: float = Field(
+    restart_backoff_s: NonNegativeSeconds = Field(
         default=2.0,
-        ge=0,
         description="First delay before a restart; doubles after each restart (capped 60 s).",
     )
-    startup_grace_s: float = Field(
+    startup_grace_s: NonNegativeSeconds = Field(
         default=5.0,
-        ge=0,
         description="Seconds after a start before failed health checks count against a replica.",
     )
-    health_interval_s: float = Field(
-        default=2.0, gt=0, description="Seconds between the watchdog's health checks."
-    )
+    health_interval_s: Seconds = Field(default=2.0, description="Seconds between the watchdog's health checks.")
     wall_time_s: float | None = Field(
         default=24 * 3600.0,
         gt=0,
@@ -66,12 +62,8 @@ class ContainerConfig(StrictModel):
         default_factory=list,
         description="Bind mounts as 'src:dst[:ro]', one per item; nothing is mounted implicitly.",
     )
-    nv: bool = Field(
-        default=True, description="Pass --nv (apptainer/singularity) so the container sees the GPUs."
-    )
-    extra_args: list[str] = Field(
-        default_factory=list, description="Extra runtime flags, one list item per flag."
-    )
+    nv: bool = Field(default=True, description="Pass --nv (apptainer/singularity) so the container sees the GPUs.")
+    extra_args: list[str] = Field(default_factory=list, description="Extra runtime flags, one list item per flag.")
 
 
 class SlurmConfig(StrictModel):
@@ -87,28 +79,24 @@ class SlurmConfig(StrictModel):
         default="24:00:00",
         description="Wall-time limit of each replica and of the LB job (--time), e.g. 04:00:00.",
     )
-    cpus_per_replica: int = Field(default=4, ge=1, description="CPUs per replica (--cpus-per-task).")
+    cpus_per_replica: Count = Field(default=4, description="CPUs per replica (--cpus-per-task).")
     mem_per_replica: str | None = Field(default=None, description="Memory per replica (--mem), e.g. 64G.")
-    gres_name: str = Field(
-        default="gpu", description="Generic resource name GPUs are requested by (--gres=NAME:N)."
-    )
+    gres_name: str = Field(default="gpu", description="Generic resource name GPUs are requested by (--gres=NAME:N).")
     lb_partition: str | None = Field(
         default=None, description="Partition for the load-balancer job; default: the replicas' partition."
     )
-    lb_port: int = Field(default=9000, ge=1, le=65535, description="Port nginx listens on.")
+    lb_port: Port = Field(default=9000, description="Port nginx listens on.")
     nginx_bin: str = Field(default="nginx", description="nginx executable on the compute nodes.")
-    proxy_timeout_s: float = Field(
-        default=3600.0, gt=0, description="nginx proxy read/send timeout; at least the job's request timeout."
+    proxy_timeout_s: Seconds = Field(
+        default=3600.0, description="nginx proxy read/send timeout; at least the job's request timeout."
     )
-    queue_timeout_s: float = Field(
+    queue_timeout_s: Seconds = Field(
         default=900.0,
-        gt=0,
         description="Seconds the swarm may stay PENDING before readiness fails with Slurm's reason.",
     )
     requeue: bool = Field(default=False, description="Submit with --requeue (some sites forbid it).")
-    signal_seconds: int = Field(
+    signal_seconds: NonNegativeInt = Field(
         default=120,
-        ge=0,
         description="Seconds before the time limit Slurm sends USR1 (--signal) so steps flush.",
     )
     shared_dir: str | None = Field(
@@ -166,29 +154,21 @@ class LeptonConfig(StrictModel):
         default=None,
         description="Name of a Lepton secret holding the endpoint's API token; default: the swarm's api_key.",
     )
-    resource_shape: str = Field(
-        default="gpu.1xh100-sxm", description="Resource shape of each endpoint replica."
-    )
-    job_resource_shape: str = Field(
-        default="cpu.small", description="Resource shape of each batch-job worker."
-    )
+    resource_shape: str = Field(default="gpu.1xh100-sxm", description="Resource shape of each endpoint replica.")
+    job_resource_shape: str = Field(default="cpu.small", description="Resource shape of each batch-job worker.")
     node_groups: list[str] = Field(default_factory=list, description="Node group ids to schedule on.")
     image: str = Field(default="vllm/vllm-openai:latest", description="Container image of the endpoint.")
     job_image: str | None = Field(
         default=None,
         description="Container image of batch jobs (needs prefect-swarm); default: the endpoint image.",
     )
-    image_pull_secrets: list[str] = Field(
-        default_factory=list, description="Secrets used to pull private images."
-    )
-    mounts: list[LeptonMount] = Field(
-        default_factory=list, description="Storage mounts for endpoint and jobs."
-    )
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets used to pull private images.")
+    mounts: list[LeptonMount] = Field(default_factory=list, description="Storage mounts for endpoint and jobs.")
     shared_path: str | None = Field(
         default=None,
         description="Path inside a mount where jobs write ledgers and output; must lie under a mount_path.",
     )
-    ready_poll_s: float = Field(default=5.0, gt=0, description="Seconds between deployment state polls.")
+    ready_poll_s: Seconds = Field(default=5.0, description="Seconds between deployment state polls.")
 
 
 BackendConfig = Annotated[LocalConfig | SlurmConfig | LeptonConfig, Field(discriminator="type")]

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from prefect_swarm.config.base import StrictModel
+from prefect_swarm.config.base import Seconds, StrictModel
 
 EngineKind = Literal["vllm", "sglang", "command"]
 
@@ -37,11 +37,9 @@ class EngineConfig(StrictModel):
     env: dict[str, str] = Field(
         default_factory=dict, description="Environment variables set for the engine process only."
     )
-    health_path: str = Field(
-        default="/health", description="HTTP path that returns 200 once the engine is up."
-    )
-    startup_timeout_s: float = Field(
-        default=900.0, gt=0, description="Seconds a replica may take from start to a healthy /health."
+    health_path: str = Field(default="/health", description="HTTP path that returns 200 once the engine is up.")
+    startup_timeout_s: Seconds = Field(
+        default=900.0, description="Seconds a replica may take from start to a healthy /health."
     )
 
     @field_validator("python")

@@ -77,9 +77,7 @@ def _suggest(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
 def _path(loc: tuple[Any, ...]) -> str:
     from prefect_swarm.config.backends import BACKEND_TYPES
 
-    parts = [
-        str(p) for i, p in enumerate(loc) if not (i > 0 and loc[i - 1] == "backend" and p in BACKEND_TYPES)
-    ]
+    parts = [str(p) for i, p in enumerate(loc) if not (i > 0 and loc[i - 1] == "backend" and p in BACKEND_TYPES)]
     return ".".join(parts) or "(top level)"
 
 
@@ -92,9 +90,7 @@ def _one(root: type[BaseModel], err: Mapping[str, Any]) -> str:
         return f"{_path(loc)}: unknown key '{loc[-1]}'.{_suggest(root, loc)}"
     if kind == "union_tag_invalid":
         tag = err.get("ctx", {}).get("tag")
-        return (
-            f"{_path(loc)}.type: backend type '{tag}' is not valid; choose one of {', '.join(BACKEND_TYPES)}."
-        )
+        return f"{_path(loc)}.type: backend type '{tag}' is not valid; choose one of {', '.join(BACKEND_TYPES)}."
     if kind == "union_tag_not_found":
         return f"{_path(loc)}: missing 'type'; set it to one of {', '.join(BACKEND_TYPES)}."
     if kind == "missing":
@@ -119,7 +115,5 @@ def config_error(
     env_keys = sorted(env_keys)
     if env_keys:
         lines.append(f"  (environment overrides applied: {', '.join(env_keys)})")
-    lines.append(
-        "Fix the fields above; `prefect-swarm validate -c FILE` checks a config without starting anything."
-    )
+    lines.append("Fix the fields above; `prefect-swarm validate -c FILE` checks a config without starting anything.")
     return ConfigError("\n".join(lines))

@@ -8,7 +8,7 @@ import re
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
 from prefect_swarm.config.backends import BackendConfig, LocalConfig
-from prefect_swarm.config.base import StrictModel
+from prefect_swarm.config.base import Count, NonNegativeInt, Port, Seconds, StrictModel
 from prefect_swarm.config.engine import EngineConfig
 
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,35}$")
@@ -18,16 +18,15 @@ class SwarmConfig(StrictModel):
     """A swarm: which model, how many replicas of which engine, on which backend."""
 
     name: str = Field(
-        description="Swarm name: lowercase letters, digits and '-', starting with a letter, "
-        "at most 36 chars.",
+        description="Swarm name: lowercase letters, digits and '-', starting with a letter, at most 36 chars.",
     )
     model: str = Field(min_length=1, description="Model path or id the engine loads.")
     served_model_name: str | None = Field(
         default=None, description="Model name clients send in requests; default: the model value."
     )
-    replicas: int = Field(default=1, ge=1, description="Number of engine replicas.")
-    gpus_per_replica: int = Field(
-        default=1, ge=0, description="GPUs per replica (tensor parallel size for vLLM); 0 for CPU engines."
+    replicas: Count = Field(default=1, description="Number of engine replicas.")
+    gpus_per_replica: NonNegativeInt = Field(
+        default=1, description="GPUs per replica (tensor parallel size for vLLM); 0 for CPU engines."
     )
     gpus_per_node: int | None = Field(
         default=None,
@@ -39,7 +38,7 @@ class SwarmConfig(StrictModel):
         ge=1,
         description="Replicas per node; default: gpus_per_node // gpus_per_replica, else 1.",
     )
-    port: int = Field(default=8100, ge=1, le=65535, description="Base port: replica i listens on port + i.")
+    port: Port = Field(default=8100, description="Base port: replica i listens on port + i.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="The engine each replica runs.")
     env: dict[str, str] = Field(
         default_factory=dict, description="Environment variables for replicas and job processes."
@@ -48,9 +47,8 @@ class SwarmConfig(StrictModel):
         default=None,
         description="API key the engine requires (vLLM --api-key); passed via the environment, never logged.",
     )
-    ready_timeout_s: float = Field(
+    ready_timeout_s: Seconds = Field(
         default=1800.0,
-        gt=0,
         description="Seconds from 'up' until every replica must answer a chat completion.",
     )
     backend: BackendConfig = Field(
@@ -78,8 +76,7 @@ class SwarmConfig(StrictModel):
         per_node, per_replica, gpus = self.replicas_per_node, self.gpus_per_replica, self.gpus_per_node
         if gpus and per_node and per_replica and per_node * per_replica > gpus:
             raise ValueError(
-                f"replicas_per_node ({per_node}) x gpus_per_replica ({per_replica}) "
-                f"exceeds gpus_per_node ({gpus})"
+                f"replicas_per_node ({per_node}) x gpus_per_replica ({per_replica}) exceeds gpus_per_node ({gpus})"
             )
         return self
 

@@ -14,18 +14,12 @@ from typing import Any
 from prefect import flow, get_run_logger, tags
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from prefect_swarm.flows.common import (
-    job_spec,
-    label_run,
-    reap_quietly,
-    run_and_commit,
-    teardown_owned,
-)
 from prefect_swarm.flows.hooks import teardown_hook
-from prefect_swarm.flows.params import JobOptions
-from prefect_swarm.tasks._common import stop_event
-from prefect_swarm.tasks.jobs import plan_shards
-from prefect_swarm.tasks.swarm import block_ref, resolve_swarm, swarm_up, wait_ready
+from prefect_swarm.flows.params import JobOptions, job_spec
+from prefect_swarm.tasks._common import label_run, run_stop_event
+from prefect_swarm.tasks.jobs import plan_shards, run_and_commit
+from prefect_swarm.tasks.reaper import reap_quietly
+from prefect_swarm.tasks.swarm import block_ref, resolve_swarm, swarm_up, teardown_owned, wait_ready
 
 
 @flow(
@@ -59,9 +53,8 @@ def batch_inference(
     reap_quietly()
     plan = plan_shards(job_spec(cfg, job, input, output, shards), cfg.name)
     label_run(cfg.name, plan.spec.job_id)
-    stop = stop_event()
     up_at = None
-    with tags(f"swarm:{cfg.name}", f"job:{plan.spec.job_id}"):
+    with tags(f"swarm:{cfg.name}", f"job:{plan.spec.job_id}"), run_stop_event():
         try:
             live = None
             if plan.pending:
@@ -70,7 +63,6 @@ def batch_inference(
                 wait_ready(live)
             return run_and_commit(plan, live, cfg, started, up_at)
         finally:
-            stop.set()
             if up_at is not None:
                 get_run_logger().info("Swarm time this run: %.1f s.", time.monotonic() - up_at)
             teardown_owned(keep_swarm)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from prefect_swarm.tasks._common import stop_event
+from prefect_swarm.tasks._common import signal_stop
 from prefect_swarm.tasks.swarm import teardown_flow_run
 
 log = logging.getLogger("prefect_swarm.flows")
@@ -39,7 +39,7 @@ def _swarm_home_of(flow_run: Any) -> Iterator[None]:
 def teardown_hook(flow: Any, flow_run: Any, state: Any) -> None:
     """``on_cancellation`` / ``on_crashed``: stop shard polling, cancel jobs, stop owned swarms."""
     run_id = str(flow_run.id)
-    stop_event(run_id).set()
+    signal_stop(run_id)
     try:
         with _swarm_home_of(flow_run):
             stopped = teardown_flow_run(run_id)

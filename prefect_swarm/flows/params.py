@@ -12,7 +12,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, create_model
 
+from prefect_swarm.config import SwarmConfig
 from prefect_swarm.jobs.spec import JobSpec
+from prefect_swarm.swarm import engine_fingerprint
 
 FLOW_OWNED = frozenset(
     {
@@ -38,9 +40,7 @@ def _options_base() -> type[BaseModel]:
         for name, info in JobSpec.model_fields.items()
         if name not in FLOW_OWNED
     }
-    return create_model(  # type: ignore[call-overload, no-any-return]
-        "JobOptionsBase", __config__=ConfigDict(extra="forbid"), **fields
-    )
+    return create_model("JobOptionsBase", __config__=ConfigDict(extra="forbid"), **fields)
 
 
 class JobOptions(_options_base()):  # type: ignore[misc]
@@ -61,3 +61,15 @@ def job_options(job: JobOptions | str | dict[str, Any] | None) -> JobOptions:
     if isinstance(job, str):
         return JobOptions(job=job)
     return JobOptions.model_validate(job)
+
+
+def job_spec(cfg: SwarmConfig, job: JobOptions | str | dict[str, Any], input: str, output: str, shards: int) -> JobSpec:
+    """The JobSpec for a flow's parameters on swarm ``cfg`` (the commit is the flow's own step)."""
+    return job_options(job).to_spec(
+        input=input,
+        output=output,
+        shards=shards,
+        model=cfg.model_name,
+        swarm_fingerprint=engine_fingerprint(cfg),
+        auto_commit=False,
+    )

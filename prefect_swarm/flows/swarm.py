@@ -9,12 +9,12 @@ from prefect import flow, tags
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from prefect_swarm.exceptions import StateError
-from prefect_swarm.flows.common import job_spec, label_run, reap_quietly, run_and_commit
 from prefect_swarm.flows.hooks import teardown_hook
-from prefect_swarm.flows.params import JobOptions
+from prefect_swarm.flows.params import JobOptions, job_spec
 from prefect_swarm.state import StateStore
-from prefect_swarm.tasks._common import stop_event
-from prefect_swarm.tasks.jobs import plan_shards
+from prefect_swarm.tasks._common import current_flow_run_id, label_run, run_stop_event
+from prefect_swarm.tasks.jobs import plan_shards, run_and_commit
+from prefect_swarm.tasks.reaper import reap_quietly
 from prefect_swarm.tasks.swarm import block_ref, reattach, resolve_swarm, teardown_flow_run, wait_ready
 from prefect_swarm.tasks.swarm import swarm_down as swarm_down_task
 from prefect_swarm.tasks.swarm import swarm_up as swarm_up_task
@@ -33,8 +33,6 @@ def swarm_up(swarm: str | dict[str, Any], reuse: bool = True) -> dict[str, Any]:
     try:
         endpoints = wait_ready(live)
     except BaseException:
-        from prefect_swarm.tasks._common import current_flow_run_id
-
         teardown_flow_run(current_flow_run_id() or "-", include_kept=True)
         raise
     return {"name": live.cfg.name, "endpoints": endpoints, "fingerprint": live.fingerprint}
@@ -61,11 +59,7 @@ def run_job(name: str, job: JobOptions | str, input: str, output: str, shards: i
         raise StateError(f"swarm '{name}' has no handle: it was never brought up. `prefect-swarm up` it first.")
     plan = plan_shards(job_spec(live.cfg, job, input, output, shards), name)
     label_run(name, plan.spec.job_id)
-    stop = stop_event()
-    with tags(f"swarm:{name}", f"job:{plan.spec.job_id}"):
-        try:
-            if plan.pending:
-                wait_ready(live)
-            return run_and_commit(plan, live if plan.pending else None, live.cfg, started, started)
-        finally:
-            stop.set()
+    with tags(f"swarm:{name}", f"job:{plan.spec.job_id}"), run_stop_event():
+        if plan.pending:
+            wait_ready(live)
+        return run_and_commit(plan, live if plan.pending else None, live.cfg, started, started)

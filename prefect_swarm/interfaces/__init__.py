@@ -3,10 +3,11 @@ and the environment contract of job processes (``jobenv``)."""
 
 from prefect_swarm.interfaces.capabilities import Capabilities, Capability, check_config
 from prefect_swarm.interfaces.jobenv import JobEnv, JobRuntime
-from prefect_swarm.interfaces.protocols import ComputeBackend, DefaultComputeMixin, ServingBackend, wait_by_polling
+from prefect_swarm.interfaces.protocols import ComputeBackend, ComputeBase, Follow, ServingBackend, wait_by_polling
 from prefect_swarm.interfaces.types import (
     JobHandle,
     JobProbe,
+    JobRequest,
     JobStatus,
     ReplicaHealth,
     ReplicaStatus,
@@ -20,10 +21,12 @@ __all__ = [
     "Capabilities",
     "Capability",
     "ComputeBackend",
-    "DefaultComputeMixin",
+    "ComputeBase",
+    "Follow",
     "JobEnv",
     "JobHandle",
     "JobProbe",
+    "JobRequest",
     "JobRuntime",
     "JobStatus",
     "ReplicaHealth",

@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from prefect_swarm.config.backends import SlurmConfig
 from prefect_swarm.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -38,6 +39,11 @@ class Capabilities:
     supported: frozenset[Capability]
     missing: dict[Capability, str] = field(default_factory=dict)
     max_replicas: int | None = None
+
+    @classmethod
+    def all_but(cls, backend: str, missing: dict[Capability, str], max_replicas: int | None = None) -> Capabilities:
+        """Every capability except ``missing`` (each with the reason the backend lacks it)."""
+        return cls(backend, frozenset(Capability) - missing.keys(), dict(missing), max_replicas)
 
     def supports(self, cap: Capability) -> bool:
         """True when the backend offers ``cap``."""
@@ -71,6 +77,5 @@ def check_config(cfg: SwarmConfig, caps: Capabilities) -> None:
         caps.require(
             Capability.MULTI_NODE, f"replicas={cfg.replicas} with replicas_per_node={cfg.effective_replicas_per_node}"
         )
-    container = getattr(cfg.backend, "container", None)
-    if container is not None and container.runtime != "none":
-        caps.require(Capability.CONTAINERS, f"backend.container.runtime={container.runtime}")
+    if isinstance(cfg.backend, SlurmConfig) and cfg.backend.container.runtime != "none":
+        caps.require(Capability.CONTAINERS, f"backend.container.runtime={cfg.backend.container.runtime}")

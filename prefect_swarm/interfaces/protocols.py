@@ -1,24 +1,26 @@
 """The two seams every backend implements: serving (replicas + endpoint) and compute (jobs).
 
 ``runtime_checkable`` only checks method names; the behaviour is pinned down by the contract
-test suite in ``tests/contract`` that every backend runs.
+test suite in ``tests/contract`` that every backend runs. Callers use exactly these members:
+nothing is looked up with ``getattr``.
 """
 
 from __future__ import annotations
 
-import os
-import shlex
-import sys
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+import abc
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from prefect_swarm.interfaces import jobenv
 from prefect_swarm.interfaces.capabilities import Capabilities
-from prefect_swarm.interfaces.jobenv import JobRuntime
-from prefect_swarm.interfaces.types import JobHandle, JobProbe, JobStatus, ServingHandle, ServingStatus
+from prefect_swarm.interfaces.jobenv import JobEnv, JobRuntime
+from prefect_swarm.interfaces.types import JobHandle, JobProbe, JobRequest, JobStatus, ServingHandle, ServingStatus
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
+
+Follow = Callable[[bool], None]
+"""Called after every look at a job with whether it has finished (streams its logs)."""
 
 
 @runtime_checkable
@@ -27,6 +29,20 @@ class ServingBackend(Protocol):
 
     def capabilities(self) -> Capabilities:
         """What this backend can do; consulted before anything starts."""
+        ...
+
+    def validate(self, cfg: SwarmConfig) -> None:
+        """Pre-flight: refuse a config this backend cannot run (ConfigError naming the field).
+
+        Calls nothing remote and needs no credentials: it runs in ``prefect-swarm validate``.
+        """
+        ...
+
+    def plan(self) -> dict[str, str]:
+        """What ``up`` would start, rendered (file or object name -> text); submits and writes nothing.
+
+        Secrets are masked: this is what ``prefect-swarm validate`` prints.
+        """
         ...
 
     def create_or_update(self, cfg: SwarmConfig) -> ServingHandle:
@@ -60,25 +76,10 @@ class ServingBackend(Protocol):
 class ComputeBackend(Protocol):
     """Runs job processes next to the swarm: submit, probe, wait, cancel."""
 
-    def submit(
-        self,
-        *,
-        name: str,
-        command: Sequence[str],
-        env: Mapping[str, str] | None = None,
-        secret_env: Mapping[str, str] | None = None,
-        resources: Mapping[str, Any] | None = None,
-        detach: bool = True,
-        nshards: int = 1,
-        shard_id: int | None = None,
-        workdir: str | None = None,
-    ) -> JobHandle:
-        """Start ``command``; with ``nshards`` > 1 and no ``shard_id``, fan out into ``nshards`` processes.
-
-        Each process gets ``--shard-id i --nshards n`` appended and ``PREFECT_SWARM_SHARD_ID`` /
-        ``PREFECT_SWARM_NSHARDS`` in its environment. ``secret_env`` reaches the process environment but
-        never a rendered command, a log or a state row. With ``detach=False`` it returns after the job ends.
-        """
+    def submit(self, request: JobRequest) -> JobHandle:
+        """Start every shard of ``request`` (see :class:`JobRequest`) with :meth:`job_runtime`'s environment,
+        the swarm's endpoints, the shard's place and the swarm's API key. With ``detach=False`` it
+        returns after the job ends."""
         ...
 
     def probe(self, handle: JobHandle) -> JobProbe:
@@ -94,64 +95,90 @@ class ComputeBackend(Protocol):
         ...
 
     def job_runtime(self) -> JobRuntime:
-        """How job processes start where this backend runs them: interpreter, base env, workdir, image."""
+        """How job processes start where this backend runs them: the interpreter that exists there,
+        base env, workdir, image. Callers build job commands with it, never with ``sys.executable``."""
         ...
 
 
-class DefaultComputeMixin:
-    """Defaults a compute backend may use for how it starts the job process."""
+class ComputeBase(abc.ABC):
+    """What every compute backend shares: submit's shape, the polling ``wait``, the job environment.
+
+    A backend implements :meth:`_launch` (start every shard, return at once), ``probe``,
+    ``cancel``, ``job_runtime`` and :meth:`_follow` (log streaming for ``wait``).
+    """
 
     cfg: SwarmConfig
+    serving: ServingHandle | None
 
-    def default_python(self) -> str:
-        """Interpreter that runs ``python -m prefect_swarm.jobs.run``."""
-        return sys.executable
-
-    def default_image(self) -> str | None:
-        """Container image for job processes; None runs on the host."""
-        return None
-
-    def default_resources(self) -> dict[str, Any]:
-        """Resources a job process asks for."""
-        return {"cpus": 1, "gpus": 0}
-
-    def default_env(self) -> dict[str, str]:
-        """Environment every job process gets: the swarm's env and the paths it needs."""
-        env = dict(self.cfg.env)
-        env.setdefault(jobenv.HOME, os.environ.get(jobenv.HOME, ""))
-        return {k: v for k, v in env.items() if v != ""}
-
+    @abc.abstractmethod
     def job_runtime(self) -> JobRuntime:
-        """The runtime assembled from the ``default_*`` hooks above."""
-        return JobRuntime(python=self.default_python(), env=self.default_env(), image=self.default_image())
+        """See :meth:`ComputeBackend.job_runtime`."""
 
-    @staticmethod
-    def shard_argv(command: Sequence[str], nshards: int, shard_id: int) -> list[str]:
-        """``command`` with the shard arguments appended."""
-        return [*command, "--shard-id", str(shard_id), "--nshards", str(nshards)]
+    @abc.abstractmethod
+    def probe(self, handle: JobHandle) -> JobProbe:
+        """See :meth:`ComputeBackend.probe`."""
 
-    @staticmethod
-    def printable(command: Sequence[str]) -> str:
-        """A shell-quoted rendering of ``command`` for logs (holds no secrets: those go by env)."""
-        return shlex.join(command)
+    @abc.abstractmethod
+    def cancel(self, handle: JobHandle) -> None:
+        """See :meth:`ComputeBackend.cancel`."""
+
+    @abc.abstractmethod
+    def _launch(self, request: JobRequest) -> JobHandle:
+        """Start every shard of ``request``; return at once."""
+
+    @abc.abstractmethod
+    def _follow(self, handle: JobHandle) -> Follow:
+        """What ``wait(stream_logs=True)`` calls after each look: prints the job's new output."""
+
+    def submit(self, request: JobRequest) -> JobHandle:
+        """See :meth:`ComputeBackend.submit`."""
+        handle = self._launch(request)
+        if not request.detach:
+            self.wait(handle)
+        return handle
+
+    def wait(self, handle: JobHandle, stream_logs: bool = False, poll_s: float = 1.0) -> JobStatus:
+        """Probe until the job has finished; with ``stream_logs`` print its output as it comes."""
+        return wait_by_polling(self, handle, poll_s, follow=self._follow(handle) if stream_logs else None)
+
+    def endpoints(self) -> list[str]:
+        """URLs the job spreads its requests over: the serving handle's replicas, else its URL."""
+        if self.serving is None or not self.serving.url:
+            return []
+        return list(self.serving.meta.get("replica_urls") or [self.serving.url])
+
+    def job_env(self, request: JobRequest, shard: int) -> dict[str, str]:
+        """Plain environment of one shard: runtime env < swarm (endpoints, model) < request < shard."""
+        swarm = JobEnv(endpoints=tuple(self.endpoints()), model=self.cfg.model_name).to_env()
+        return {**self.job_runtime().env, **swarm, **request.env, **request.shard_env(shard)}
+
+    def job_secret_env(self, request: JobRequest) -> dict[str, str]:
+        """Secret environment of every shard: the swarm's API key, then the request's secrets."""
+        key = self.cfg.api_key.get_secret_value() if self.cfg.api_key is not None else None
+        return {**JobEnv(api_key=key).secret_env(), **request.secret_env}
 
 
-def wait_by_polling(backend: ComputeBackend, handle: JobHandle, poll_s: float = 1.0) -> JobStatus:
-    """Generic ``wait``: probe until finished. Probe errors ("could not tell") keep waiting."""
-    import time
-
+def wait_by_polling(
+    backend: ComputeBackend, handle: JobHandle, poll_s: float = 1.0, follow: Follow | None = None
+) -> JobStatus:
+    """Probe until finished; ``follow(finished)`` after each look. Probe errors ("could not tell") keep waiting."""
     while True:
         probe = backend.probe(handle)
-        if probe.status is not None and probe.status.finished:
+        finished = probe.status is not None and probe.status.finished
+        if follow is not None:
+            follow(finished)
+        if probe.status is not None and finished:
             return probe.status
         time.sleep(poll_s)
 
 
 __all__ = [
     "ComputeBackend",
-    "DefaultComputeMixin",
+    "ComputeBase",
+    "Follow",
     "JobHandle",
     "JobProbe",
+    "JobRequest",
     "JobStatus",
     "ServingBackend",
     "ServingHandle",

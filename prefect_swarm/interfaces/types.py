@@ -7,11 +7,14 @@ so that any later process can reattach to a swarm or a job.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from prefect_swarm.interfaces.jobenv import JobEnv
 
-class ServingPhase(str, enum.Enum):
+
+class ServingPhase(enum.StrEnum):
     """Where a swarm's serving side stands."""
 
     UNKNOWN = "UNKNOWN"
@@ -22,7 +25,7 @@ class ServingPhase(str, enum.Enum):
     STOPPED = "STOPPED"
 
 
-class JobStatus(str, enum.Enum):
+class JobStatus(enum.StrEnum):
     """Where a compute job stands."""
 
     PENDING = "PENDING"
@@ -36,8 +39,18 @@ class JobStatus(str, enum.Enum):
         """True for SUCCEEDED, FAILED and CANCELLED."""
         return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
+    @classmethod
+    def combine(cls, statuses: Iterable[JobStatus]) -> JobStatus:
+        """One status for the shards of a job: unfinished while any shard is (so a wait leaves nothing
+        running; RUNNING before PENDING), then FAILED beats CANCELLED beats SUCCEEDED."""
+        seen = set(statuses)
+        for status in (cls.RUNNING, cls.PENDING, cls.FAILED, cls.CANCELLED):
+            if status in seen:
+                return status
+        return cls.SUCCEEDED
 
-class ReplicaHealth(str, enum.Enum):
+
+class ReplicaHealth(enum.StrEnum):
     """Health of one replica as its watchdog (or scheduler) last saw it."""
 
     HEALTHY = "Healthy"
@@ -205,3 +218,51 @@ class JobProbe:
     exit_code: int | None = None
     error: str | None = None
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What :meth:`ComputeBackend.submit` starts: a command, its environment and its shards.
+
+    With ``nshards`` > 1 and no ``shard_id`` the job fans out into ``nshards`` processes; with
+    ``shard_id`` only that shard starts. A sharded process gets ``--shard-id i --nshards n``
+    appended to its command and the shard in its environment (:class:`JobEnv`). ``secret_env``
+    reaches the process environment only: never a rendered command, a log or a state row.
+    """
+
+    name: str
+    command: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    detach: bool = True
+    nshards: int = 1
+    shard_id: int | None = None
+    workdir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError(f"job '{self.name}': command is empty; pass the argv of the job process.")
+        if self.nshards < 1 or (self.shard_id is not None and not 0 <= self.shard_id < self.nshards):
+            raise ValueError(f"job '{self.name}': shard_id {self.shard_id} is not in range for nshards={self.nshards}")
+
+    @property
+    def sharded(self) -> bool:
+        """False for a plain one-process job (its command gets no shard arguments)."""
+        return self.nshards > 1 or self.shard_id is not None
+
+    def shards(self) -> list[int]:
+        """The shard ids this request starts (``[0]`` for a plain job)."""
+        if self.shard_id is not None:
+            return [self.shard_id]
+        return list(range(self.nshards))
+
+    def argv(self, shard: int) -> list[str]:
+        """The command of shard ``shard``, with the shard arguments when the job is sharded."""
+        if not self.sharded:
+            return list(self.command)
+        return [*self.command, "--shard-id", str(shard), "--nshards", str(self.nshards)]
+
+    def shard_env(self, shard: int) -> dict[str, str]:
+        """The shard's place in the job, as environment (``JobEnv`` names)."""
+        return JobEnv(shard_id=shard, nshards=self.nshards).to_env()

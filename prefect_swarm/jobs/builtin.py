@@ -33,9 +33,7 @@ class ChatCompletionJob(SwarmJob):
     ) -> None:
         super().__init__(sampling=sampling, sampling_column=sampling_column)
         if messages_column and system_prompt:
-            raise ConfigError(
-                "ChatCompletionJob: system_prompt goes with prompt_column, not messages_column."
-            )
+            raise ConfigError("ChatCompletionJob: system_prompt goes with prompt_column, not messages_column.")
         self.prompt_column = prompt_column
         self.messages_column = messages_column
         self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []

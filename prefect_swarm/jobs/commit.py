@@ -18,7 +18,9 @@ more passes over its parts.
 is ``submit_job(..., retry_failed=True)`` (CLI: ``job retry``) followed by a commit.
 
 Committing twice is cheap: when the ledgers have not changed since the manifest, the manifest
-is returned as is.
+is returned as is. The output and ``failed.jsonl`` get the usual mode of a new file (0666 less
+the process umask), not the 0600 of a temp file. :func:`manifest_verdict` says whether a
+committed job succeeded (failed fraction at most ``max_failed_fraction``).
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -71,9 +74,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _ledger_signature(spec: JobSpec, fingerprint: str) -> dict[str, Any]:
-    parts = {
-        str(i): [[p.name, p.stat().st_size] for p in spec.paths.shard(i).parts()] for i in range(spec.shards)
-    }
+    parts = {str(i): [[p.name, p.stat().st_size] for p in spec.paths.shard(i).parts()] for i in range(spec.shards)}
     return {
         "fingerprint": fingerprint,
         "parts": parts,
@@ -137,10 +138,10 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
                     writer.write(merged)
                     _count(merged, counts, failed)
             writer.close()
+            _as_new_file(tmp)
+        _as_new_file(failed_tmp)
         if counts["rows"] != ds.num_rows:  # failed.jsonl is then left as it was
-            raise JobError(
-                f"commit of {spec.output} produced {counts['rows']} rows for {ds.num_rows} input rows."
-            )
+            raise JobError(f"commit of {spec.output} produced {counts['rows']} rows for {ds.num_rows} input rows.")
     manifest = {
         "job_id": spec.job_id,
         "output": str(spec.output),
@@ -155,6 +156,67 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
     }
     atomic_write_json(spec.paths.manifest, manifest)
     return manifest
+
+
+def _as_new_file(path: Path) -> None:
+    """Give a temp file (0600) the mode a new file gets: 0666 less the umask."""
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read it by setting it (and put it back at once)
+    os.umask(mask)
+    return mask
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a committed job succeeded: its failed fraction against ``max_failed_fraction``."""
+
+    succeeded: bool
+    rows: int
+    ok: int
+    failed: int
+    max_failed_fraction: float
+    failed_rows: str | None
+    """The failed-rows file (JSONL: id, error)."""
+
+    @property
+    def failed_fraction(self) -> float:
+        """Failed rows / rows (0 for an empty job)."""
+        return self.failed / self.rows if self.rows else 0.0
+
+    def message(self) -> str:
+        """One line for people: counts, the threshold, where the failed rows are."""
+        counts = f"{self.rows} rows: {self.ok} ok, {self.failed} failed ({self.failed_fraction:.2%})"
+        where = f"; failed rows in {self.failed_rows}" if self.failed and self.failed_rows else ""
+        if self.succeeded:
+            return f"succeeded: {counts}, within max_failed_fraction {self.max_failed_fraction:g}{where}"
+        return (
+            f"failed: {counts}, more than max_failed_fraction {self.max_failed_fraction:g}{where}. "
+            "Rerun the failed rows (`prefect-swarm job retry`), or raise max_failed_fraction."
+        )
+
+
+def manifest_verdict(manifest: Mapping[str, Any], max_failed_fraction: float) -> Verdict:
+    """The verdict on a commit's manifest: succeeded when failed / rows <= ``max_failed_fraction``."""
+    rows, failed = int(manifest.get("rows") or 0), int(manifest.get("failed") or 0)
+    ok = int(manifest.get("ok", rows - failed) or 0)
+    fraction = failed / rows if rows else 0.0
+    return Verdict(
+        succeeded=fraction <= max_failed_fraction,
+        rows=rows,
+        ok=ok,
+        failed=failed,
+        max_failed_fraction=max_failed_fraction,
+        failed_rows=manifest.get("failed_rows"),
+    )
 
 
 def _count(merged: pa.RecordBatch, counts: dict[str, int], failed: TextIO) -> None:
@@ -316,9 +378,7 @@ class _ParquetWriter:
         self.writer: pq.ParquetWriter | None = None
 
     def write(self, batch: pa.RecordBatch) -> None:
-        batch = batch.drop_columns(
-            [c for c in ("_id", "_response", "http_status") if c in batch.schema.names]
-        )
+        batch = batch.drop_columns([c for c in ("_id", "_response", "http_status") if c in batch.schema.names])
         if self.writer is None:
             self.writer = pq.ParquetWriter(self.path, batch.schema, compression="zstd")
         self.writer.write_batch(batch)
@@ -335,9 +395,7 @@ class _JsonlWriter:
         self.fh = open(path, "w")  # noqa: SIM115 - closed in close()
 
     def write(self, batch: pa.RecordBatch) -> None:
-        cols = {
-            c: batch.column(c).to_pylist() for c in ("_id", "status", "error", "_response", "http_status")
-        }
+        cols = {c: batch.column(c).to_pylist() for c in ("_id", "status", "error", "_response", "http_status")}
         lines = []
         for k, cid in enumerate(cols["_id"]):
             ok = cols["status"][k] == "ok"

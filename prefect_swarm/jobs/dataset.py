@@ -1,31 +1,61 @@
 """The input dataset: open, validate before any request, and stream a row range by record batches.
 
-Parquet (a file or a folder of ``*.parquet``) is read with pyarrow one row group at a time, so
-memory stays bounded whatever the input size. JSONL in the OpenAI Batch input format
-(``custom_id``, ``method``, ``url``, ``body``) is read line by line into batches with columns
-``custom_id``, ``method``, ``url`` and ``body`` (the body as JSON text).
+Parquet (a file or a folder of ``*.parquet``, its pages compressed or not) is read with pyarrow
+one row group at a time, so memory stays bounded whatever the input size. JSONL in the OpenAI
+Batch input format (``custom_id``, ``method``, ``url``, ``body``), plain or gzip-compressed
+(``.jsonl.gz``, or gzip bytes whatever the name), is read line by line into batches with columns
+``custom_id``, ``method``, ``url`` and ``body`` (the body as JSON text). Other compressions of a
+whole file (zstd, bzip2, xz, gzip around a parquet file) are refused with that reason.
 
-Every problem raises :class:`DatasetError` naming the file and, where it applies, the column.
+Every problem raises :class:`DatasetError` naming the file and, where it applies, the column,
+the line or the row group; a file damaged behind an intact footer is found while streaming and
+raises the same error then. :func:`check_output_location` refuses an output that would
+overwrite or be read back as input, or that cannot be written, before any request.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import tempfile
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prefect_swarm.exceptions import DatasetError
+from prefect_swarm.exceptions import ConfigError, DatasetError
 from prefect_swarm.jobs.spec import is_jsonl
 
 _BATCH_COLUMNS = ("custom_id", "method", "url", "body")
 _BATCH_SCHEMA = pa.schema([(c, pa.string()) for c in _BATCH_COLUMNS])
+_GZIP_MAGIC = b"\x1f\x8b"
+_OTHER_COMPRESSIONS = {
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"BZh": "bzip2",
+    b"\xfd7zXZ\x00": "xz",
+    b"PK\x03\x04": "zip",
+}
+_READ_ERRORS = (OSError, EOFError, zlib.error)
+"""What reading a damaged gzip stream raises (BadGzipFile is an OSError)."""
+
+
+def _magic(path: Path) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read(8)
+
+
+def _whole_file_compression(path: Path) -> str | None:
+    """``gzip``, ``zstd``, ``bzip2``, ``xz`` or ``zip`` when the file's bytes are one of those; else None."""
+    head = _magic(path)
+    if head.startswith(_GZIP_MAGIC):
+        return "gzip"
+    return next((name for magic, name in _OTHER_COMPRESSIONS.items() if head.startswith(magic)), None)
 
 
 @dataclass(frozen=True)
@@ -50,6 +80,8 @@ class InputDataset:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).expanduser()
         self.kind = "jsonl" if is_jsonl(str(path)) else "parquet"
+        self.compression: str | None = None
+        """``gzip`` for a gzip-compressed JSONL file."""
         self.files = self._open_jsonl() if self.kind == "jsonl" else self._open_parquet()
         self.num_rows = sum(f.num_rows for f in self.files)
         if self.num_rows == 0:
@@ -80,18 +112,49 @@ class InputDataset:
         try:
             return pq.read_metadata(path)
         except (pa.ArrowException, OSError) as exc:
+            packed = _whole_file_compression(path) if path.is_file() else None
+            if packed:
+                raise DatasetError(
+                    f"input file {path} is a {packed}-compressed file, not a parquet file. Parquet "
+                    "compresses its pages itself: decompress the file (a .parquet file is read "
+                    "whatever its page compression), or give a JSONL input a .jsonl or .jsonl.gz name."
+                ) from exc
             raise DatasetError(
-                f"input file {path} is not a readable parquet file ({exc}). "
-                "Check that it was written completely."
+                f"input file {path} is not a readable parquet file ({exc}). Check that it was written completely."
             ) from exc
 
     def _open_jsonl(self) -> list[InputFile]:
-        if not self.path.is_file():
+        if not self.path.exists():
             raise DatasetError(f"input {self.path} does not exist.")
-        with open(self.path, "rb") as fh:
-            n = sum(1 for line in fh if line.strip())
+        if not self.path.is_file():
+            raise DatasetError(f"input {self.path} is not a file: a JSONL input is one file.")
+        self.compression = _whole_file_compression(self.path)
+        if self.compression not in (None, "gzip"):
+            raise DatasetError(
+                f"input {self.path} is {self.compression}-compressed; JSONL inputs are read plain or "
+                "gzip-compressed (.jsonl.gz). Decompress it, or recompress it with gzip."
+            )
+        n, lineno = 0, 0
+        with self._open_lines() as fh:
+            try:
+                for lineno, line in enumerate(fh, 1):  # noqa: B007 - lineno names the damaged line
+                    n += bool(line.strip())
+            except _READ_ERRORS as exc:
+                raise self._damaged(lineno + 1, exc) from exc
         self.schema = _BATCH_SCHEMA
         return [InputFile(self.path, 0, n)]
+
+    def _open_lines(self) -> BinaryIO:
+        """The JSONL file's bytes, decompressed when they are gzip."""
+        if self.compression == "gzip":
+            return cast(BinaryIO, gzip.open(self.path, "rb"))
+        return open(self.path, "rb")
+
+    def _damaged(self, lineno: int, exc: BaseException) -> DatasetError:
+        return DatasetError(
+            f"input {self.path}: the gzip stream is damaged at line {lineno} "
+            f"({type(exc).__name__}: {exc}). Check that the file was written and copied completely."
+        )
 
     # ------------------------------------------------------------------ identity
     def identity(self) -> list[dict[str, Any]]:
@@ -103,9 +166,7 @@ class InputDataset:
         return out
 
     # ------------------------------------------------------------------ validate
-    def check_columns(
-        self, needed: Mapping[str, str], id_column: str | None, keep: list[str] | None = None
-    ) -> None:
+    def check_columns(self, needed: Mapping[str, str], id_column: str | None, keep: list[str] | None = None) -> None:
         """Refuse missing columns and columns of the wrong kind (see :data:`ColumnKind`)."""
         names = self.schema.names
         for col in [*needed, *([id_column] if id_column else []), *(keep or [])]:
@@ -118,8 +179,7 @@ class InputDataset:
             typ = self.schema.field(col).type
             if not _kind_ok(kind, typ):
                 raise DatasetError(
-                    f"input {self.path}: column '{col}' has type {typ}, but the job needs {kind} "
-                    f"({_KIND_HELP[kind]})."
+                    f"input {self.path}: column '{col}' has type {typ}, but the job needs {kind} ({_KIND_HELP[kind]})."
                 )
         if id_column:
             typ = self.schema.field(id_column).type
@@ -127,6 +187,30 @@ class InputDataset:
                 raise DatasetError(
                     f"input {self.path}: id column '{id_column}' has type {typ}; use integers or strings."
                 )
+
+    def check_has_values(self, columns: list[str]) -> None:
+        """Refuse a column the job needs whose every value is null (a row with a null is an error row)."""
+        if self.kind == "jsonl":
+            return  # every line has its url and body (checked line by line)
+        for col in columns:
+            if self.null_count(col) >= self.num_rows:
+                raise DatasetError(
+                    f"input {self.path}: column '{col}' is empty: every one of its {self.num_rows} values "
+                    "is null, so no row has anything to send. Fill the column, or point the job at "
+                    "another one (job_kwargs)."
+                )
+
+    def null_count(self, column: str) -> int:
+        """Null values of ``column``: from the files' statistics when they have them, else by a scan."""
+        total = 0
+        for f in self.files:
+            counted = _stats_null_count(pq.read_metadata(f.path), column)
+            if counted is None:
+                break
+            total += counted
+        else:
+            return total
+        return sum(b.column(0).null_count for _, b in self.iter_range(0, self.num_rows, [column], 65536))
 
     def check_unique_ids(self, id_column: str | None) -> None:
         """Refuse null or duplicate ids, streaming the id column (memory: 8 bytes per row).
@@ -190,7 +274,18 @@ class InputDataset:
             if rg_hi <= lo or rg_lo >= hi:
                 continue
             pos = rg_lo
-            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[rg], columns=columns):
+            batches = pf.iter_batches(batch_size=batch_rows, row_groups=[rg], columns=columns)
+            while True:
+                try:
+                    batch = next(batches, None)
+                except (pa.ArrowException, OSError) as exc:
+                    raise DatasetError(
+                        f"input file {f.path}: row group {rg} (rows {rg_lo}..{rg_hi - 1}) cannot be read: "
+                        f"{type(exc).__name__}: {exc}. The file is damaged; rewrite it from its source. "
+                        "Rows answered before this one are kept in the ledger."
+                    ) from exc
+                if batch is None:
+                    break
                 b_lo, b_hi = max(pos, lo), min(pos + batch.num_rows, hi)
                 if b_lo < b_hi:
                     yield b_lo, batch.slice(b_lo - pos, b_hi - b_lo)
@@ -201,13 +296,19 @@ class InputDataset:
     ) -> Iterator[tuple[int, pa.RecordBatch]]:
         cols = list(columns or _BATCH_COLUMNS)
         rows: dict[str, list[Any]] = {c: [] for c in cols}
-        first, idx = start, 0
-        with open(self.path, "rb") as fh:
-            for lineno, line in enumerate(fh, 1):
+        first, idx, lineno = start, 0, 0
+        with self._open_lines() as fh:
+            lines = iter(fh)
+            while True:
+                try:
+                    line = next(lines, None)
+                except _READ_ERRORS as exc:
+                    raise self._damaged(lineno + 1, exc) from exc
+                lineno += 1
+                if line is None or idx >= end:
+                    break
                 if not line.strip():
                     continue
-                if idx >= end:
-                    break
                 if idx >= start:
                     rec = self._parse_line(line, lineno)
                     for c in cols:
@@ -227,8 +328,7 @@ class InputDataset:
             raise DatasetError(f"input {self.path} line {lineno} is not JSON ({exc}).") from exc
         if not isinstance(rec, dict) or "custom_id" not in rec or not isinstance(rec.get("body"), dict):
             raise DatasetError(
-                f"input {self.path} line {lineno}: an OpenAI Batch line needs "
-                "'custom_id' and a 'body' object."
+                f"input {self.path} line {lineno}: an OpenAI Batch line needs 'custom_id' and a 'body' object."
             )
         return {
             "custom_id": str(rec["custom_id"]),
@@ -236,6 +336,91 @@ class InputDataset:
             "url": str(rec.get("url") or "/v1/chat/completions"),
             "body": json.dumps(rec["body"], separators=(",", ":")),
         }
+
+
+def _stats_null_count(meta: pq.FileMetaData, column: str) -> int | None:
+    """Nulls of a top-level flat column from a file's row-group statistics (None when unknown)."""
+    names = [meta.schema.column(j).path for j in range(meta.num_columns)]
+    if column not in names:  # nested (a list of structs...): leaf statistics do not count rows
+        return None
+    j, total = names.index(column), 0
+    for rg in range(meta.num_row_groups):
+        stats = meta.row_group(rg).column(j).statistics
+        if stats is None or not stats.has_null_count:
+            return None
+        total += stats.null_count
+    return total
+
+
+def check_output_location(output: str | Path, dataset: InputDataset, job_dir: str | Path | None = None) -> Path:
+    """Refuse, before any request, an output that would destroy or be read back as input, or cannot be written.
+
+    Refused with :class:`ConfigError` naming the path: the output is the input (or one of its
+    files); the output is inside the input folder (the next run would read it as input) or the
+    input inside the output; the output is one of the job folder's own files; the output is an
+    existing folder or not a regular file; a parent of the output is a file; the nearest existing
+    folder of the output cannot be written (a probe file is created there and removed at once).
+    Returns the output path (``~`` expanded).
+    """
+    out = Path(output).expanduser()
+    if str(output).endswith(("/", os.sep)):
+        raise ConfigError(f"output {output} names a folder; the output is one file: add a file name.")
+    real = out.resolve()
+    inputs = {dataset.path.resolve(), *(f.path.resolve() for f in dataset.files)}
+    if real in inputs:
+        raise ConfigError(
+            f"output {out} is the input ({dataset.path}): the commit would overwrite the input. "
+            "Choose another output path."
+        )
+    if dataset.path.is_dir() and real.is_relative_to(dataset.path.resolve()):
+        raise ConfigError(
+            f"output {out} is inside the input folder {dataset.path}: the next run would read it back as "
+            "input. Write the output outside that folder."
+        )
+    inside = sorted(str(p) for p in inputs if p.is_relative_to(real))
+    if inside:
+        raise ConfigError(f"input {inside[0]} is inside the output {out}. Choose an output file elsewhere.")
+    if job_dir is not None:
+        _refuse_job_file(real, Path(job_dir).expanduser().resolve())
+    if out.is_dir():
+        raise ConfigError(
+            f"output {out} is an existing folder; the output is one file. Give a file path "
+            f"(e.g. {out / 'output.parquet'}) or remove the folder."
+        )
+    if out.exists() and not out.is_file():
+        raise ConfigError(f"output {out} exists and is not a regular file. Choose another output path.")
+    _probe_writable(out)
+    return out
+
+
+_JOB_FILES = ("spec.json", "manifest.json", "failed.jsonl", "validated.json", "commit.lock", "launch.json")
+
+
+def _refuse_job_file(real: Path, job_dir: Path) -> None:
+    if (real.parent == job_dir and real.name in _JOB_FILES) or real.is_relative_to(job_dir / "shards"):
+        raise ConfigError(
+            f"output {real} is one of the job folder's own files ({job_dir}). Choose an output path "
+            "outside the job's ledger."
+        )
+
+
+def _probe_writable(out: Path) -> None:
+    folder = out.parent
+    while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(
+            f"output {out}: its parent {folder} is a file, not a folder. Choose an output path in a folder."
+        )
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".prefect-swarm-probe-", dir=folder)
+    except OSError as exc:
+        raise ConfigError(
+            f"output {out} cannot be written: creating a file in {folder} fails ({exc.strerror or exc}). "
+            "Choose a writable location, or fix the folder's permissions."
+        ) from exc
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _id_hashes(arr: pa.Array) -> np.ndarray:
@@ -254,9 +439,7 @@ def _kind_ok(kind: str, typ: pa.DataType) -> bool:
     if kind == "string":
         return is_str
     if kind == "messages":
-        return is_str or (
-            (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and pa.types.is_struct(typ.value_type)
-        )
+        return is_str or ((pa.types.is_list(typ) or pa.types.is_large_list(typ)) and pa.types.is_struct(typ.value_type))
     if kind == "json":
         return is_str or pa.types.is_struct(typ) or pa.types.is_map(typ)
     if kind == "number":

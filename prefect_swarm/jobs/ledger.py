@@ -26,6 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,38 @@ from prefect_swarm.paths import (
 STATUS_OK, STATUS_ERROR = "ok", "error"
 MAX_PENDING_WRITES = 2
 """Parts queued for the writer thread at most (each ``checkpoint_every`` rows or fewer)."""
+
+
+@dataclass(slots=True)
+class RowResult:
+    """What became of one row: the record :meth:`ShardLedger.add` buffers (one ledger line)."""
+
+    row: int
+    """Global row index (the join key of the commit)."""
+    rid: str
+    """The row's id as text."""
+    status: str
+    """``ok`` or ``error``."""
+    error: str | None = None
+    """Why the row failed (None when ok)."""
+    http_status: int = 0
+    """Status of the last answer (0: none, e.g. a connection error or no request sent)."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms: float = 0.0
+    """Latency of the last attempt."""
+    attempts: int = 0
+    """Requests sent for the row."""
+    outputs: Mapping[str, Any] | None = None
+    """The job's output values (None for an error row)."""
+    raw: str | None = None
+    """The raw response body (kept only for the OpenAI Batch output format)."""
+
+    @classmethod
+    def refused(cls, row: int, rid: str, error: str) -> RowResult:
+        """An error row for which no request was sent."""
+        return cls(row, rid, STATUS_ERROR, error)
+
 
 BASE_FIELDS: list[tuple[str, pa.DataType]] = [
     ("_row", pa.int64()),
@@ -84,6 +117,29 @@ def latest_positions(rows: np.ndarray, start: int, end: int) -> np.ndarray:
     return pos
 
 
+def check_resumable(paths: ShardPaths, stamp: dict[str, Any]) -> None:
+    """Raise FingerprintMismatch when the checkpoint in ``paths`` was written with other settings
+    (``stamp``: fingerprint, details, shard, start, end) than the run about to resume it."""
+    old = read_json(paths.fingerprint)
+    if not old or not paths.parts():
+        return
+    start, end = stamp["start"], stamp["end"]
+    same_layout = (old.get("start"), old.get("end")) == (start, end)
+    if old.get("fingerprint") == stamp["fingerprint"] and same_layout:
+        return
+    changes = describe_changes(old.get("details") or {}, stamp["details"])
+    if not same_layout:
+        changes += f"\n  shard rows: {old.get('start')}..{old.get('end')} -> {start}..{end}"
+    raise FingerprintMismatch(
+        f"refusing to resume shard {stamp['shard']}: its checkpoint in {paths.root} was written with "
+        f"different settings:\n{changes}\n"
+        "Hint: to discard the checkpoint and start over, submit again with --overwrite "
+        "(`prefect-swarm job submit ... --overwrite`, or "
+        "`python -m prefect_swarm.jobs.run ... --overwrite`); "
+        "to keep it, run with the original settings or use another job_dir."
+    )
+
+
 class ShardLedger:
     """The ledger of shard ``shard`` (rows ``[start, end)``), buffering finished rows until a flush."""
 
@@ -106,9 +162,9 @@ class ShardLedger:
         self.outputs = list(outputs)
         self.schema = ledger_schema(outputs, keep_raw)
         self.keep_raw = keep_raw
-        self.buf: list[tuple[Any, ...]] = []  # one tuple per finished row (see add); columns at flush
+        self.buf: list[RowResult] = []  # finished rows (see add); turned into columns at flush
         self._writer: threading.Thread | None = None
-        self._queue: queue.Queue[tuple[list[tuple[Any, ...]], int | None, dict[str, Any]] | None] | None = None
+        self._queue: queue.Queue[tuple[list[RowResult], int | None, dict[str, Any]] | None] | None = None
         self._write_error: BaseException | None = None
         self.done = np.zeros(end - start, dtype=bool)  # rows to skip on this run
         self.seen = np.zeros(end - start, dtype=bool)  # rows in the ledger
@@ -124,7 +180,7 @@ class ShardLedger:
     def open(self, *, overwrite: bool = False, retry_failed: bool = False) -> None:
         """Check the fingerprint, load what is done; with ``overwrite`` discard the old ledger first."""
         self.paths.root.mkdir(parents=True, exist_ok=True)
-        for tmp in self.paths.root.glob(".*.tmp"):  # left by a kill -9 mid-write
+        for tmp in self.paths.temp_files():  # left by a kill -9 mid-write
             tmp.unlink(missing_ok=True)
         if overwrite:
             self.discard()
@@ -148,28 +204,11 @@ class ShardLedger:
         }
 
     def _check_fingerprint(self) -> None:
-        old = read_json(self.paths.fingerprint)
-        if not old or not self.paths.parts():
-            return
-        same_layout = (old.get("start"), old.get("end")) == (self.start, self.end)
-        if old.get("fingerprint") == self.fingerprint and same_layout:
-            return
-        changes = describe_changes(old.get("details") or {}, self.details)
-        if not same_layout:
-            changes += f"\n  shard rows: {old.get('start')}..{old.get('end')} -> {self.start}..{self.end}"
-        raise FingerprintMismatch(
-            f"refusing to resume shard {self.shard}: its checkpoint in {self.paths.root} was written with "
-            f"different settings:\n{changes}\n"
-            "Hint: to discard the checkpoint and start over, submit again with --overwrite "
-            "(`prefect-swarm job submit ... --overwrite`, or "
-            "`python -m prefect_swarm.jobs.run ... --overwrite`); "
-            "to keep it, run with the original settings or use another job_dir."
-        )
+        check_resumable(self.paths, self._stamp())
 
     def _load(self, retry_failed: bool) -> None:
         table = read_ledger(self.paths, ["_row", "status", "prompt_tokens", "completion_tokens"])
-        parts = self.paths.parts()
-        self.seq = int(parts[-1].stem.split("-")[1]) + 1 if parts else 0
+        self.seq = self.paths.next_seq()
         if table is None:
             return
         rows = table.column("_row").to_numpy()
@@ -183,9 +222,7 @@ class ShardLedger:
         self.n_done = int(seen.sum())
         self.n_failed = int(self.err.sum())
         self.prompt_tokens = int(np.nansum(table.column("prompt_tokens").to_numpy(zero_copy_only=False)))
-        self.completion_tokens = int(
-            np.nansum(table.column("completion_tokens").to_numpy(zero_copy_only=False))
-        )
+        self.completion_tokens = int(np.nansum(table.column("completion_tokens").to_numpy(zero_copy_only=False)))
 
     @property
     def total(self) -> int:
@@ -198,33 +235,20 @@ class ShardLedger:
         return bool(self.done.all())
 
     # ------------------------------------------------------------------ write
-    def add(
-        self,
-        row: int,
-        rid: str,
-        status: str,
-        error: str | None,
-        http_status: int,
-        pt: int,
-        ct: int,
-        latency_ms: float,
-        attempts: int,
-        outputs: Mapping[str, Any] | None,
-        raw: str | None,
-    ) -> None:
+    def add(self, result: RowResult) -> None:
         """Buffer one finished row (flushed by :meth:`flush`)."""
-        self.buf.append((row, rid, status, error, http_status, pt, ct, latency_ms, attempts, outputs, raw))
-        rel = row - self.start
+        self.buf.append(result)
+        rel = result.row - self.start
         self.done[rel] = True
         if not self.seen[rel]:
             self.seen[rel] = True
             self.n_done += 1
-        is_err = status != STATUS_OK
+        is_err = result.status != STATUS_OK
         if is_err != self.err[rel]:
             self.err[rel] = is_err
             self.n_failed += 1 if is_err else -1
-        self.prompt_tokens += pt
-        self.completion_tokens += ct
+        self.prompt_tokens += result.prompt_tokens
+        self.completion_tokens += result.completion_tokens
         self.rows_this_run += 1
 
     @property
@@ -280,7 +304,7 @@ class ShardLedger:
                 except BaseException as exc:  # the part's rows are not on disk
                     self._write_error = exc
 
-    def _cut(self, state: str) -> tuple[list[tuple[Any, ...]], int | None, dict[str, Any]]:
+    def _cut(self, state: str) -> tuple[list[RowResult], int | None, dict[str, Any]]:
         """Take the buffer, a part number for it (None when empty) and the progress as of now."""
         rows, self.buf = self.buf, []
         seq = None
@@ -289,20 +313,28 @@ class ShardLedger:
         self.last_flush = time.monotonic()
         return rows, seq, self._progress(state)
 
-    def _write_part(self, rows: list[tuple[Any, ...]], seq: int | None) -> None:
+    def _write_part(self, rows: list[RowResult], seq: int | None) -> None:
         if rows and seq is not None:
             sink = io.BytesIO()
             pq.write_table(self._table(rows), sink, compression="zstd")
             atomic_write_bytes(self.paths.part(seq), sink.getvalue())
 
-    def _table(self, rows: list[tuple[Any, ...]]) -> pa.Table:
-        cols = list(zip(*rows, strict=True))
-        data: dict[str, Any] = {f[0]: cols[k] for k, f in enumerate(BASE_FIELDS)}
-        outs = cols[len(BASE_FIELDS)]
+    def _table(self, rows: list[RowResult]) -> pa.Table:
+        data: dict[str, Any] = {
+            "_row": [r.row for r in rows],
+            "_id": [r.rid for r in rows],
+            "status": [r.status for r in rows],
+            "error": [r.error for r in rows],
+            "http_status": [r.http_status for r in rows],
+            "prompt_tokens": [r.prompt_tokens for r in rows],
+            "completion_tokens": [r.completion_tokens for r in rows],
+            "latency_ms": [r.latency_ms for r in rows],
+            "attempts": [r.attempts for r in rows],
+        }
         for name in self.outputs:
-            data[name] = [o.get(name) if o else None for o in outs]
+            data[name] = [r.outputs.get(name) if r.outputs else None for r in rows]
         if self.keep_raw:
-            data["_response"] = cols[len(BASE_FIELDS) + 1]
+            data["_response"] = [r.raw for r in rows]
         return pa.Table.from_pydict(data, schema=self.schema)
 
     def write_progress(self, state: str) -> None:

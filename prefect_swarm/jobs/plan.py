@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from prefect_swarm.jobs.dataset import InputDataset, shard_range
-from prefect_swarm.jobs.fingerprint import job_fingerprint
+from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details, job_fingerprint
+from prefect_swarm.jobs.ledger import check_resumable
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import read_json
 
@@ -69,3 +70,17 @@ def job_progress(spec: JobSpec) -> dict[str, Any]:
         sum(float(s.get("rate_rows_s") or 0) for s in shards if s.get("state") == "running"), 2
     )
     return {**total, "shards": shards}
+
+
+def check_resume(spec: JobSpec) -> None:
+    """Refuse (FingerprintMismatch, with what changed and the --overwrite hint) a job whose existing
+    checkpoints were written with other settings, before anything is submitted or rewritten."""
+    if not spec.job_dir or not spec.paths.shards_root().exists():
+        return
+    ds = InputDataset(spec.input)
+    details = fingerprint_details(spec, ds)
+    fingerprint = hash_details(details)
+    for i in range(spec.shards):
+        start, end = shard_range(ds.num_rows, i, spec.shards)
+        stamp = {"fingerprint": fingerprint, "details": details, "shard": i, "start": start, "end": end}
+        check_resumable(spec.paths.shard(i), stamp)

@@ -2,15 +2,18 @@
 
 Runs one shard of a job (see :mod:`prefect_swarm.jobs.shard`). Started by a compute backend
 (local subprocess, ``srun`` step, Lepton job) or by hand. What the spec lacks comes from the
-environment: ``PREFECT_SWARM_ENDPOINTS`` (comma-separated) or ``ENDPOINT``, ``MODEL``,
-``PREFECT_SWARM_API_KEY``, and ``PREFECT_SWARM_SHARD_ID`` / ``PREFECT_SWARM_NSHARDS`` when the
-arguments are absent. ``--overwrite`` discards this shard's checkpoint first.
+environment (the :class:`~prefect_swarm.interfaces.jobenv.JobEnv` contract): the endpoints, the
+model, the API key, and the shard id / number of shards when the arguments are absent.
+``--overwrite`` discards this shard's checkpoint first. Before any request the input and the
+output location are checked (:func:`prefect_swarm.jobs.shard.validate_input`).
 
 Exit codes:
     0   the shard is done (every row ok or an error row); the output is committed if it was the last
     1   the shard failed (an unexpected error; the log says why)
-    2   bad input: spec, dataset (missing column, duplicate ids...), or a checkpoint written with
-        different settings (FingerprintMismatch); nothing was sent
+    2   bad input: spec, dataset (missing column, duplicate ids, an all-null prompt column...), output
+        location (the input itself, inside the input folder, unwritable), or a checkpoint written
+        with different settings (FingerprintMismatch): nothing was sent. Also an input file found
+        damaged while streaming: the rows answered before it are kept in the ledger
     75  requeue (EX_TEMPFAIL): stopped by SIGTERM/SIGUSR1/SIGINT; finished rows were flushed and a
         rerun resumes where this one stopped
 """
@@ -19,11 +22,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
 from prefect_swarm.exceptions import ConfigError, FingerprintMismatch
+from prefect_swarm.interfaces.jobenv import JobEnv
 from prefect_swarm.jobs.shard import EXIT_BAD_INPUT, EXIT_FAILED, run_shard
 from prefect_swarm.jobs.spec import JobSpec
 
@@ -31,7 +34,7 @@ log = logging.getLogger("prefect_swarm.jobs")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line arguments (shard arguments fall back to PREFECT_SWARM_SHARD_ID / NSHARDS)."""
+    """Command-line arguments (shard arguments fall back to the job environment's shard id / count)."""
     ap = argparse.ArgumentParser(
         prog="python -m prefect_swarm.jobs.run",
         description=__doc__.split("\n\n")[0],
@@ -48,20 +51,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run one shard; return its exit code."""
     args = parse_args(argv)
-    level = os.environ.get("PREFECT_SWARM_LOG_LEVEL", "INFO").upper()
+    env = JobEnv.from_env()
+    level = (env.log_level or "INFO").upper()
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     try:
         spec = JobSpec.load(args.spec)
         if not spec.job_dir:
             spec = spec.model_copy(update={"job_dir": str(Path(args.spec).resolve().parent)})
-        shard_id = (
-            args.shard_id if args.shard_id is not None else int(os.environ.get("PREFECT_SWARM_SHARD_ID", 0))
-        )
-        nshards = (
-            args.nshards
-            if args.nshards is not None
-            else int(os.environ.get("PREFECT_SWARM_NSHARDS", spec.shards))
-        )
+        shard_id = _first(args.shard_id, env.shard_id, 0)
+        nshards = _first(args.nshards, env.nshards, spec.shards)
         return run_shard(spec, shard_id, nshards, overwrite=args.overwrite)
     except (ConfigError, FingerprintMismatch) as exc:
         log.error("%s", exc)
@@ -69,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         log.exception("the shard failed")
         return EXIT_FAILED
+
+
+def _first(*values: int | None) -> int:
+    return next(v for v in values if v is not None)
 
 
 if __name__ == "__main__":

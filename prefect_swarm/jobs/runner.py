@@ -6,9 +6,27 @@ backoff with full jitter, honouring ``Retry-After``) on 429, 5xx, timeouts and c
 errors; any other 4xx, or an unparsable answer, fails it at once. A row whose retries are spent
 becomes an error row (status ``error`` + reason): nothing a single row does can stop the shard.
 
-Requests go to the endpoint with the fewest outstanding requests. With ``adaptive`` the
-in-flight limit starts low, grows by one per window of successes, and shrinks (x0.7, at most
-once per window) on 429/503 or when latency rises past twice its floor.
+A 200 counts only once its whole body is read: a body cut by a dropped connection, or a timeout
+while reading it, is a connection error and is retried like one.
+
+Requests go to the endpoint with the fewest outstanding requests, among the endpoints in
+rotation; a retry goes to another endpoint than its last attempt when there is one. An endpoint
+that fails ``eject_after`` requests in a row with a connection error or a timeout is ejected (a
+circuit breaker, like nginx ``max_fails`` or Envoy's outlier detection): no request goes to it
+until its ejection ends (``eject_base_s``, doubled on each ejection in a row, at most
+``eject_max_s``); then one probe request is let through (half-open): an answer puts it back in
+rotation, a failure ejects it again for longer. A connection error on an endpoint that is then
+ejected, while another one is in rotation, does not count against the row's retries (it is sent
+elsewhere at once). When every endpoint is ejected, rows wait for a probe to succeed; a row
+fails then only once every endpoint has been out for longer than the retry budget (the sum of
+the backoffs of ``max_retries`` retries, at least three ejections in a row) and no probe is
+still in flight.
+
+With ``adaptive`` the in-flight limit starts low, grows by one per window of successes, and
+shrinks (x0.7, at most once per window) on 429/503 or when latency rises past twice its floor.
+
+An exception raised by the row source (a damaged input file) stops new requests; the requests in
+flight finish and are reported, then :meth:`Runner.run` raises that exception.
 
 Where a row is retried: :meth:`Runner._send` (one place).
 """
@@ -27,6 +45,7 @@ import aiohttp
 
 from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import SwarmJob
+from prefect_swarm.jobs.ledger import STATUS_ERROR, STATUS_OK, RowResult
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -44,6 +63,16 @@ class RunnerConfig:
     adaptive: bool = False
     drain_seconds: float = 5.0
     keep_raw: bool = False
+    eject_after: int = 5
+    eject_base_s: float = 1.0
+    eject_max_s: float = 30.0
+
+    @property
+    def retry_budget_s(self) -> float:
+        """How long every endpoint may be out before waiting rows fail: the backoffs of ``max_retries``
+        retries, and at least three ejections in a row (three failed probes)."""
+        waits = (min(self.backoff_max_s, self.backoff_base_s * 2**k) for k in range(self.max_retries))
+        return max(sum(waits), self.eject_base_s * (1 + 2 + 4))
 
 
 class Item(NamedTuple):
@@ -55,42 +84,67 @@ class Item(NamedTuple):
     body: bytes
 
 
-@dataclass(slots=True)
-class Result:
-    """What became of one row."""
-
-    item: Item
-    status: str
-    error: str | None = None
-    http_status: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    latency_ms: float = 0.0
-    attempts: int = 1
-    outputs: dict[str, Any] | None = None
-    raw: str | None = None
+Result = RowResult
+"""What became of one row (the ledger's record)."""
 
 
 @dataclass(slots=True)
 class Endpoint:
-    """One base URL and its outstanding requests."""
+    """One base URL, its outstanding requests and its circuit-breaker state."""
 
     url: str
     outstanding: int = 0
+    fails: int = 0
+    """Connection errors or timeouts in a row (an answer resets it)."""
+    ejected_until: float = 0.0
+    """Monotonic time the ejection ends; 0 while in rotation."""
+    ejections: int = 0
+    """Ejections in a row (each lasts twice as long as the last)."""
+    probing: bool = False
+    """A half-open probe is in flight."""
 
 
 class EndpointPool:
-    """Pick the endpoint with the fewest outstanding requests."""
+    """Pick the endpoint with the fewest outstanding requests among those in rotation (see module doc)."""
 
-    def __init__(self, urls: list[str]) -> None:
+    def __init__(
+        self, urls: list[str], *, eject_after: int = 5, eject_base_s: float = 1.0, eject_max_s: float = 30.0
+    ) -> None:
         if not urls:
             raise ValueError("no endpoint URL")
         self.endpoints = [Endpoint(u.rstrip("/")) for u in urls]
+        self.eject_after, self.eject_base_s, self.eject_max_s = max(1, eject_after), eject_base_s, eject_max_s
+        self.ejected = 0
+        self.all_out_since: float | None = None
+        self.ejection_log: list[tuple[str, float]] = []
+        """(url, seconds) of every ejection, for the log and tests."""
 
-    def acquire(self) -> Endpoint:
-        """The least busy endpoint, its count raised."""
+    def acquire(self, avoid: Endpoint | None = None) -> Endpoint | None:
+        """The least busy endpoint in rotation (or one due for a probe), its count raised; None when none is.
+
+        ``avoid`` (a retry's previous endpoint) is taken only when no other endpoint is in rotation:
+        an endpoint that fails fast (429, refused connections) has the fewest requests outstanding,
+        so least-outstanding alone would send the retry straight back to it.
+        """
         eps = self.endpoints
+        if self.ejected or (avoid is not None and len(eps) > 1):
+            return self._acquire_degraded(avoid)
         ep = eps[0] if len(eps) == 1 else min(eps, key=_outstanding)
+        ep.outstanding += 1
+        return ep
+
+    def _acquire_degraded(self, avoid: Endpoint | None) -> Endpoint | None:
+        now = time.monotonic()
+        due = [e for e in self.endpoints if e.ejected_until and e.ejected_until <= now and not e.probing]
+        if due:
+            ep = due[0]
+            ep.probing = True
+        else:
+            live = [e for e in self.endpoints if not e.ejected_until]
+            others = [e for e in live if e is not avoid]
+            if not live:
+                return None
+            ep = min(others or live, key=_outstanding)
         ep.outstanding += 1
         return ep
 
@@ -98,6 +152,55 @@ class EndpointPool:
     def release(ep: Endpoint) -> None:
         """Lower the endpoint's count."""
         ep.outstanding -= 1
+
+    def answered(self, ep: Endpoint) -> None:
+        """The endpoint answered (any HTTP status): it is alive."""
+        ep.fails = 0
+        if ep.ejected_until:
+            ep.ejected_until, ep.ejections, ep.probing = 0.0, 0, False
+            self.ejected -= 1
+            self.all_out_since = None
+
+    def failed(self, ep: Endpoint) -> bool:
+        """A connection error or timeout on ``ep``; return True when ``ep`` is (now) out of rotation."""
+        ep.fails += 1
+        if ep.ejected_until:
+            if ep.probing:  # the half-open probe failed: out again, for longer
+                ep.probing = False
+                self._eject(ep)
+            return True
+        if ep.fails < self.eject_after:
+            return False
+        self.ejected += 1
+        self._eject(ep)
+        if self.ejected == len(self.endpoints):
+            self.all_out_since = time.monotonic()
+        return True
+
+    def _eject(self, ep: Endpoint) -> None:
+        seconds = min(self.eject_max_s, self.eject_base_s * 2**ep.ejections)
+        ep.ejections += 1
+        ep.ejected_until = time.monotonic() + seconds
+        self.ejection_log.append((ep.url, seconds))
+
+    @property
+    def in_rotation(self) -> int:
+        """Endpoints not ejected."""
+        return len(self.endpoints) - self.ejected
+
+    def probing(self) -> bool:
+        """A half-open probe is in flight."""
+        return any(e.probing for e in self.endpoints)
+
+    def out_for(self) -> float:
+        """Seconds every endpoint has been out of rotation (0 while one is in)."""
+        return 0.0 if self.all_out_since is None else time.monotonic() - self.all_out_since
+
+    def next_probe_in(self) -> float:
+        """Seconds until the next ejection ends (a short poll while probes are in flight)."""
+        now = time.monotonic()
+        waits = [e.ejected_until - now for e in self.endpoints if e.ejected_until and not e.probing]
+        return min(0.25, max(0.005, min(waits))) if waits else 0.05
 
 
 def _outstanding(ep: Endpoint) -> int:
@@ -144,6 +247,10 @@ class AdaptiveLimit:
             if self.successes >= int(self.limit):
                 self.successes = 0
                 self.limit = min(float(self.ceiling), self.limit + 1)
+        await self.free()
+
+    async def free(self) -> None:
+        """Free a slot without judging the endpoint (nothing was answered)."""
         async with self.cond:
             self.inflight -= 1
             self.cond.notify_all()
@@ -164,7 +271,9 @@ class Runner:
         tick_s: float = 1.0,
     ) -> None:
         self.job, self.cfg, self.on_result = job, cfg, on_result
-        self.pool = EndpointPool(endpoints)
+        self.pool = EndpointPool(
+            endpoints, eject_after=cfg.eject_after, eject_base_s=cfg.eject_base_s, eject_max_s=cfg.eject_max_s
+        )
         self.headers = {"Content-Type": "application/json"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
@@ -173,6 +282,7 @@ class Runner:
         self.stopped = False
         self.requests = 0
         self.limit: AdaptiveLimit | None = None
+        self.source_error: BaseException | None = None
 
     def request_stop(self) -> None:
         """Stop issuing requests (signal handlers call this)."""
@@ -180,15 +290,14 @@ class Runner:
         self.stop.set()
 
     async def run(self, items: Iterator[Item]) -> bool:
-        """Send every item; return True when all were sent, False when stopped first."""
+        """Send every item; return True when all were sent, False when stopped first.
+
+        Raises what ``items`` raised, once the requests already in flight have been reported.
+        """
         self.limit = AdaptiveLimit(self.cfg.concurrency) if self.cfg.adaptive else None
-        timeout = aiohttp.ClientTimeout(
-            total=self.cfg.request_timeout_s, sock_connect=self.cfg.connect_timeout_s
-        )
+        timeout = aiohttp.ClientTimeout(total=self.cfg.request_timeout_s, sock_connect=self.cfg.connect_timeout_s)
         connector = aiohttp.TCPConnector(limit=self.cfg.concurrency, limit_per_host=0, force_close=False)
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, headers=self.headers
-        ) as session:
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self.headers) as session:
             workers = [asyncio.create_task(self._worker(session, items)) for _ in range(self.cfg.concurrency)]
             everything = asyncio.gather(*workers)
             ticker = asyncio.create_task(self._tick())
@@ -202,6 +311,10 @@ class Runner:
                 for task in (*workers, ticker, stop_wait):
                     task.cancel()
                 await asyncio.gather(everything, ticker, stop_wait, return_exceptions=True)
+        if self.source_error is not None:
+            raise self.source_error
+        if everything.done() and not everything.cancelled() and everything.exception() is not None:
+            raise everything.exception()  # type: ignore[misc]  # a bug in a worker: never hidden
         return not self.stopped
 
     async def _tick(self) -> None:
@@ -213,7 +326,11 @@ class Runner:
     async def _worker(self, session: aiohttp.ClientSession, items: Iterator[Item]) -> None:
         on_result, limit = self.on_result, self.limit
         while not self.stopped:
-            item = next(items, None)
+            try:
+                item = next(items, None)
+            except Exception as exc:  # the source is dead: no new rows; rows in flight still finish
+                self.source_error = exc
+                return
             if item is None:
                 return
             if limit is not None:
@@ -224,43 +341,82 @@ class Runner:
 
     async def _send(self, session: aiohttp.ClientSession, item: Item) -> Result | None:
         """One row: request, retry what is worth retrying, parse. Never raises for a row's fault."""
-        cfg, attempt = self.cfg, 0
+        cfg, pool, error = self.cfg, self.pool, ""
+        attempt = spared = 0  # requests sent; those not counted against the retries (sent elsewhere)
+        ep: Endpoint | None = None
         while True:
+            ep = pool.acquire(ep) or await self._wait_for_endpoint()
+            if ep is None:
+                return None if self.stopped else self._give_up(item, attempt, error)
             attempt += 1
-            ep = self.pool.acquire()
-            started = time.monotonic()
-            status, error, retry_after, data = 0, "", None, b""
-            self.requests += 1
-            try:
-                async with session.post(ep.url + item.path, data=item.body) as resp:
-                    status = resp.status
-                    data = await resp.read()
-                    if status != 200:
-                        retry_after = resp.headers.get("Retry-After")
-            except TimeoutError:
-                error = f"timeout after {cfg.request_timeout_s:g}s"
-            except aiohttp.ClientError as exc:
-                error = f"connection error: {type(exc).__name__}: {exc}"
-            finally:
-                self.pool.release(ep)
-            latency = (time.monotonic() - started) * 1000
-            if self.limit is not None:
-                await self.limit.release(latency, overloaded=status in (429, 503) or bool(error))
-            if status == 200:
-                return self._parse(item, data, latency, attempt)
+            status, data, retry_after, error, latency = await self._post(session, ep, item)
             if status:
+                pool.answered(ep)
+                if status == 200:
+                    return self._parse(item, data, latency, attempt)
                 error = f"HTTP {status}: {_snippet(data)}"
-            if (status and status not in RETRY_STATUSES) or attempt > cfg.max_retries:
-                if attempt > cfg.max_retries and (not status or status in RETRY_STATUSES):
-                    error = f"gave up after {attempt} attempts; last: {error}"
-                return Result(
-                    item, "error", error=error, http_status=status, latency_ms=latency, attempts=attempt
-                )
-            await asyncio.sleep(self._backoff(attempt, retry_after))
+                if status not in RETRY_STATUSES:
+                    return Result(item.row, item.rid, STATUS_ERROR, error, status, 0, 0, latency, attempt)
+            elif pool.failed(ep) and pool.in_rotation and spared < 2 * len(pool.endpoints):
+                spared += 1  # the endpoint's fault, and another one is up: send it there now
+                if self.stopped:
+                    return None
+                if self.limit is not None:
+                    await self.limit.acquire()
+                continue
+            if attempt - spared > cfg.max_retries:
+                return self._give_up(item, attempt, error, status, latency)
+            await asyncio.sleep(self._backoff(attempt - spared, retry_after))
             if self.stopped:
                 return None  # a stopping shard redoes this row on resume
             if self.limit is not None:
                 await self.limit.acquire()
+
+    async def _post(
+        self, session: aiohttp.ClientSession, ep: Endpoint, item: Item
+    ) -> tuple[int, bytes, str | None, str, float]:
+        """One request: (status, body, Retry-After, error, latency ms); status 0 when nothing was answered."""
+        started = time.monotonic()
+        status, error, retry_after, data = 0, "", None, b""
+        self.requests += 1
+        try:
+            async with session.post(ep.url + item.path, data=item.body) as resp:
+                data = await resp.read()  # a body cut short raises here: not an answer
+                status = resp.status
+                if status != 200:
+                    retry_after = resp.headers.get("Retry-After")
+        except TimeoutError:
+            error = f"timeout after {self.cfg.request_timeout_s:g}s"
+        except aiohttp.ClientError as exc:
+            error = f"connection error: {type(exc).__name__}: {exc}"
+        finally:
+            self.pool.release(ep)
+        latency = (time.monotonic() - started) * 1000
+        if self.limit is not None:
+            await self.limit.release(latency, overloaded=status in (429, 503) or bool(error))
+        return status, data, retry_after, error, latency
+
+    async def _wait_for_endpoint(self) -> Endpoint | None:
+        """Every endpoint is ejected: wait for one to be probed, within the retry budget (None: give up)."""
+        pool, budget = self.pool, self.cfg.retry_budget_s
+        while not self.stopped and (pool.out_for() <= budget or pool.probing()):
+            await asyncio.sleep(pool.next_probe_in())
+            ep = pool.acquire()
+            if ep is not None:
+                return ep
+        if self.limit is not None:
+            await self.limit.free()
+        return None
+
+    def _give_up(self, item: Item, attempt: int, error: str, status: int = 0, latency: float = 0.0) -> Result:
+        if self.pool.out_for() > self.cfg.retry_budget_s:
+            error = (
+                f"every endpoint was unreachable for {self.pool.out_for():.0f}s (retry budget "
+                f"{self.cfg.retry_budget_s:g}s); last: {error or 'no request sent'}"
+            )
+        else:
+            error = f"gave up after {attempt} attempts; last: {error}"
+        return Result(item.row, item.rid, STATUS_ERROR, error, status, 0, 0, latency, attempt)
 
     def _backoff(self, attempt: int, retry_after: str | None) -> float:
         cfg = self.cfg
@@ -277,15 +433,18 @@ class Runner:
             pt, ct = self.job.usage(body)
         except Exception as exc:  # a bad answer fails this row, not the shard
             return Result(
-                item,
-                "error",
-                error=f"unparsable response: {type(exc).__name__}: {exc}: {_snippet(data)}",
-                http_status=200,
-                latency_ms=latency,
-                attempts=attempts,
+                item.row,
+                item.rid,
+                STATUS_ERROR,
+                f"unparsable response: {type(exc).__name__}: {exc}: {_snippet(data)}",
+                200,
+                0,
+                0,
+                latency,
+                attempts,
             )
         raw = data.decode() if self.cfg.keep_raw else None
-        return Result(item, "ok", None, 200, pt, ct, latency, attempts, outputs, raw)
+        return Result(item.row, item.rid, STATUS_OK, None, 200, pt, ct, latency, attempts, outputs, raw)
 
 
 def _snippet(data: bytes, n: int = 300) -> str:

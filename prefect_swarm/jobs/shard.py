@@ -10,20 +10,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.interfaces import jobenv
+from prefect_swarm.interfaces.jobenv import JobEnv
 from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import SwarmJob, load_job
-from prefect_swarm.jobs.dataset import InputDataset, shard_range
+from prefect_swarm.jobs.dataset import InputDataset, check_output_location, shard_range
 from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details
-from prefect_swarm.jobs.ledger import STATUS_ERROR, ShardLedger
+from prefect_swarm.jobs.ledger import RowResult, ShardLedger
 from prefect_swarm.jobs.runner import Item, Result, Runner, RunnerConfig
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
@@ -43,27 +45,29 @@ class Target:
     api_key: str | None
 
     @classmethod
-    def resolve(cls, spec: JobSpec) -> Target:
-        """Spec first; then env PREFECT_SWARM_ENDPOINTS (comma-separated), ENDPOINT, MODEL, API key."""
-        endpoints = list(spec.endpoints)
-        if not endpoints:
-            raw = os.environ.get("PREFECT_SWARM_ENDPOINTS") or os.environ.get("ENDPOINT") or ""
-            endpoints = [u.strip().rstrip("/") for u in raw.split(",") if u.strip()]
+    def resolve(cls, spec: JobSpec, env: JobEnv | None = None) -> Target:
+        """Spec first; then the job environment (:class:`JobEnv`: endpoints, model, API key)."""
+        env = env or JobEnv.from_env()
+        endpoints = list(spec.endpoints) or list(env.endpoints)
         if not endpoints:
             raise ConfigError(
-                "no endpoint: the spec has none and neither PREFECT_SWARM_ENDPOINTS nor ENDPOINT is set."
+                f"no endpoint: the spec has none and neither {jobenv.ENDPOINTS} nor {jobenv.ENDPOINT} is set."
             )
         endpoints = [u[:-3] if u.endswith("/v1") else u for u in endpoints]
-        return cls(endpoints, spec.model or os.environ.get("MODEL"), os.environ.get("PREFECT_SWARM_API_KEY"))
+        return cls(endpoints, spec.model or env.model, env.api_key)
 
 
 def validate_input(spec: JobSpec, job: SwarmJob | None = None) -> InputDataset:
-    """Open and check the dataset for ``spec`` (columns, types, unique ids) before any request.
+    """Open and check the dataset and the output location for ``spec`` before any request.
 
-    The unique-id scan is stamped in ``<job_dir>/validated.json`` so later shards and reruns skip it.
+    Checks the job class, the input (readable, columns and their types, no column the job needs
+    entirely null, unique ids) and the output (:func:`check_output_location`: not the input, not
+    inside it, writable). Raises ConfigError/DatasetError naming the file. The scans (ids, nulls)
+    are stamped in ``<job_dir>/validated.json`` so later shards and reruns skip them.
     """
     job = job or load_job(spec.job, spec.job_kwargs)
     ds = InputDataset(spec.input)
+    check_output_location(spec.output, ds, spec.job_dir)
     ds.check_columns(job.all_columns(), spec.id_column, spec.input_columns)
     for name in job.outputs:
         if name in (spec.input_columns if spec.input_columns is not None else ds.schema.names):
@@ -71,9 +75,11 @@ def validate_input(spec: JobSpec, job: SwarmJob | None = None) -> InputDataset:
                 f"input {ds.path}: column '{name}' would collide with the job's output '{name}'. "
                 "Rename it, or list the input columns to keep with input_columns."
             )
-    stamp = {"input": ds.identity(), "id_column": spec.id_column}
+    needed = sorted(job.columns())
+    stamp = {"input": ds.identity(), "id_column": spec.id_column, "needed": needed}
     paths = spec.paths if spec.job_dir else None
     if paths is None or read_json(paths.validated) != stamp:
+        ds.check_has_values(needed)
         ds.check_unique_ids(spec.id_column)
         if paths is not None:
             atomic_write_json(paths.ensure().validated, stamp)
@@ -127,8 +133,10 @@ class ShardRun:
         try:
             finished = asyncio.run(self._run_async(target))
         except BaseException:
-            with contextlib.suppress(Exception):
-                self.ledger.join()  # parts already queued still reach the disk before the error propagates
+            if self.runner:
+                self.ledger.requests = self.runner.requests
+            with contextlib.suppress(Exception):  # what was answered reaches the disk before the error propagates
+                self.ledger.flush("failed")
             raise
         self.ledger.requests = self.runner.requests if self.runner else 0
         if not finished:
@@ -153,16 +161,15 @@ class ShardRun:
         return self._auto_commit()
 
     def _auto_commit(self) -> int:
-        from prefect_swarm.jobs.commit import commit_output
+        from prefect_swarm.jobs.commit import commit_output, manifest_verdict
         from prefect_swarm.jobs.plan import pending_shards
 
         spec = self.spec.model_copy(update={"retry_failed": False})
         if not spec.auto_commit or self.nshards != spec.shards or pending_shards(spec):
             return EXIT_OK
         manifest = commit_output(spec)
-        log.info(
-            "committed %s: %s rows (%s failed)", manifest["output"], manifest["rows"], manifest["failed"]
-        )
+        verdict = manifest_verdict(manifest, spec.max_failed_fraction)
+        (log.info if verdict.succeeded else log.error)("committed %s: %s", manifest["output"], verdict.message())
         return EXIT_OK
 
     async def _run_async(self, target: Target) -> bool:
@@ -204,20 +211,7 @@ class ShardRun:
             self.runner.request_stop()
 
     def _on_result(self, r: Result) -> None:
-        it = r.item
-        self.ledger.add(
-            it.row,
-            it.rid,
-            r.status,
-            r.error,
-            r.http_status,
-            r.prompt_tokens,
-            r.completion_tokens,
-            r.latency_ms,
-            r.attempts,
-            r.outputs,
-            r.raw,
-        )
+        self.ledger.add(r)
         if self.ledger.buffered >= self.spec.checkpoint_every:
             self._flush()
 
@@ -232,9 +226,13 @@ class ShardRun:
         self.ledger.flush_in_background()
 
     def _items(self, model: str | None) -> Iterator[Item]:
-        """Rows of this shard not in the ledger, as prepared requests, in input order."""
+        """Rows of this shard not in the ledger, as prepared requests, in input order.
+
+        A row with a null in a column the job needs becomes an error row; no request is sent for it.
+        """
         job, spec, ledger = self.job, self.spec, self.ledger
         cols = list(job.all_columns())
+        needed = list(job.columns())
         if spec.id_column and spec.id_column not in cols:
             cols.append(spec.id_column)
         for first, batch in self.ds.iter_range(self.start, self.end, cols, spec.read_batch_rows):
@@ -245,10 +243,15 @@ class ShardRun:
             if len(pending) < batch.num_rows:
                 batch = batch.take(pending)
             ids = batch.column(spec.id_column).to_pylist() if spec.id_column else None
+            nulls = _null_rows(batch, needed)
             prepare = self._prepare
             for j, row in enumerate(batch.to_pylist()):
                 idx = first + pending[j]
-                item = prepare(job, row, idx, str(ids[j]) if ids is not None else str(idx), model)
+                rid = str(ids[j]) if ids is not None else str(idx)
+                if nulls and j in nulls:
+                    ledger.add(RowResult.refused(idx, rid, f"column '{nulls[j]}' is null in this row; no request sent"))
+                    continue
+                item = prepare(job, row, idx, rid, model)
                 if item is not None:
                     yield item
 
@@ -259,20 +262,19 @@ class ShardRun:
                 body["model"] = model
             return Item(idx, rid, job.route(row), fastjson.dumps(body))
         except Exception as exc:  # one bad row is an error row, not a dead shard
-            self.ledger.add(
-                idx,
-                rid,
-                STATUS_ERROR,
-                f"could not build the request: {type(exc).__name__}: {exc}",
-                0,
-                0,
-                0,
-                0.0,
-                0,
-                None,
-                None,
-            )
+            self.ledger.add(RowResult.refused(idx, rid, f"could not build the request: {type(exc).__name__}: {exc}"))
             return None
+
+
+def _null_rows(batch: pa.RecordBatch, columns: list[str]) -> dict[int, str]:
+    """Rows of ``batch`` (by position) with a null in one of ``columns``, and that column."""
+    found: dict[int, str] = {}
+    for name in columns:
+        col = batch.column(name)
+        if col.null_count:
+            for j in np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False)).tolist():
+                found.setdefault(j, name)
+    return found
 
 
 _EARLY_SIGNALS: list[int] = []

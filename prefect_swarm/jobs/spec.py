@@ -2,7 +2,7 @@
 
 The spec is written by :func:`prefect_swarm.launch.prepare_job` (CLI, Prefect task) and
 read by every shard process. It holds no secret: the API key travels in the environment
-(``PREFECT_SWARM_API_KEY``). Fields the submitter fills from the swarm (``endpoints``, ``model``,
+(:class:`prefect_swarm.interfaces.jobenv.JobEnv`). Fields the submitter fills from the swarm (``endpoints``, ``model``,
 ``swarm_fingerprint``) may be left empty; the job process then reads them from its environment.
 """
 
@@ -69,9 +69,7 @@ class JobSpec(BaseModel):
         default=5, ge=0, description="Retries of one row on 429, 5xx, timeouts and connection errors."
     )
     backoff_base_s: float = Field(default=0.5, ge=0, description="First retry delay; doubles each retry.")
-    backoff_max_s: float = Field(
-        default=30.0, ge=0, description="Longest retry delay (Retry-After included)."
-    )
+    backoff_max_s: float = Field(default=30.0, ge=0, description="Longest retry delay (Retry-After included).")
     request_timeout_s: float = Field(default=600.0, gt=0, description="Timeout of one HTTP request, seconds.")
     connect_timeout_s: float = Field(default=10.0, gt=0, description="Timeout to open a connection, seconds.")
     checkpoint_every: int = Field(
@@ -90,9 +88,7 @@ class JobSpec(BaseModel):
         ge=1,
         description="Rows read from the input at a time (bounds the job process's memory).",
     )
-    shards: int = Field(
-        default=1, ge=1, description="Number of shards (job processes) the rows are split into."
-    )
+    shards: int = Field(default=1, ge=1, description="Number of shards (job processes) the rows are split into.")
     output_format: OutputFormat = Field(
         default="parquet",
         description="'parquet', or 'openai-batch' for JSONL in the OpenAI Batch output format.",
@@ -102,19 +98,24 @@ class JobSpec(BaseModel):
     )
     endpoints: list[str] = Field(
         default_factory=list,
-        description="Base URL(s) requests are spread over; filled at submit (else env "
-        "PREFECT_SWARM_ENDPOINTS or ENDPOINT).",
+        description="Base URL(s) requests are spread over; filled at submit (else the job environment's "
+        "endpoints, see JobEnv).",
     )
     swarm_fingerprint: str | None = Field(
         default=None, description="Engine identity of the swarm (model, engine args); filled at submit."
     )
     retry_failed: bool = Field(
         default=False,
-        description="Rerun only the rows the ledger holds as errors (set by `job retry`); not part of the "
-        "fingerprint.",
+        description="Rerun only the rows the ledger holds as errors (set by `job retry`); not part of the fingerprint.",
     )
-    auto_commit: bool = Field(
-        default=True, description="The last shard to finish merges the shards into the output."
+    auto_commit: bool = Field(default=True, description="The last shard to finish merges the shards into the output.")
+    max_failed_fraction: float = Field(
+        default=0.01,
+        ge=0.0,
+        le=1.0,
+        description="Largest share of rows (0..1) that may end as error rows for the job to count as "
+        "succeeded; above it the job is reported failed (exit 1) with the counts and the failed-rows "
+        "file. 0 tolerates no failed row, 1 never fails on error rows. Not part of the fingerprint.",
     )
 
     @field_validator("endpoints")
@@ -129,9 +130,7 @@ class JobSpec(BaseModel):
 
         value = BUILTIN_JOBS.get(value, value)
         if ":" not in value:
-            raise ValueError(
-                f"job '{value}' is not 'module:Class' nor a built-in ({', '.join(sorted(BUILTIN_JOBS))})"
-            )
+            raise ValueError(f"job '{value}' is not 'module:Class' nor a built-in ({', '.join(sorted(BUILTIN_JOBS))})")
         return value
 
     @model_validator(mode="after")

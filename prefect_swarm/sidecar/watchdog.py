@@ -30,14 +30,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prefect_swarm.interfaces.readiness import check_health
 from prefect_swarm.interfaces.types import ReplicaHealth
-from prefect_swarm.paths import SwarmPaths, atomic_write_json, read_json
+from prefect_swarm.paths import SwarmPaths, atomic_write_json, read_json, read_tail
 
 log = logging.getLogger("prefect_swarm.watchdog")
 
@@ -81,18 +80,6 @@ class WatchdogSpec:
     def from_dict(cls, data: dict[str, Any]) -> WatchdogSpec:
         """Inverse of :meth:`to_dict`."""
         return cls(**data)
-
-
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a log file ('' when it does not exist)."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 64 * 1024))
-            tail = deque(fh.read().decode("utf-8", "replace").splitlines(), maxlen=lines)
-    except FileNotFoundError:
-        return ""
-    return "\n".join(tail)
 
 
 def process_create_time(pid: int) -> float | None:
@@ -157,9 +144,7 @@ class Watchdog:
         """Start the replica in its own process group, output appended to its log."""
         logf = self.paths.replica_log(self.spec.index)
         with logf.open("ab") as out:
-            out.write(
-                f"\n--- prefect-swarm watchdog: start #{self.restarts} at {time.ctime()} ---\n".encode()
-            )
+            out.write(f"\n--- prefect-swarm watchdog: start #{self.restarts} at {time.ctime()} ---\n".encode())
             out.flush()
             self.proc = subprocess.Popen(
                 self.spec.argv,
@@ -210,9 +195,7 @@ class Watchdog:
         if not self.up_this_start or since < self.spec.startup_grace_s:
             self.detail = f"starting ({since:.0f}s): {probe.detail}"
             if since > self.spec.startup_timeout_s:
-                self.detail = (
-                    f"not healthy after startup_timeout_s={self.spec.startup_timeout_s:g}: {probe.detail}"
-                )
+                self.detail = f"not healthy after startup_timeout_s={self.spec.startup_timeout_s:g}: {probe.detail}"
                 return False
             return True
         self.bad_checks += 1
@@ -224,7 +207,7 @@ class Watchdog:
         """Stop the replica, then schedule a restart or give up. Returns False once failed."""
         self.stop_replica()
         self.healthy = ReplicaHealth.UNHEALTHY
-        self.tail = log_tail(self.paths.replica_log(self.spec.index))
+        self.tail = read_tail(self.paths.replica_log(self.spec.index), LOG_TAIL_LINES)
         log.warning("replica %d: %s (restarts so far: %d)", self.spec.index, why, self.restarts)
         if self.restarts >= self.spec.max_restarts:
             self.failed = True
@@ -301,9 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Run and supervise one engine replica.")
     ap.add_argument("--spec", required=True, type=Path, help="watchdog-<i>.json written by the backend")
     args = ap.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     data = read_json(args.spec)
     if not isinstance(data, dict):
         log.error("cannot read watchdog spec %s", args.spec)

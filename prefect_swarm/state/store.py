@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from prefect_swarm.exceptions import StateError
+from prefect_swarm.interfaces.types import JobStatus, ServingPhase
 from prefect_swarm.settings import get_settings
 
 _V1_STATEMENTS = (
@@ -80,7 +81,7 @@ class SwarmRecord:
     name: str
     backend: str
     config: dict[str, Any]
-    phase: str
+    phase: ServingPhase
     handle: dict[str, Any] | None = None
     flow_run_id: str | None = None
     keep: bool = False
@@ -93,11 +94,16 @@ class SwarmRecord:
 
 @dataclass(frozen=True)
 class JobRecord:
-    """One job (or one shard of a job) as stored."""
+    """One job as stored, whoever submitted it (the CLI or a flow run).
+
+    ``handle`` is ``{"submissions": [...]}``: one entry per submission to the compute backend (a
+    :class:`~prefect_swarm.interfaces.JobHandle` dict plus the ``shards`` it runs and, from a flow,
+    the ``task_run_id``). ``progress`` holds the job's sums; per-shard progress lives in the ledger.
+    """
 
     id: str
     spec: dict[str, Any]
-    status: str
+    status: JobStatus
     swarm: str | None = None
     handle: dict[str, Any] | None = None
     shard: int | None = None
@@ -111,6 +117,7 @@ class JobRecord:
 
 
 _JSON_COLS = {"config", "handle", "spec", "progress"}
+_ENUM_COLS: dict[str, type[ServingPhase] | type[JobStatus]] = {"phase": ServingPhase, "status": JobStatus}
 
 
 def _dump(col: str, value: Any) -> Any:
@@ -118,6 +125,8 @@ def _dump(col: str, value: Any) -> Any:
         return json.dumps(value, sort_keys=True, default=str)
     if col == "keep":
         return int(bool(value))
+    if col in _ENUM_COLS and value is not None:
+        return _ENUM_COLS[col](value).value
     return value
 
 
@@ -128,6 +137,8 @@ def _load(row: sqlite3.Row) -> dict[str, Any]:
             out[col] = json.loads(out[col])
     if "keep" in out:
         out["keep"] = bool(out["keep"])
+    for col in _ENUM_COLS.keys() & out.keys():
+        out[col] = _ENUM_COLS[col](out[col])
     return out
 
 
@@ -200,9 +211,7 @@ class StateStore:
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise StateError(
-                        f"cannot open {self.path}: {exc}. Is another process holding it?"
-                    ) from exc
+                    raise StateError(f"cannot open {self.path}: {exc}. Is another process holding it?") from exc
                 time.sleep(0.02)
 
     @property
@@ -253,7 +262,7 @@ class StateStore:
 
     def update_swarm(self, name: str, **fields: Any) -> SwarmRecord:
         """Change some fields of swarm ``name`` atomically; raise StateError if it is gone."""
-        return self._update("swarms", "name", name, SwarmRecord, fields)  # type: ignore[return-value]
+        return self._update("swarms", "name", name, SwarmRecord, fields)
 
     def delete_swarm(self, name: str) -> bool:
         """Remove the record; True if one was removed."""
@@ -302,7 +311,29 @@ class StateStore:
 
     def update_job(self, job_id: str, **fields: Any) -> JobRecord:
         """Change some fields of job ``job_id`` atomically; raise StateError if it is gone."""
-        return self._update("jobs", "id", job_id, JobRecord, fields)  # type: ignore[return-value]
+        return self._update("jobs", "id", job_id, JobRecord, fields)
+
+    def add_job_submission(self, job_id: str, submission: dict[str, Any], status: JobStatus) -> JobRecord:
+        """Append ``submission`` to job ``job_id``'s submissions and set its status, atomically
+        (shard tasks of one flow run submit from many threads at once)."""
+        with self._connect(write=True) as db:
+            row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise StateError(f"no job '{job_id}' in {self.path}")
+            rec = JobRecord(**_load(row))
+            subs = [*(rec.handle or {}).get("submissions", []), submission]
+            rec = replace(rec, handle={"submissions": subs}, status=status, updated_at=time.time())
+            db.execute(
+                "UPDATE jobs SET handle = ?, status = ?, updated_at = ? WHERE id = ?",
+                (_dump("handle", rec.handle), _dump("status", status), rec.updated_at, job_id),
+            )
+        return rec
+
+    def jobs_of_flow_run(self, flow_run_id: str) -> list[JobRecord]:
+        """Jobs submitted by flow run ``flow_run_id``."""
+        with self._connect() as db:
+            rows = db.execute("SELECT * FROM jobs WHERE flow_run_id = ? ORDER BY created_at", (flow_run_id,)).fetchall()
+        return [JobRecord(**_load(r)) for r in rows]
 
     def delete_job(self, job_id: str) -> bool:
         """Remove the record; True if one was removed."""

@@ -1,14 +1,20 @@
-"""What every task shares: the per-run stop events, retry-by-type, the current run ids."""
+"""What every task shares: the per-run stop events, retry-by-type, the current run ids, run tags."""
 
 from __future__ import annotations
 
 import threading
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError, JobError
 
 _STOP_LOCK = threading.Lock()
 _STOP_EVENTS: dict[str, threading.Event] = {}
+_STOPPED: deque[str] = deque(maxlen=256)
+"""Runs whose body has ended, most recent last (bounded): their shards are never retried."""
 
 RETRYABLE: tuple[type[BaseException], ...] = (
     CapacityError,
@@ -33,10 +39,35 @@ def stop_event(flow_run_id: str | None = None) -> threading.Event:
         return _STOP_EVENTS.setdefault(key, threading.Event())
 
 
-def release_stop_event(flow_run_id: str | None) -> None:
-    """Forget a finished run's event (after setting it)."""
+@contextmanager
+def run_stop_event() -> Iterator[threading.Event]:
+    """The current run's stop event for the body of a flow: set when the body ends, however it ends
+    (shard tasks still polling see it and cancel their processes), then forgotten, so a long-lived
+    worker does not keep one event per run it ever ran."""
+    key = current_flow_run_id() or "-"
+    event = stop_event(key)
+    try:
+        yield event
+    finally:
+        event.set()
+        with _STOP_LOCK:
+            _STOPPED.append(key)
+            if _STOP_EVENTS.get(key) is event:
+                del _STOP_EVENTS[key]
+
+
+def signal_stop(flow_run_id: str) -> None:
+    """Set flow run ``flow_run_id``'s stop event if it still has one (a cancel/crash hook); never creates one."""
     with _STOP_LOCK:
-        _STOP_EVENTS.pop(flow_run_id or "-", None)
+        event = _STOP_EVENTS.get(flow_run_id)
+    if event is not None:
+        event.set()
+
+
+def live_stop_events() -> int:
+    """How many runs have a stop event now (0 when no flow body is running)."""
+    with _STOP_LOCK:
+        return len(_STOP_EVENTS)
 
 
 def retry_on_type(task: Any, task_run: Any, state: Any) -> bool:
@@ -46,7 +77,8 @@ def retry_on_type(task: Any, task_run: Any, state: Any) -> bool:
     run_id = getattr(task_run, "flow_run_id", None)
     with _STOP_LOCK:
         event = _STOP_EVENTS.get(str(run_id)) if run_id else None
-    if event is not None and event.is_set():
+        ended = run_id is not None and str(run_id) in _STOPPED
+    if ended or (event is not None and event.is_set()):
         return False
     try:
         state.result()
@@ -73,3 +105,20 @@ def current_task_run_id() -> str | None:
 
     run_id = task_run.get_id()
     return str(run_id) if run_id else None
+
+
+def label_run(swarm_name: str, job_id: str | None) -> None:
+    """Tag the current flow run ``swarm:<name>`` and ``job:<id>`` (``history`` joins on these)."""
+    from prefect import get_client, get_run_logger
+    from prefect.runtime import flow_run
+
+    run_id = current_flow_run_id()
+    if run_id is None:
+        return
+    wanted = [f"swarm:{swarm_name}"] + ([f"job:{job_id}"] if job_id else [])
+    current = list(flow_run.tags or [])
+    try:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(uuid.UUID(run_id), tags=sorted({*current, *wanted}))
+    except Exception as exc:  # labels are for history only; never fail a run for them
+        get_run_logger().warning("could not tag flow run %s: %s", run_id, exc)

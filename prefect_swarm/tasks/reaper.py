@@ -122,3 +122,16 @@ def _stop(rec: SwarmRecord, store: StateStore) -> bool:
         log.error("could not stop orphan swarm '%s': %s", rec.name, exc)
         return False
     return True
+
+
+def reap_quietly() -> None:
+    """Run the orphan reaper from inside a flow run; log (never raise) what it did."""
+    from prefect import get_run_logger
+
+    try:
+        reaped = reap_orphans()
+    except Exception as exc:
+        get_run_logger().warning("orphan reaper skipped: %s", exc)
+        return
+    if reaped:
+        get_run_logger().warning("Reaped orphan swarm(s) of ended flow runs: %s", ", ".join(reaped))

@@ -14,9 +14,10 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from prefect_swarm import launch
 from prefect_swarm.config import SwarmConfig, load_config
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.interfaces import JobHandle, ServingHandle
+from prefect_swarm.interfaces import ServingHandle
 from prefect_swarm.state import StateStore, SwarmRecord
 from prefect_swarm.swarm import LIVE_PHASES, Swarm, engine_fingerprint, missing_secrets
 from prefect_swarm.tasks._common import current_flow_run_id, retry_on_type
@@ -198,13 +199,10 @@ def cancel_flow_run_jobs(flow_run_id: str, store: StateStore | None = None) -> l
     """Cancel the job processes flow run ``flow_run_id`` started that may still run; return their ids."""
     store = store or StateStore()
     cancelled = []
-    for rec in store.list_jobs():
-        if rec.flow_run_id != flow_run_id or rec.status not in ("PENDING", "RUNNING") or not rec.handle:
+    for rec in store.jobs_of_flow_run(flow_run_id):
+        if rec.status not in launch.ACTIVE or rec.swarm is None or store.get_swarm(rec.swarm) is None:
             continue
-        if rec.swarm is None or store.get_swarm(rec.swarm) is None:
-            continue
-        reattach(rec.swarm, store).compute.cancel(JobHandle.from_dict(rec.handle))
-        store.update_job(rec.id, status="CANCELLED")
+        launch.cancel_job(rec.id, store=store, compute=reattach(rec.swarm, store).compute)
         cancelled.append(rec.id)
     return cancelled
 
@@ -225,3 +223,20 @@ def teardown_flow_run(flow_run_id: str, *, include_kept: bool = False) -> list[s
             reattach(rec.name, store).down()
             stopped.append(rec.name)
     return stopped
+
+
+def teardown_owned(keep_swarm: bool) -> None:
+    """Stop the swarms the current flow run brought up (unless kept), as visible tasks, then run the
+    idempotent safety net (which also cancels the run's jobs)."""
+    run_id = current_flow_run_id()
+    if run_id is None:
+        return
+    store = StateStore()
+    owned = [r for r in store.find_swarms_by_flow_run(run_id) if r.phase in LIVE_PHASES and not r.keep]
+    if keep_swarm or not owned:
+        return
+    try:
+        for rec in owned:
+            swarm_down(rec.name)
+    finally:
+        teardown_flow_run(run_id)

@@ -23,9 +23,14 @@ Workloads are real processes:
   ``STUB_API_KEY``/``VLLM_API_KEY``). One process serves all of a deployment's replicas. The
   endpoint URL is that process's URL. ``Starting`` until its ``/health`` answers 200 (polled in
   the background), then ``Ready``; ``Error`` once it has exited.
-- a job's container command runs as given (``python``/``python3`` mapped to this interpreter) with
-  the spec's env (secret refs resolved) and mounts taken as local paths. ``Starting`` (first GET),
-  ``Running``, then ``Completed``/``Failed`` by exit code; ``Stopped`` after PATCH stopped=true.
+- a job's container command runs as given, inside a job root that stands for its image: its
+  ``PATH`` is only ``<root>/bin``, which holds ``python3`` (a shim that runs the interpreter the
+  image maps to: ``images[image]``, by default ``python``) and a few shell tools, nothing of the
+  worker's venv; no ``PYTHONPATH``; the working directory is the root. A command whose program the
+  image lacks (``python``, an absolute path outside the image and the mounts) fails with exit code
+  127, as the container runtime would; so does a job of an image ``images`` does not list. The
+  spec's env (secret refs resolved) is passed; mounts are taken as local paths. ``Starting`` (first
+  GET), ``Running``, then ``Completed``/``Failed`` by exit code; ``Stopped`` after PATCH stopped=true.
 
 Knobs: :meth:`FakeLepton.inject` (the next N matching requests answer 503/429/...),
 ``fail_jobs`` (jobs whose name contains one of these exit 3 instead of running),
@@ -42,6 +47,7 @@ import os
 import re
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -50,13 +56,14 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from prefect_swarm.backends.common import start_logged
 from prefect_swarm.testing.stub_engine import engine_command
 
 Reply = tuple[int, Any]
@@ -131,6 +138,7 @@ class FakeLepton:
         port: int = 0,
         endpoint_command: list[str] | None = None,
         python: str = sys.executable,
+        images: Mapping[str, str] | None = None,
         run_endpoint_commands: bool = False,
         fail_jobs: tuple[str, ...] = (),
         fail_deployments: tuple[str, ...] = (),
@@ -140,6 +148,7 @@ class FakeLepton:
         self.workspace_id = workspace_id
         self.endpoint_command = endpoint_command or engine_command(host="127.0.0.1")
         self.python = python
+        self.images = dict(images) if images is not None else None
         self.run_endpoint_commands = run_endpoint_commands
         self.fail_jobs = tuple(fail_jobs)
         self.fail_deployments = tuple(fail_deployments)
@@ -188,9 +197,7 @@ class FakeLepton:
         self.close()
 
     # ------------------------------------------------------------------ knobs and views
-    def inject(
-        self, status: int = 503, count: int = 1, match: str = "", retry_after: float | None = 0
-    ) -> None:
+    def inject(self, status: int = 503, count: int = 1, match: str = "", retry_after: float | None = 0) -> None:
         """Answer the next ``count`` requests whose path contains ``match`` with ``status``."""
         with self.lock:
             self._injections.append(_Injection(status, count, match, retry_after))
@@ -244,34 +251,53 @@ class FakeLepton:
             m = re.match(pattern, f"{method} {path}")
             if m:
                 return fn(*m.groups(), query=query, body=body)
+        named = re.match(r"^(\w+) /(deployments|jobs)/([^/]+)(/.*)?$", f"{method} {path}")
+        if named:  # a route on one workload: 404 unless it exists
+            verb, kind, name, rest = named.groups()
+            table = self.deployments if kind == "deployments" else self.jobs
+            if name not in table:
+                return 404, {"code": "not_found", "message": f"{kind[:-1]} {name} not found"}
+            route = f"{verb} {re.sub(r'/replicas/[^/]+/', '/replicas/*/', rest or '/')}"
+            handler = self._workload_routes(kind).get(route)
+            if handler is not None:
+                return handler(name, table[name], query=query, body=body)
         return 404, {"code": "not_found", "message": f"no route {method} {path}"}
 
     def _routes(self) -> list[tuple[str, Callable[..., Reply]]]:
         return [
             (r"^GET /deployments$", lambda **kw: (200, [self._dep_json(n) for n in list(self.deployments)])),
             (r"^POST /deployments$", self._create_deployment),
-            (r"^GET /deployments/([^/]+)$", self._get_deployment),
-            (r"^PATCH /deployments/([^/]+)$", self._patch_deployment),
-            (r"^DELETE /deployments/([^/]+)$", self._delete_deployment),
-            (r"^GET /deployments/([^/]+)/readiness$", self._readiness),
-            (r"^GET /deployments/([^/]+)/replicas$", lambda n, **kw: self._replicas(self.deployments, n)),
-            (
-                r"^GET /deployments/([^/]+)/replicas/([^/]+)/log$",
-                lambda n, r, **kw: self._log(self.deployments, n),
-            ),
-            (r"^GET /deployments/([^/]+)/events$", lambda n, **kw: self._events(self.deployments, n)),
             (r"^GET /jobs$", self._list_jobs),
             (r"^POST /jobs$", self._create_job),
-            (r"^GET /jobs/([^/]+)$", self._get_job),
-            (r"^PATCH /jobs/([^/]+)$", self._patch_job),
-            (r"^DELETE /jobs/([^/]+)$", self._delete_job),
-            (r"^GET /jobs/([^/]+)/replicas$", lambda n, **kw: self._replicas(self.jobs, n)),
-            (r"^GET /jobs/([^/]+)/replicas/([^/]+)/log$", lambda n, r, **kw: self._log(self.jobs, n)),
-            (r"^GET /jobs/([^/]+)/events$", lambda n, **kw: self._events(self.jobs, n)),
             (r"^GET /usersecrets$", lambda **kw: (200, [{"name": k} for k in sorted(self.secrets)])),
             (r"^POST /usersecrets$", self._create_secrets),
             (r"^DELETE /usersecrets/([^/]+)$", self._delete_secret),
         ]
+
+    def _workload_routes(self, kind: str) -> dict[str, Callable[..., Reply]]:
+        """``VERB /rest`` -> handler(name, workload) of one existing deployment or job."""
+        shared: dict[str, Callable[..., Reply]] = {
+            "GET /replicas": lambda n, w, **kw: (
+                200,
+                [{"id": f"{n}-replica-0", "metadata": {"id": f"{n}-replica-0", "name": f"{n}-replica-0"}}],
+            ),
+            "GET /replicas/*/log": lambda n, w, **kw: (
+                200,
+                w.log_path.read_text(errors="replace") if w.log_path.exists() else "",
+            ),
+            "GET /events": lambda n, w, **kw: (200, [_EVENT]),
+        }
+        own: dict[str, Callable[..., Reply]]
+        if kind == "deployments":
+            own = {
+                "GET /": self._get_deployment,
+                "PATCH /": self._patch_deployment,
+                "DELETE /": self._delete_deployment,
+                "GET /readiness": self._readiness,
+            }
+        else:
+            own = {"GET /": self._get_job, "PATCH /": self._patch_job, "DELETE /": self._delete_job}
+        return {**shared, **own}
 
     def _workspace_info(self) -> dict[str, Any]:
         zero = {"cpu": 0.0, "memory": 0, "accelerator_num": 0.0}
@@ -383,16 +409,11 @@ class FakeLepton:
         }
         return {**w.body, "status": status}
 
-    def _get_deployment(self, name: str, **_: Any) -> Reply:
-        if name not in self.deployments:
-            return 404, {"code": "not_found", "message": f"deployment {name} not found"}
-        self.deployments[name].gets += 1
+    def _get_deployment(self, name: str, w: _Workload, **_: Any) -> Reply:
+        w.gets += 1
         return 200, self._dep_json(name)
 
-    def _patch_deployment(self, name: str, *, body: Any, **_: Any) -> Reply:
-        w = self.deployments.get(name)
-        if w is None:
-            return 404, {"code": "not_found", "message": f"deployment {name} not found"}
+    def _patch_deployment(self, name: str, w: _Workload, *, body: Any, **_: Any) -> Reply:
         new = _merge(w.body["spec"], body.get("spec") or {})
         if new != w.body["spec"]:
             w.body["spec"] = new
@@ -402,17 +423,11 @@ class FakeLepton:
             self._start_deployment(w)
         return 200, self._dep_json(name)
 
-    def _delete_deployment(self, name: str, **_: Any) -> Reply:
-        w = self.deployments.pop(name, None)
-        if w is None:
-            return 404, {"code": "not_found", "message": f"deployment {name} not found"}
-        w.stop()
+    def _delete_deployment(self, name: str, w: _Workload, **_: Any) -> Reply:
+        self.deployments.pop(name).stop()
         return 200, {}
 
-    def _readiness(self, name: str, **_: Any) -> Reply:
-        w = self.deployments.get(name)
-        if w is None:
-            return 404, {"code": "not_found", "message": f"deployment {name} not found"}
+    def _readiness(self, name: str, w: _Workload, **_: Any) -> Reply:
         state = self._dep_state(w)
         reason = {"Ready": "Ready", "Error": "SystemError"}.get(state, "InProgress")
         message = w.extra.get("error") or ("" if reason == "Ready" else f"deployment is {state}")
@@ -443,17 +458,42 @@ class FakeLepton:
 
     def _start_job(self, w: _Workload) -> None:
         spec = w.body["spec"]
-        argv = list((spec.get("container") or {}).get("command") or [])
+        container = spec.get("container") or {}
+        argv = list(container.get("command") or [])
         if any(s in w.body["metadata"]["id"] for s in self.fail_jobs):
-            argv = [self.python, "-c", "import sys; print('injected job failure', flush=True); sys.exit(3)"]
-        if argv and argv[0] in ("python", "python3"):
-            argv[0] = self.python
+            argv = ["python3", "-c", "import sys; print('injected job failure', flush=True); sys.exit(3)"]
         env = self._env(spec)
         w.extra["env"] = env
         if not argv:
             w.extra["exit"] = 0
             return
-        w.proc = self._spawn(argv, env, w.log_path)
+        try:
+            image = self._image_root(str(container.get("image") or ""))
+            argv[0] = _resolve(argv[0], image, [m.get("mount_path", "") for m in spec.get("mounts") or []])
+        except LookupError as exc:  # what the container runtime reports, and the job fails
+            w.log_path.write_text(f"{exc}\n")
+            w.extra["exit"] = 127
+            return
+        env = {**env, "PATH": str(image / "bin"), "HOME": str(image / "root")}
+        w.proc = self._spawn(argv, env, w.log_path, cwd=image)
+
+    def _image_root(self, image: str) -> Path:
+        """The job root standing for ``image``: ``bin/python3`` runs the interpreter the image maps to."""
+        python = self.python if self.images is None else self.images.get(image)
+        if python is None:
+            raise LookupError(f"failed to pull image {image!r}: not found (the fake knows {sorted(self.images or {})})")
+        root = self.workdir / "images" / re.sub(r"[^A-Za-z0-9_.-]+", "_", image or "default")
+        if not (root / "bin" / "python3").exists():
+            (root / "bin").mkdir(parents=True, exist_ok=True)
+            (root / "root").mkdir(exist_ok=True)
+            shim = root / "bin" / "python3"
+            shim.write_text(f'#!/bin/sh\nexec {shlex.quote(python)} "$@"\n')
+            shim.chmod(0o755)
+            for tool in _IMAGE_TOOLS:
+                found = shutil.which(tool, path="/usr/bin:/bin")
+                if found:
+                    (root / "bin" / tool).symlink_to(found)
+        return root
 
     def _job_state(self, w: _Workload) -> str:
         if w.forced:
@@ -484,16 +524,11 @@ class FakeLepton:
         }
         return {**w.body, "status": status}
 
-    def _get_job(self, jid: str, **_: Any) -> Reply:
-        if jid not in self.jobs:
-            return 404, {"code": "not_found", "message": f"job {jid} not found"}
-        self.jobs[jid].gets += 1
+    def _get_job(self, jid: str, w: _Workload, **_: Any) -> Reply:
+        w.gets += 1
         return 200, self._job_json(jid)
 
-    def _patch_job(self, jid: str, *, body: Any, **_: Any) -> Reply:
-        w = self.jobs.get(jid)
-        if w is None:
-            return 404, {"code": "not_found", "message": f"job {jid} not found"}
+    def _patch_job(self, jid: str, w: _Workload, *, body: Any, **_: Any) -> Reply:
         if (body.get("spec") or {}).get("stopped") is True and self._job_state(w) not in (
             "Completed",
             "Failed",
@@ -502,11 +537,8 @@ class FakeLepton:
             w.stop()
         return 200, self._job_json(jid)
 
-    def _delete_job(self, jid: str, **_: Any) -> Reply:
-        w = self.jobs.pop(jid, None)
-        if w is None:
-            return 404, {"code": "not_found", "message": f"job {jid} not found"}
-        w.stop()
+    def _delete_job(self, jid: str, w: _Workload, **_: Any) -> Reply:
+        self.jobs.pop(jid).stop()
         return 200, {}
 
     def _list_jobs(self, *, query: dict[str, list[str]], **_: Any) -> Reply:
@@ -520,31 +552,7 @@ class FakeLepton:
         size = int((query.get("page_size") or ["50"])[0])
         return 200, {"jobs": items[(page - 1) * size : page * size]}
 
-    # ------------------------------------------------------------------ shared
-    def _replicas(self, table: dict[str, _Workload], name: str) -> Reply:
-        if name not in table:
-            return 404, {"code": "not_found", "message": f"{name} not found"}
-        rid = f"{name}-replica-0"
-        return 200, [{"id": rid, "metadata": {"id": rid, "name": rid}}]
-
-    def _log(self, table: dict[str, _Workload], name: str) -> Reply:
-        w = table.get(name)
-        if w is None:
-            return 404, {"code": "not_found", "message": f"{name} not found"}
-        return 200, w.log_path.read_text(errors="replace") if w.log_path.exists() else ""
-
-    def _events(self, table: dict[str, _Workload], name: str) -> Reply:
-        if name not in table:
-            return 404, {"code": "not_found", "message": f"{name} not found"}
-        return 200, [
-            {
-                "type": "Normal",
-                "reason": "Scheduled",
-                "count": 1,
-                "last_observed_time": "2026-01-01T00:00:00Z",
-            }
-        ]
-
+    # ------------------------------------------------------------------ secrets, env, processes
     def _create_secrets(self, *, body: Any, **_: Any) -> Reply:
         for item in body if isinstance(body, list) else []:
             if item.get("name") in self.secrets:
@@ -560,23 +568,41 @@ class FakeLepton:
 
     def _env(self, spec: dict[str, Any]) -> dict[str, str]:
         """A container's env: a minimal base, then the spec's values and resolved secret refs."""
-        env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "PYTHONPATH", "TMPDIR") if k in os.environ}
+        env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
         for var in spec.get("envs") or []:
             ref = (var.get("value_from") or {}).get("secret_name_ref")
             env[var["name"]] = self.secrets.get(ref, "") if ref else str(var.get("value") or "")
         return env
 
-    def _spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            return subprocess.Popen(
-                argv,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+    def _spawn(
+        self, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        return start_logged(argv, env, log_path, cwd)
+
+
+_IMAGE_TOOLS = ("sh", "env", "cat", "sleep", "true", "false")
+"""Shell tools every fake image has besides ``python3``."""
+
+
+def _resolve(program: str, image: Path, mounts: list[str]) -> str:
+    """``program`` as the container would find it: on the image's PATH, or an absolute path inside
+    the image or a mount. LookupError (exit 127 in a real container) otherwise."""
+    if "/" not in program:
+        found = shutil.which(program, path=str(image / "bin"))
+        if found:
+            return found
+        raise LookupError(
+            f"exec: {program!r}: executable file not found in $PATH (the image has {(*_IMAGE_TOOLS, 'python3')})"
+        )
+    inside = [str(image), *(m for m in mounts if m)]
+    if any(os.path.normpath(program).startswith(root.rstrip("/") + "/") for root in inside) and os.access(
+        program, os.X_OK
+    ):
+        return program
+    raise LookupError(f"exec: {program!r}: no such file or directory in the image")
+
+
+_EVENT = {"type": "Normal", "reason": "Scheduled", "count": 1, "last_observed_time": "2026-01-01T00:00:00Z"}
 
 
 def _merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -649,9 +675,7 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with fake:
-        print(
-            json.dumps({"url": fake.url, "workspace_id": fake.workspace_id, "token": fake.token}), flush=True
-        )
+        print(json.dumps({"url": fake.url, "workspace_id": fake.workspace_id, "token": fake.token}), flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             stop.wait()
 

@@ -10,8 +10,12 @@ so benchmarks measure the client, not the server. Routes: ``GET /health``, ``GET
 Answers are a pure function of the request body (same prompt, same answer; token counts from the
 prompt's length), so two runs of a job produce identical outputs. Fault knobs draw from one seeded
 random stream: ``--error-rate`` (500/503), ``--rate-429`` (429 with Retry-After), ``--timeout-rate``
-(never answers), ``--exit-after N`` (the process dies after N completions: watchdog tests),
-``--startup-delay-s`` (health is 503 until then), ``--api-key`` (401 without it).
+(never answers), ``--truncate-rate`` (a 200 whose body is cut by closing the connection),
+``--stall-body-rate`` (a 200 whose body stops halfway: the client's read times out),
+``--storm-429-s S --storm-429-period-s P`` (every completion in the first S seconds of each P
+seconds is a 429 with Retry-After), ``--exit-after N`` (the process dies after N completions:
+watchdog tests, a replica dying mid-job), ``--startup-delay-s`` (health is 503 until then),
+``--api-key`` (401 without it).
 
 It is never the only engine a feature is tested with: see the vLLM-marked tests.
 """
@@ -29,11 +33,21 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-_REASONS = {200: b"OK", 401: b"Unauthorized", 404: b"Not Found", 400: b"Bad Request", 429: b"Too Many Requests",
-            500: b"Internal Server Error", 503: b"Service Unavailable"}
+from prefect_swarm.interfaces.jobenv import API_KEY
+
+_REASONS = {
+    200: b"OK",
+    401: b"Unauthorized",
+    404: b"Not Found",
+    400: b"Bad Request",
+    429: b"Too Many Requests",
+    500: b"Internal Server Error",
+    503: b"Service Unavailable",
+}
 
 
 @dataclass
@@ -41,16 +55,35 @@ class StubOptions:
     """Knobs of the stub engine."""
 
     model: str = "stub-model"
+    """Served model name (``--served-model-name``)."""
     latency_s: float = 0.0
+    """Delay before every answer."""
     error_rate: float = 0.0
+    """Share of 500/503 answers."""
     rate_429: float = 0.0
+    """Share of 429 answers (with ``Retry-After: retry_after_s``)."""
     timeout_rate: float = 0.0
+    """Share of requests never answered."""
+    truncate_rate: float = 0.0
+    """Share of 200s whose body is cut by closing the connection."""
+    stall_body_rate: float = 0.0
+    """Share of 200s whose body stops halfway (the client's read times out)."""
+    storm_429_s: float = 0.0
+    """Every completion in the first ``storm_429_s`` seconds of each period is a 429."""
+    storm_429_period_s: float = 0.0
+    """Period of those 429 storms."""
     retry_after_s: float = 0.0
+    """``Retry-After`` of a 429."""
     exit_after: int | None = None
+    """Exit (code 3) after this many good completions."""
     startup_delay_s: float = 0.0
+    """``/health`` answers 503 for this long after start."""
     api_key: str | None = None
+    """Bearer token required on every request (401 without it)."""
     seed: int = 0
+    """Seed of the fault knobs' random stream."""
     started: float = field(default_factory=time.monotonic)
+    """When the stub started (``time.monotonic``)."""
 
 
 def _digest(body: bytes) -> str:
@@ -70,12 +103,19 @@ def answer(path: str, req: dict[str, Any], model: str) -> dict[str, Any]:
     h = _digest(json.dumps(req, sort_keys=True).encode())[:12]
     prompt_tokens = max(1, len(text.split()))
     completion_tokens = min(int(req.get("max_tokens") or 16), 4 + int(h[:2], 16) % 12)
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-             "total_tokens": prompt_tokens + completion_tokens}
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
     if path.startswith("/v1/embeddings"):
-        vec = [int(h[i:i + 2], 16) / 255.0 for i in range(0, 12, 2)]
-        return {"object": "list", "model": model, "data": [{"object": "embedding", "index": 0, "embedding": vec}],
-                "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
+        vec = [int(h[i : i + 2], 16) / 255.0 for i in range(0, 12, 2)]
+        return {
+            "object": "list",
+            "model": model,
+            "data": [{"object": "embedding", "index": 0, "embedding": vec}],
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        }
     content = f"stub-{h} " + " ".join(text.split()[:3])
     if path.startswith("/v1/completions"):
         choice: dict[str, Any] = {"index": 0, "text": content, "finish_reason": "length"}
@@ -143,6 +183,12 @@ class StubProtocol(asyncio.Protocol):
         if req.get("model") not in (None, opts.model):
             self.send(404, json.dumps({"error": {"message": f"model {req.get('model')} does not exist"}}).encode())
             return
+        if opts.storm_429_s and (time.monotonic() - opts.started) % opts.storm_429_period_s < opts.storm_429_s:
+            stats["429"] += 1
+            stats["storm_429"] += 1
+            retry = f"Retry-After: {opts.retry_after_s:g}\r\n"
+            self.send(429, b'{"error":{"message":"rate limited (storm)"}}', extra=retry)
+            return
         roll = self.rng.random()
         if roll < opts.timeout_rate:
             stats["timeouts"] += 1
@@ -157,24 +203,49 @@ class StubProtocol(asyncio.Protocol):
             stats["5xx"] += 1
             self.send(500 if roll < opts.error_rate / 2 else 503, b'{"error":{"message":"injected failure"}}')
             return
+        roll -= opts.error_rate
         payload = json.dumps(answer(path, req, opts.model)).encode()
-        stats["ok"] += 1
-        if opts.latency_s:
-            asyncio.get_running_loop().call_later(opts.latency_s, self.send, 200, payload)
+        reply: Callable[[int, bytes], None] = self.send
+        if roll < opts.truncate_rate:
+            stats["truncated"] += 1
+            reply = self.send_truncated
+        elif roll - opts.truncate_rate < opts.stall_body_rate:
+            stats["stalled"] += 1
+            reply = self.send_stalled
         else:
-            self.send(200, payload)
+            stats["ok"] += 1
+        if opts.latency_s:
+            asyncio.get_running_loop().call_later(opts.latency_s, reply, 200, payload)
+        else:
+            reply(200, payload)
         if opts.exit_after is not None and stats["ok"] >= opts.exit_after:
             asyncio.get_running_loop().call_later(opts.latency_s + 0.05, os._exit, 3)
+
+    def send_truncated(self, status: int, body: bytes) -> None:
+        """Headers and half the body, then the connection is dropped (a replica dying mid-answer)."""
+        if not self.t.is_closing():
+            self.t.write(self._head(status, len(body)) + body[: len(body) // 2])
+            self.t.abort()
+
+    def send_stalled(self, status: int, body: bytes) -> None:
+        """Headers and half the body, then nothing more (the client's read timeout fires)."""
+        if not self.t.is_closing():
+            self.t.write(self._head(status, len(body)) + body[: len(body) // 2])
+
+    @staticmethod
+    def _head(status: int, length: int, extra: str = "") -> bytes:
+        return b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n" % (
+            status,
+            _REASONS.get(status, b"Status"),
+            length,
+            extra.encode(),
+        )
 
     def send(self, status: int, body: bytes, extra: str = "") -> None:
         """Write one response (keep-alive)."""
         if self.t.is_closing():
             return
-        self.t.write(
-            b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
-            % (status, _REASONS.get(status, b"Status"), len(body), extra.encode())
-            + body
-        )
+        self.t.write(self._head(status, len(body), extra) + body)
 
 
 async def serve(host: str, port: int, opts: StubOptions) -> None:
@@ -201,17 +272,32 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
     ap.add_argument("--error-rate", type=float, default=0.0, help="share of 500/503 answers")
     ap.add_argument("--rate-429", type=float, default=0.0, help="share of 429 answers")
     ap.add_argument("--timeout-rate", type=float, default=0.0, help="share of requests never answered")
+    ap.add_argument("--truncate-rate", type=float, default=0.0, help="share of 200s cut by a dropped connection")
+    ap.add_argument("--stall-body-rate", type=float, default=0.0, help="share of 200s whose body stops halfway")
+    ap.add_argument("--storm-429-s", type=float, default=0.0, help="seconds of 429-only at the start of each period")
+    ap.add_argument("--storm-429-period-s", type=float, default=1.0, help="period of the 429 storms")
     ap.add_argument("--retry-after-s", type=float, default=0.0)
     ap.add_argument("--exit-after", type=int, default=None, help="exit (code 3) after N good completions")
     ap.add_argument("--startup-delay-s", type=float, default=0.0)
-    ap.add_argument(
-        "--api-key", default=os.environ.get("PREFECT_SWARM_ENGINE_API_KEY") or os.environ.get("STUB_API_KEY")
-    )
+    ap.add_argument("--api-key", default=os.environ.get(API_KEY) or os.environ.get("STUB_API_KEY"))
     ap.add_argument("--seed", type=int, default=0)
     a, _unknown = ap.parse_known_args(argv)  # tolerate vLLM-style extra flags
-    opts = StubOptions(model=a.model, latency_s=a.latency_ms / 1000, error_rate=a.error_rate, rate_429=a.rate_429,
-                       timeout_rate=a.timeout_rate, retry_after_s=a.retry_after_s, exit_after=a.exit_after,
-                       startup_delay_s=a.startup_delay_s, api_key=a.api_key, seed=a.seed)
+    opts = StubOptions(
+        model=a.model,
+        latency_s=a.latency_ms / 1000,
+        error_rate=a.error_rate,
+        rate_429=a.rate_429,
+        timeout_rate=a.timeout_rate,
+        truncate_rate=a.truncate_rate,
+        stall_body_rate=a.stall_body_rate,
+        storm_429_s=a.storm_429_s,
+        storm_429_period_s=a.storm_429_period_s,
+        retry_after_s=a.retry_after_s,
+        exit_after=a.exit_after,
+        startup_delay_s=a.startup_delay_s,
+        api_key=a.api_key,
+        seed=a.seed,
+    )
     return a.host, a.port, opts
 
 

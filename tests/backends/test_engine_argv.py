@@ -7,7 +7,6 @@ import sys
 import pytest
 
 from prefect_swarm.backends.engine import (
-    API_KEY_ENV,
     engine_argv,
     engine_launch,
     engine_python,
@@ -15,6 +14,7 @@ from prefect_swarm.backends.engine import (
 )
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.interfaces.jobenv import API_KEY
 
 
 def _cfg(**over: object) -> SwarmConfig:
@@ -24,8 +24,19 @@ def _cfg(**over: object) -> SwarmConfig:
 def test_vllm_argv() -> None:
     cfg = _cfg(served_model_name="m", engine={"python": "/py", "args": ["--dtype", "float32"]})
     assert engine_argv(cfg, host="0.0.0.0", port=9000) == [
-        "/py", "-m", "vllm.entrypoints.openai.api_server", "--model", "org/model", "--served-model-name", "m",
-        "--host", "0.0.0.0", "--port", "9000", "--dtype", "float32",
+        "/py",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "org/model",
+        "--served-model-name",
+        "m",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "9000",
+        "--dtype",
+        "float32",
     ]
 
 
@@ -47,12 +58,30 @@ def test_sglang_argv() -> None:
 
 
 def test_command_template_substitution() -> None:
-    cmd = ["{python}", "serve.py", "--at", "{host}:{port}", "--m", "{model}", "--n", "{served_model_name}",
-           '{"json": "kept"}']
+    cmd = [
+        "{python}",
+        "serve.py",
+        "--at",
+        "{host}:{port}",
+        "--m",
+        "{model}",
+        "--n",
+        "{served_model_name}",
+        '{"json": "kept"}',
+    ]
     engine = {"kind": "command", "command": cmd, "python": "/p", "args": ["-v"]}
     cfg = _cfg(served_model_name="s", engine=engine)
     assert engine_argv(cfg, host="1.2.3.4", port=80) == [
-        "/p", "serve.py", "--at", "1.2.3.4:80", "--m", "org/model", "--n", "s", '{"json": "kept"}', "-v",
+        "/p",
+        "serve.py",
+        "--at",
+        "1.2.3.4:80",
+        "--m",
+        "org/model",
+        "--n",
+        "s",
+        '{"json": "kept"}',
+        "-v",
     ]
 
 
@@ -64,7 +93,7 @@ def test_env_and_secret_env() -> None:
     cfg = _cfg(env={"A": "1", "B": "swarm"}, engine={"env": {"B": "engine"}}, api_key="sk-123")
     launch = engine_launch(cfg, host="h", port=1)
     assert launch.env == {"A": "1", "B": "engine"}
-    assert launch.secret_env == {"VLLM_API_KEY": "sk-123", API_KEY_ENV: "sk-123"}
+    assert launch.secret_env == {"VLLM_API_KEY": "sk-123", API_KEY: "sk-123"}
     assert "sk-123" not in " ".join(launch.argv) and "sk-123" not in repr(launch)
 
 

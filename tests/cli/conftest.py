@@ -14,7 +14,7 @@ from prefect_swarm.testing.stub_engine import engine_command
 @pytest.fixture
 def stub_swarm_config(tmp_path: Path) -> Callable[..., Path]:
     """Write a config for a local swarm of stub engines on free ports; returns its path."""
-    from prefect_swarm.testing.services import free_port_block
+    from prefect_swarm.testing import free_port_block
 
     def make(name: str = "stubby", replicas: int = 2, **extra: object) -> Path:
         import yaml

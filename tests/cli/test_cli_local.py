@@ -132,17 +132,16 @@ def test_validate_prints_the_plan_and_starts_nothing(
     path = stub_swarm_config("planned", replicas=2)
     result = run_cli("validate", "-c", str(path), "-o", "json")
     doc = _json(result)
-    ports = [r["port"] for r in doc["plan"]["replicas"]]
+    replicas = [json.loads(doc["plan"][f"watchdog-{i}.json"]) for i in range(2)]
+    ports = [int(r["url"].rsplit(":", 1)[1]) for r in replicas]
     assert ports[1] == ports[0] + 1
-    assert "prefect_swarm.testing.stub_engine" in doc["plan"]["replicas"][0]["command"]
+    assert "prefect_swarm.testing.stub_engine" in replicas[0]["argv"]
     text = run_cli("validate", "-c", str(path))
     assert text.returncode == 0 and "would start" in text.stdout
     assert not (swarm_home / "state.db").exists() and not (swarm_home / "swarms").exists()
 
 
-def test_secrets_stay_out_of_output(
-    run_cli: Callable[..., Any], stub_swarm_config: Callable[..., Path]
-) -> None:
+def test_secrets_stay_out_of_output(run_cli: Callable[..., Any], stub_swarm_config: Callable[..., Path]) -> None:
     path = stub_swarm_config("secretive", replicas=1, api_key="sk-do-not-print-me")
     result = run_cli("validate", "-c", str(path), "-o", "json")
     assert result.returncode == 0, result.stderr

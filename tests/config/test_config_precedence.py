@@ -42,20 +42,14 @@ def test_each_layer_beats_the_ones_below(top: str, swarm_home: Path, tmp_path: P
 
 def test_layers_merge_field_by_field(swarm_home: Path, tmp_path: Path) -> None:
     (swarm_home / "defaults.yaml").write_text(
-        yaml.safe_dump(
-            {"port": 9100, "engine": {"args": ["--from-defaults"]}, "backend": {"max_restarts": 7}}
-        )
+        yaml.safe_dump({"port": 9100, "engine": {"args": ["--from-defaults"]}, "backend": {"max_restarts": 7}})
     )
     path = tmp_path / "swarm.yaml"
-    path.write_text(
-        yaml.safe_dump({**BASE, "replicas": 3, "backend": {"type": "local", "host": "127.0.0.2"}})
-    )
+    path.write_text(yaml.safe_dump({**BASE, "replicas": 3, "backend": {"type": "local", "host": "127.0.0.2"}}))
     env = {"PREFECT_SWARM_BACKEND__MAX_RESTARTS": "9", "PREFECT_SWARM_ENV__HF_HOME": "/data/hf"}
     cfg = load_config(path, {"name": "from-cli"}, environ=env)
     assert cfg.port == 9100  # defaults file, untouched above
-    assert cfg.engine.args == [
-        "--from-defaults"
-    ]  # nested key from the defaults file survives the YAML's engine
+    assert cfg.engine.args == ["--from-defaults"]  # nested key from the defaults file survives the YAML's engine
     assert cfg.engine.kind == "command"  # YAML
     assert cfg.replicas == 3  # YAML
     assert cfg.backend.host == "127.0.0.2"  # type: ignore[union-attr]  # YAML, nested
@@ -66,9 +60,7 @@ def test_layers_merge_field_by_field(swarm_home: Path, tmp_path: Path) -> None:
 
 
 def test_a_backend_of_another_type_replaces_the_lower_one(swarm_home: Path, tmp_path: Path) -> None:
-    (swarm_home / "defaults.yaml").write_text(
-        yaml.safe_dump({"backend": {"type": "slurm", "partition": "gpu"}})
-    )
+    (swarm_home / "defaults.yaml").write_text(yaml.safe_dump({"backend": {"type": "slurm", "partition": "gpu"}}))
     path = tmp_path / "swarm.yaml"
     path.write_text(yaml.safe_dump({**BASE, "backend": {"type": "local"}}))
     cfg = load_config(path, environ={})
@@ -106,7 +98,6 @@ def test_cli_layers_proven_by_the_value_that_fails(
     err = _cli_replicas_error(run_cli, path, env=env)
     assert "(got -4)" in err and "PREFECT_SWARM_REPLICAS" in err  # env beats YAML, and is named
     assert "(got -5)" in _cli_replicas_error(run_cli, path, "--replicas", "-5", env=env)  # flag beats env
-
 
 
 @pytest.mark.parametrize("top", LAYERS)

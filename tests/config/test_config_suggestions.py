@@ -64,9 +64,7 @@ def test_unknown_backend_type_lists_the_valid_ones() -> None:
 
 
 def test_secret_values_are_never_echoed() -> None:
-    msg = _error(
-        {"api_key": ["s3cr3t-value"], "backend": {"type": "lepton", "workspace_id": "w", "token": 424242}}
-    )
+    msg = _error({"api_key": ["s3cr3t-value"], "backend": {"type": "lepton", "workspace_id": "w", "token": 424242}})
     assert "api_key" in msg and "backend.token" in msg
     assert "s3cr3t" not in msg and "424242" not in msg
 

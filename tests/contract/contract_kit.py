@@ -26,7 +26,7 @@ import psutil
 
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.swarm import Swarm
-from prefect_swarm.testing.services import free_port_block
+from prefect_swarm.testing import free_port_block
 from prefect_swarm.testing.stub_engine import engine_command
 
 BOOM = "ENGINE-BOOM: cannot load model"
@@ -70,8 +70,12 @@ class BackendFactory:
             "replicas": replicas,
             "gpus_per_replica": 0,
             "port": free_port_block(replicas),
-            "engine": {"kind": "command", "command": ENGINES[engine], "python": sys.executable,
-                       "startup_timeout_s": 60},
+            "engine": {
+                "kind": "command",
+                "command": ENGINES[engine],
+                "python": sys.executable,
+                "startup_timeout_s": 60,
+            },
             "ready_timeout_s": self.ready_timeout_s,
             "backend": self.backend(),
         }
@@ -98,8 +102,14 @@ def local_leftovers(swarm: Swarm) -> list[str]:
 
 LOCAL = BackendFactory(
     name="local",
-    backend=lambda: {"type": "local", "health_interval_s": 0.3, "restart_backoff_s": 0.1,
-                     "startup_grace_s": 0.5, "max_restarts": 1, "wall_time_s": 600},
+    backend=lambda: {
+        "type": "local",
+        "health_interval_s": 0.3,
+        "restart_backoff_s": 0.1,
+        "startup_grace_s": 0.5,
+        "max_restarts": 1,
+        "wall_time_s": 600,
+    },
     leftovers=local_leftovers,
 )
 
@@ -125,9 +135,15 @@ def _lepton_fake() -> Any:
 def lepton_backend() -> dict[str, Any]:
     """The fake workspace; the test's PREFECT_SWARM_HOME is the 'shared mount' jobs see."""
     fake, home = _lepton_fake(), os.environ["PREFECT_SWARM_HOME"]
-    return {"type": "lepton", "workspace_id": fake.workspace_id, "workspace_url": fake.url,
-            "token_env": _LEPTON_TOKEN_ENV, "mounts": [{"path": "/shared", "mount_path": home}],
-            "shared_path": home, "ready_poll_s": 0.2}
+    return {
+        "type": "lepton",
+        "workspace_id": fake.workspace_id,
+        "workspace_url": fake.url,
+        "token_env": _LEPTON_TOKEN_ENV,
+        "mounts": [{"path": "/shared", "mount_path": home}],
+        "shared_path": home,
+        "ready_poll_s": 0.2,
+    }
 
 
 def lepton_leftovers(swarm: Swarm) -> list[str]:
@@ -142,7 +158,7 @@ def lepton_leftovers(swarm: Swarm) -> list[str]:
 
 def _lepton_gate() -> None:
 
-    from prefect_swarm.testing.services import gate, missing_lepton_sdk
+    from services import gate, missing_lepton_sdk
 
     gate(missing_lepton_sdk())
 
@@ -153,8 +169,14 @@ def _lepton_marks() -> list[Any]:
     return [pytest.mark.lepton]
 
 
-LEPTON = BackendFactory(name="lepton", backend=lepton_backend, leftovers=lepton_leftovers, gate=_lepton_gate,
-                        marks=_lepton_marks(), exit_codes=False)
+LEPTON = BackendFactory(
+    name="lepton",
+    backend=lepton_backend,
+    leftovers=lepton_leftovers,
+    gate=_lepton_gate,
+    marks=_lepton_marks(),
+    exit_codes=False,
+)
 
 FACTORIES: dict[str, BackendFactory] = {"local": LOCAL, "lepton": LEPTON}
 
@@ -168,8 +190,9 @@ def run_py(code: str, *args: str, timeout: float = 120) -> str:
     """Run ``code`` in a NEW Python process (same PREFECT_SWARM_HOME); return its stdout, fail on error."""
     import subprocess
 
-    res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
-                         env=dict(os.environ))
+    res = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=dict(os.environ)
+    )
     assert res.returncode == 0, f"child failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
     return res.stdout
 

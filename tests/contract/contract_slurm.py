@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 from contract_kit import BackendFactory
+from services import gate, missing_nginx, missing_slurm
 
 from prefect_swarm.swarm import Swarm
-from prefect_swarm.testing.services import free_port_block, gate, missing_nginx, missing_slurm
+from prefect_swarm.testing import free_port_block
 
 
 def slurm_backend() -> dict[str, Any]:
@@ -30,9 +31,7 @@ def slurm_backend() -> dict[str, Any]:
 def slurm_leftovers(swarm: Swarm) -> list[str]:
     """This swarm's jobs still in the Slurm queue (COMPLETING included)."""
     names = f"psw-{swarm.cfg.name}-replicas,psw-{swarm.cfg.name}-lb"
-    out = subprocess.run(
-        ["squeue", "-h", "-r", "-n", names, "-o", "%i %j %T"], capture_output=True, text=True
-    )
+    out = subprocess.run(["squeue", "-h", "-r", "-n", names, "-o", "%i %j %T"], capture_output=True, text=True)
     return [line for line in out.stdout.splitlines() if line.strip()]
 
 

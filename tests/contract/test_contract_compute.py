@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 from contract_kit import BackendFactory, run_py
 
-from prefect_swarm.interfaces import JobHandle, JobStatus
+from prefect_swarm.interfaces import JobHandle, JobRequest, JobStatus
 from prefect_swarm.swarm import Swarm
 
 SECRET = "s3cr3t-token-value-42"
@@ -34,6 +33,11 @@ def swarm(up: Callable[..., Swarm]) -> Swarm:
     return up(replicas=2, ready=False)
 
 
+def _py(swarm: Swarm) -> str:
+    """The interpreter that exists where this backend runs jobs (never assumed to be ours)."""
+    return swarm.compute.job_runtime().python
+
+
 def _reports(out: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(out.glob("shard-*.json"))]
 
@@ -48,8 +52,12 @@ def _files_containing(root: Path, needle: str) -> list[str]:
 
 def test_env_and_secrets(swarm: Swarm, tmp_path: Path) -> None:
     job = swarm.compute.submit(
-        name="env", command=[sys.executable, "-c", _REPORT],
-        env={"OUT": str(tmp_path), "PLAIN": "visible"}, secret_env={"SECRET_TOKEN": SECRET},
+        JobRequest(
+            name="env",
+            command=[_py(swarm), "-c", _REPORT],
+            env={"OUT": str(tmp_path), "PLAIN": "visible"},
+            secret_env={"SECRET_TOKEN": SECRET},
+        )
     )
     assert swarm.compute.wait(job, poll_s=0.2) is JobStatus.SUCCEEDED
     (rep,) = _reports(tmp_path)
@@ -62,13 +70,13 @@ def test_env_and_secrets(swarm: Swarm, tmp_path: Path) -> None:
 
 
 def test_submit_attached_returns_finished(swarm: Swarm) -> None:
-    job = swarm.compute.submit(name="attached", command=[sys.executable, "-c", "pass"], detach=False)
+    job = swarm.compute.submit(JobRequest(name="attached", command=[_py(swarm), "-c", "pass"], detach=False))
     probe = swarm.compute.probe(job)
     assert probe.status is JobStatus.SUCCEEDED and probe.exit_code == 0
 
 
 def test_failure_reports_exit_code(factory: BackendFactory, swarm: Swarm) -> None:
-    job = swarm.compute.submit(name="fails", command=[sys.executable, "-c", "import sys; sys.exit(3)"])
+    job = swarm.compute.submit(JobRequest(name="fails", command=[_py(swarm), "-c", "import sys; sys.exit(3)"]))
     assert swarm.compute.wait(job, poll_s=0.2) is JobStatus.FAILED
     probe = swarm.compute.probe(job)
     assert probe.status is JobStatus.FAILED and probe.error is None
@@ -77,7 +85,7 @@ def test_failure_reports_exit_code(factory: BackendFactory, swarm: Swarm) -> Non
 
 def test_probe_never_blocks_and_cancel(factory: BackendFactory, swarm: Swarm) -> None:
     compute = swarm.compute
-    job = compute.submit(name="sleeper", command=[sys.executable, "-c", "import time; time.sleep(120)"])
+    job = compute.submit(JobRequest(name="sleeper", command=[_py(swarm), "-c", "import time; time.sleep(120)"]))
     for _ in range(3):
         t0 = time.monotonic()
         probe = compute.probe(job)
@@ -92,14 +100,14 @@ def test_probe_never_blocks_and_cancel(factory: BackendFactory, swarm: Swarm) ->
 
 
 def test_cancel_after_success_keeps_success(swarm: Swarm) -> None:
-    job = swarm.compute.submit(name="quick", command=[sys.executable, "-c", "pass"], detach=False)
+    job = swarm.compute.submit(JobRequest(name="quick", command=[_py(swarm), "-c", "pass"], detach=False))
     swarm.compute.cancel(job)
     assert swarm.compute.probe(job).status is JobStatus.SUCCEEDED
 
 
 def test_fan_out_makes_n_processes(swarm: Swarm, tmp_path: Path) -> None:
     job = swarm.compute.submit(
-        name="fan", command=[sys.executable, "-c", _REPORT], env={"OUT": str(tmp_path)}, nshards=3
+        JobRequest(name="fan", command=[_py(swarm), "-c", _REPORT], env={"OUT": str(tmp_path)}, nshards=3)
     )
     assert swarm.compute.wait(job, poll_s=0.2) is JobStatus.SUCCEEDED
     reps = _reports(tmp_path)
@@ -111,7 +119,7 @@ def test_fan_out_makes_n_processes(swarm: Swarm, tmp_path: Path) -> None:
 
 def test_one_shard_of_many(swarm: Swarm, tmp_path: Path) -> None:
     job = swarm.compute.submit(
-        name="one", command=[sys.executable, "-c", _REPORT], env={"OUT": str(tmp_path)}, nshards=4, shard_id=2
+        JobRequest(name="one", command=[_py(swarm), "-c", _REPORT], env={"OUT": str(tmp_path)}, nshards=4, shard_id=2)
     )
     assert swarm.compute.wait(job, poll_s=0.2) is JobStatus.SUCCEEDED
     (rep,) = _reports(tmp_path)
@@ -131,7 +139,7 @@ print(json.dumps({"status": status.value, "exit_code": compute.probe(job).exit_c
 
 def test_reattach_to_a_job_from_a_new_process(factory: BackendFactory, swarm: Swarm) -> None:
     code = "import time, sys; time.sleep(1); sys.exit(5)"
-    job = swarm.compute.submit(name="later", command=[sys.executable, "-c", code])
+    job = swarm.compute.submit(JobRequest(name="later", command=[_py(swarm), "-c", code]))
     stored = json.loads(json.dumps(job.to_dict()))  # what a state row keeps
     out = json.loads(run_py(_PROBE_CHILD, swarm.cfg.name, json.dumps(stored)))
     assert out == {"status": "FAILED", "exit_code": 5 if factory.exit_codes else None}

@@ -6,21 +6,50 @@ import pytest
 
 from prefect_swarm.interfaces import JobStatus, coerce_job_status
 
-P, R, S, F, C = (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.SUCCEEDED, JobStatus.FAILED,
-                 JobStatus.CANCELLED)
+P, R, S, F, C = (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 TABLE = [
     # ours, any case
-    ("PENDING", P), ("running", R), ("Succeeded", S), ("FAILED", F), ("cancelled", C), (JobStatus.RUNNING, R),
+    ("PENDING", P),
+    ("running", R),
+    ("Succeeded", S),
+    ("FAILED", F),
+    ("cancelled", C),
+    (JobStatus.RUNNING, R),
     # generic words
-    ("queued", P), ("submitted", P), ("started", R), ("success", S), ("completed", S), ("done", S),
-    ("error", F), ("canceled", C),
+    ("queued", P),
+    ("submitted", P),
+    ("started", R),
+    ("success", S),
+    ("completed", S),
+    ("done", S),
+    ("error", F),
+    ("canceled", C),
     # Slurm state names (squeue/sacct) and their decorations
-    ("COMPLETED", S), ("CANCELLED by 0", C), ("CANCELLED+", C), ("TIMEOUT", F), ("NODE_FAIL", F),
-    ("OUT_OF_MEMORY", F), ("PREEMPTED", F), ("REQUEUED", P), ("CONFIGURING", P), ("COMPLETING", R),
-    ("SUSPENDED", P), ("BOOT_FAIL", F), ("DEADLINE", F), ("  running  ", R),
+    ("COMPLETED", S),
+    ("CANCELLED by 0", C),
+    ("CANCELLED+", C),
+    ("TIMEOUT", F),
+    ("NODE_FAIL", F),
+    ("OUT_OF_MEMORY", F),
+    ("PREEMPTED", F),
+    ("REQUEUED", P),
+    ("CONFIGURING", P),
+    ("COMPLETING", R),
+    ("SUSPENDED", P),
+    ("BOOT_FAIL", F),
+    ("DEADLINE", F),
+    ("  running  ", R),
     # Slurm short codes
-    ("PD", P), ("R", R), ("CG", R), ("CD", S), ("F", F), ("CA", C), ("TO", F), ("NF", F), ("OOM", F),
+    ("PD", P),
+    ("R", R),
+    ("CG", R),
+    ("CD", S),
+    ("F", F),
+    ("CA", C),
+    ("TO", F),
+    ("NF", F),
+    ("OOM", F),
 ]
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from prefect_swarm.testing.services import free_port
+from prefect_swarm.testing import free_port
 from prefect_swarm.testing.stub_engine import StubEngine
 
 

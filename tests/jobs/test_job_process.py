@@ -31,9 +31,7 @@ def test_shards_give_one_row_per_id_in_input_order(tmp_path: Path, stub) -> None
     assert requests(stub) - before == 3000
     rows = _out(tmp_path / "job-out.parquet")
     assert [r["id"] for r in rows] == [f"r{i:06d}" for i in range(3000)]
-    assert all(
-        r["status"] == "ok" and r["text"].startswith("stub-") and r["completion_tokens"] > 0 for r in rows
-    )
+    assert all(r["status"] == "ok" and r["text"].startswith("stub-") and r["completion_tokens"] > 0 for r in rows)
     assert rows[5]["prompt"] == "question number 5 about topic 5"
     manifest = read_json(JobPaths(tmp_path / "job").manifest)
     assert manifest["rows"] == manifest["ok"] == 3000 and manifest["prompt_tokens"] > 0
@@ -100,9 +98,7 @@ def test_retry_failed_reruns_only_error_rows(tmp_path: Path, stub_factory, stub)
     ]
 
 
-@pytest.mark.parametrize(
-    "change", [{"model": "other-model"}, {"job_kwargs": {"sampling": {"max_tokens": 9}}}]
-)
+@pytest.mark.parametrize("change", [{"model": "other-model"}, {"job_kwargs": {"sampling": {"max_tokens": 9}}}])
 def test_resume_with_other_settings_is_refused(tmp_path: Path, stub, change: dict) -> None:
     make_dataset(tmp_path / "in.parquet", 2000)
     spec = write_spec(tmp_path, endpoints=[stub.url], concurrency=4)
@@ -116,9 +112,7 @@ def test_resume_with_other_settings_is_refused(tmp_path: Path, stub, change: dic
     res = run_job(spec)
     assert res.returncode == 2
     key = next(iter(change))
-    assert (
-        "refusing to resume shard 0" in res.stderr and f"{key}:" in res.stderr and "--overwrite" in res.stderr
-    )
+    assert "refusing to resume shard 0" in res.stderr and f"{key}:" in res.stderr and "--overwrite" in res.stderr
     assert requests(stub) == before
     res = run_job(spec, 0, 1, "--overwrite")
     assert res.returncode == 0, res.stderr
@@ -135,9 +129,7 @@ def _wait_for_parts(job_dir: Path, proc: subprocess.Popen, n: int = 1) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_signal_flushes_and_exits_75_then_resume_finishes(tmp_path: Path, stub, sig: signal.Signals) -> None:
     make_dataset(tmp_path / "in.parquet", 3000)
-    spec = write_spec(
-        tmp_path, endpoints=[stub.url], concurrency=8, checkpoint_every=100_000, checkpoint_seconds=0.3
-    )
+    spec = write_spec(tmp_path, endpoints=[stub.url], concurrency=8, checkpoint_every=100_000, checkpoint_seconds=0.3)
     before = requests(stub)
     proc = subprocess.Popen(job_argv(spec), stderr=subprocess.PIPE, text=True)
     _wait_for_parts(tmp_path / "job", proc)

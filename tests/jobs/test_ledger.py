@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from prefect_swarm.jobs.ledger import ShardLedger, read_ledger
+from prefect_swarm.jobs.ledger import RowResult, ShardLedger, read_ledger
 from prefect_swarm.paths import ShardPaths
 
 
@@ -27,7 +27,8 @@ def _ledger(root: Path) -> ShardLedger:
 
 
 def _add(led: ShardLedger, row: int, status: str = "ok") -> None:
-    led.add(row, f"id{row}", status, None if status == "ok" else "boom", 200, 3, 4, 1.5, 1, {"text": f"t{row}"}, None)
+    err = None if status == "ok" else "boom"
+    led.add(RowResult(row, f"id{row}", status, err, 200, 3, 4, 1.5, 1, {"text": f"t{row}"}))
 
 
 def test_background_flushes_write_parts_in_order_like_a_plain_flush(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.launch import cancel_job, job_status, prepare_job, submit_job, wait_job
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm
-from prefect_swarm.testing.services import free_port_block
+from prefect_swarm.testing import free_port_block
 from prefect_swarm.testing.stub_engine import engine_command
 
 
@@ -92,9 +92,7 @@ def test_prepare_refuses_bad_input_before_submitting(tmp_path: Path) -> None:
 
     make_dataset(tmp_path / "in.parquet", 10, ids=["x"] * 10)
     with pytest.raises(DatasetError, match="duplicated"):
-        prepare_job(
-            JobSpec(input=str(tmp_path / "in.parquet"), output=str(tmp_path / "o.parquet"), id_column="id")
-        )
+        prepare_job(JobSpec(input=str(tmp_path / "in.parquet"), output=str(tmp_path / "o.parquet"), id_column="id"))
     assert StateStore().list_jobs() == []
 
 

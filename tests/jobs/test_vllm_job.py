@@ -11,9 +11,10 @@ from pathlib import Path
 import httpx
 import pyarrow.parquet as pq
 import pytest
+import services
 from _jobkit import job_argv, make_dataset, write_spec
 
-from prefect_swarm.testing import services
+from prefect_swarm.testing import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One vLLM server for the module (stopped by its process group)."""
     services.gate(services.missing_vllm())
-    port = services.free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     argv = [
         str(services.vllm_python()),
@@ -79,9 +80,7 @@ def test_chat_job_2000_rows_4_shards_on_vllm(tmp_path: Path, vllm_url: str) -> N
     )
     env = {**os.environ, "PREFECT_SWARM_ENDPOINTS": vllm_url}
     started = time.monotonic()
-    procs = [
-        subprocess.Popen(job_argv(spec, i, 4), env=env, stderr=subprocess.PIPE, text=True) for i in range(4)
-    ]
+    procs = [subprocess.Popen(job_argv(spec, i, 4), env=env, stderr=subprocess.PIPE, text=True) for i in range(4)]
     codes = [p.wait(600) for p in procs]
     assert codes == [0, 0, 0, 0], [p.stderr.read()[-2000:] for p in procs if p.stderr]
     elapsed = time.monotonic() - started

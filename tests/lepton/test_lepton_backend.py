@@ -13,7 +13,7 @@ from prefect_swarm.backends.lepton.compute import LeptonCompute
 from prefect_swarm.backends.lepton.serving import LeptonServing
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
-from prefect_swarm.interfaces import JobStatus, ServingPhase
+from prefect_swarm.interfaces import JobRequest, JobStatus, ServingPhase
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.fake_lepton import FakeLepton
@@ -117,7 +117,9 @@ def test_two_shard_job_fans_out(lepton_cfg: Make, fake_lepton: FakeLepton) -> No
     h = srv.create_or_update(cfg)
     compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), h)
     code = "import os; e = os.environ; print('shard', e['PREFECT_SWARM_SHARD_ID'], e['ENDPOINT'], e['MODEL'])"
-    job = compute.submit(name="echo", command=["python", "-c", code], nshards=2, env={"X": "1"})
+    job = compute.submit(
+        JobRequest(name="echo", command=[compute.job_runtime().python, "-c", code], nshards=2, env={"X": "1"})
+    )
     assert len(job.meta["jobs"]) == 2
     assert compute.wait(job, poll_s=0.1) is JobStatus.SUCCEEDED
     logs = compute.logs(job)
@@ -133,16 +135,16 @@ def test_two_shard_job_fans_out(lepton_cfg: Make, fake_lepton: FakeLepton) -> No
     assert fake_lepton.jobs == {} and fake_lepton.secrets == {}
 
 
-def test_failing_job_reports_failed_and_running_job_running(
-    lepton_cfg: Make, fake_lepton: FakeLepton
-) -> None:
+def test_failing_job_reports_failed_and_running_job_running(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
     cfg = lepton_cfg()
     compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)
     fake_lepton.fail_jobs = ("bad",)
-    bad = compute.submit(name="bad", command=["python", "-c", "print(1)"])
+    bad = compute.submit(JobRequest(name="bad", command=[compute.job_runtime().python, "-c", "print(1)"]))
     assert compute.wait(bad, poll_s=0.1) is JobStatus.FAILED
     assert "injected job failure" in compute.logs(bad)
-    slow = compute.submit(name="slow", command=["python", "-c", "import time; time.sleep(60)"])
+    slow = compute.submit(
+        JobRequest(name="slow", command=[compute.job_runtime().python, "-c", "import time; time.sleep(60)"])
+    )
     seen = {compute.probe(slow).status for _ in range(3)}
     assert JobStatus.RUNNING in seen and not any(s and s.finished for s in seen)
     compute.cancel(slow)
@@ -156,7 +158,9 @@ def test_failing_job_reports_failed_and_running_job_running(
 def test_detach_false_waits(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
     cfg = lepton_cfg()
     compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)
-    h = compute.submit(name="w", command=["python", "-c", "import time; time.sleep(0.5)"], detach=False)
+    h = compute.submit(
+        JobRequest(name="w", command=[compute.job_runtime().python, "-c", "import time; time.sleep(0.5)"], detach=False)
+    )
     assert compute.probe(h).status is JobStatus.SUCCEEDED
 
 
@@ -177,16 +181,15 @@ def test_wrong_workspace_names_it(lepton_cfg: Make, fake_lepton: FakeLepton) -> 
         serving(cfg).create_or_update(cfg)
 
 
-def test_token_from_environment(
-    lepton_cfg: Make, fake_lepton: FakeLepton, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_token_from_environment(lepton_cfg: Make, fake_lepton: FakeLepton, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MY_LEPTON_TOKEN", fake_lepton.token)
     cfg = lepton_cfg(token=None, token_env="MY_LEPTON_TOKEN")
     srv = serving(cfg)
     srv.delete(srv.create_or_update(cfg))
     monkeypatch.delenv("MY_LEPTON_TOKEN")
+    Swarm(cfg).validate()  # the pre-flight `prefect-swarm validate` runs needs no token
     with pytest.raises(ConfigError, match="MY_LEPTON_TOKEN"):
-        Swarm(cfg).validate()
+        serving(cfg).create_or_update(cfg)
 
 
 def test_transient_503_and_429_are_retried(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
@@ -210,7 +213,7 @@ def test_api_unavailable_gives_up_with_backend_error(
     fake_lepton.inject(503, count=100, match="/jobs")
     compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)
     with pytest.raises(BackendError, match="HTTP 503"):
-        compute.submit(name="x", command=["python", "-c", "pass"])
+        compute.submit(JobRequest(name="x", command=[compute.job_runtime().python, "-c", "pass"]))
     assert sum(1 for r in fake_lepton.requests if r[1].endswith("/jobs")) == LeptonClient.attempts
 
 
@@ -219,12 +222,10 @@ def test_other_4xx_carries_the_api_message(lepton_cfg: Make, fake_lepton: FakeLe
     fake_lepton.inject(400, count=1, match="/jobs")
     compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)
     with pytest.raises(BackendError, match=r"HTTP 400.*injected HTTP 400"):
-        compute.submit(name="x", command=["python", "-c", "pass"])
+        compute.submit(JobRequest(name="x", command=[compute.job_runtime().python, "-c", "pass"]))
 
 
-def test_config_without_shared_mount_is_refused_before_any_call(
-    lepton_cfg: Make, fake_lepton: FakeLepton
-) -> None:
+def test_config_without_shared_mount_is_refused_before_any_call(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
     for bad in ({"mounts": []}, {"shared_path": None}, {"shared_path": "/elsewhere/runs"}):
         cfg = lepton_cfg(**bad)
         with pytest.raises(ConfigError, match="shared_path"):
@@ -283,7 +284,7 @@ def test_endpoint_token_from_lepton_secret(lepton_cfg: Make, fake_lepton: FakeLe
     spec = fake_lepton.deployments["lep"].body["spec"]
     assert spec["api_tokens"] == [{"value_from": {"token_name_ref": "ENDPOINT_TOKEN"}}]
     compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), h)
-    job = compute.submit(name="k", command=["python", "-c", "pass"])
+    job = compute.submit(JobRequest(name="k", command=[compute.job_runtime().python, "-c", "pass"]))
     compute.wait(job, poll_s=0.1)
     assert fake_lepton.job_env(job.id)["PREFECT_SWARM_API_KEY"] == "secret-held-by-lepton"
     envs = fake_lepton.jobs[job.id].body["spec"]["envs"]
@@ -306,7 +307,9 @@ def test_swarm_context_manager_on_lepton(lepton_cfg: Make, fake_lepton: FakeLept
     with Swarm(cfg) as swarm:
         assert swarm.status().phase is ServingPhase.RUNNING
         assert swarm.endpoints == [swarm.endpoint]
-        job = swarm.compute.submit(name="ctx", command=["python", "-c", "import time; time.sleep(30)"])
+        job = swarm.compute.submit(
+            JobRequest(name="ctx", command=[swarm.compute.job_runtime().python, "-c", "import time; time.sleep(30)"])
+        )
         assert swarm.compute.probe(job).status in (JobStatus.PENDING, JobStatus.RUNNING)
     # down removed the deployment and the swarm's jobs: nothing left running
     assert fake_lepton.deployments == {} and fake_lepton.jobs == {}

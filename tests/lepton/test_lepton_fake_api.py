@@ -28,9 +28,7 @@ def _job(name: str, command: list[str]):  # type: ignore[no-untyped-def]
 
     return LeptonJob(
         metadata=Metadata(id=name, name=name, labels={"team": "a" if name < "job-3" else "b"}),
-        spec=LeptonJobUserSpec(
-            resource_shape="cpu.small", container=LeptonContainer(image="x", command=command)
-        ),
+        spec=LeptonJobUserSpec(resource_shape="cpu.small", container=LeptonContainer(image="x", command=command)),
     )
 
 

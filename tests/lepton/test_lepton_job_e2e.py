@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from prefect_swarm.config import SwarmConfig
-from prefect_swarm.interfaces import JobStatus
+from prefect_swarm.interfaces import JobRequest, JobStatus
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.fake_lepton import FakeLepton
 
@@ -66,15 +66,15 @@ def test_two_shard_job_exactly_once(
         )
         spec_path = spec.save()
         compute = swarm.compute
-        command = ["python", "-m", "prefect_swarm.jobs.run", "--spec", str(spec_path)]
-        handle = compute.submit(name="job-e2e", command=command, nshards=2)
+        command = compute.job_runtime().module_argv("prefect_swarm.jobs.run", "--spec", str(spec_path))
+        handle = compute.submit(JobRequest(name="job-e2e", command=command, nshards=2))
         assert len(handle.meta["jobs"]) == 2 and len(fake_lepton.jobs) == 2
         status = compute.wait(handle, poll_s=0.2)
         assert status is JobStatus.SUCCEEDED, compute.logs(handle)
         commit_output(spec)
         _check_output(shared_dir / "out.parquet")
         # a rerun resumes from the ledger: nothing is redone, still one row per input row
-        again = compute.submit(name="job-e2e", command=command, nshards=2)
+        again = compute.submit(JobRequest(name="job-e2e", command=command, nshards=2))
         assert compute.wait(again, poll_s=0.2) is JobStatus.SUCCEEDED
         commit_output(spec)
         _check_output(shared_dir / "out.parquet")
@@ -122,13 +122,15 @@ def test_spec_off_the_shared_mount_is_refused(
     compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)
     with pytest.raises(ConfigError, match="not on the storage Lepton jobs mount"):
         compute.submit(
-            name="x",
-            command=[
-                "python",
-                "-m",
-                "prefect_swarm.jobs.run",
-                "--spec",
-                str(tmp_path / "elsewhere" / "spec.json"),
-            ],
+            JobRequest(
+                name="x",
+                command=[
+                    "python",
+                    "-m",
+                    "prefect_swarm.jobs.run",
+                    "--spec",
+                    str(tmp_path / "elsewhere" / "spec.json"),
+                ],
+            )
         )
     assert fake_lepton.jobs == {}

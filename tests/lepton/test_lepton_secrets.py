@@ -10,6 +10,7 @@ import pytest
 
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.interfaces import JobRequest
 from prefect_swarm.settings import get_settings
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.fake_lepton import FakeLepton
@@ -39,10 +40,12 @@ def test_no_secret_in_logs_state_or_files(
     with Swarm(cfg) as swarm:
         compute = swarm.compute
         job = compute.submit(
-            name="echo",
-            command=["python", "-c", "print('hello')"],
-            nshards=2,
-            secret_env={"HF_TOKEN": "hf-secret-4242"},
+            JobRequest(
+                name="echo",
+                command=[compute.job_runtime().python, "-c", "print('hello')"],
+                nshards=2,
+                secret_env={"HF_TOKEN": "hf-secret-4242"},
+            )
         )
         compute.wait(job, stream_logs=True, poll_s=0.1)
         swarm.status()
@@ -55,8 +58,6 @@ def test_no_secret_in_logs_state_or_files(
     for secret in (fake_lepton.token, api_key, "hf-secret-4242", "wrong-token-9876"):
         for where, text in texts.items():
             assert secret not in text, f"secret found in {where}"
-        assert _files_containing(swarm_home, secret) == [], (
-            "secret found in the swarm home (state.db, folders)"
-        )
+        assert _files_containing(swarm_home, secret) == [], "secret found in the swarm home (state.db, folders)"
     assert get_settings().state_db.exists()
     assert "retry" in caplog.text  # the retries were logged (without secrets)

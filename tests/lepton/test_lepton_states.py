@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_swarm.backends.lepton.compute import JOB_STATUSES, aggregate, job_names, job_status
+from prefect_swarm.backends.lepton.compute import JOB_STATUSES, job_names, job_status
 from prefect_swarm.backends.lepton.serving import DEPLOYMENT_PHASES, deployment_phase
 from prefect_swarm.interfaces import JobStatus, ServingPhase
 
@@ -78,21 +78,3 @@ def test_job_names_follow_lepton_rules() -> None:
     for n in names:
         assert re.fullmatch(r"[a-z][a-z0-9-]*[a-z0-9]", n) and len(n) <= 36, n
     assert job_names("123", 1, suffix="ff")[1] == ["j123-ff-0"]
-
-
-def test_aggregate_of_shards() -> None:
-    s, r, f, c, p = (
-        JobStatus.SUCCEEDED,
-        JobStatus.RUNNING,
-        JobStatus.FAILED,
-        JobStatus.CANCELLED,
-        JobStatus.PENDING,
-    )
-    assert aggregate([s, s]) is s
-    assert aggregate([s, r]) is r
-    assert aggregate([p, s]) is p
-    assert aggregate([f, s]) is f
-    assert aggregate([r, f]) is r  # finished only when every shard is
-    assert aggregate([p, r]) is r
-    assert aggregate([c, s]) is c
-    assert aggregate([c, f]) is f

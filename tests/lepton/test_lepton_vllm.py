@@ -8,11 +8,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import services
 
 from prefect_swarm.config import SwarmConfig
-from prefect_swarm.interfaces import JobStatus, ServingPhase
+from prefect_swarm.interfaces import JobRequest, JobStatus, ServingPhase
 from prefect_swarm.swarm import Swarm
-from prefect_swarm.testing import services
 from prefect_swarm.testing.fake_lepton import FakeLepton
 
 pytestmark = [pytest.mark.lepton, pytest.mark.vllm, pytest.mark.slow]
@@ -69,9 +69,11 @@ def test_vllm_endpoint_and_two_shard_job(
             spec_path = spec.save()
             compute = swarm.compute
             job = compute.submit(
-                name="job-vllm",
-                nshards=2,
-                command=["python", "-m", "prefect_swarm.jobs.run", "--spec", str(spec_path)],
+                JobRequest(
+                    name="job-vllm",
+                    nshards=2,
+                    command=compute.job_runtime().module_argv("prefect_swarm.jobs.run", "--spec", str(spec_path)),
+                )
             )
             assert compute.wait(job, poll_s=0.5) is JobStatus.SUCCEEDED, compute.logs(job)
             manifest = commit_output(spec)

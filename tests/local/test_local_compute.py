@@ -13,15 +13,19 @@ from local_kit import stub_config
 
 from prefect_swarm.backends.local.compute import LocalCompute
 from prefect_swarm.exceptions import StateError
-from prefect_swarm.interfaces import ComputeBackend, JobHandle, JobStatus, ServingHandle
+from prefect_swarm.interfaces import ComputeBackend, JobHandle, JobRequest, JobStatus, ServingHandle
 from prefect_swarm.paths import SwarmPaths
 
 
 @pytest.fixture
 def compute() -> LocalCompute:
     cfg = stub_config()
-    handle = ServingHandle(name=cfg.name, backend="local", url="http://127.0.0.1:1",
-                           meta={"replica_urls": ["http://127.0.0.1:1", "http://127.0.0.1:2"]})
+    handle = ServingHandle(
+        name=cfg.name,
+        backend="local",
+        url="http://127.0.0.1:1",
+        meta={"replica_urls": ["http://127.0.0.1:1", "http://127.0.0.1:2"]},
+    )
     return LocalCompute(cfg, SwarmPaths.for_swarm(cfg.name), handle)
 
 
@@ -30,7 +34,7 @@ def test_is_a_compute_backend(compute: LocalCompute) -> None:
 
 
 def test_reattach_by_id_alone(compute: LocalCompute) -> None:
-    job = compute.submit(name="by id", command=[sys.executable, "-c", "print('hi')"], nshards=2)
+    job = compute.submit(JobRequest(name="by id", command=[sys.executable, "-c", "print('hi')"], nshards=2))
     again = compute.handle_for(job.id)
     assert compute.wait(again, poll_s=0.1) is JobStatus.SUCCEEDED
     assert again.meta["shards"] == job.meta["shards"]
@@ -39,7 +43,7 @@ def test_reattach_by_id_alone(compute: LocalCompute) -> None:
 
 
 def test_a_killed_wrapper_is_failed_not_running(compute: LocalCompute) -> None:
-    job = compute.submit(name="doomed", command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    job = compute.submit(JobRequest(name="doomed", command=[sys.executable, "-c", "import time; time.sleep(60)"]))
     wrapper = psutil.Process(job.meta["shards"][0]["pid"])
     children = wrapper.children()
     wrapper.kill()
@@ -60,7 +64,7 @@ def test_cancel_lets_the_job_flush(compute: LocalCompute, tmp_path: Path) -> Non
         "print('ready', flush=True)\n"
         "time.sleep(60)\n"
     )
-    job = compute.submit(name="flusher", command=[sys.executable, "-c", code])
+    job = compute.submit(JobRequest(name="flusher", command=[sys.executable, "-c", code]))
     log = compute._paths(job).log(0)
     deadline = time.monotonic() + 10
     while "ready" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
@@ -71,7 +75,9 @@ def test_cancel_lets_the_job_flush(compute: LocalCompute, tmp_path: Path) -> Non
 
 
 def test_wait_streams_logs(compute: LocalCompute, capsys: pytest.CaptureFixture[str]) -> None:
-    job = compute.submit(name="talk", command=[sys.executable, "-c", "print('line one'); print('line two')"])
+    job = compute.submit(
+        JobRequest(name="talk", command=[sys.executable, "-c", "print('line one'); print('line two')"])
+    )
     assert compute.wait(job, stream_logs=True, poll_s=0.1) is JobStatus.SUCCEEDED
     out = capsys.readouterr().out
     assert "line one" in out and "line two" in out and "shard 0" in out
@@ -84,13 +90,13 @@ def test_probe_of_an_unreadable_job_is_could_not_tell(compute: LocalCompute) -> 
 
 def test_exit_by_signal(compute: LocalCompute) -> None:
     code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
-    job = compute.submit(name="sig", command=[sys.executable, "-c", code])
+    job = compute.submit(JobRequest(name="sig", command=[sys.executable, "-c", code]))
     assert compute.wait(job, poll_s=0.1) is JobStatus.FAILED
     assert compute.probe(job).exit_code == -signal.SIGKILL
 
 
 def test_bad_shard_arguments(compute: LocalCompute) -> None:
     with pytest.raises(ValueError):
-        compute.submit(name="x", command=["true"], nshards=2, shard_id=2)
+        compute.submit(JobRequest(name="x", command=["true"], nshards=2, shard_id=2))
     with pytest.raises(ValueError):
-        compute.submit(name="x", command=[])
+        compute.submit(JobRequest(name="x", command=[]))

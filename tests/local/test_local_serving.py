@@ -125,8 +125,7 @@ def test_capabilities_and_config_check() -> None:
     caps = LocalServing(cfg, SwarmPaths.for_swarm(cfg.name)).capabilities()
     assert caps.supports(Capability.WATCHDOG) and caps.supports(Capability.WALL_TIME)
     assert caps.supports(Capability.DETACHED_JOBS)
-    for cap in (Capability.MULTI_NODE, Capability.LOAD_BALANCER, Capability.PREEMPTION_SIGNAL,
-                Capability.CONTAINERS):
+    for cap in (Capability.MULTI_NODE, Capability.LOAD_BALANCER, Capability.PREEMPTION_SIGNAL, Capability.CONTAINERS):
         assert not caps.supports(cap) and caps.missing[cap]
     check_config(cfg, caps)  # 4 replicas on one machine are fine
     with pytest.raises(ConfigError, match="multi_node"):
@@ -134,8 +133,9 @@ def test_capabilities_and_config_check() -> None:
 
 
 def test_sglang_with_an_api_key_is_refused() -> None:
-    cfg = stub_config(api_key="k").model_copy(update={"engine": stub_config().engine.model_copy(
-        update={"kind": "sglang"})})
+    cfg = stub_config(api_key="k").model_copy(
+        update={"engine": stub_config().engine.model_copy(update={"kind": "sglang"})}
+    )
     with pytest.raises(ConfigError, match="SGLang"):
         LocalServing(cfg, SwarmPaths.for_swarm(cfg.name)).create_or_update(cfg)
 

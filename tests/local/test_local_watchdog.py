@@ -20,29 +20,55 @@ from prefect_swarm.swarm import Swarm
 FAIL = ["{python}", "-c", "import sys; print('BOOM from the engine', flush=True); sys.exit(1)"]
 
 # /health answers 200 for 2 s after start, then 503 forever: a live but unhealthy engine
-FLAKY = ["{python}", "-c", (
-    "import http.server, sys, time\n"
-    "t0 = time.time()\n"
-    "class H(http.server.BaseHTTPRequestHandler):\n"
-    "    def do_GET(self):\n"
-    "        self.send_response(200 if time.time() - t0 < 2 else 503); self.end_headers()\n"
-    "    def log_message(self, *a): pass\n"
-    "http.server.HTTPServer((sys.argv[1], int(sys.argv[2])), H).serve_forever()\n"
-), "{host}", "{port}"]
+FLAKY = [
+    "{python}",
+    "-c",
+    (
+        "import http.server, sys, time\n"
+        "t0 = time.time()\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200 if time.time() - t0 < 2 else 503); self.end_headers()\n"
+        "    def log_message(self, *a): pass\n"
+        "http.server.HTTPServer((sys.argv[1], int(sys.argv[2])), H).serve_forever()\n"
+    ),
+    "{host}",
+    "{port}",
+]
 
 # the engine starts a grandchild (as vLLM starts its engine core) before serving
-FORKING = ["{python}", "-c", (
-    "import subprocess, sys\n"
-    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
-    "from prefect_swarm.testing.stub_engine import main; main(sys.argv[1:])\n"
-), "--host", "{host}", "--port", "{port}", "--model", "{served_model_name}"]
+FORKING = [
+    "{python}",
+    "-c",
+    (
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "from prefect_swarm.testing.stub_engine import main; main(sys.argv[1:])\n"
+    ),
+    "--host",
+    "{host}",
+    "--port",
+    "{port}",
+    "--model",
+    "{served_model_name}",
+]
 
-# the stub reads its key from STUB_API_KEY; the engine gets it as PREFECT_SWARM_ENGINE_API_KEY
-KEYED = ["{python}", "-c", (
-    "import os, sys\n"
-    "os.environ['STUB_API_KEY'] = os.environ['PREFECT_SWARM_ENGINE_API_KEY']\n"
-    "from prefect_swarm.testing.stub_engine import main; main(sys.argv[1:])\n"
-), "--host", "{host}", "--port", "{port}", "--model", "{served_model_name}"]
+# the stub reads its key from STUB_API_KEY; the engine gets it as PREFECT_SWARM_API_KEY
+KEYED = [
+    "{python}",
+    "-c",
+    (
+        "import os, sys\n"
+        "os.environ['STUB_API_KEY'] = os.environ['PREFECT_SWARM_API_KEY']\n"
+        "from prefect_swarm.testing.stub_engine import main; main(sys.argv[1:])\n"
+    ),
+    "--host",
+    "{host}",
+    "--port",
+    "{port}",
+    "--model",
+    "{served_model_name}",
+]
 
 
 def _pid(swarm: Swarm, i: int = 0) -> int:
@@ -131,12 +157,13 @@ def test_watchdog_spec_file_runs_standalone(tmp_path: Path) -> None:
     from prefect_swarm.backends.engine import substitute
     from prefect_swarm.paths import SwarmPaths
     from prefect_swarm.sidecar.watchdog import WatchdogSpec
-    from prefect_swarm.testing.services import free_port
+    from prefect_swarm.testing import free_port
 
     port = free_port()
     argv = substitute(STUB, python=sys.executable, host="127.0.0.1", port=port, served_model_name="m")
-    spec = WatchdogSpec(swarm="x", root=str(tmp_path), index=0, argv=argv, url=f"http://127.0.0.1:{port}",
-                        health_interval_s=0.2)
+    spec = WatchdogSpec(
+        swarm="x", root=str(tmp_path), index=0, argv=argv, url=f"http://127.0.0.1:{port}", health_interval_s=0.2
+    )
     spec_file = tmp_path / "watchdog-0.json"
     spec_file.write_text(json.dumps(spec.to_dict()))
     dog = subprocess.Popen([sys.executable, "-m", "prefect_swarm.sidecar.watchdog", "--spec", str(spec_file)])

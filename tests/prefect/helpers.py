@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prefect_swarm.testing.services import free_port_block
+from prefect_swarm.testing import free_port_block
 from prefect_swarm.testing.stub_engine import engine_command
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from prefect_swarm.testing.services import free_port
+from prefect_swarm.testing import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")
@@ -106,7 +106,7 @@ class PrefectStack:
         self.cli("block", "register", "-m", "prefect_swarm.blocks")
         self.cli("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
         subprocess.run(
-            [sys.executable, "-m", "prefect_swarm.flows.automations", "--within", "40"],
+            [sys.executable, "-m", "prefect_swarm.cli.main", "automations", "install", "--within", "40"],
             env=self.env,
             check=True,
             capture_output=True,

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from prefect_swarm.cli.history import history_cmd, runs_for_swarm
 from prefect_swarm.state import StateStore, SwarmRecord
 from prefect_swarm.tasks.reaper import PrefectUnavailable, reap_orphans
-from prefect_swarm.testing.services import free_port
+from prefect_swarm.testing import free_port
 
 
 def _orphan(store: StateStore, name: str = "orphan", run_id: str = "6f1c7d0e-0000-4000-8000-000000000001") -> None:

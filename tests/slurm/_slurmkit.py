@@ -12,7 +12,7 @@ from prefect_swarm.backends.slurm.serving import SlurmServing
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.interfaces import ServingHandle
 from prefect_swarm.paths import SwarmPaths
-from prefect_swarm.testing.services import free_port_block
+from prefect_swarm.testing import free_port_block
 from prefect_swarm.testing.stub_engine import engine_command
 
 STUB_COMMAND = engine_command()

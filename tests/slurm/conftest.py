@@ -31,9 +31,7 @@ def slurm_swarm(need_slurm: None) -> Iterator[Callable[..., LiveSwarm]]:
     for swarm in made:
         swarm.down()
         if swarm.handle is None:  # submitted nothing we know of: still sweep by name
-            swarm.serving.delete(
-                ServingHandle(swarm.cfg.name, "slurm", meta={"replicas": swarm.cfg.replicas})
-            )
+            swarm.serving.delete(ServingHandle(swarm.cfg.name, "slurm", meta={"replicas": swarm.cfg.replicas}))
 
 
 @pytest.fixture(scope="session")

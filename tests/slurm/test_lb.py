@@ -14,7 +14,7 @@ from _slurmkit import stub_config
 from prefect_swarm.backends.slurm import render
 from prefect_swarm.backends.slurm.lb import STRIKES, Reconciler
 from prefect_swarm.paths import SwarmPaths
-from prefect_swarm.testing.services import free_port, free_port_block
+from prefect_swarm.testing import free_port, free_port_block
 from prefect_swarm.testing.stub_engine import StubEngine
 
 pytestmark = pytest.mark.nginx
@@ -26,10 +26,10 @@ def lb(need_nginx: None, tmp_path: Path) -> Iterator[tuple[SwarmPaths, Reconcile
     cfg = stub_config(replicas=2, backend={"shared_dir": str(tmp_path), "proxy_timeout_s": 1})
     paths = render.swarm_paths(cfg).ensure()
     port = free_port()
-    (paths.file("lb") / "tmp").mkdir(parents=True)
-    paths.file("lb/listen.conf").write_text(f"listen 127.0.0.1:{port};\n")
-    paths.file("nginx.conf").write_text(render.render_nginx(cfg, paths))
-    nginx = ["nginx", "-c", str(paths.file("nginx.conf")), "-e", str(paths.file("lb/error.log"))]
+    (paths.lb_dir / "tmp").mkdir(parents=True)
+    (paths.lb_dir / "listen.conf").write_text(f"listen 127.0.0.1:{port};\n")
+    paths.nginx_conf.write_text(render.render_nginx(cfg, paths))
+    nginx = ["nginx", "-c", str(paths.nginx_conf), "-e", str(paths.lb_error_log)]
     rec = Reconciler(paths, nginx, public=f"127.0.0.1:{port}")
     rec.step(reload=False)
     proc = subprocess.Popen([*nginx, "-g", "daemon off;"])
@@ -40,7 +40,7 @@ def lb(need_nginx: None, tmp_path: Path) -> Iterator[tuple[SwarmPaths, Reconcile
             if rec.announced:
                 break
             time.sleep(0.1)
-        assert paths.file("lb.head").read_text().strip() == f"127.0.0.1:{port}"
+        assert paths.lb_head.read_text().strip() == f"127.0.0.1:{port}"
         yield paths, rec, f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()

@@ -77,9 +77,7 @@ def check_golden(name: str, text: str) -> None:
     if UPDATE or not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    assert text == path.read_text(), (
-        f"{name} differs from its golden file (PREFECT_SWARM_UPDATE_GOLDEN=1 to accept)"
-    )
+    assert text == path.read_text(), f"{name} differs from its golden file (PREFECT_SWARM_UPDATE_GOLDEN=1 to accept)"
 
 
 @pytest.mark.parametrize("runtime", ["none", "apptainer", "singularity", "pyxis"])
@@ -114,15 +112,13 @@ def test_plan_shapes_resources() -> None:
     spec = json.loads(plan["watchdog-1.json"])
     assert spec["argv"][spec["argv"].index("--tensor-parallel-size") + 1] == "2"
     assert spec["argv"][spec["argv"].index("--port") + 1] == "8101"
-    assert "#SBATCH --signal=USR1@300\n" in plan["lb.sbatch"], (
-        "job steps run in the LB job: they need the signal"
-    )
+    assert "#SBATCH --signal=USR1@300\n" in plan["lb.sbatch"], "job steps run in the LB job: they need the signal"
 
 
 def test_render_plan_is_pure_and_submits_nothing(tmp_path: Path) -> None:
     cfg = golden_cfg(shared_dir=str(tmp_path / "shared"))
     serving = SlurmServing(cfg, SwarmPaths(tmp_path / "unused"))
-    assert serving.render_plan() == render.render_plan(cfg)
+    assert serving.plan() == render.render_plan(cfg)
     assert not (tmp_path / "shared").exists() and not (tmp_path / "unused").exists()
 
 
@@ -180,9 +176,7 @@ def hostile_cfg(tmp: Path, marker: Path) -> SwarmConfig:
 def test_hostile_values_render_inert_scripts(tmp_path: Path) -> None:
     marker = tmp_path / "PWNED"
     cfg = hostile_cfg(tmp_path, marker)
-    with pytest.raises(
-        ConfigError, match="nginx"
-    ):  # nginx.conf cannot hold such a path: refused, not escaped
+    with pytest.raises(ConfigError, match="nginx"):  # nginx.conf cannot hold such a path: refused, not escaped
         render.render_plan(cfg)
     paths = render.swarm_paths(cfg)
     for name, text in (
@@ -220,7 +214,7 @@ def test_hostile_prelude_executes_without_side_effects(tmp_path: Path) -> None:
     assert not marker.exists() and not (Path.cwd() / "x").exists()
     logged = (tmp_path / "argv.log").read_text()
     assert "prefect_swarm.sidecar.watchdog" in logged
-    assert str(paths.file("watchdog-0.run.json")) in logged
+    assert str(paths.root / "watchdog-0.run.json") in logged
 
 
 def test_fake_apptainer_runs_the_rendered_command(tmp_path: Path) -> None:
@@ -234,8 +228,5 @@ def test_fake_apptainer_runs_the_rendered_command(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "FAKE_APPTAINER_LOG": str(log)}
     out = subprocess.run([*argv, "echo", "inside"], env=env, capture_output=True, text=True, timeout=10)
     assert out.returncode == 0 and out.stdout.strip() == "inside", out.stderr
-    assert (
-        "--nv -B /data:/data:ro -B /models:/models --writable-tmpfs /images/vllm.sif echo inside"
-        in log.read_text()
-    )
+    assert "--nv -B /data:/data:ro -B /models:/models --writable-tmpfs /images/vllm.sif echo inside" in log.read_text()
     assert shutil.which("apptainer", path=str(bindir))

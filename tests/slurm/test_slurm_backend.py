@@ -21,7 +21,7 @@ from _slurmkit import PY, LiveSwarm, job_command, make_job, our_jobs, output_ids
 from prefect_swarm.backends.slurm.client import SlurmClient
 from prefect_swarm.backends.slurm.compute import SlurmCompute
 from prefect_swarm.exceptions import BackendError, CapacityError
-from prefect_swarm.interfaces import JobStatus, ReplicaHealth, ServingPhase
+from prefect_swarm.interfaces import JobRequest, JobStatus, ReplicaHealth, ServingPhase
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -40,7 +40,7 @@ def test_up_status_four_shard_job_down(slurm_swarm: MakeSwarm, tmp_path: Path) -
 
     spec = make_job(tmp_path, 400, shards=4)
     compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
-    job = compute.submit(name="chat", command=job_command(spec), nshards=4, detach=True)
+    job = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=4, detach=True))
     assert len(job.id.split(",")) == 4 and all(re.fullmatch(r"\d+\.\d+", s) for s in job.id.split(","))
     assert compute.wait(job, poll_s=0.5) is JobStatus.SUCCEEDED, compute.probe(job)
     ids = output_ids(tmp_path)
@@ -85,11 +85,11 @@ def test_a_replica_bigger_than_any_node_is_refused_at_submit(slurm_swarm: MakeSw
 def test_scancel_of_one_replica_mid_job(slurm_swarm: MakeSwarm, tmp_path: Path) -> None:
     swarm = slurm_swarm(stub_config(replicas=2, engine={"args": ["--latency-ms", "20"]}))
     handle = swarm.up()
-    upstreams = swarm.paths.file("upstreams.conf")
+    upstreams = swarm.paths.upstreams
     assert len(re.findall(r"^server ", upstreams.read_text(), re.M)) == 2
     spec = make_job(tmp_path, 1200, concurrency=8, shards=4)
     compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
-    job = compute.submit(name="chat", command=job_command(spec), nshards=4)
+    job = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=4))
     time.sleep(2)
     assert compute.probe(job).status is JobStatus.RUNNING
     SlurmClient().scancel([f"{handle.meta['replicas_job']}_1"])
@@ -108,9 +108,7 @@ def test_scancel_of_one_replica_mid_job(slurm_swarm: MakeSwarm, tmp_path: Path) 
 HOSTILE_VALUE = "a,b \"double\" 'single'\nsecond line $(touch {m}) `touch {m}`; touch {m}"
 
 
-def test_environment_reaches_the_step_intact_and_secrets_stay_hidden(
-    slurm_swarm: MakeSwarm, tmp_path: Path
-) -> None:
+def test_environment_reaches_the_step_intact_and_secrets_stay_hidden(slurm_swarm: MakeSwarm, tmp_path: Path) -> None:
     secret = "sk-secret-7a1c9e"
     swarm = slurm_swarm(stub_config(replicas=1, api_key=secret))
     handle = swarm.up()
@@ -123,11 +121,13 @@ def test_environment_reaches_the_step_intact_and_secrets_stay_hidden(
     )
     compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
     job = compute.submit(
-        name="env",
-        command=[PY, "-c", code, str(out)],
-        env={"WEIRD": value},
-        secret_env={"MY_TOKEN": secret + "-2"},
-        detach=False,
+        JobRequest(
+            name="env",
+            command=[PY, "-c", code, str(out)],
+            env={"WEIRD": value},
+            secret_env={"MY_TOKEN": secret + "-2"},
+            detach=False,
+        )
     )
     assert compute.probe(job).status is JobStatus.SUCCEEDED
     weird, token, key, model, endpoint = eval(out.read_text())  # our own repr
@@ -150,7 +150,7 @@ def test_usr1_reaches_job_steps_and_a_preempted_shard_resumes(slurm_swarm: MakeS
     handle = swarm.up()
     spec = make_job(tmp_path, 2000, concurrency=4, drain_seconds=1)
     compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
-    job = compute.submit(name="chat", command=job_command(spec), nshards=1, shard_id=0)
+    job = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=1, shard_id=0))
     shard_dir = tmp_path / "job" / "shards" / "00000"
     deadline = time.monotonic() + 30
     while not list(shard_dir.glob("part-*.parquet")) and time.monotonic() < deadline:
@@ -161,7 +161,7 @@ def test_usr1_reaches_job_steps_and_a_preempted_shard_resumes(slurm_swarm: MakeS
     assert probe.exit_code == 75, probe  # the job runner's "requeue": flushed, resumable
     assert list(shard_dir.glob("part-*.parquet")), "the ledger was flushed"
     assert not (tmp_path / "out.parquet").exists()
-    again = compute.submit(name="chat", command=job_command(spec), nshards=1, shard_id=0, detach=False)
+    again = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=1, shard_id=0, detach=False))
     assert compute.probe(again).status is JobStatus.SUCCEEDED
     assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(2000)]
 
@@ -170,7 +170,7 @@ def test_probe_cancel_and_reattach_by_external_id(slurm_swarm: MakeSwarm) -> Non
     swarm = slurm_swarm(stub_config(replicas=1))
     handle = swarm.up()
     compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
-    job = compute.submit(name="sleep", command=[PY, "-c", "import time; time.sleep(120)"])
+    job = compute.submit(JobRequest(name="sleep", command=[PY, "-c", "import time; time.sleep(120)"]))
     other = SlurmCompute(swarm.cfg, swarm.paths, handle)  # another process would rebuild it from state
     from prefect_swarm.interfaces import JobHandle
 
@@ -183,17 +183,31 @@ def test_probe_cancel_and_reattach_by_external_id(slurm_swarm: MakeSwarm) -> Non
 
 def test_submit_waits_for_the_allocation_and_reports_why_it_never_ran(slurm_swarm: MakeSwarm) -> None:
     # an exclusive job of ours holds the node: both swarm jobs stay PENDING until it is cancelled
-    blocker = subprocess.run(
-        ["sbatch", "--parsable", "--exclusive", "--time=5:00", f"--job-name=psw-{unique_name()}-blocker",
-         "--output=/dev/null", "--wrap", "sleep 300"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip().split(";")[0]
+    blocker = (
+        subprocess.run(
+            [
+                "sbatch",
+                "--parsable",
+                "--exclusive",
+                "--time=5:00",
+                f"--job-name=psw-{unique_name()}-blocker",
+                "--output=/dev/null",
+                "--wrap",
+                "sleep 300",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
     try:
         swarm = slurm_swarm(stub_config(replicas=1, backend={"queue_timeout_s": 3}))
         handle = swarm.handle = swarm.serving.create_or_update(swarm.cfg)
         t0 = time.monotonic()
         with pytest.raises(CapacityError, match=r"PENDING \((Resources|Priority)\)") as err:
-            SlurmCompute(swarm.cfg, swarm.paths, handle).submit(name="early", command=[PY, "-c", "pass"])
+            SlurmCompute(swarm.cfg, swarm.paths, handle).submit(JobRequest(name="early", command=[PY, "-c", "pass"]))
         assert 3 <= time.monotonic() - t0 < 3 + 15
         assert "queue_timeout_s" in str(err.value)
         assert len(our_jobs(swarm.cfg).splitlines()) == 2, "a job that cannot start leaves the swarm alone"
@@ -202,7 +216,7 @@ def test_submit_waits_for_the_allocation_and_reports_why_it_never_ran(slurm_swar
         compute = SlurmCompute(swarm.cfg.model_copy(update={"backend": backend}), swarm.paths, handle)
         timer = threading.Timer(2.0, SlurmClient().scancel, args=([blocker],))
         timer.start()
-        job = compute.submit(name="late", command=[PY, "-c", "import os; print(os.environ['ENDPOINT'])"])
+        job = compute.submit(JobRequest(name="late", command=[PY, "-c", "import os; print(os.environ['ENDPOINT'])"]))
         assert compute.wait(job, poll_s=0.3) is JobStatus.SUCCEEDED, compute.probe(job)
     finally:
         SlurmClient().scancel([blocker])
@@ -212,13 +226,13 @@ def test_submit_waits_for_the_allocation_and_reports_why_it_never_ran(slurm_swar
     swarm.down()
     t0 = time.monotonic()
     with pytest.raises(BackendError, match="no Slurm job in the queue"):
-        compute.submit(name="gone", command=[PY, "-c", "pass"])
+        compute.submit(JobRequest(name="gone", command=[PY, "-c", "pass"]))
     assert time.monotonic() - t0 < 10
 
 
 @pytest.mark.vllm
 def test_vllm_cpu_swarm_on_slurm(slurm_swarm: MakeSwarm, need_vllm: None, tmp_path: Path) -> None:
-    from prefect_swarm.testing.services import VLLM_ARGS, VLLM_ENV, tiny_model, vllm_python
+    from services import VLLM_ARGS, VLLM_ENV, tiny_model, vllm_python
 
     cfg = stub_config(
         replicas=1,
@@ -240,7 +254,7 @@ def test_vllm_cpu_swarm_on_slurm(slurm_swarm: MakeSwarm, need_vllm: None, tmp_pa
     assert st.phase is ServingPhase.RUNNING and st.healthy == 1
     spec = make_job(tmp_path, 40, concurrency=4, shards=4)
     compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
-    job = compute.submit(name="chat", command=job_command(spec), nshards=4, detach=False)
+    job = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=4, detach=False))
     assert compute.probe(job).status is JobStatus.SUCCEEDED
     assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(40)]
     swarm.down()

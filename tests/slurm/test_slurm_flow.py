@@ -23,7 +23,7 @@ from stack import PrefectStack, job_variables
 
 from prefect_swarm.backends.slurm.client import SlurmClient
 from prefect_swarm.state import StateStore
-from prefect_swarm.testing.services import free_port_block
+from prefect_swarm.testing import free_port_block
 from prefect_swarm.testing.stub_engine import engine_command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.prefect_server, pytest.mark.slow]
@@ -126,7 +126,9 @@ def test_cancel_clears_the_slurm_queue_within_30s(
     def shards_running() -> bool:
         rec = store.get_swarm(swarm_name)
         jobs = store.list_jobs(swarm_name)
-        return rec is not None and rec.phase == "RUNNING" and sum(j.status == "RUNNING" for j in jobs) == 2
+        running = [j for j in jobs if j.status == "RUNNING"]  # one record per job, one submission per shard
+        subs = (running[0].handle or {}).get("submissions", []) if len(running) == 1 else []
+        return rec is not None and rec.phase == "RUNNING" and len(subs) == 2
 
     wait_for(shards_running, 300, what="swarm RUNNING with both shard steps", step_s=0.5)
     time.sleep(3)

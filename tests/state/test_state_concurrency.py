@@ -60,7 +60,5 @@ def test_twenty_processes_lose_nothing(tmp_path: Path) -> None:
     assert all(r.handle == {"name": n, "backend": "local"} for n, r in swarms.items())
     jobs = {j.id: j for j in store.list_jobs()}
     assert set(jobs) == {f"j{i}-{k}" for i, k in kept}
-    assert all(
-        j.status == "SUCCEEDED" and j.progress == {"done": int(j.id.split("-")[1])} for j in jobs.values()
-    )
+    assert all(j.status == "SUCCEEDED" and j.progress == {"done": int(j.id.split("-")[1])} for j in jobs.values())
     assert store.journal_mode == "wal"

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'prefect-swarm[lepton]'"
+INSTALL_HINT = "pip install 'prefect-swarm[lepton]' && pip install --no-deps 'leptonai==0.47.1'"
 TRANSIENT_STATUSES = frozenset({429, 502, 503, 504})
 LABEL_SWARM = "prefect-swarm-swarm"
 LABEL_JOB = "prefect-swarm-job"
@@ -109,9 +109,7 @@ def auth_error(workspace_id: str, url: str, status: int | None, token_env: str) 
     )
 
 
-def map_lepton_error(
-    exc: BaseException, *, what: str, workspace_id: str, url: str, token_env: str
-) -> Exception:
+def map_lepton_error(exc: BaseException, *, what: str, workspace_id: str, url: str, token_env: str) -> Exception:
     """Translate an SDK/transport failure of ``what`` into our exception tree (the cause is kept)."""
     import requests
 
@@ -132,15 +130,13 @@ def map_lepton_error(
         )
     if status in TRANSIENT_STATUSES:
         return BackendError(
-            f"the Lepton API stayed unavailable while trying to {what} (HTTP {status}, workspace "
-            f"'{workspace_id}').",
+            f"the Lepton API stayed unavailable while trying to {what} (HTTP {status}, workspace '{workspace_id}').",
             stderr=_api_message(exc),
             hint="the call was retried with backoff; try again later or check the workspace status.",
         )
     if status is not None:
         return BackendError(
-            f"the Lepton API refused to {what} (HTTP {status}, workspace '{workspace_id}'): "
-            f"{_api_message(exc)}",
+            f"the Lepton API refused to {what} (HTTP {status}, workspace '{workspace_id}'): {_api_message(exc)}",
             hint="the message above is the API's; fix the named field in the backend config."
             if status < 500
             else "a server-side error; retry later.",
@@ -287,11 +283,7 @@ def affinity(cfg: LeptonConfig) -> Any:
     """SDK affinity restricting scheduling to ``backend.node_groups`` (None when unset)."""
     from leptonai.api.v2.types.affinity import LeptonResourceAffinity
 
-    return (
-        LeptonResourceAffinity(allowed_dedicated_node_groups=list(cfg.node_groups))
-        if cfg.node_groups
-        else None
-    )
+    return LeptonResourceAffinity(allowed_dedicated_node_groups=list(cfg.node_groups)) if cfg.node_groups else None
 
 
 def secret_name(swarm: str, key: str) -> str:

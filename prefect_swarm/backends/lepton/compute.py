@@ -13,7 +13,6 @@ import logging
 import re
 import secrets
 import shlex
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +27,8 @@ from prefect_swarm.backends.lepton.client import (
     under_mount,
 )
 from prefect_swarm.exceptions import ConfigError, PrefectSwarmError
-from prefect_swarm.interfaces import DefaultComputeMixin, JobHandle, JobProbe, JobStatus
+from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus
+from prefect_swarm.interfaces.jobenv import API_KEY, HOME
 
 if TYPE_CHECKING:
     from prefect_swarm.config import LeptonConfig, SwarmConfig
@@ -56,8 +56,10 @@ JOB_STATUSES: dict[str, JobStatus | None] = {
 }
 """Every ``LeptonJobState`` value -> our status; None means "look closer" (tests cover the enum)."""
 
-API_KEY_ENV = "PREFECT_SWARM_API_KEY"
 MAX_NAME = 36
+IMAGE_PYTHON = "python3"
+"""The interpreter job commands name: images built for Python (vllm/vllm-openai among them) ship
+``python3``; a bare ``python`` is not guaranteed, and this machine's interpreter path means nothing there."""
 
 
 def job_status(state: str | None, succeeded: int = 0, failed: int = 0) -> JobStatus | None:
@@ -81,16 +83,7 @@ def job_names(name: str, count: int, suffix: str | None = None) -> tuple[str, li
     return group, [f"{group}-{i}" for i in range(count)]
 
 
-def aggregate(statuses: Sequence[JobStatus]) -> JobStatus:
-    """One status for a fanned-out job: unfinished while any shard is (so wait() leaves nothing running),
-    then failed beats cancelled beats succeeded."""
-    for status in (JobStatus.RUNNING, JobStatus.PENDING, JobStatus.FAILED, JobStatus.CANCELLED):
-        if status in statuses:
-            return status
-    return JobStatus.SUCCEEDED
-
-
-class LeptonCompute(DefaultComputeMixin):
+class LeptonCompute(ComputeBase):
     """Lepton batch jobs for the shards of a swarm's jobs."""
 
     def __init__(self, cfg: SwarmConfig, paths: SwarmPaths, serving: ServingHandle | None = None) -> None:
@@ -100,84 +93,35 @@ class LeptonCompute(DefaultComputeMixin):
         self.backend: LeptonConfig = cfg.backend  # type: ignore[assignment]
         self.client = LeptonClient(self.backend)
 
-    # ---------------------------------------------------------------- defaults
-    def default_python(self) -> str:
-        """The interpreter inside the job image."""
-        return "python"
-
-    def default_image(self) -> str:
-        """The job image: ``backend.job_image``, else the endpoint's image."""
-        return self.backend.job_image or self.backend.image
-
-    def default_resources(self) -> dict[str, Any]:
-        """One worker of ``backend.job_resource_shape``."""
-        return {"resource_shape": self.backend.job_resource_shape}
-
-    def default_env(self) -> dict[str, str]:
-        """The swarm's env plus where the endpoint is; no PREFECT_SWARM_HOME (the container has its own)."""
+    def job_runtime(self) -> JobRuntime:
+        """``python3`` in ``backend.job_image`` (else the endpoint's image); the swarm's env and, as
+        ``PREFECT_SWARM_HOME``, ``backend.shared_path`` (the container has no home of ours)."""
         env = dict(self.cfg.env)
-        if self.serving is not None and self.serving.url:
-            urls = self.serving.meta.get("replica_urls") or [self.serving.url]
-            env.setdefault("ENDPOINT", self.serving.url)
-            env.setdefault("PREFECT_SWARM_ENDPOINTS", ",".join(urls))
-        env.setdefault("MODEL", self.cfg.model_name)
         if self.backend.shared_path:
-            env.setdefault("PREFECT_SWARM_HOME", self.backend.shared_path)
-        return env
+            env.setdefault(HOME, self.backend.shared_path)
+        return JobRuntime(python=IMAGE_PYTHON, env=env, image=self.backend.job_image or self.backend.image)
 
     # ---------------------------------------------------------------- protocol
-    def submit(
-        self,
-        *,
-        name: str,
-        command: Sequence[str],
-        env: Mapping[str, str] | None = None,
-        secret_env: Mapping[str, str] | None = None,
-        resources: Mapping[str, Any] | None = None,
-        detach: bool = True,
-        nshards: int = 1,
-        shard_id: int | None = None,
-        workdir: str | None = None,
-    ) -> JobHandle:
-        """Create one Lepton job per shard (or just ``shard_id``); returns at once unless detach=False."""
-        if not command:
-            raise ConfigError("submit: command is empty; pass the argv of the job process.")
-        self._check_shared(command)
-        shards = list(range(nshards)) if shard_id is None and nshards > 1 else [shard_id or 0]
-        group, names = job_names(name, len(shards))
-        base_env = {**self.default_env(), **(env or {})}
-        refs = self._secret_refs(secret_env or {})
-        shape = dict(resources or {}).get("resource_shape") or self.backend.job_resource_shape
+    def _launch(self, request: JobRequest) -> JobHandle:
+        """Create one Lepton job per shard (or just ``shard_id``); returns at once."""
+        self._check_shared(request.command)
+        shards = request.shards()
+        group, names = job_names(request.name, len(shards))
+        refs, stored = self._secrets(request)
+        for secret, value in stored.items():
+            self.client.upsert_secret(secret, value)
         for shard, job_id in zip(shards, names, strict=True):
-            argv = (
-                self.shard_argv(command, nshards, shard)
-                if nshards > 1 or shard_id is not None
-                else list(command)
-            )
-            shard_env = {
-                **base_env,
-                "PREFECT_SWARM_SHARD_ID": str(shard),
-                "PREFECT_SWARM_NSHARDS": str(nshards),
-            }
-            spec = self._spec(job_id, name, _with_workdir(argv, workdir), shard_env, refs, shape)
+            spec = self.job_spec(request, job_id, shard, refs)
             log.info(
-                "creating Lepton job '%s' (shard %d/%d): %s", job_id, shard, nshards, self.printable(argv)
+                "creating Lepton job '%s' (shard %d/%d): %s",
+                job_id,
+                shard,
+                request.nshards,
+                spec.spec.container.command,
             )
             self.client.call(f"create job '{job_id}'", lambda api, s: api.job.create(s), spec)
-        handle = JobHandle(
-            id=group if len(names) > 1 else names[0],
-            backend="lepton",
-            name=name,
-            meta={
-                "jobs": names,
-                "shards": shards,
-                "nshards": nshards,
-                "workspace_id": self.backend.workspace_id,
-            },
-        )
-        if not detach:
-            self.wait(handle)
-        return handle
+        meta = {"jobs": names, "shards": shards, "nshards": request.nshards, "workspace_id": self.backend.workspace_id}
+        return JobHandle(id=group if len(names) > 1 else names[0], backend="lepton", name=request.name, meta=meta)
 
     def probe(self, handle: JobHandle) -> JobProbe:
         """Each Lepton job's state, combined; ``error`` set when the API could not tell."""
@@ -185,9 +129,7 @@ class LeptonCompute(DefaultComputeMixin):
         details: list[str] = []
         for jid in _ids(handle):
             try:
-                job = self.client.call(
-                    f"read job '{jid}'", lambda api, j: api.job.get(j), jid, missing_ok=True
-                )
+                job = self.client.call(f"read job '{jid}'", lambda api, j: api.job.get(j), jid, missing_ok=True)
             except PrefectSwarmError as exc:
                 return JobProbe(status=None, error=str(exc).splitlines()[0])
             if job is None:
@@ -201,22 +143,21 @@ class LeptonCompute(DefaultComputeMixin):
                 return JobProbe(status=None, error=f"Lepton job '{jid}' is in state {state!r}", detail=state)
             statuses.append(status)
             details.append(f"{jid}: {state}")
-        status = aggregate(statuses)
+        status = JobStatus.combine(statuses)
         # Lepton reports no exit codes; a Completed job's containers all exited 0.
         return JobProbe(
             status=status, exit_code=0 if status is JobStatus.SUCCEEDED else None, detail="; ".join(details)
         )
 
-    def wait(self, handle: JobHandle, stream_logs: bool = False, poll_s: float = 1.0) -> JobStatus:
-        """Block until every Lepton job of ``handle`` has finished; log their output with stream_logs."""
-        while True:
-            probe = self.probe(handle)
-            if probe.status is not None and probe.status.finished:
-                if stream_logs:
-                    for line in self.logs(handle).splitlines():
-                        log.info("%s", line)
-                return probe.status
-            time.sleep(poll_s)
+    def _follow(self, handle: JobHandle) -> Follow:
+        """The API serves a job's whole log: print it once the job has finished."""
+
+        def follow(finished: bool) -> None:
+            if finished:
+                for line in self.logs(handle).splitlines():
+                    log.info("%s", line)
+
+        return follow
 
     def cancel(self, handle: JobHandle) -> None:
         """Stop every Lepton job of ``handle`` (kept for its state and logs). Idempotent."""
@@ -262,45 +203,48 @@ class LeptonCompute(DefaultComputeMixin):
                 raise ConfigError(
                     f"the job spec {value} is not on the storage Lepton jobs mount (mount_path: {mounts_}); "
                     f"the job could not read it. Put the job folder under backend.shared_path "
-                    f"({self.backend.shared_path}), e.g. by setting PREFECT_SWARM_HOME there."
+                    f"({self.backend.shared_path}), e.g. by setting {HOME} there."
                 )
 
-    def _secret_refs(self, secret_env: Mapping[str, str]) -> dict[str, str]:
-        """Env name -> Lepton secret name; values are stored as workspace secrets, never in the spec."""
-        values = dict(secret_env)
+    def _secrets(self, request: JobRequest) -> tuple[dict[str, str], dict[str, str]]:
+        """(env name -> Lepton secret name, secret name -> value to store): values go to workspace
+        secrets, never into a spec. The swarm's API key is the endpoint token: with
+        ``backend.endpoint_token_secret`` the job reads it from that secret, never from a copy."""
+        values = self.job_secret_env(request)
         token_secret = self.backend.endpoint_token_secret
-        if API_KEY_ENV not in values and self.cfg.api_key is not None and not token_secret:
-            values[API_KEY_ENV] = self.cfg.api_key.get_secret_value()
         refs: dict[str, str] = {}
-        if token_secret and (API_KEY_ENV not in values or self._is_endpoint_token(values[API_KEY_ENV])):
-            values.pop(API_KEY_ENV, None)
-            refs[API_KEY_ENV] = token_secret
-        for key, value in values.items():
-            refs[key] = secret_name(self.cfg.name, key)
-            self.client.upsert_secret(refs[key], value)
-        return refs
+        if token_secret and (API_KEY not in values or self._is_endpoint_token(values[API_KEY])):
+            values.pop(API_KEY, None)
+            refs[API_KEY] = token_secret
+        refs.update({key: secret_name(self.cfg.name, key) for key in values})
+        return refs, {refs[key]: value for key, value in values.items()}
+
+    def secret_names(self, request: JobRequest) -> dict[str, str]:
+        """Env name -> the Lepton secret a job of ``request`` reads it from (stores nothing)."""
+        return self._secrets(request)[0]
 
     def _is_endpoint_token(self, value: str) -> bool:
         return self.cfg.api_key is None or self.cfg.api_key.get_secret_value() == value
 
-    def _spec(
-        self, job_id: str, name: str, argv: list[str], env: dict[str, str], refs: dict[str, str], shape: str
-    ) -> Any:
+    def job_spec(self, request: JobRequest, job_id: str, shard: int, refs: Mapping[str, str]) -> Any:
+        """The SDK spec of shard ``shard``'s Lepton job: secrets only as references (``refs``)."""
         from leptonai.api.v2.types.common import Metadata
         from leptonai.api.v2.types.deployment import LeptonContainer
         from leptonai.api.v2.types.job import LeptonJob, LeptonJobUserSpec
 
-        b = self.backend
-        label = re.sub(r"[^A-Za-z0-9._-]", "-", name)[:63].strip("-._") or "job"
+        b, runtime = self.backend, self.job_runtime()
+        label = re.sub(r"[^A-Za-z0-9._-]", "-", request.name)[:63].strip("-._") or "job"
         return LeptonJob(
             metadata=Metadata(id=job_id, name=job_id, labels={LABEL_SWARM: self.cfg.name, LABEL_JOB: label}),
             spec=LeptonJobUserSpec(
-                resource_shape=shape,
+                resource_shape=request.resources.get("resource_shape") or b.job_resource_shape,
                 affinity=affinity(b),
-                container=LeptonContainer(image=self.default_image(), command=argv),
+                container=LeptonContainer(
+                    image=runtime.image, command=_with_workdir(request.argv(shard), request.workdir or runtime.workdir)
+                ),
                 completions=1,
                 parallelism=1,
-                envs=env_vars(env, refs),
+                envs=env_vars(self.job_env(request, shard), refs),
                 mounts=mounts(b),
                 image_pull_secrets=list(b.image_pull_secrets),
             ),

@@ -8,6 +8,7 @@ Lepton secret named by ``backend.endpoint_token_secret``; it reaches no log or s
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -23,17 +24,11 @@ from prefect_swarm.backends.lepton.client import (
     secret_prefix,
     validate_lepton,
 )
+from prefect_swarm.backends.lepton.compute import LeptonCompute
 from prefect_swarm.exceptions import BackendError, CapacityError, PrefectSwarmError, ReadinessError
-from prefect_swarm.interfaces import (
-    Capabilities,
-    Capability,
-    ReplicaHealth,
-    ReplicaStatus,
-    ServingHandle,
-    ServingPhase,
-    ServingStatus,
-)
+from prefect_swarm.interfaces import Capabilities, Capability, JobRequest, ServingHandle
 from prefect_swarm.interfaces.readiness import check_chat
+from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
 
 if TYPE_CHECKING:
     from prefect_swarm.config import LeptonConfig, SwarmConfig
@@ -57,6 +52,8 @@ DEPLOYMENT_PHASES: dict[str, ServingPhase] = {
 }
 """Every ``LeptonDeploymentState`` value -> our phase (tests check the table covers the enum)."""
 
+MASK = "***"
+"""Stands for a secret in the rendered plan."""
 QUEUED_REASONS = frozenset({"NoCapacity", "Queueing"})
 FATAL_REASONS = frozenset({"ConfigError"})
 DELETE_WAIT_S = 60.0
@@ -88,19 +85,9 @@ class LeptonServing:
     # ---------------------------------------------------------------- protocol
     def capabilities(self) -> Capabilities:
         """Lepton balances and replaces replicas itself; it sends no preemption signal."""
-        return Capabilities(
-            backend="lepton",
-            supported=frozenset(
-                {
-                    Capability.LOAD_BALANCER,
-                    Capability.GPU_REQUEST,
-                    Capability.MULTI_NODE,
-                    Capability.DETACHED_JOBS,
-                    Capability.SHARED_STORAGE,
-                    Capability.CONTAINERS,
-                }
-            ),
-            missing={
+        return Capabilities.all_but(
+            "lepton",
+            {
                 Capability.WATCHDOG: "Lepton replaces replicas itself",
                 Capability.PREEMPTION_SIGNAL: "Lepton sends jobs no preemption signal; a retried job resumes "
                 "from its ledger",
@@ -109,12 +96,21 @@ class LeptonServing:
             },
         )
 
-    def validate(self, cfg: SwarmConfig | None = None) -> None:
-        """Refuse a config this backend cannot run (no SDK, no token, no shared mount). Calls nothing."""
-        cfg = cfg or self.cfg
+    def validate(self, cfg: SwarmConfig) -> None:
+        """Refuse a config this backend cannot run (no SDK, no shared mount). Needs no token, calls nothing."""
         validate_lepton(cfg.backend)  # type: ignore[arg-type]
         import_sdk()
-        LeptonClient(cfg.backend).token()  # type: ignore[arg-type]
+
+    def plan(self) -> dict[str, str]:
+        """The deployment spec ``up`` sends and the template of a job's spec, as JSON; secrets masked."""
+        job = LeptonCompute(self.cfg, self.paths, None)
+        request = JobRequest(
+            name="<job>", command=job.job_runtime().module_argv("prefect_swarm.jobs.run", "--spec", "<spec.json>")
+        )
+        return {
+            "deployment.json": _json(self._spec(self.cfg, mask=True)),
+            "job-template.json": _json(job.job_spec(request, "<job>-<rand>-0", 0, refs=job.secret_names(request))),
+        }
 
     def create_or_update(self, cfg: SwarmConfig) -> ServingHandle:
         """Create the deployment, or update its spec when it already exists (never a duplicate)."""
@@ -133,16 +129,12 @@ class LeptonServing:
         spec = self._spec(cfg)
         if existing is None:
             log.info("creating Lepton deployment '%s' in workspace '%s'", name, self.backend.workspace_id)
-            dep = self.client.call(
-                f"create deployment '{name}'", lambda api: api.deployment.create_with_response(spec)
-            )
+            dep = self.client.call(f"create deployment '{name}'", lambda api: api.deployment.create_with_response(spec))
             if not hasattr(dep, "status"):  # an old server answered with an empty body
                 dep = self._get(name)
         else:
             log.info("updating Lepton deployment '%s' in workspace '%s'", name, self.backend.workspace_id)
-            dep = self.client.call(
-                f"update deployment '{name}'", lambda api: api.deployment.update(name, spec)
-            )
+            dep = self.client.call(f"update deployment '{name}'", lambda api: api.deployment.update(name, spec))
         return self._handle(name, dep)
 
     def wait_ready(self, handle: ServingHandle, timeout_s: float) -> ServingStatus:
@@ -195,15 +187,13 @@ class LeptonServing:
         """Delete the deployment, the swarm's jobs and secrets. Idempotent; waits until it is gone."""
         name = handle.name
         self._delete_jobs(name)
-        self.client.call(
-            f"delete deployment '{name}'", lambda api: api.deployment.delete(name), missing_ok=True
-        )
+        self.client.call(f"delete deployment '{name}'", lambda api: api.deployment.delete(name), missing_ok=True)
         if not self._wait_gone(name):
             log.warning("Lepton deployment '%s' is still being deleted after %.0fs", name, DELETE_WAIT_S)
         self.client.delete_secrets(secret_prefix(name))
 
     # ---------------------------------------------------------------- internals
-    def _spec(self, cfg: SwarmConfig) -> Any:
+    def _spec(self, cfg: SwarmConfig, mask: bool = False) -> Any:
         from leptonai.api.v2.types.common import Metadata
         from leptonai.api.v2.types.deployment import (
             ContainerPort,
@@ -219,9 +209,10 @@ class LeptonServing:
         if b.endpoint_token_secret:
             tokens = [TokenVar(value_from=TokenValue(token_name_ref=b.endpoint_token_secret))]
         elif cfg.api_key is not None:
-            tokens = [TokenVar(value=cfg.api_key.get_secret_value())]
+            tokens = [TokenVar(value=MASK if mask else cfg.api_key.get_secret_value())]
         else:
             tokens = []
+        if not tokens and not mask:
             log.warning(
                 "Lepton endpoint '%s' will accept requests without a token: set api_key or "
                 "backend.endpoint_token_secret to require one",
@@ -248,9 +239,7 @@ class LeptonServing:
         )
 
     def _get(self, name: str) -> Any:
-        return self.client.call(
-            f"read deployment '{name}'", lambda api: api.deployment.get(name), missing_ok=True
-        )
+        return self.client.call(f"read deployment '{name}'", lambda api: api.deployment.get(name), missing_ok=True)
 
     def _handle(self, name: str, dep: Any) -> ServingHandle:
         endpoint = getattr(getattr(dep, "status", None), "endpoint", None)
@@ -305,13 +294,9 @@ class LeptonServing:
     def _evidence(self, name: str) -> str:
         lines: list[str] = []
         try:
-            events = self.client.call(
-                "read events", lambda api: api.deployment.get_events(name), missing_ok=True
-            )
+            events = self.client.call("read events", lambda api: api.deployment.get_events(name), missing_ok=True)
             lines += [f"event {e.type_} {e.reason} x{e.count}" for e in (events or [])[-10:]]
-            reps = self.client.call(
-                "list replicas", lambda api: api.deployment.get_replicas(name), missing_ok=True
-            )
+            reps = self.client.call("list replicas", lambda api: api.deployment.get_replicas(name), missing_ok=True)
             for rep in (reps or [])[:2]:
                 text = (
                     self.client.call(
@@ -327,16 +312,12 @@ class LeptonServing:
         return "\n".join(lines)
 
     def _delete_jobs(self, name: str) -> None:
-        jobs = (
-            self.client.call("list jobs", lambda api: api.job.list_all(query=f"{LABEL_SWARM}={name}")) or []
-        )
+        jobs = self.client.call("list jobs", lambda api: api.job.list_all(query=f"{LABEL_SWARM}={name}")) or []
         for job in jobs:
             labels = job.metadata.labels or {}
             if labels.get(LABEL_SWARM) == name:
                 jid = job.metadata.id_
-                self.client.call(
-                    f"delete job '{jid}'", lambda api, j: api.job.delete(j), jid, missing_ok=True
-                )
+                self.client.call(f"delete job '{jid}'", lambda api, j: api.job.delete(j), jid, missing_ok=True)
 
     def _wait_gone(self, name: str) -> bool:
         deadline = time.monotonic() + DELETE_WAIT_S
@@ -345,6 +326,10 @@ class LeptonServing:
                 return False
             time.sleep(min(1.0, self.backend.ready_poll_s))
         return True
+
+
+def _json(spec: Any) -> str:
+    return json.dumps(spec.model_dump(mode="json", by_alias=True, exclude_none=True), indent=2) + "\n"
 
 
 def _state(dep: Any) -> str:

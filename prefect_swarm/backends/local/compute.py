@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
+import shlex
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.backends.local.processes import ProcRef, stop
+from prefect_swarm.backends.common import LogFollower
+from prefect_swarm.backends.local.processes import ProcRef, spawn, stop
 from prefect_swarm.exceptions import StateError
-from prefect_swarm.interfaces import DefaultComputeMixin, JobHandle, JobProbe, JobStatus
+from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus, jobenv
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
 
 if TYPE_CHECKING:
@@ -40,100 +40,49 @@ if TYPE_CHECKING:
 CANCEL_GRACE_S = 10.0
 """Seconds a job process gets to flush after SIGTERM before SIGKILL."""
 
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-"""Processes started by this process, kept so their Popen objects are not collected while running."""
 
-
-class LocalCompute(DefaultComputeMixin):
+class LocalCompute(ComputeBase):
     """ComputeBackend running job processes on this machine."""
 
     backend = "local"
 
-    def __init__(
-        self, cfg: SwarmConfig, paths: SwarmPaths, serving_handle: ServingHandle | None = None
-    ) -> None:
+    def __init__(self, cfg: SwarmConfig, paths: SwarmPaths, serving_handle: ServingHandle | None = None) -> None:
         self.cfg = cfg
         self.paths = paths
         self.serving = serving_handle
 
-    # ------------------------------------------------------------------ environment
-    def swarm_env(self) -> dict[str, str]:
-        """ENDPOINT, MODEL and PREFECT_SWARM_ENDPOINTS for the swarm behind the serving handle."""
-        env = {"MODEL": self.cfg.model_name}
-        if self.serving is not None and self.serving.url:
-            urls = list(self.serving.meta.get("replica_urls") or [self.serving.url])
-            env.update(ENDPOINT=self.serving.url, PREFECT_SWARM_ENDPOINTS=",".join(urls))
-        return env
-
-    def _process_env(
-        self, env: Mapping[str, str] | None, secret_env: Mapping[str, str] | None, shard_id: int, nshards: int
-    ) -> dict[str, str]:
-        secrets = dict(secret_env or {})
-        if self.cfg.api_key is not None:
-            secrets.setdefault("PREFECT_SWARM_API_KEY", self.cfg.api_key.get_secret_value())
-        return {
-            **os.environ,
-            **self.default_env(),
-            **self.swarm_env(),
-            **(env or {}),
-            **secrets,
-            "PREFECT_SWARM_SHARD_ID": str(shard_id),
-            "PREFECT_SWARM_NSHARDS": str(nshards),
-        }
+    def job_runtime(self) -> JobRuntime:
+        """This interpreter, on this machine; the swarm's env and ``PREFECT_SWARM_HOME``."""
+        env = {jobenv.HOME: os.environ.get(jobenv.HOME, ""), **self.cfg.env}
+        return JobRuntime(python=sys.executable, env={k: v for k, v in env.items() if v})
 
     # ------------------------------------------------------------------ submit
-    def submit(
-        self,
-        *,
-        name: str,
-        command: Sequence[str],
-        env: Mapping[str, str] | None = None,
-        secret_env: Mapping[str, str] | None = None,
-        resources: Mapping[str, Any] | None = None,
-        detach: bool = True,
-        nshards: int = 1,
-        shard_id: int | None = None,
-        workdir: str | None = None,
-    ) -> JobHandle:
-        """Start one process per shard (see ComputeBackend.submit); ``resources`` are not enforced locally."""
-        if not command:
-            raise ValueError("submit needs a command")
-        if nshards < 1 or (shard_id is not None and not 0 <= shard_id < nshards):
-            raise ValueError(f"shard_id {shard_id} is not in range for nshards={nshards}")
-        job_id = f"{_slug(name)}-{uuid.uuid4().hex[:8]}"
+    def _launch(self, request: JobRequest) -> JobHandle:
+        """Start one process per shard; ``resources`` are not enforced locally."""
+        job_id = f"{_slug(request.name)}-{uuid.uuid4().hex[:8]}"
         jp = JobPaths(self.paths.job_dir(job_id)).ensure()
-        shards = list(range(nshards)) if shard_id is None and nshards > 1 else [shard_id or 0]
+        secrets = self.job_secret_env(request)
         procs = []
-        for i in shards:
-            argv = (
-                list(command) if nshards == 1 and shard_id is None else self.shard_argv(command, nshards, i)
-            )
-            ref = self._start(jp, i, argv, self._process_env(env, secret_env, i, nshards), workdir)
-            procs.append({"shard_id": i, **ref.to_dict(), "command": self.printable(argv)})
+        for i in request.shards():
+            argv = request.argv(i)
+            env = {**os.environ, **self.job_env(request, i), **secrets}
+            ref = self._start(jp, i, argv, env, request.workdir)
+            procs.append({"shard_id": i, **ref.to_dict(), "command": shlex.join(argv)})
         record = {
             "id": job_id,
-            "name": name,
-            "nshards": nshards,
+            "name": request.name,
+            "nshards": request.nshards,
             "shards": procs,
-            "workdir": workdir,
+            "workdir": request.workdir,
             "job_dir": str(jp.root),
             "submitted_at": time.time(),
             "cancelled_at": None,
         }
         atomic_write_json(jp.launch, record)
-        handle = JobHandle(
-            id=job_id,
-            backend=self.backend,
-            name=name,
-            meta={"job_dir": str(jp.root), "nshards": nshards, "shards": procs},
-        )
-        if not detach:
-            self.wait(handle)
-        return handle
+        meta = {"job_dir": str(jp.root), "nshards": request.nshards, "shards": procs}
+        return JobHandle(id=job_id, backend=self.backend, name=request.name, meta=meta)
 
-    def _start(
-        self, jp: JobPaths, i: int, argv: list[str], env: dict[str, str], workdir: str | None
-    ) -> ProcRef:
+    def _start(self, jp: JobPaths, i: int, argv: list[str], env: dict[str, str], workdir: str | None) -> ProcRef:
         log, exit_file = jp.log(i), jp.exit_status(i)
         log.parent.mkdir(parents=True, exist_ok=True)
         exit_file.unlink(missing_ok=True)
@@ -146,27 +95,14 @@ class LocalCompute(DefaultComputeMixin):
             "--",
             *argv,
         ]
-        with log.open("ab") as out:
-            proc = subprocess.Popen(
-                wrapped,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=workdir,
-            )
-        _CHILDREN[proc.pid] = proc
-        return ProcRef.of(proc.pid)
+        return spawn(wrapped, env, log, workdir)
 
     # ------------------------------------------------------------------ reattach
     def handle_for(self, job_id: str) -> JobHandle:
         """Rebuild the handle of job ``job_id`` from its launch record (any process, any time)."""
         rec = read_json(JobPaths(self.paths.job_dir(job_id)).launch)
         if not isinstance(rec, dict):
-            raise StateError(
-                f"no local job '{job_id}' under {self.paths.root / 'jobs'} (launch.json missing)."
-            )
+            raise StateError(f"no local job '{job_id}' under {self.paths.root / 'jobs'} (launch.json missing).")
         return JobHandle(
             id=job_id,
             backend=self.backend,
@@ -192,30 +128,10 @@ class LocalCompute(DefaultComputeMixin):
             return JobProbe(status=None, error=f"cannot read job '{handle.id}': {exc}")
         return _aggregate(outcomes, cancelled=bool(launch.get("cancelled_at")))
 
-    def wait(self, handle: JobHandle, stream_logs: bool = False, poll_s: float = 1.0) -> JobStatus:
-        """Poll :meth:`probe` until the job ends; with ``stream_logs`` print new log lines as they come."""
-        offsets: dict[int, int] = {}
-        while True:
-            probe = self.probe(handle)
-            if stream_logs:
-                self._stream(handle, offsets)
-            if probe.status is not None and probe.status.finished:
-                return probe.status
-            time.sleep(poll_s)
-
-    def _stream(self, handle: JobHandle, offsets: dict[int, int]) -> None:
-        jp = self._paths(handle)
-        for sh in self._shards(handle):
-            i = int(sh["shard_id"])
-            try:
-                with jp.log(i).open("rb") as fh:
-                    fh.seek(offsets.get(i, 0))
-                    data = fh.read()
-            except FileNotFoundError:
-                continue
-            offsets[i] = offsets.get(i, 0) + len(data)
-            for line in data.decode("utf-8", "replace").splitlines():
-                print(f"[{handle.name or handle.id} shard {i}] {line}", flush=True)
+    def _follow(self, handle: JobHandle) -> Follow:
+        jp, name = self._paths(handle), handle.name or handle.id
+        shards = [int(sh["shard_id"]) for sh in self._shards(handle)]
+        return LogFollower(lambda: [(f"{name} shard {i}", jp.log(i)) for i in shards])
 
     def cancel(self, handle: JobHandle) -> None:
         """TERM each shard's wrapper (it forwards to the job), KILL its group after a grace. Idempotent."""
@@ -251,11 +167,7 @@ def _shard_outcome(jp: JobPaths, shard: dict[str, Any]) -> tuple[int, str, int |
 
 def _aggregate(outcomes: list[tuple[int, str, int | None]], cancelled: bool) -> JobProbe:
     running = [i for i, state, _ in outcomes if state == "running"]
-    bad = [
-        (i, state, code)
-        for i, state, code in outcomes
-        if state != "running" and (state != "done" or code != 0)
-    ]
+    bad = [(i, state, code) for i, state, code in outcomes if state != "running" and (state != "done" or code != 0)]
     detail = "; ".join(
         f"shard {i} " + (f"exited {code}" if state == "done" else "vanished without an exit status")
         for i, state, code in bad

@@ -11,14 +11,28 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
 
+from prefect_swarm.backends.common import start_logged
+
 _CREATE_TIME_SLACK_S = 0.05
+
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+"""Processes started by this process, kept so their Popen objects are not collected while running."""
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], log: Path, cwd: Path | str | None = None) -> ProcRef:
+    """:func:`start_logged`, kept as a child of this process; its identity-checked reference."""
+    proc = start_logged(argv, env, log, cwd)
+    _CHILDREN[proc.pid] = proc
+    return ProcRef.of(proc.pid)
 
 
 @dataclass(frozen=True)

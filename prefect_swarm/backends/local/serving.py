@@ -12,9 +12,9 @@ reaches replicas only through the watchdog's environment.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -22,20 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.engine import engine_launch
-from prefect_swarm.backends.local.processes import ProcRef, stop
+from prefect_swarm.backends.local.processes import ProcRef, spawn, stop
 from prefect_swarm.config import LocalConfig
 from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
-from prefect_swarm.interfaces import (
-    Capabilities,
-    Capability,
-    ReplicaHealth,
-    ReplicaStatus,
-    ServingHandle,
-    ServingPhase,
-    ServingStatus,
-)
+from prefect_swarm.interfaces import Capabilities, Capability, ServingHandle
 from prefect_swarm.interfaces.readiness import ProbeResult, check_chat, check_health
-from prefect_swarm.paths import atomic_write_json, read_json
+from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
+from prefect_swarm.paths import atomic_write_json, read_json, read_tail
 from prefect_swarm.sidecar.watchdog import WatchdogSpec
 
 if TYPE_CHECKING:
@@ -63,24 +56,29 @@ class LocalServing:
     @property
     def local(self) -> LocalConfig:
         """The local backend section of the config."""
-        if not isinstance(self.cfg.backend, LocalConfig):
-            raise ConfigError(f"LocalServing needs backend.type 'local', not '{self.cfg.backend.type}'.")
-        return self.cfg.backend
+        return _local(self.cfg)
+
+    def validate(self, cfg: SwarmConfig) -> None:
+        """``backend.gpus`` covers every replica, and the engine can take the API key without exposing it."""
+        local = _local(cfg)
+        need = cfg.replicas * cfg.gpus_per_replica
+        if local.gpus is not None and need > len(local.gpus):
+            raise ConfigError(
+                f"backend.gpus lists {len(local.gpus)} GPU(s) but replicas x gpus_per_replica = {need}. "
+                "List more GPUs, or lower replicas or gpus_per_replica."
+            )
+        engine_launch(cfg, host=local.host, port=cfg.port)
+
+    def plan(self) -> dict[str, str]:
+        """The watchdog spec of each replica (its engine command, URL and environment; no secrets)."""
+        specs = {self.paths.watchdog_spec(i).name: self._spec(i).to_dict() for i in range(self.cfg.replicas)}
+        return {name: json.dumps(spec, indent=2, sort_keys=True) + "\n" for name, spec in specs.items()}
 
     def capabilities(self) -> Capabilities:
         """Watchdog, wall time and detached jobs; one machine, no LB, no preemption, no containers."""
-        return Capabilities(
-            backend="local",
-            supported=frozenset(
-                {
-                    Capability.WATCHDOG,
-                    Capability.WALL_TIME,
-                    Capability.DETACHED_JOBS,
-                    Capability.SHARED_STORAGE,
-                    Capability.GPU_REQUEST,
-                }
-            ),
-            missing={
+        return Capabilities.all_but(
+            "local",
+            {
                 Capability.MULTI_NODE: "every replica runs on this machine",
                 Capability.LOAD_BALANCER: "no proxy: clients spread requests over meta['replica_urls']",
                 Capability.PREEMPTION_SIGNAL: "nothing preempts local processes",
@@ -103,9 +101,9 @@ class LocalServing:
     # ------------------------------------------------------------------ create
     def create_or_update(self, cfg: SwarmConfig) -> ServingHandle:
         """Start a watchdog per replica; live replicas with an unchanged spec are left alone."""
+        self.validate(cfg)
         self.cfg = cfg
-        self._check_gpus()
-        launch = engine_launch(cfg, host=self.local.host, port=cfg.port)  # validates secrets early
+        launch = engine_launch(cfg, host=self.local.host, port=cfg.port)
         self.paths.ensure()
         plan = [(self._spec(i), self._watchdog(i)) for i in range(cfg.replicas)]
         stale = [
@@ -138,15 +136,6 @@ class LocalServing:
                 "root": str(self.paths.root),
             },
         )
-
-    def _check_gpus(self) -> None:
-        gpus = self.local.gpus
-        need = self.cfg.replicas * self.cfg.gpus_per_replica
-        if gpus is not None and need > len(gpus):
-            raise ConfigError(
-                f"backend.gpus lists {len(gpus)} GPU(s) but replicas x gpus_per_replica = {need}. "
-                "List more GPUs, or lower replicas or gpus_per_replica."
-            )
 
     def _replica_env(self, i: int) -> dict[str, str]:
         launch = engine_launch(self.cfg, host=self.local.host, port=self.cfg.port + i)
@@ -187,18 +176,7 @@ class LocalServing:
             "--spec",
             str(self.paths.watchdog_spec(i)),
         ]
-        with self.paths.watchdog_log(i).open("ab") as out:
-            proc = subprocess.Popen(
-                argv,
-                env={**os.environ, **secret_env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=self.paths.root,
-            )
-        _CHILDREN[proc.pid] = proc
-        ref = ProcRef.of(proc.pid)
+        ref = spawn(argv, {**os.environ, **secret_env}, self.paths.watchdog_log(i), self.paths.root)
         atomic_write_json(self.paths.watchdog_pid(i), ref.to_dict())
         return ref
 
@@ -288,23 +266,16 @@ class LocalServing:
             )
         if st.phase is ServingPhase.STOPPED:
             raise ReadinessError(
-                f"swarm '{self.cfg.name}' has no running watchdog: it was stopped "
-                "(deleted, or its wall time ran out).",
+                f"swarm '{self.cfg.name}' has no running watchdog: it was stopped (deleted, or its wall time ran out).",
                 hint="bring it up again with `prefect-swarm up`.",
             )
 
     def _ready_status(self, handle: ServingHandle) -> ServingStatus:
         st = self.status(handle)
-        reps = tuple(
-            dataclasses.replace(r, health=ReplicaHealth.HEALTHY, detail="ready") for r in st.replicas
-        )
-        return ServingStatus(
-            ServingPhase.RUNNING, handle.url, f"{len(reps)}/{len(reps)} replicas ready", reps
-        )
+        reps = tuple(dataclasses.replace(r, health=ReplicaHealth.HEALTHY, detail="ready") for r in st.replicas)
+        return ServingStatus(ServingPhase.RUNNING, handle.url, f"{len(reps)}/{len(reps)} replicas ready", reps)
 
-    def _timeout_error(
-        self, handle: ServingHandle, timeout_s: float, last: dict[int, ProbeResult]
-    ) -> ReadinessError:
+    def _timeout_error(self, handle: ServingHandle, timeout_s: float, last: dict[int, ProbeResult]) -> ReadinessError:
         st = self.status(handle)
         waiting = [
             dataclasses.replace(r, detail=f"{r.detail}; last probe: {last[r.index].detail}")
@@ -326,9 +297,7 @@ class LocalServing:
         raw, dog = self._raw(i), self._watchdog(i) is not None
         health = ReplicaHealth(raw.get("health", ReplicaHealth.UNKNOWN.value))
         detail = str(raw.get("detail", "starting" if dog else "not running"))
-        fresh = (
-            time.time() - float(raw.get("updated_at") or 0) < STALE_AFTER_S + 3 * self.local.health_interval_s
-        )
+        fresh = time.time() - float(raw.get("updated_at") or 0) < STALE_AFTER_S + 3 * self.local.health_interval_s
         if _is_failed(raw):
             health = ReplicaHealth.UNHEALTHY
         elif not dog:
@@ -370,8 +339,10 @@ class LocalServing:
             self.paths.watchdog_pid(i).unlink(missing_ok=True)
 
 
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-"""Watchdogs started by this process, kept so their Popen objects are not collected while running."""
+def _local(cfg: SwarmConfig) -> LocalConfig:
+    if not isinstance(cfg.backend, LocalConfig):
+        raise ConfigError(f"LocalServing needs backend.type 'local', not '{cfg.backend.type}'.")
+    return cfg.backend
 
 
 def _is_failed(raw: dict[str, Any]) -> bool:
@@ -382,19 +353,12 @@ def _evidence(reps: list[ReplicaStatus], tail_of: Callable[[int], Path] | None =
     lines = []
     for r in reps:
         lines.append(
-            f"replica {r.index} ({r.url}): {r.detail}; restarts={r.restarts}, "
-            f"last exit code={r.last_exit_code}"
+            f"replica {r.index} ({r.url}): {r.detail}; restarts={r.restarts}, last exit code={r.last_exit_code}"
         )
-        tail = r.log_tail or (_tail(tail_of(r.index)) if tail_of else "")
+        tail = r.log_tail or (read_tail(tail_of(r.index)) if tail_of else "")
         if tail:
             lines.append("  log tail:\n" + "\n".join("    " + ln for ln in tail.splitlines()[-40:]))
     return "\n".join(lines)
-
-
-def _tail(path: Path) -> str:
-    from prefect_swarm.sidecar.watchdog import log_tail
-
-    return log_tail(path, 20)
 
 
 def _phase(seen: list[tuple[ReplicaStatus, dict[str, Any], bool]]) -> tuple[ServingPhase, str]:

@@ -99,8 +99,7 @@ class SlurmClient:
             raise BackendError(
                 f"{argv[0]} not found while trying to {what}.",
                 command=argv,
-                hint="install the Slurm client tools or put them on PATH "
-                "(scripts/slurm/ci-up.sh sets up a test cluster).",
+                hint="install the Slurm client tools (sbatch, squeue, sacct, scancel, srun) or put them on PATH.",
             ) from exc
         except subprocess.TimeoutExpired as exc:
             raise BackendError(
@@ -115,9 +114,7 @@ class SlurmClient:
         raise map_error(argv, proc.returncode, proc.stderr, what)
 
     # ------------------------------------------------------------------ submit / cancel
-    def sbatch(
-        self, script: Path, *, env: Mapping[str, str] | None = None, what: str = "submit a job"
-    ) -> str:
+    def sbatch(self, script: Path, *, env: Mapping[str, str] | None = None, what: str = "submit a job") -> str:
         """Submit ``script``; returns the job id. ``env`` (secrets too) reaches the job by --export=ALL."""
         out = self.run(["sbatch", "--parsable", "--export=ALL", str(script)], what=what, env=env)
         job_id = out.strip().split(";")[0]
@@ -152,9 +149,7 @@ class SlurmClient:
 
     def raw_id(self, task: str) -> str | None:
         """The raw job id of array task ``123_0`` (what ``srun --jobid`` needs); None if gone."""
-        out = self.run(
-            ["squeue", "-h", "-o", "%A", "-j", task], what=f"find the raw id of {task}", ok_gone=True
-        )
+        out = self.run(["squeue", "-h", "-o", "%A", "-j", task], what=f"find the raw id of {task}", ok_gone=True)
         lines = out.split()
         return lines[0] if lines else None
 

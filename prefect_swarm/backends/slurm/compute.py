@@ -16,18 +16,21 @@ not running they go into a running replica task (raw id from ``squeue -o %A -j 1
 
 from __future__ import annotations
 
+import os
 import secrets
+import shlex
 import subprocess
-import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from prefect_swarm.backends.common import LogFollower, head_url, start_logged
 from prefect_swarm.backends.slurm import render
 from prefect_swarm.backends.slurm.client import AcctEntry, QueueEntry, SlurmClient, clean_env
 from prefect_swarm.exceptions import BackendError, CapacityError
-from prefect_swarm.interfaces import DefaultComputeMixin, JobHandle, JobProbe, JobStatus, coerce_job_status
+from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus, jobenv
+from prefect_swarm.interfaces.types import coerce_job_status
 from prefect_swarm.paths import JobPaths
 
 if TYPE_CHECKING:
@@ -44,10 +47,8 @@ LB_HEAD_WAIT_S = 60.0
 _STARTING = {"PENDING", "CONFIGURING", "REQUEUED", "RESIZING"}
 """Queue states from which a job goes on to RUNNING."""
 
-API_KEY_ENV = "PREFECT_SWARM_API_KEY"
 
-
-class SlurmCompute(DefaultComputeMixin):
+class SlurmCompute(ComputeBase):
     """ComputeBackend running job processes as steps in a Slurm swarm's allocation."""
 
     backend = "slurm"
@@ -65,57 +66,41 @@ class SlurmCompute(DefaultComputeMixin):
         self.client = client or SlurmClient()
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def default_python(self) -> str:
-        """``backend.job_python`` or this interpreter."""
-        return render.job_python(self.cfg)
+    def job_runtime(self) -> JobRuntime:
+        """``backend.job_python`` (else this interpreter) on the compute nodes; the swarm's env and home."""
+        env = {jobenv.HOME: os.environ.get(jobenv.HOME, ""), **self.cfg.env}
+        return JobRuntime(python=render.job_python(self.cfg), env={k: v for k, v in env.items() if v})
+
+    def endpoints(self) -> list[str]:
+        """The LB's URL once it has announced itself (``lb.head``)."""
+        lb = head_url(self.paths.lb_head)
+        return [lb] if lb else []
 
     # ------------------------------------------------------------------ submit
-    def submit(
-        self,
-        *,
-        name: str,
-        command: Sequence[str],
-        env: Mapping[str, str] | None = None,
-        secret_env: Mapping[str, str] | None = None,
-        resources: Mapping[str, Any] | None = None,
-        detach: bool = True,
-        nshards: int = 1,
-        shard_id: int | None = None,
-        workdir: str | None = None,
-    ) -> JobHandle:
+    def _launch(self, request: JobRequest) -> JobHandle:
         """Start one step per shard in the swarm's allocation; see the module docstring."""
         jobid = self._target()
-        shards: list[int | None] = (
-            [shard_id] if shard_id is not None else (list(range(nshards)) if nshards > 1 else [None])
-        )
         token = secrets.token_hex(3)
-        steps, names, logs = [], [], []
-        for shard in shards:
-            step_name = f"{render.JOB_PREFIX}{self.cfg.name}-{name}-{'x' if shard is None else shard}-{token}"
-            log = self._log_path(workdir, shard, step_name)
-            argv = list(command) if shard is None else self.shard_argv(command, nshards, shard)
-            step_env = self._env(env, secret_env, shard, nshards)
-            self._start(jobid, step_name, argv, step_env, log, workdir)
+        names, logs = [], []
+        secret = self.job_secret_env(request)
+        for shard in request.shards():
+            label = shard if request.sharded else "x"
+            step_name = f"{render.JOB_PREFIX}{self.cfg.name}-{request.name}-{label}-{token}"
+            log = self._log_path(request.workdir if request.sharded else None, shard, step_name)
+            env = {**self.job_env(request, shard), **secret}
+            self._start(jobid, step_name, request.argv(shard), env, log, request.workdir)
             names.append(step_name)
             logs.append(str(log))
-        for step_name in names:
-            steps.append(self._find_step(jobid, step_name))
-        handle = JobHandle(
-            id=",".join(steps),
-            backend="slurm",
-            name=name,
-            meta={
-                "jobid": jobid,
-                "steps": steps,
-                "step_names": names,
-                "logs": logs,
-                "shards": [s for s in shards if s is not None],
-                "nshards": nshards,
-            },
-        )
-        if not detach:
-            self.wait(handle)
-        return handle
+        steps = [self._find_step(jobid, step_name) for step_name in names]
+        meta = {
+            "jobid": jobid,
+            "steps": steps,
+            "step_names": names,
+            "logs": logs,
+            "shards": request.shards() if request.sharded else [],
+            "nshards": request.nshards,
+        }
+        return JobHandle(id=",".join(steps), backend="slurm", name=request.name, meta=meta)
 
     def _target(self) -> str:
         """Raw id of the allocation steps go into: the LB job, else a running replica task.
@@ -139,7 +124,7 @@ class SlurmCompute(DefaultComputeMixin):
             now = time.monotonic()
             if lb is not None and lb.state == "RUNNING":
                 head_deadline = head_deadline or now + LB_HEAD_WAIT_S
-                if _head_url(self.paths.file(render.LB_HEAD)) or now >= head_deadline:
+                if head_url(self.paths.lb_head) or now >= head_deadline:
                     return str(lb_id)
             else:
                 replica = self._running_replica(entries)
@@ -171,54 +156,22 @@ class SlurmCompute(DefaultComputeMixin):
         return None
 
     def _log_path(self, workdir: str | None, shard: int | None, step_name: str) -> Path:
+        """The shard's log in its job folder, else a log of its own under ``steps/``."""
         if workdir and shard is not None:
-            path = JobPaths(Path(workdir)).log(shard)
-        else:
-            path = self.paths.file("steps") / f"{step_name}.log"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path
-
-    def _env(
-        self,
-        env: Mapping[str, str] | None,
-        secret_env: Mapping[str, str] | None,
-        shard: int | None,
-        nshards: int,
-    ) -> dict[str, str]:
-        out = {**self.default_env(), **(env or {})}
-        lb = _head_url(self.paths.file(render.LB_HEAD))
-        if lb:
-            out.setdefault("ENDPOINT", lb)
-            out.setdefault("PREFECT_SWARM_ENDPOINTS", lb)
-        out.setdefault("MODEL", self.cfg.model_name)
-        out["PREFECT_SWARM_SHARD_ID"] = str(shard if shard is not None else 0)
-        out["PREFECT_SWARM_NSHARDS"] = str(nshards)
-        secret = dict(secret_env or {})
-        if self.cfg.api_key is not None:
-            secret.setdefault(API_KEY_ENV, self.cfg.api_key.get_secret_value())
-        return {**out, **secret}
+            return JobPaths(Path(workdir)).log(shard)
+        return self.paths.step_log(step_name)
 
     def _start(
         self, jobid: str, step_name: str, argv: list[str], env: dict[str, str], log: Path, workdir: str | None
     ) -> None:
         srun = render.step_argv(self.cfg, jobid=jobid, step_name=step_name, command=argv)
+        log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
-            out.write(f"# prefect-swarm: {self.printable(srun)}\n".encode())
-            out.flush()
-            try:
-                proc = subprocess.Popen(
-                    srun,
-                    env=clean_env(env),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    cwd=workdir,
-                    start_new_session=True,
-                )
-            except FileNotFoundError as exc:
-                raise BackendError(
-                    "srun not found", command=srun[:1], hint="install the Slurm client tools."
-                ) from exc
+            out.write(f"# prefect-swarm: {shlex.join(srun)}\n".encode())
+        try:
+            proc = start_logged(srun, clean_env(env), log, workdir)
+        except FileNotFoundError as exc:
+            raise BackendError("srun not found", command=srun[:1], hint="install the Slurm client tools.") from exc
         self._procs[step_name] = proc
 
     def _find_step(self, jobid: str, step_name: str) -> str:
@@ -232,16 +185,11 @@ class SlurmCompute(DefaultComputeMixin):
             for entry in self.client.sacct([jobid]):
                 if entry.name == step_name and "." in entry.id:
                     return entry.id
-            if (
-                proc is not None
-                and proc.poll() is not None
-                and time.monotonic() > deadline - STEP_APPEAR_S + 5
-            ):
+            if proc is not None and proc.poll() is not None and time.monotonic() > deadline - STEP_APPEAR_S + 5:
                 break
             time.sleep(0.2)
         raise BackendError(
-            f"step {step_name} did not appear in job {jobid} (srun exit code "
-            f"{proc.poll() if proc else 'unknown'}).",
+            f"step {step_name} did not appear in job {jobid} (srun exit code {proc.poll() if proc else 'unknown'}).",
             hint="see the step log for srun's error.",
         )
 
@@ -262,16 +210,8 @@ class SlurmCompute(DefaultComputeMixin):
             return JobProbe(None, error=f"cannot ask Slurm: {exc}")
         return _aggregate(steps, running, acct)
 
-    def wait(self, handle: JobHandle, stream_logs: bool = False, poll_s: float = 1.0) -> JobStatus:
-        """Poll :meth:`probe` until every step finished; with ``stream_logs`` copy new log lines to stdout."""
-        offsets: dict[str, int] = {}
-        while True:
-            probe = self.probe(handle)
-            if stream_logs:
-                _stream(handle.meta.get("logs") or [], offsets)
-            if probe.status is not None and probe.status.finished:
-                return probe.status
-            time.sleep(poll_s)
+    def _follow(self, handle: JobHandle) -> Follow:
+        return LogFollower(lambda: [(Path(log).stem, Path(log)) for log in handle.meta.get("logs") or []])
 
     def cancel(self, handle: JobHandle) -> None:
         """scancel every step. Idempotent."""
@@ -305,29 +245,4 @@ def _aggregate(steps: list[str], running: set[str], acct: dict[str, AcctEntry]) 
         return JobProbe(None, error=f"step(s) {', '.join(unknown)} in neither squeue nor sacct yet")
     detail = ", ".join(f"{s}={st.value}" for s, st in zip(steps, statuses, strict=True))
     exit_code = max(codes, default=None) if all(st.finished for st in statuses) else None
-    for candidate in (JobStatus.RUNNING, JobStatus.PENDING, JobStatus.FAILED, JobStatus.CANCELLED):
-        if candidate in statuses:
-            return JobProbe(candidate, exit_code=exit_code, detail=detail)
-    return JobProbe(JobStatus.SUCCEEDED, exit_code=exit_code, detail=detail)
-
-
-def _head_url(path: Path) -> str | None:
-    try:
-        parsed = render.host_port(path.read_text())
-    except OSError:
-        return None
-    return f"http://{parsed[0]}:{parsed[1]}" if parsed else None
-
-
-def _stream(logs: list[str], offsets: dict[str, int]) -> None:
-    for log in logs:
-        try:
-            with open(log, "rb") as fh:
-                fh.seek(offsets.get(log, 0))
-                data = fh.read()
-                offsets[log] = fh.tell()
-        except OSError:
-            continue
-        if data:
-            sys.stdout.write(data.decode("utf-8", "replace"))
-            sys.stdout.flush()
+    return JobProbe(JobStatus.combine(statuses), exit_code=exit_code, detail=detail)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import signal
 import socket
 import subprocess
@@ -30,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prefect_swarm.paths import SwarmPaths, atomic_write_text
+from prefect_swarm.paths import SwarmPaths, atomic_write_text, read_text
 
 log = logging.getLogger("prefect_swarm.lb")
 
@@ -39,23 +38,11 @@ STRIKES = 2
 
 PLACEHOLDER = "server 127.0.0.1:9 down;  # no replica alive\n"
 
-_HEAD = re.compile(r"^replica-(\d+)\.head$")
-
 
 def read_heads(paths: SwarmPaths) -> dict[int, str]:
     """Replica index -> ``host:port`` from the head files present now."""
-    heads: dict[int, str] = {}
-    for path in paths.root.glob("replica-*.head"):
-        match = _HEAD.match(path.name)
-        if not match or paths.replica_head(int(match.group(1))) != path:
-            continue
-        try:
-            text = path.read_text().strip()
-        except OSError:
-            continue
-        if text:
-            heads[int(match.group(1))] = text
-    return heads
+    heads = {i: read_text(path) for i, path in paths.replica_heads().items()}
+    return {i: text for i, text in heads.items() if text}
 
 
 def resolve(hostport: str) -> str | None:
@@ -100,7 +87,7 @@ class Reconciler:
     @property
     def upstreams(self) -> Path:
         """The include nginx reads its servers from."""
-        return self.paths.file("upstreams.conf")
+        return self.paths.upstreams
 
     def alive(self) -> list[str]:
         """Addresses of replicas with a head file that did not refuse ``STRIKES`` checks in a row."""
@@ -146,7 +133,7 @@ class Reconciler:
         """Write ``lb.head`` once nginx answers its own health location."""
         if self.announced or not self.public or not self._nginx_up():
             return
-        atomic_write_text(self.paths.file("lb.head"), self.public + "\n")
+        atomic_write_text(self.paths.lb_head, self.public + "\n")
         self.announced = True
         log.info("LB up at %s", self.public)
 
@@ -172,12 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--once", action="store_true", help="write the upstream file once, no reload, and exit")
     args = ap.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     paths = SwarmPaths(args.swarm_dir)
-    lb_dir = paths.file("lb")
-    nginx = [args.nginx_bin, "-c", str(paths.file("nginx.conf")), "-e", str(lb_dir / "error.log")]
+    nginx = [args.nginx_bin, "-c", str(paths.nginx_conf), "-e", str(paths.lb_error_log)]
     rec = Reconciler(paths, nginx, public=args.public)
     if args.once:
         atomic_write_text(rec.upstreams, render_upstreams(rec.alive()))

@@ -27,6 +27,7 @@ import jinja2
 from prefect_swarm.backends.engine import engine_argv, engine_env
 from prefect_swarm.config import ContainerConfig, SlurmConfig
 from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.interfaces.jobenv import HOME
 from prefect_swarm.paths import SwarmPaths, home_dir
 
 if TYPE_CHECKING:
@@ -40,13 +41,6 @@ JOB_PREFIX = "psw-"
 
 NGINX_WORKERS = 2
 """nginx worker processes: one proxies tens of thousands of requests/s; two give headroom."""
-
-REPLICAS_SCRIPT = "replicas.sbatch"
-LB_SCRIPT = "lb.sbatch"
-NGINX_CONF = "nginx.conf"
-UPSTREAMS = "upstreams.conf"
-LB_HEAD = "lb.head"
-LB_DIR = "lb"
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -170,12 +164,10 @@ def replicas_options(cfg: SwarmConfig, paths: SwarmPaths) -> list[str]:
         "--nodes=1",
         "--ntasks=1",
         f"--cpus-per-task={sc.cpus_per_replica * n_per}",
-        f"--output={sbatch_value('backend.shared_dir', paths.file('replicas-%A_%a.out'))}",
+        f"--output={sbatch_value('backend.shared_dir', paths.batch_output('replicas', '%A_%a'))}",
     ]
     if cfg.gpus_per_replica:
-        opts.append(
-            f"--gres={sbatch_value('backend.gres_name', sc.gres_name)}:{cfg.gpus_per_replica * n_per}"
-        )
+        opts.append(f"--gres={sbatch_value('backend.gres_name', sc.gres_name)}:{cfg.gpus_per_replica * n_per}")
     if sc.mem_per_replica:
         opts.append(f"--mem={_mem(sc.mem_per_replica, n_per)}")
     opts += _common_options(cfg, sc, partition=sc.partition)
@@ -191,7 +183,7 @@ def lb_options(cfg: SwarmConfig, paths: SwarmPaths) -> list[str]:
         "--nodes=1",
         "--ntasks=1",
         "--cpus-per-task=1",
-        f"--output={sbatch_value('backend.shared_dir', paths.file('lb-%j.out'))}",
+        f"--output={sbatch_value('backend.shared_dir', paths.batch_output('lb', '%j'))}",
     ]
     opts += _common_options(cfg, sc, partition=sc.lb_partition or sc.partition)
     return opts
@@ -228,9 +220,7 @@ def pyxis_flags(container: ContainerConfig) -> list[str]:
     flags = [f"--container-image={_container_image(container)}"]
     if container.mounts:
         if any("," in m for m in container.mounts):
-            raise ConfigError(
-                "backend.container.mounts: pyxis joins mounts with ',', so a mount may not contain one."
-            )
+            raise ConfigError("backend.container.mounts: pyxis joins mounts with ',', so a mount may not contain one.")
         flags.append("--container-mounts=" + ",".join(container.mounts))
     return [*flags, *container.extra_args]
 
@@ -311,7 +301,7 @@ def render_lb(cfg: SwarmConfig, paths: SwarmPaths) -> str:
         swarm_dir=q(paths.root),
         python=q(job_python(cfg)),
         nginx_bin=q(sc.nginx_bin),
-        lb_dir=q(paths.file(LB_DIR)),
+        lb_dir=q(paths.lb_dir),
         port=sc.lb_port,
         setup=_setup(sc),
     )
@@ -323,7 +313,7 @@ def _nginx_path(path: Path) -> str:
         raise ConfigError(
             f"swarm folder '{text}' holds a character nginx config cannot take unquoted "
             "(space ; { } quotes # $ \\). "
-            "Set backend.shared_dir (or PREFECT_SWARM_HOME) to a plainer path."
+            f"Set backend.shared_dir (or {HOME}) to a plainer path."
         )
     return text
 
@@ -336,28 +326,31 @@ def render_nginx(cfg: SwarmConfig, paths: SwarmPaths) -> str:
         "nginx.conf.j2",
         name=cfg.name,
         workers=NGINX_WORKERS,
-        lb_dir=_nginx_path(paths.file(LB_DIR)),
-        upstreams=_nginx_path(paths.file(UPSTREAMS)),
+        lb_dir=_nginx_path(paths.lb_dir),
+        upstreams=_nginx_path(paths.upstreams),
         proxy_timeout=timeout,
     )
 
 
-def render_plan(cfg: SwarmConfig, paths: SwarmPaths | None = None) -> dict[str, str]:
-    """Every file ``up`` would write, by name -> text; submits nothing, writes nothing.
+def render_files(cfg: SwarmConfig, paths: SwarmPaths | None = None) -> dict[Path, str]:
+    """Every file ``up`` writes, path -> text; submits nothing, writes nothing.
 
     ``replicas.sbatch``, ``lb.sbatch``, ``nginx.conf`` and one ``watchdog-<i>.json`` per replica.
     """
     sp = swarm_paths(cfg, paths)
-    plan = {
-        REPLICAS_SCRIPT: render_replicas(cfg, sp),
-        LB_SCRIPT: render_lb(cfg, sp),
-        NGINX_CONF: render_nginx(cfg, sp),
+    files = {
+        sp.replicas_script: render_replicas(cfg, sp),
+        sp.lb_script: render_lb(cfg, sp),
+        sp.nginx_conf: render_nginx(cfg, sp),
     }
     for i in range(cfg.replicas):
-        plan[sp.watchdog_spec(i).name] = (
-            json.dumps(watchdog_spec(cfg, sp, i), indent=2, sort_keys=True) + "\n"
-        )
-    return plan
+        files[sp.watchdog_spec(i)] = json.dumps(watchdog_spec(cfg, sp, i), indent=2, sort_keys=True) + "\n"
+    return files
+
+
+def render_plan(cfg: SwarmConfig, paths: SwarmPaths | None = None) -> dict[str, str]:
+    """:func:`render_files` by file name: what ``prefect-swarm validate`` prints."""
+    return {path.name: text for path, text in render_files(cfg, paths).items()}
 
 
 # ---------------------------------------------------------------------------------- job steps
@@ -381,11 +374,3 @@ def step_argv(cfg: SwarmConfig, *, jobid: str, step_name: str, command: Sequence
         *pyxis_flags(sc.container),
     ]
     return [*argv, *container_prefix(sc.container, in_step=True), *command]
-
-
-def host_port(text: str) -> tuple[str, int] | None:
-    """Parse a head file's ``host:port``; None when malformed."""
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not port.isdigit():
-        return None
-    return host, int(port)

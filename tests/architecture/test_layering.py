@@ -1,0 +1,140 @@
+"""The layering rules of the package (CONTRIBUTING.md, "Layout"), checked on the source.
+
+Every import counts, also one inside a function: a lazy import still makes the lower layer depend
+on the upper one (and pulls Prefect into a job process that has no Prefect server).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import prefect_swarm
+
+PACKAGE = Path(prefect_swarm.__file__).parent
+
+LAYER = {
+    # the ground floor
+    "exceptions": 0,
+    "settings": 0,
+    "paths": 0,
+    "interfaces": 0,
+    "config": 0,
+    # platforms, the data plane, the state database, processes beside replicas
+    "sidecar": 1,
+    "state": 1,
+    "jobs": 1,
+    "backends": 2,
+    "testing": 2,
+    # the control plane
+    "swarm": 3,
+    "launch": 4,
+    # the Prefect layer
+    "blocks": 5,
+    "tasks": 6,
+    "flows": 7,
+    "cli": 8,
+}
+"""An area may import its own layer and the ones below it, never one above."""
+
+PREFECT_FREE = {
+    "exceptions",
+    "settings",
+    "paths",
+    "interfaces",
+    "config",
+    "sidecar",
+    "state",
+    "jobs",
+    "backends",
+    "testing",
+    "swarm",
+    "launch",
+}
+"""Areas that never import Prefect (the job process and the backends run without it)."""
+
+FORBIDDEN = {"jobs": {"swarm", "state", "launch", "backends"}}
+"""Explicit bans beyond the layer order: the data plane knows nothing of swarms or state."""
+
+
+def _area(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "prefect_swarm" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def _modules() -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        out.append((".".join(rel.parts).removesuffix(".__init__"), path))
+    return out
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                name = ".".join([*base, node.module] if node.module else base)
+            else:
+                name = node.module or ""
+            found.add(name)
+            found.update(f"{name}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _violations() -> list[str]:
+    problems = []
+    for module, path in _modules():
+        area = _area(module)
+        if area is None or (area not in LAYER and area != "__main__"):
+            if area is not None and area not in LAYER:
+                problems.append(f"{module}: area '{area}' has no layer in LAYER; add it")
+            continue
+        for imported in sorted(_imports(module, path)):
+            if (imported == "prefect" or imported.startswith("prefect.")) and area in PREFECT_FREE:
+                problems.append(f"{module} imports {imported} (Prefect) but '{area}' must stay Prefect-free")
+            target = _area(imported)
+            if target is None or target == area or target not in LAYER:
+                continue
+            if target in FORBIDDEN.get(area, set()):
+                problems.append(f"{module} imports {imported}: '{area}' must not import '{target}'")
+            elif LAYER[target] > LAYER[area]:
+                problems.append(f"{module} imports {imported}: '{target}' is above '{area}'")
+    return problems
+
+
+def test_every_import_runs_downward() -> None:
+    assert _violations() == []
+
+
+@pytest.mark.parametrize(
+    ("area", "line", "expected"),
+    [
+        ("jobs", "from prefect_swarm.state import StateStore", "must not import 'state'"),
+        ("jobs", "from prefect_swarm import swarm", "must not import"),
+        ("backends", "import prefect", "Prefect-free"),
+        ("state", "from prefect_swarm.tasks.jobs import run_shard", "is above"),
+    ],
+)
+def test_the_checker_catches_a_violation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, area: str, line: str, expected: str
+) -> None:
+    """The rules bite: a planted bad import in a copy of the package is reported."""
+    import shutil
+
+    copy = tmp_path / "prefect_swarm"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.png", "templates"))
+    (copy / area / "_planted.py").write_text(f"{line}\n")
+    monkeypatch.setattr(__name__ + ".PACKAGE", copy)
+    assert any(expected in p and "_planted" in p for p in _violations())

@@ -1,0 +1,80 @@
+"""`prefect-swarm validate -c examples/X.yaml` exits 0 and prints the backend's plan for every
+shipped example, in text and JSON, with no Lepton token in the environment and no secret shown."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+EXAMPLE_DIR = Path(__file__).parents[2] / "examples"
+EXAMPLES = sorted(EXAMPLE_DIR.glob("*.yaml"))
+
+EXPECTED_FILES = {
+    "local": ["watchdog-0.json"],
+    "slurm": ["replicas.sbatch", "lb.sbatch", "nginx.conf", "watchdog-0.json"],
+    "lepton": ["deployment.json", "job-template.json"],
+}
+SECRET = "sk-example-never-printed-93c1"
+
+RunCli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    """An environment without any Lepton variable, with an API key the plan must not show."""
+    for name in list(os.environ):
+        if name.startswith("LEPTON_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("PREFECT_SWARM_HOME", str(tmp_path / "home"))
+    return {"PREFECT_SWARM_API_KEY": SECRET}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_validate_prints_the_plan_of_every_example(
+    path: Path, run_cli: RunCli, no_credentials: dict[str, str], tmp_path: Path
+) -> None:
+    as_json = run_cli("validate", "-c", str(path), "-o", "json", env=no_credentials)
+    assert as_json.returncode == 0, as_json.stderr
+    doc = json.loads(as_json.stdout)
+    assert doc["valid"] is True
+    expected = EXPECTED_FILES[doc["backend"]]
+    assert set(expected) <= set(doc["plan"]), sorted(doc["plan"])
+    assert all(isinstance(text, str) and text for text in doc["plan"].values())
+    text = run_cli("validate", "-c", str(path), env=no_credentials)
+    assert text.returncode == 0, text.stderr
+    assert "Traceback" not in text.stderr and "would start" in text.stdout
+    for name in expected:
+        assert f"--- {name}" in text.stdout
+    assert SECRET not in as_json.stdout + as_json.stderr + text.stdout + text.stderr
+    assert not (tmp_path / "home" / "swarms").exists(), "validate wrote a swarm folder"
+
+
+def test_the_slurm_plan_is_the_rendered_scripts(run_cli: RunCli, no_credentials: dict[str, str]) -> None:
+    doc = json.loads(
+        run_cli("validate", "-c", str(EXAMPLE_DIR / "slurm.yaml"), "-o", "json", env=no_credentials).stdout
+    )
+    assert (
+        doc["plan"]["replicas.sbatch"].startswith("#!/bin/bash")
+        and "#SBATCH --array=" in doc["plan"]["replicas.sbatch"]
+    )
+    assert "upstream" in doc["plan"]["nginx.conf"]
+
+
+def test_the_lepton_plan_masks_the_endpoint_token(
+    run_cli: RunCli, no_credentials: dict[str, str], tmp_path: Path
+) -> None:
+    config = tmp_path / "lepton.yaml"
+    text = (EXAMPLE_DIR / "lepton.yaml").read_text().replace("endpoint_token_secret: swarm-endpoint-token", "")
+    config.write_text(text)
+    doc = json.loads(run_cli("validate", "-c", str(config), "-o", "json", env=no_credentials).stdout)
+    deployment = json.loads(doc["plan"]["deployment.json"])
+    assert deployment["spec"]["api_tokens"] == [{"value": "***"}]
+    job = json.loads(doc["plan"]["job-template.json"])
+    assert job["spec"]["container"]["command"][0] == "python3"
+    secret_refs = [e for e in job["spec"]["envs"] if e["name"] == "PREFECT_SWARM_API_KEY"]
+    assert secret_refs and "value" not in secret_refs[0]
