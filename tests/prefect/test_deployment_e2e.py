@@ -78,5 +78,7 @@ def test_deployment_run_completes_with_artifacts(prefect_stack: PrefectStack, sw
     rec = StateStore().get_swarm("e2e")
     assert rec is not None and rec.phase == "STOPPED" and rec.flow_run_id == str(run.id)
     jobs = StateStore().list_jobs("e2e")
-    assert jobs and all(j.flow_run_id == str(run.id) and j.task_run_id for j in jobs)
+    assert len(jobs) == 1 and jobs[0].flow_run_id == str(run.id)  # one record per job, its shards as submissions
+    subs = (jobs[0].handle or {})["submissions"]
+    assert len(subs) == 3 and all(s["task_run_id"] for s in subs)
     print(f"deployment run --watch: {elapsed:.1f} s")
