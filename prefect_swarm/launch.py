@@ -21,13 +21,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.exceptions import CapacityError, ConfigError, DatasetError, JobError
 from prefect_swarm.interfaces import ComputeBackend, JobEnv, JobHandle, JobProbe, JobRequest, JobStatus
-from prefect_swarm.jobs.commit import commit_output
+from prefect_swarm.jobs.commit import Verdict, commit_output, manifest_current, manifest_verdict
 from prefect_swarm.jobs.fingerprint import job_fingerprint
 from prefect_swarm.jobs.plan import check_resume, job_progress, pending_shards, shard_progress
 from prefect_swarm.jobs.shard import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE, validate_input
@@ -71,6 +71,17 @@ def for_swarm(spec: JobSpec, swarm: Swarm, *, retry_failed: bool = False) -> Job
     )
 
 
+def locate_job(spec: JobSpec, swarm_name: str | None = None) -> JobSpec:
+    """``spec`` with its job id, job dir and swarm filled (nothing is written)."""
+    swarm_name = swarm_name or spec.swarm
+    fingerprint = job_fingerprint(spec)  # opens the dataset: an unreadable input fails here
+    job_id = spec.job_id or job_id_for(swarm_name, spec, fingerprint)
+    job_dir = spec.job_dir or str(
+        SwarmPaths.for_swarm(swarm_name).job_dir(job_id) if swarm_name else JobPaths.standalone(job_id).root
+    )
+    return spec.model_copy(update={"job_id": job_id, "job_dir": job_dir, "swarm": swarm_name})
+
+
 def prepare_job(spec: JobSpec, swarm_name: str | None = None, *, overwrite: bool = False) -> JobSpec:
     """Validate the job class and the dataset, fill the job id and job dir, write ``spec.json``.
 
@@ -78,13 +89,7 @@ def prepare_job(spec: JobSpec, swarm_name: str | None = None, *, overwrite: bool
     here, before anything is submitted and before anything is written. ``overwrite`` discards an
     existing ledger.
     """
-    swarm_name = swarm_name or spec.swarm
-    fingerprint = job_fingerprint(spec)  # opens the dataset: an unreadable input fails here
-    job_id = spec.job_id or job_id_for(swarm_name, spec, fingerprint)
-    job_dir = spec.job_dir or str(
-        SwarmPaths.for_swarm(swarm_name).job_dir(job_id) if swarm_name else JobPaths.standalone(job_id).root
-    )
-    spec = spec.model_copy(update={"job_id": job_id, "job_dir": job_dir, "swarm": swarm_name})
+    spec = locate_job(spec, swarm_name)
     validate_input(spec)
     if not overwrite:
         check_resume(spec)  # a refused resubmit changes nothing: no spec.json, no record
@@ -205,15 +210,36 @@ def submit_job(
     retry_failed: bool = False,
     commit: bool | None = None,
     store: StateStore | None = None,
+    on_attach: Callable[[JobRecord, list[dict[str, Any]]], None] | None = None,
 ) -> JobRecord:
     """Submit the pending shards of ``spec`` (or just ``shard_ids``) to ``swarm``; the CLI's path.
 
     Fills endpoints, model and engine fingerprint from the swarm, prepares and records the job,
     and starts the shards not yet done. With ``detach=False`` it waits, then commits (unless
     ``commit=False``) when every shard is done. Returns the job's record.
+
+    A job whose processes still run is attached to, not started again (one process per shard):
+    nothing is written or submitted, ``on_attach(record, running submissions)`` is called, and
+    with ``detach=False`` it waits for those processes. ``overwrite`` on a running job is refused.
     """
     store = store or StateStore()
-    plan = plan_job(for_swarm(spec, swarm, retry_failed=retry_failed), swarm.cfg.name, overwrite=overwrite, store=store)
+    spec = locate_job(for_swarm(spec, swarm, retry_failed=retry_failed), swarm.cfg.name)
+    assert spec.job_id is not None
+    running = running_submissions(spec.job_id, store=store)
+    if running:
+        if overwrite:
+            raise ConfigError(
+                f"job {spec.job_id} is still running ({_describe(running)}); --overwrite would discard the "
+                f"checkpoint under it. Stop it first: `prefect-swarm job cancel {spec.job_id}`."
+            )
+        check_resume(spec)  # other settings for a running job: refused, as for a finished one
+        rec = store.require_job(spec.job_id)
+        if on_attach is not None:
+            on_attach(rec, running)
+        if not detach:
+            wait_job(spec.job_id, commit=commit is not False and shard_ids is None, store=store)
+        return store.require_job(spec.job_id)
+    plan = plan_job(spec, swarm.cfg.name, overwrite=overwrite, store=store)
     spec = plan.spec
     assert spec.job_id is not None
     todo = sorted(set(shard_ids)) if shard_ids is not None else plan.pending
@@ -223,6 +249,18 @@ def submit_job(
         return store.require_job(spec.job_id)
     wait_job(spec.job_id, commit=commit is not False and shard_ids is None, store=store)
     return store.require_job(spec.job_id)
+
+
+def running_submissions(job_id: str, *, store: StateStore | None = None) -> list[dict[str, Any]]:
+    """The submissions of job ``job_id`` whose processes still run, by the compute backend's probe."""
+    rec = (store or StateStore()).get_job(job_id)
+    if rec is None:
+        return []
+    return [p for p in _probe_all(rec) if p.get("status") in ACTIVE]
+
+
+def _describe(subs: list[dict[str, Any]]) -> str:
+    return ", ".join(f"process {p.get('id')} for shards {p.get('shards')}" for p in subs)
 
 
 def submit_script(
@@ -378,26 +416,40 @@ def _probe_all(rec: JobRecord) -> list[dict[str, Any]]:
     return out
 
 
-def _overall(spec: JobSpec, probes: list[dict[str, Any]], old: JobStatus) -> tuple[JobStatus, bool]:
-    """(status, committed) from the ledger, the manifest and the processes."""
+def _overall(
+    spec: JobSpec, probes: list[dict[str, Any]], old: JobStatus
+) -> tuple[JobStatus, bool, dict[str, Any] | None]:
+    """(status, committed, manifest) from the ledger, the manifest and the processes.
+
+    A committed job whose failed fraction exceeds ``max_failed_fraction`` is FAILED (its output is
+    written; ``job retry`` reruns the failed rows)."""
     manifest = read_json(spec.paths.manifest)
     pending = pending_shards(spec.model_copy(update={"retry_failed": False}))
-    committed = bool(manifest) and not pending and manifest.get("fingerprint") is not None
+    committed = not pending and manifest_current(spec, manifest)
+    current = manifest if committed else None
     running = any(p.get("status") in ACTIVE for p in probes)
     if running or (not probes and old in ACTIVE and pending):
-        return JobStatus.RUNNING, committed
+        return JobStatus.RUNNING, committed, current
     if not pending:
-        return JobStatus.SUCCEEDED, committed
+        failed = current is not None and not verdict_of(spec, current).succeeded
+        return (JobStatus.FAILED if failed else JobStatus.SUCCEEDED), committed, current
     if old is JobStatus.CANCELLED or any(p.get("status") == JobStatus.CANCELLED for p in probes):
-        return JobStatus.CANCELLED, committed
-    return JobStatus.FAILED, committed
+        return JobStatus.CANCELLED, committed, current
+    return JobStatus.FAILED, committed, current
+
+
+def verdict_of(spec: JobSpec, manifest: dict[str, Any]) -> Verdict:
+    """The verdict on a committed manifest under the job's ``max_failed_fraction``."""
+    return manifest_verdict(manifest, spec.max_failed_fraction)
 
 
 def job_status(job_id: str, *, refresh: bool = True, store: StateStore | None = None) -> dict[str, Any]:
     """The job now: status, per-shard progress, the backend's view; the state row is updated.
 
-    ``SUCCEEDED`` means every shard is done; ``committed`` says whether the output is written.
-    With ``refresh=False`` the compute backend is not asked (ledger files only).
+    ``SUCCEEDED`` means every shard is done and, once committed, that the failed fraction is within
+    ``max_failed_fraction`` (``verdict``: counts, threshold, failed-rows file; null until committed);
+    ``committed`` says whether the output is written and current. With ``refresh=False`` the compute
+    backend is not asked (ledger files only).
     """
     store = store or StateStore()
     rec = store.require_job(job_id)
@@ -416,7 +468,8 @@ def job_status(job_id: str, *, refresh: bool = True, store: StateStore | None = 
         return {**base, "status": status.value, "kind": "script", "spec": rec.spec}
     spec = JobSpec.model_validate(rec.spec)
     progress = job_progress(spec)
-    status, committed = _overall(spec, probes, rec.status)
+    status, committed, manifest = _overall(spec, probes, rec.status)
+    verdict = verdict_of(spec, manifest) if committed and manifest else None
     store.update_job(job_id, status=status, progress={k: v for k, v in progress.items() if k != "shards"})
     return {
         **base,
@@ -427,7 +480,10 @@ def job_status(job_id: str, *, refresh: bool = True, store: StateStore | None = 
         "output": spec.output,
         "job_dir": spec.job_dir,
         "progress": progress,
-        "manifest": read_json(spec.paths.manifest) if committed else None,
+        "manifest": manifest if committed else None,
+        "verdict": {**asdict(verdict), "failed_fraction": verdict.failed_fraction, "message": verdict.message()}
+        if verdict
+        else None,
     }
 
 
@@ -467,8 +523,10 @@ def wait_job(
 def commit_job(job_id: str, *, store: StateStore | None = None) -> dict[str, Any]:
     """Merge the shard ledgers into the output (cheap when already committed); record it; return the manifest."""
     store = store or StateStore()
-    manifest = commit_output(JobSpec.model_validate(store.require_job(job_id).spec))
-    store.update_job(job_id, status=JobStatus.SUCCEEDED, progress=_sums(manifest))
+    spec = JobSpec.model_validate(store.require_job(job_id).spec)
+    manifest = commit_output(spec)
+    status = JobStatus.SUCCEEDED if verdict_of(spec, manifest).succeeded else JobStatus.FAILED
+    store.update_job(job_id, status=status, progress=_sums(manifest))
     return manifest
 
 

@@ -6,9 +6,9 @@
     config.yaml                  redacted config as brought up
     replica-<i>.status.json      watchdog status (atomic writes)
     replica-<i>.log              engine stdout+stderr
-    replica-<i>.head             host:port once healthy (Slurm)
+    replica-<i>.head             host:port once healthy (Slurm); replica-<i>.drain: leaving (scale down)
     watchdog-<i>.log / .pid / .json   watchdog log, pid record, spec (no secrets)
-    replicas.sbatch lb.sbatch nginx.conf slurm.json   rendered scripts, submitted job ids (Slurm)
+    replicas.sbatch lb.sbatch nginx.conf slurm.json slurm.lock   scripts, wanted/submitted tasks, lock (Slurm)
     upstreams.conf lb.head lb/ steps/ replicas-<job>_<task>.out lb-<job>.out   the LB's files (Slurm)
     jobs/<job_id>/               JobPaths
 <home>/jobs/<job_id>/            JobPaths.standalone (a job against no recorded swarm)
@@ -157,6 +157,9 @@ class SwarmPaths(Folder):
     replica_status = _per_replica("replica-{i}.status.json", "Watchdog status file of replica ``i``.")
     replica_log = _per_replica("replica-{i}.log", "Engine log of replica ``i``.")
     replica_head = _per_replica("replica-{i}.head", "Head file (``host:port``) of replica ``i``, written once healthy.")
+    replica_drain = _per_replica(
+        "replica-{i}.drain", "Marker (Slurm): replica ``i`` is leaving; its task stops publishing its head file."
+    )
     watchdog_log = _per_replica("watchdog-{i}.log", "Watchdog log of replica ``i``.")
     watchdog_pid = _per_replica(
         "watchdog-{i}.pid", "Pid record (JSON: pid, create_time) of the watchdog of replica ``i`` (local backend)."
@@ -209,9 +212,18 @@ class SwarmPaths(Folder):
         """Job ids and plan hashes of what ``up`` submitted (no secrets)."""
         return self.root / "slurm.json"
 
+    @property
+    def slurm_lock(self) -> Path:
+        """Lock file serialising changes to the replica tasks (``up`` and the LB's reconciler)."""
+        return self.root / "slurm.lock"
+
     def step_log(self, step_name: str) -> Path:
         """Log of a job step that has no job folder of its own."""
         return self.root / "steps" / f"{step_name}.log"
+
+    def step_cancelled(self, step_id: str) -> Path:
+        """Marker (Slurm): job step ``step_id`` (``123.4``) was stopped by a cancel."""
+        return self.root / "steps" / f"{step_id}.cancelled"
 
     def batch_output(self, job: str, pattern: str) -> Path:
         """sbatch ``--output`` of job ``job`` (``replicas``, ``lb``) with Slurm's filename ``pattern``."""
@@ -271,6 +283,11 @@ class ShardPaths(Folder):
     def done_marker(self) -> Path:
         """Present once the shard has finished every row."""
         return self.root / "DONE"
+
+    @property
+    def lock(self) -> Path:
+        """Held (flock) by the one live job process of this shard; holds its pid."""
+        return self.root / "shard.lock"
 
 
 class JobPaths(Folder):

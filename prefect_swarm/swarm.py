@@ -6,13 +6,20 @@ with Swarm(cfg) as swarm:            # up -> wait_ready
 
 swarm = Swarm.from_state("qwen")     # any later process reattaches by name
 swarm.status(); swarm.down()
+
+Sharing: every user of a swarm holds a lease row (see :class:`~prefect_swarm.state.LeaseRecord`).
+``join(lease)`` brings the swarm up or waits for whoever is bringing it up; ``release(owner)``
+drops the lease and stops the swarm only when no live lease is left; ``down()`` stops it
+whatever holds it (``down --force``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prefect_swarm.backends import BackendPair, build_backends
@@ -26,10 +33,102 @@ from prefect_swarm.interfaces import (
     check_config,
 )
 from prefect_swarm.interfaces.jobenv import API_KEY
+from prefect_swarm.interfaces.types import JobStatus
 from prefect_swarm.paths import SwarmPaths, atomic_write_text
-from prefect_swarm.state import StateStore, SwarmRecord
+from prefect_swarm.state import Claim, LeaseKind, LeaseRecord, StateStore, SwarmRecord
 
 LIVE_PHASES = frozenset({ServingPhase.PENDING, ServingPhase.INITIALIZING, ServingPhase.RUNNING})
+
+FLOW_RUN_LEASE_TTL_S = 30.0
+"""Heartbeat period of a flow run's lease (its liveness is Prefect's state of the run)."""
+
+KEEP_OWNER = "keep"
+"""Owner of the lease that ``up`` / ``keep_swarm`` leave behind; only ``down`` releases it."""
+
+TerminalRuns = Callable[[list[str]], set[str]]
+"""Given flow run ids, the ones that have ended (the Prefect layer asks the API; may raise)."""
+
+
+def this_host() -> str:
+    """Host name recorded with process leases (a pid means something only there)."""
+    return socket.gethostname()
+
+
+def flow_run_owner(flow_run_id: str) -> str:
+    """Lease owner of a flow run."""
+    return f"flow-run:{flow_run_id}"
+
+
+def flow_run_lease(flow_run_id: str) -> LeaseRecord:
+    """A lease held by flow run ``flow_run_id`` (the swarm is filled in when it is taken)."""
+    now = time.time()
+    return LeaseRecord(
+        swarm="",
+        owner=flow_run_owner(flow_run_id),
+        kind=LeaseKind.FLOW_RUN,
+        host=this_host(),
+        pid=os.getpid(),
+        heartbeat=now,
+        expires_at=now + FLOW_RUN_LEASE_TTL_S,
+    )
+
+
+def process_lease(kind: LeaseKind = LeaseKind.PROCESS, owner: str | None = None) -> LeaseRecord:
+    """A lease held by this process (dead once its pid is gone on this host)."""
+    host, pid, now = this_host(), os.getpid(), time.time()
+    return LeaseRecord(
+        swarm="", owner=owner or f"pid:{host}:{pid}", kind=kind, host=host, pid=pid, heartbeat=now, expires_at=now
+    )
+
+
+def job_lease(swarm: str, job_id: str) -> LeaseRecord:
+    """A lease held by job ``job_id`` while it is active (``job submit`` that does not wait)."""
+    now = time.time()
+    return LeaseRecord(swarm=swarm, owner=f"job:{job_id}", kind=LeaseKind.JOB, heartbeat=now, expires_at=now)
+
+
+def keep_lease(swarm: str) -> LeaseRecord:
+    """The lease ``up`` and ``keep_swarm`` leave: never dead, released by ``down``."""
+    return LeaseRecord(swarm=swarm, owner=KEEP_OWNER, kind=LeaseKind.KEEP, host=this_host())
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if pid is None:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def dead_owners(
+    leases: Iterable[LeaseRecord], store: StateStore, terminal_runs: TerminalRuns | None = None
+) -> set[str]:
+    """Owners whose leases are dead: a flow run ``terminal_runs`` says has ended; once a lease has
+    expired, a process whose pid is gone on this host or a job no longer active. A KEEP lease,
+    and anything that cannot be judged, count as live."""
+    now, host = time.time(), this_host()
+    dead: set[str] = set()
+    runs: dict[str, str] = {}
+    for lease in leases:
+        if lease.kind is LeaseKind.FLOW_RUN:  # Prefect's word is final, expired or not
+            runs[lease.owner.removeprefix("flow-run:")] = lease.owner
+            continue
+        if lease.expires_at is None or lease.expires_at > now:
+            continue
+        if lease.kind in (LeaseKind.PROCESS, LeaseKind.TEARDOWN):
+            if lease.host == host and not _pid_alive(lease.pid):
+                dead.add(lease.owner)
+        elif lease.kind is LeaseKind.JOB:
+            job = store.get_job(lease.owner.removeprefix("job:"))
+            if job is None or job.status not in (JobStatus.PENDING, JobStatus.RUNNING):
+                dead.add(lease.owner)
+    if runs and terminal_runs is not None:
+        dead |= {runs[r] for r in terminal_runs(list(runs)) if r in runs}
+    return dead
 
 
 def engine_fingerprint(cfg: SwarmConfig) -> str:
@@ -124,6 +223,71 @@ class Swarm:
         self._record(ServingPhase.INITIALIZING, handle=self.handle.to_dict())
         return self.handle
 
+    def join(self, lease: LeaseRecord, *, wait_s: float | None = None, poll_s: float = 0.5) -> bool:
+        """Hold this swarm with ``lease``; bring it up if it is not live (True), else wait until
+        whoever is bringing it up has started it and attach (False). Never brings it up twice.
+
+        A swarm being stopped is waited for, then brought up again. Raise ConfigError if the
+        live swarm of this name serves another engine, TimeoutError after ``wait_s``.
+        """
+        self.validate()
+        deadline = time.monotonic() + (wait_s if wait_s is not None else self.cfg.ready_timeout_s + 60)
+        while True:
+            claim, rec = self.store.claim_swarm(self._new_record(ServingPhase.PENDING, None), lease, LIVE_PHASES)
+            if claim is Claim.BRING_UP:
+                self.up()
+                return True
+            if claim is Claim.ATTACH and rec is not None and self.flow_run_id and rec.flow_run_id == self.flow_run_id:
+                self.up()  # this run's own earlier attempt (a task retry): reconcile it
+                return True
+            if claim is Claim.ATTACH and rec is not None:
+                if rec.fingerprint != self.fingerprint or rec.backend != self.cfg.backend.type:
+                    self.store.release_lease(rec.name, lease.owner)
+                    raise ConfigError(
+                        f"swarm '{rec.name}' is live with a different model/engine/backend "
+                        f"(fingerprint {rec.fingerprint}). `prefect-swarm down {rec.name}` first, or pick another name."
+                    )
+                got = self._wait_started(deadline, poll_s)
+                if got is not None:
+                    self.handle = ServingHandle.from_dict(got.handle or {})
+                    self.flow_run_id, self.keep, self.source = got.flow_run_id, got.keep, got.source
+                    return False
+                self.store.release_lease(self.cfg.name, lease.owner)  # it failed: claim again
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"swarm '{self.cfg.name}': gave up waiting for another user to bring it up or down.")
+            time.sleep(poll_s)
+
+    def _wait_started(self, deadline: float, poll_s: float) -> SwarmRecord | None:
+        """The record once its bringer has a handle; None if it failed or was stopped meanwhile."""
+        while True:
+            rec = self.store.get_swarm(self.cfg.name)
+            if rec is None or rec.phase not in LIVE_PHASES:
+                return None
+            if rec.handle and rec.phase is not ServingPhase.PENDING:
+                return rec
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"swarm '{self.cfg.name}' is still being brought up by flow run {rec.flow_run_id}.")
+            time.sleep(poll_s)
+
+    def release(
+        self, owner: str | None, *, terminal_runs: TerminalRuns | None = None, log: Callable[[str], None] | None = None
+    ) -> list[LeaseRecord]:
+        """Drop ``owner``'s lease (and those of dead owners); stop the swarm when no live lease is
+        left. Return the leases still holding it ([] = stopped)."""
+        name = self.cfg.name
+        others = [x for x in self.store.list_leases(name) if x.owner != owner]
+        dead = dead_owners(others, self.store, terminal_runs)
+        for who in sorted(dead):
+            if log:
+                log(f"swarm '{name}': lease of {who} reaped (its owner is gone).")
+        left = self.store.release_and_claim_teardown(name, owner, dead, process_lease(LeaseKind.TEARDOWN))
+        if left:
+            if log:
+                log(f"swarm '{name}' stays up: still held by {', '.join(x.owner for x in left)}.")
+            return left
+        self.down()
+        return []
+
     def wait_ready(self, timeout_s: float | None = None) -> ServingStatus:
         """Block until every replica answers; record RUNNING, or FAILED with the error."""
         handle = self._require_handle()
@@ -152,6 +316,7 @@ class Swarm:
         self.backends.serving.delete(self.handle)
         if self.store.get_swarm(self.cfg.name) is not None:
             self._set_phase(ServingPhase.STOPPED)
+        self.store.clear_leases(self.cfg.name)
 
     def __enter__(self) -> Swarm:
         try:
@@ -230,20 +395,21 @@ class Swarm:
         return handle
 
     def _record(self, phase: ServingPhase, handle: dict[str, Any] | None) -> None:
+        self.store.put_swarm(self._new_record(phase, handle))
+
+    def _new_record(self, phase: ServingPhase, handle: dict[str, Any] | None) -> SwarmRecord:
         old = self.store.get_swarm(self.cfg.name)
-        self.store.put_swarm(
-            SwarmRecord(
-                name=self.cfg.name,
-                backend=self.cfg.backend.type,
-                config=self.cfg.redacted(),
-                phase=phase,
-                handle=handle,
-                flow_run_id=self.flow_run_id,
-                keep=self.keep,
-                fingerprint=self.fingerprint,
-                source=self.source,
-                created_at=old.created_at if old and old.phase in LIVE_PHASES else time.time(),
-            )
+        return SwarmRecord(
+            name=self.cfg.name,
+            backend=self.cfg.backend.type,
+            config=self.cfg.redacted(),
+            phase=phase,
+            handle=handle,
+            flow_run_id=self.flow_run_id,
+            keep=self.keep,
+            fingerprint=self.fingerprint,
+            source=self.source,
+            created_at=old.created_at if old and old.phase in LIVE_PHASES else time.time(),
         )
 
     def _set_phase(self, phase: ServingPhase) -> None:

@@ -56,8 +56,9 @@ _SERVERS: dict[str, tuple[str, str, str]] = {
 """Engine kind -> (server module, model flag, tensor-parallel flag)."""
 
 
-def engine_argv(cfg: SwarmConfig, *, host: str, port: int) -> list[str]:
-    """The engine command line for a replica listening on ``host:port`` (holds no secrets)."""
+def engine_argv(cfg: SwarmConfig, *, host: str, port: int | str) -> list[str]:
+    """The engine command line for a replica listening on ``host:port`` (holds no secrets; ``port`` may be
+    a placeholder the replica's watchdog replaces with the port it picks)."""
     eng = cfg.engine
     python = engine_python(cfg)
     if eng.kind in _SERVERS:

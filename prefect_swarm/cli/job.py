@@ -1,13 +1,19 @@
 """``prefect-swarm job ...``: submit batch jobs to a swarm, watch them, wait, cancel, retry errors.
 
     prefect-swarm job submit -n SWARM --input IN --output OUT [--shards N] [--job module:Class]
-                             [--job-kwargs JSON] [--detach] [--overwrite] [--spec FILE]
+                             [--job-kwargs JSON] [--max-failed-fraction F] [--detach] [--overwrite]
+                             [--spec FILE]
     prefect-swarm job status ID [--refresh] [-o json]
     prefect-swarm job wait ID [--timeout S]
     prefect-swarm job cancel ID
     prefect-swarm job list [-n SWARM] [-o json]
-    prefect-swarm job retry ID [--detach]          rerun only the error rows, then commit
+    prefect-swarm job retry ID [--detach] [--overwrite]   rerun only the error rows, then commit
     prefect-swarm job submit-script -n SWARM SCRIPT [ARGS]...
+
+A job succeeds (exit 0, status SUCCEEDED) when every row is in its ledger and the share of
+failed rows is at most the job's ``max_failed_fraction`` (default 0.01); above it, `submit`
+(not detached), `wait` and `retry` print the counts and the failed-rows file and exit 1. A
+resubmit while the job's processes still run attaches to them instead of starting more.
 
 The orchestration lives in :mod:`prefect_swarm.launch`; this module parses arguments and
 shows results (tables on stdout, progress on stderr).
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,6 +37,7 @@ from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import JobStatus
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.state import StateStore
+from prefect_swarm.swarm import job_lease
 
 job_app = typer.Typer(help="Run batch inference jobs against a swarm.", no_args_is_help=True)
 
@@ -72,8 +80,19 @@ def submit(
     detach: Annotated[bool, typer.Option("--detach", help="Return once submitted.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard an existing checkpoint; start over.")] = False,
     job_id: Annotated[str | None, typer.Option("--id", help="Job id (reuse one to resume it).")] = None,
+    max_failed_fraction: Annotated[
+        float | None,
+        typer.Option(
+            "--max-failed-fraction",
+            min=0.0,
+            max=1.0,
+            help="Most failed rows (share of all rows) for the job to count as succeeded (default 0.01); "
+            "above it the command exits 1.",
+        ),
+    ] = None,
 ) -> None:
-    """Submit a batch job: one process per shard, checkpointed; resubmitting the same --id resumes it."""
+    """Submit a batch job: one process per shard, checkpointed; resubmitting the same --id resumes it
+    (or attaches to its processes while they still run)."""
     from prefect_swarm.launch import submit_job
 
     try:
@@ -93,10 +112,14 @@ def submit(
             "concurrency": concurrency,
             "output_format": output_format,
             "swarm": swarm,
+            "max_failed_fraction": max_failed_fraction,
         },
     )
-    rec = submit_job(attach(swarm), spec, detach=True, overwrite=overwrite)
-    err_console.print(f"submitted job [bold]{rec.id}[/] ({spec.shards} shard(s)) to swarm '{swarm}'")
+    attached: list[str] = []
+    rec = submit_job(attach(swarm), spec, detach=True, overwrite=overwrite, on_attach=_attached(attached))
+    StateStore().put_lease(job_lease(swarm, rec.id))  # the swarm stays up while the job is active
+    if not attached:
+        err_console.print(f"submitted job [bold]{rec.id}[/] ({spec.shards} shard(s)) to swarm '{swarm}'")
     if detach:
         console.print(rec.id)
         return
@@ -107,17 +130,44 @@ def submit(
 def retry(
     job_id: IdArg,
     detach: Annotated[bool, typer.Option("--detach", help="Return once submitted.")] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="Discard the checkpoint and rerun every row (e.g. after an engine change)."),
+    ] = False,
 ) -> None:
-    """Rerun only the rows that ended as errors, then commit the output again."""
+    """Rerun only the rows that ended as errors, then commit the output again.
+
+    The swarm is looked up again (its endpoints, model and engine fingerprint as they are now); a
+    swarm whose engine changed since the job ran is refused (exit 2) unless --overwrite starts over."""
     from prefect_swarm.launch import submit_job
 
     rec = StateStore().require_job(job_id)
     if not rec.swarm or "input" not in rec.spec:
         raise ConfigError(f"job {job_id} is not a batch job on a swarm; nothing to retry.")
     spec = JobSpec.model_validate(rec.spec)
-    submit_job(attach(rec.swarm), spec, detach=True, retry_failed=True)
+    submit_job(
+        attach(rec.swarm),
+        spec,
+        detach=True,
+        retry_failed=not overwrite,
+        overwrite=overwrite,
+        on_attach=_attached([]),
+    )
     if not detach:
         _wait_and_show(job_id)
+
+
+def _attached(log: list[str]) -> Callable[[Any, list[dict[str, Any]]], None]:
+    """An ``on_attach`` for submit_job that says so on stderr (and remembers the job id in ``log``)."""
+
+    def on_attach(rec: Any, running: list[dict[str, Any]]) -> None:
+        shards = sorted({i for p in running for i in (p.get("shards") or [])})
+        log.append(rec.id)
+        err_console.print(
+            f"job [bold]{rec.id}[/] is still running (shards {shards}): attached to it; nothing new was started"
+        )
+
+    return on_attach
 
 
 def _wait_and_show(job_id: str, timeout_s: float | None = None) -> None:
@@ -202,6 +252,9 @@ def _print_status(doc: dict[str, Any]) -> None:
         console.print(f"process {b.get('id')}: {b.get('status')} {b.get('detail') or b.get('error') or ''}")
     if doc.get("manifest"):
         console.print(f"output: {doc['output']}  failed rows: {doc['manifest'].get('failed_rows')}")
+    if doc.get("verdict"):
+        style = "green" if doc["verdict"]["succeeded"] else "bold red"
+        console.print(f"[{style}]{doc['verdict']['message']}[/]", soft_wrap=True)
 
 
 @job_app.command("wait")

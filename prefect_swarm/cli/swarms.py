@@ -14,7 +14,7 @@ from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
 from prefect_swarm.cli.views import job_view, live_status, paths_view, prefect_history, record_view
 from prefect_swarm.config import load_config
-from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError
+from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError, StateError
 from prefect_swarm.interfaces import ServingPhase, ServingStatus
 from prefect_swarm.state import StateStore
 
@@ -72,8 +72,10 @@ def up(
     swarm = make_swarm(cfg, keep=keep, delete_on_exit=not keep)
     log.info("bringing up swarm '%s': %d x %s on %s", cfg.name, cfg.replicas, cfg.model_name, cfg.backend.type)
     ready: ServingStatus | None = None
+    from prefect_swarm.swarm import keep_lease
+
     try:
-        swarm.up()
+        swarm.join(keep_lease(cfg.name))  # held until `down`; waits if a run is bringing it up
         if no_wait:
             log.info("submitted; `prefect-swarm status %s` shows its progress", cfg.name)
         else:
@@ -133,7 +135,7 @@ def _print_status(doc: dict[str, Any]) -> None:
     total = sw["replicas"] or len(st["replicas"])
     console.print(f"[bold]{sw['name']}[/]  {st['phase']}  ({sw['backend']}, model {sw['model']})")
     console.print(
-        f"endpoint: {st.get('url') or sw['endpoint'] or '-'}   healthy replicas: "
+        f"endpoint: {st.get('url') or '-'}   healthy replicas: "
         f"{st['healthy_replicas']}/{total}   recorded phase: {sw['phase']}"
     )
     if st.get("detail"):
@@ -164,9 +166,10 @@ def _print_history(prefect: dict[str, Any]) -> None:
     if not runs:
         console.print("Prefect runs: none")
         return
-    cols = [c for c in ("name", "state", "state_name", "start_time", "end_time", "id") if c in runs[0]]
-    cols = cols or list(runs[0])[:6]
-    console.print(table("Prefect runs", cols, [[r.get(c) for c in cols] for r in runs]))
+    cols = {"flow_run_name": "name", "flow": "flow", "start": "start", "state": "state", "flow_run_id": "id"}
+    # rows are history.runs_for_swarm's; a row keyed by the column label itself is shown as well
+    rows = [[r.get(key, r.get(label)) for key, label in cols.items()] for r in runs]
+    console.print(table("Prefect runs", list(cols.values()), rows))
 
 
 def list_swarms(output: OutputOpt = OutputFormat.table) -> None:
@@ -205,8 +208,15 @@ def down(
     name: Annotated[str | None, typer.Argument(help="Swarm name (or --all).", show_default=False)] = None,
     all_: Annotated[bool, typer.Option("--all", help="Stop every swarm that is not already STOPPED.")] = False,
     yes: YesOpt = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Stop it even while flow runs or jobs hold a lease on it.")
+    ] = False,
 ) -> None:
-    """Stop a swarm (or all of them); idempotent. The record stays, phase STOPPED, until `db prune`."""
+    """Stop a swarm (or all of them); idempotent. The record stays, phase STOPPED, until `db prune`.
+
+    A swarm that a live flow run or job still holds (a lease) is not stopped unless --force: the
+    message names the holders; the last of them stops it when it ends.
+    """
 
     if (name is None) == (not all_):
         raise ConfigError("give either a swarm NAME or --all (not both). `prefect-swarm list` shows the swarms.")
@@ -220,10 +230,13 @@ def down(
         return
     confirm(f"Stop swarm(s) {', '.join(names)}?", yes)
     failed: list[str] = []
+    held: list[str] = []
     for one in names:
         try:
-            attach(one, store).down()
-            log.info("swarm '%s' stopped", one)
+            if _stop(one, store, force):
+                log.info("swarm '%s' stopped", one)
+            else:
+                held.append(one)
         except PrefectSwarmError as exc:
             if name is not None:
                 raise
@@ -234,6 +247,32 @@ def down(
             f"could not stop {len(failed)} swarm(s): {', '.join(failed)}",
             hint="rerun `prefect-swarm down NAME --debug` for each to see why.",
         )
+    if held:
+        raise StateError(
+            f"swarm(s) {', '.join(held)} still held by live users (see above); not stopped. "
+            "The last of them stops it when it ends; `prefect-swarm down NAME -y --force` stops it now."
+        )
+
+
+def _stop(name: str, store: StateStore, force: bool) -> bool:
+    """Release the KEEP lease of swarm ``name`` and stop it if no live lease is left (or ``force``)."""
+    from prefect_swarm.swarm import KEEP_OWNER
+
+    swarm = attach(name, store)
+    if force:
+        swarm.down()
+        return True
+    left = swarm.release(KEEP_OWNER, terminal_runs=_terminal_runs())
+    for lease in left:
+        log.warning("swarm '%s' is held by %s (%s lease)", name, lease.owner, lease.kind)
+    return not left
+
+
+def _terminal_runs() -> Any:
+    """Ask Prefect which flow runs ended, when it is configured (else flow-run leases count as live)."""
+    from prefect_swarm.tasks.reaper import terminal_runs
+
+    return terminal_runs
 
 
 def confirm(question: str, yes: bool) -> None:

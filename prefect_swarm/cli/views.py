@@ -5,6 +5,7 @@ Pure data (dicts that become JSON or tables); nothing here prints.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from typing import Any
@@ -28,7 +29,7 @@ def record_view(rec: SwarmRecord) -> dict[str, Any]:
         "phase": rec.phase.value,
         "model": rec.config.get("served_model_name") or rec.config.get("model"),
         "replicas": rec.config.get("replicas"),
-        "endpoint": handle.get("url"),
+        "endpoint": None if rec.phase is ServingPhase.STOPPED else handle.get("url"),
         "keep": rec.keep,
         "flow_run_id": rec.flow_run_id,
         "fingerprint": rec.fingerprint,
@@ -112,8 +113,8 @@ def paths_view(rec: SwarmRecord) -> dict[str, Any]:
 def prefect_history(name: str) -> dict[str, Any]:
     """Prefect runs of swarm ``name``: ``{available, runs, error}``; never raises, never hangs.
 
-    ``available`` is False when no history hook is installed; ``error`` says why the runs could
-    not be read (the Prefect API is unreachable, or took longer than the settings' timeout).
+    ``available`` is False when the runs could not be read; ``error`` then says why (the Prefect
+    API is unreachable, or took longer than the settings' timeout).
     """
     from prefect_swarm.cli.history import runs_for_swarm  # imports Prefect only when it is called
 
@@ -126,12 +127,13 @@ def prefect_history(name: str) -> dict[str, Any]:
             result["error"] = f"{type(exc).__name__}: {exc}"
 
     # a daemon thread, so a hung API call can neither block the command nor its exit
-    worker = threading.Thread(target=call, daemon=True, name="prefect-history")
+    # (run in a copy of this context: the caller's Prefect settings, e.g. temporary_settings, hold there)
+    worker = threading.Thread(target=contextvars.copy_context().run, args=(call,), daemon=True, name="prefect-history")
     worker.start()
     timeout = get_settings().prefect_api_timeout_s + 1.0
     worker.join(timeout)
     if worker.is_alive():
         result["error"] = f"timed out after {timeout:g} s"
     if "error" in result:
-        return {"available": True, "runs": [], "error": f"Prefect API unreachable ({result['error']})"}
+        return {"available": False, "runs": [], "error": f"Prefect API unreachable ({result['error']})"}
     return {"available": True, "runs": result.get("runs", []), "error": None}

@@ -66,8 +66,35 @@ class ContainerConfig(StrictModel):
     extra_args: list[str] = Field(default_factory=list, description="Extra runtime flags, one list item per flag.")
 
 
+class SlurmLBConfig(StrictModel):
+    """Resources of the Slurm load-balancer job (nginx, the reconciler and, with --overlap, every job
+    step run in its allocation). Unset fields fall back to the replicas' settings."""
+
+    cpus: Count = Field(default=1, description="CPUs of the LB job (--cpus-per-task).")
+    mem: str | None = Field(default=None, description="Memory of the LB job (--mem), e.g. 8G.")
+    partition: str | None = Field(
+        default=None,
+        description="Partition of the LB job (many sites refuse a GPU-less job in a GPU partition); "
+        "default: backend.lb_partition, else the replicas' partition.",
+    )
+    qos: str | None = Field(default=None, description="QoS of the LB job (--qos); default: backend.qos.")
+    account: str | None = Field(
+        default=None, description="Account of the LB job (--account); default: backend.account."
+    )
+    time_limit: str | None = Field(
+        default=None, description="Wall-time limit of the LB job (--time); default: backend.time_limit."
+    )
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_TIME.match(value):
+            raise ValueError(f"'{value}' is not a Slurm time (MM, MM:SS, HH:MM:SS or D-HH:MM:SS)")
+        return value
+
+
 class SlurmConfig(StrictModel):
-    """Replicas as one ``sbatch --array`` job, plus one nginx load-balancer job."""
+    """Replicas as ``sbatch --array`` tasks, plus one nginx load-balancer job."""
 
     type: Literal["slurm"] = Field(default="slurm", description="Backend discriminator: 'slurm'.")
     partition: str | None = Field(default=None, description="Partition for replica jobs (--partition).")
@@ -85,7 +112,10 @@ class SlurmConfig(StrictModel):
     lb_partition: str | None = Field(
         default=None, description="Partition for the load-balancer job; default: the replicas' partition."
     )
-    lb_port: Port = Field(default=9000, description="Port nginx listens on.")
+    lb_port: Port = Field(
+        default=9000, description="Port nginx prefers; when it is taken on the node, the LB picks a free one."
+    )
+    lb: SlurmLBConfig = Field(default_factory=SlurmLBConfig, description="Resources of the load-balancer job.")
     nginx_bin: str = Field(default="nginx", description="nginx executable on the compute nodes.")
     proxy_timeout_s: Seconds = Field(
         default=3600.0, description="nginx proxy read/send timeout; at least the job's request timeout."
@@ -154,13 +184,23 @@ class LeptonConfig(StrictModel):
         default=None,
         description="Name of a Lepton secret holding the endpoint's API token; default: the swarm's api_key.",
     )
-    resource_shape: str = Field(default="gpu.1xh100-sxm", description="Resource shape of each endpoint replica.")
+    resource_shape: str = Field(default="gpu.h100-sxm", description="Resource shape of each endpoint replica.")
     job_resource_shape: str = Field(default="cpu.small", description="Resource shape of each batch-job worker.")
     node_groups: list[str] = Field(default_factory=list, description="Node group ids to schedule on.")
     image: str = Field(default="vllm/vllm-openai:latest", description="Container image of the endpoint.")
     job_image: str | None = Field(
         default=None,
         description="Container image of batch jobs (needs prefect-swarm); default: the endpoint image.",
+    )
+    job_python: str = Field(
+        default="python3",
+        description="Interpreter of batch jobs inside job_image (it needs prefect-swarm); checked before "
+        "the endpoint starts.",
+    )
+    job_setup: list[str] = Field(
+        default_factory=list,
+        description="Shell lines run before each job process in the container, e.g. "
+        "'pip install prefect-swarm==<version>' when job_image lacks it; written verbatim.",
     )
     image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets used to pull private images.")
     mounts: list[LeptonMount] = Field(default_factory=list, description="Storage mounts for endpoint and jobs.")
@@ -169,6 +209,19 @@ class LeptonConfig(StrictModel):
         description="Path inside a mount where jobs write ledgers and output; must lie under a mount_path.",
     )
     ready_poll_s: Seconds = Field(default=5.0, description="Seconds between deployment state polls.")
+    job_queue_timeout_s: float | None = Field(
+        default=1800.0,
+        gt=0,
+        description="Seconds a batch job may stay Queueing (no capacity) before it is stopped and "
+        "reported failed; null waits forever.",
+    )
+    storage_check_timeout_s: float | None = Field(
+        default=300.0,
+        gt=0,
+        description="Before an endpoint is created, a tiny CPU job must read back a file this process "
+        "wrote under shared_path (proving both see the same storage) and import prefect_swarm with "
+        "job_python, within this many seconds; null skips the check.",
+    )
 
 
 BackendConfig = Annotated[LocalConfig | SlurmConfig | LeptonConfig, Field(discriminator="type")]

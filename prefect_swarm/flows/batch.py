@@ -9,59 +9,68 @@ automation and the reaper (``prefect_swarm.tasks.reaper``).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger, tags
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from prefect_swarm.flows.hooks import teardown_hook
-from prefect_swarm.flows.params import JobOptions, job_spec
+from prefect_swarm.flows.params import InputArg, JobArg, MaxFailedArg, OutputArg, ShardsArg, SwarmArg, job_spec
 from prefect_swarm.tasks._common import label_run, run_stop_event
-from prefect_swarm.tasks.jobs import plan_shards, run_and_commit
+from prefect_swarm.tasks.jobs import plan_shards, results_dir, run_and_commit
 from prefect_swarm.tasks.reaper import reap_quietly
-from prefect_swarm.tasks.swarm import block_ref, resolve_swarm, swarm_up, teardown_owned, wait_ready
+from prefect_swarm.tasks.swarm import block_ref, resolve_swarm, swarm_up, swarm_use, teardown_owned, wait_ready
 
 
 @flow(
     name="batch-inference",
+    persist_result=True,
+    result_storage=results_dir(),  # $PREFECT_SWARM_HOME/prefect-results of the run's process
     task_runner=ThreadPoolTaskRunner(max_workers=64),  # type: ignore[arg-type]
     on_cancellation=[teardown_hook],
     on_crashed=[teardown_hook],
 )
 def batch_inference(
-    swarm: str | dict[str, Any],
-    job: JobOptions | str,
-    input: str,
-    output: str,
-    shards: int = 1,
+    swarm: SwarmArg,
+    job: JobArg,
+    input: InputArg,
+    output: OutputArg,
+    shards: ShardsArg = 1,
     keep_swarm: bool = False,
     reuse: bool = True,
+    max_failed_fraction: MaxFailedArg = None,
+    sharing: Literal["shared", "exclusive"] = "shared",
 ) -> dict[str, Any]:
-    """Run a batch job on a swarm brought up (or reused) for it, then tear the swarm down.
+    """Run a batch job on a swarm brought up (or shared) for it, then release the swarm: it is
+    stopped when no other run or job holds it.
 
     Args:
         swarm: a SwarmSpec block name, a YAML config path, or an inline config (mapping).
         job: a job kind ('chat', 'completion', 'embedding', 'module:Class') or JobOptions.
         input: parquet file/folder or OpenAI Batch JSONL.
         output: output file (one row per input row).
-        shards: number of shards (job processes).
-        keep_swarm: leave the swarm running afterwards (a later run may reuse it).
-        reuse: reuse a live swarm serving the same engine instead of starting one.
+        shards: number of shards (job processes), at least 1.
+        keep_swarm: leave the swarm running afterwards (a later run may share it).
+        reuse: share a live kept swarm serving the same engine under another name.
+        max_failed_fraction: largest share of failed rows (0..1) for the run to be Completed;
+            above it the run is Failed with the counts and the failed-rows file. Default: the job's.
+        sharing: 'shared': concurrent runs share the swarm (each holds a lease; the last one stops
+            it); 'exclusive': one run at a time (the global concurrency limit swarm:NAME of 1).
     """
     started = time.monotonic()
     cfg = resolve_swarm(swarm)
     reap_quietly()
-    plan = plan_shards(job_spec(cfg, job, input, output, shards), cfg.name)
+    plan = plan_shards(job_spec(cfg, job, input, output, shards, max_failed_fraction), cfg.name)
     label_run(cfg.name, plan.spec.job_id)
     up_at = None
-    with tags(f"swarm:{cfg.name}", f"job:{plan.spec.job_id}"), run_stop_event():
+    with tags(f"swarm:{cfg.name}", f"job:{plan.spec.job_id}"), swarm_use(cfg.name, sharing), run_stop_event():
         try:
             live = None
             if plan.pending:
                 live = swarm_up(cfg, keep=keep_swarm, reuse=reuse, source=block_ref(swarm))
                 up_at = time.monotonic()
                 wait_ready(live)
-            return run_and_commit(plan, live, cfg, started, up_at)
+            return run_and_commit(plan, live, cfg, started, up_at, max_failed_fraction)
         finally:
             if up_at is not None:
                 get_run_logger().info("Swarm time this run: %.1f s.", time.monotonic() - up_at)

@@ -38,12 +38,15 @@ def _swarm_home_of(flow_run: Any) -> Iterator[None]:
 
 def teardown_hook(flow: Any, flow_run: Any, state: Any) -> None:
     """``on_cancellation`` / ``on_crashed``: stop shard polling, cancel jobs, stop owned swarms."""
+    from prefect.logging.loggers import flow_run_logger
+
     run_id = str(flow_run.id)
     signal_stop(run_id)
+    run_log = flow_run_logger(flow_run, flow)  # the run's own logs, also from the worker process
     try:
         with _swarm_home_of(flow_run):
-            stopped = teardown_flow_run(run_id)
+            stopped = teardown_flow_run(run_id, log=run_log)
     except Exception:  # a hook must not raise: the reaper retries later
-        log.exception("teardown of flow run %s failed; `prefect-swarm db prune` reaps it later", run_id)
+        run_log.exception("teardown of flow run %s failed; `prefect-swarm db prune` reaps it later", run_id)
         return
-    log.warning("flow run %s ended %s: stopped swarm(s) %s", run_id, state.name, ", ".join(stopped) or "none")
+    run_log.warning("flow run %s ended %s: stopped swarm(s) %s", run_id, state.name, ", ".join(stopped) or "none")

@@ -8,9 +8,9 @@ two cannot drift. The flow turns options + its own parameters into the JobSpec.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.jobs.spec import JobSpec
@@ -63,9 +63,20 @@ def job_options(job: JobOptions | str | dict[str, Any] | None) -> JobOptions:
     return JobOptions.model_validate(job)
 
 
-def job_spec(cfg: SwarmConfig, job: JobOptions | str | dict[str, Any], input: str, output: str, shards: int) -> JobSpec:
-    """The JobSpec for a flow's parameters on swarm ``cfg`` (the commit is the flow's own step)."""
-    return job_options(job).to_spec(
+def job_spec(
+    cfg: SwarmConfig,
+    job: JobOptions | str | dict[str, Any],
+    input: str,
+    output: str,
+    shards: int,
+    max_failed_fraction: float | None = None,
+) -> JobSpec:
+    """The JobSpec for a flow's parameters on swarm ``cfg`` (the commit is the flow's own step);
+    the flow's ``max_failed_fraction``, when given, overrides the job options' one."""
+    options = job_options(job)
+    if max_failed_fraction is not None:
+        options = options.model_copy(update={"max_failed_fraction": max_failed_fraction})
+    return options.to_spec(
         input=input,
         output=output,
         shards=shards,
@@ -73,3 +84,13 @@ def job_spec(cfg: SwarmConfig, job: JobOptions | str | dict[str, Any], input: st
         swarm_fingerprint=engine_fingerprint(cfg),
         auto_commit=False,
     )
+
+
+# Flow parameter types shared by the flows: constraints the UI form shows and the API enforces when
+# a run is created (a bad value is refused there, in one line). Descriptions: the flows' docstrings.
+SwarmArg = str | dict[str, Any]
+JobArg = JobOptions | str
+InputArg = Annotated[str, Field(min_length=1)]
+OutputArg = Annotated[str, Field(min_length=1)]
+ShardsArg = Annotated[int, Field(ge=1, le=10_000)]
+MaxFailedArg = Annotated[float | None, Field(ge=0.0, le=1.0)]

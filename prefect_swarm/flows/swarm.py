@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import flow, tags
 from prefect.task_runners import ThreadPoolTaskRunner
+from pydantic import Field
 
 from prefect_swarm.exceptions import StateError
 from prefect_swarm.flows.hooks import teardown_hook
-from prefect_swarm.flows.params import JobOptions, job_spec
+from prefect_swarm.flows.params import InputArg, JobArg, MaxFailedArg, OutputArg, ShardsArg, SwarmArg, job_spec
 from prefect_swarm.state import StateStore
+from prefect_swarm.swarm import flow_run_lease, flow_run_owner, keep_lease
 from prefect_swarm.tasks._common import current_flow_run_id, label_run, run_stop_event
-from prefect_swarm.tasks.jobs import plan_shards, run_and_commit
+from prefect_swarm.tasks.jobs import plan_shards, results_dir, run_and_commit
 from prefect_swarm.tasks.reaper import reap_quietly
 from prefect_swarm.tasks.swarm import block_ref, reattach, resolve_swarm, teardown_flow_run, wait_ready
 from prefect_swarm.tasks.swarm import swarm_down as swarm_down_task
@@ -21,45 +24,95 @@ from prefect_swarm.tasks.swarm import swarm_up as swarm_up_task
 
 
 @flow(name="swarm-up")
-def swarm_up(swarm: str | dict[str, Any], reuse: bool = True) -> dict[str, Any]:
+def swarm_up(
+    swarm: SwarmArg,
+    reuse: bool = True,
+) -> dict[str, Any]:
     """Bring a swarm up and leave it running (kept: the reaper leaves it alone) until `swarm-down`.
 
     If it never becomes ready it is torn down before the flow fails.
+
+    Args:
+        swarm: a SwarmSpec block name, a YAML config path, or an inline config (mapping).
+        reuse: share a live kept swarm serving the same engine under another name.
     """
     cfg = resolve_swarm(swarm)
     reap_quietly()
     label_run(cfg.name, None)
     live = swarm_up_task(cfg, keep=True, reuse=reuse, source=block_ref(swarm))
+    run_id = current_flow_run_id() or "-"
     try:
         endpoints = wait_ready(live)
     except BaseException:
-        teardown_flow_run(current_flow_run_id() or "-", include_kept=True)
+        teardown_flow_run(run_id, include_kept=True)
         raise
+    store = StateStore()
+    store.put_lease(keep_lease(live.cfg.name))  # held until `swarm-down` / `prefect-swarm down`
+    store.release_lease(live.cfg.name, flow_run_owner(run_id))
     return {"name": live.cfg.name, "endpoints": endpoints, "fingerprint": live.fingerprint}
 
 
 @flow(name="swarm-down")
-def swarm_down(name: str) -> None:
-    """Stop swarm ``name`` (idempotent)."""
+def swarm_down(
+    name: Annotated[str, Field(min_length=1)],
+    force: bool = False,
+) -> bool:
+    """Release the kept swarm ``name`` and stop it unless a run still holds a lease on it
+    (then the last holder stops it); ``force`` stops it whatever holds it. Idempotent.
+
+    Args:
+        name: the swarm's name (`prefect-swarm list` shows them).
+        force: stop it even while flow runs or jobs hold it.
+    """
+    label_run(name, None)
     with tags(f"swarm:{name}"):
-        swarm_down_task(name)
+        return swarm_down_task(name, force=force)
 
 
 @flow(
     name="run-job",
+    persist_result=True,
+    result_storage=results_dir(),  # $PREFECT_SWARM_HOME/prefect-results of the run's process
     task_runner=ThreadPoolTaskRunner(max_workers=64),  # type: ignore[arg-type]
     on_cancellation=[teardown_hook],
     on_crashed=[teardown_hook],
 )
-def run_job(name: str, job: JobOptions | str, input: str, output: str, shards: int = 1) -> dict[str, Any]:
-    """Run a batch job on the existing swarm ``name`` (which stays up afterwards)."""
+def run_job(
+    name: Annotated[str, Field(min_length=1)],
+    job: JobArg,
+    input: InputArg,
+    output: OutputArg,
+    shards: ShardsArg = 1,
+    max_failed_fraction: MaxFailedArg = None,
+) -> dict[str, Any]:
+    """Run a batch job on the existing swarm ``name`` (which stays up afterwards).
+
+    Args:
+        name: name of a swarm that is up (`prefect-swarm list`).
+        job: a job kind ('chat', 'completion', 'embedding', 'module:Class') or JobOptions.
+        input: parquet file/folder or OpenAI Batch JSONL.
+        output: output file (one row per input row).
+        shards: number of shards (job processes), at least 1.
+        max_failed_fraction: largest share of failed rows (0..1) for the run to be Completed;
+            default: the job's.
+    """
     started = time.monotonic()
     live = reattach(name, StateStore())
     if live.handle is None:
         raise StateError(f"swarm '{name}' has no handle: it was never brought up. `prefect-swarm up` it first.")
-    plan = plan_shards(job_spec(live.cfg, job, input, output, shards), name)
+    plan = plan_shards(job_spec(live.cfg, job, input, output, shards, max_failed_fraction), name)
     label_run(name, plan.spec.job_id)
+    run_id = current_flow_run_id()
+    store = live.store
+    if run_id is not None:  # hold it while the job runs: a `down` meanwhile leaves it to this run
+        if not store.list_leases(name):
+            store.put_lease(keep_lease(name))  # recorded before leases existed: it was meant to stay up
+        store.put_lease(dataclasses.replace(flow_run_lease(run_id), swarm=name))
     with tags(f"swarm:{name}", f"job:{plan.spec.job_id}"), run_stop_event():
-        if plan.pending:
-            wait_ready(live)
-        return run_and_commit(plan, live if plan.pending else None, live.cfg, started, started)
+        try:
+            if plan.pending:
+                wait_ready(live)
+            return run_and_commit(plan, live if plan.pending else None, live.cfg, started, started, max_failed_fraction)
+        finally:
+            if run_id is not None:
+                teardown_flow_run(run_id)

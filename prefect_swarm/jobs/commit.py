@@ -110,6 +110,14 @@ def commit_output(spec: JobSpec, *, force: bool = False, bucket_rows: int | None
         return _commit(spec, fp, signature, _bucket_rows(bucket_rows))
 
 
+def manifest_current(spec: JobSpec, manifest: Mapping[str, Any] | None) -> bool:
+    """``manifest`` describes the output of the ledger as it is now (no row was rerun since the commit)."""
+    if not manifest or not Path(spec.output).exists():
+        return False
+    spec = spec.model_copy(update={"retry_failed": False})
+    return manifest.get("signature") == _ledger_signature(spec, job_fingerprint(spec))
+
+
 def _bucket_rows(value: int | None) -> int:
     if value is None:
         raw = os.environ.get(BUCKET_ENV, "").strip()

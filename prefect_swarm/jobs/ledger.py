@@ -20,6 +20,7 @@ error is re-raised by every later flush, so no DONE marker can follow a lost par
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import queue
@@ -33,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prefect_swarm.exceptions import FingerprintMismatch
+from prefect_swarm.exceptions import ConfigError, FingerprintMismatch
 from prefect_swarm.jobs.fingerprint import describe_changes
 from prefect_swarm.paths import (
     ShardPaths,
@@ -134,10 +135,50 @@ def check_resumable(paths: ShardPaths, stamp: dict[str, Any]) -> None:
         f"refusing to resume shard {stamp['shard']}: its checkpoint in {paths.root} was written with "
         f"different settings:\n{changes}\n"
         "Hint: to discard the checkpoint and start over, submit again with --overwrite "
-        "(`prefect-swarm job submit ... --overwrite`, or "
+        "(`prefect-swarm job submit ... --overwrite`, `prefect-swarm job retry ID --overwrite`, or "
         "`python -m prefect_swarm.jobs.run ... --overwrite`); "
         "to keep it, run with the original settings or use another job_dir."
     )
+
+
+class ShardBusy(ConfigError):
+    """Another live process holds the shard's lock: one process per shard (exit 2, nothing touched)."""
+
+
+class ShardLock:
+    """The one-live-process-per-shard lock: ``flock`` on ``paths.lock``, held for the process's life.
+
+    The lock file holds the holder's pid (for the message). The kernel drops the lock when the
+    process ends, however it ends (kill -9 included), so a stale file never blocks a rerun.
+    """
+
+    def __init__(self, paths: ShardPaths) -> None:
+        self.paths = paths
+        self._fd: int | None = None
+
+    def acquire(self, what: str) -> None:
+        """Take the lock, or raise :class:`ShardBusy` naming ``what`` and the holder's pid."""
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ShardBusy(
+                f"{what} is already running (pid {pid}); its lock is {self.paths.lock}. "
+                "Wait for it (`prefect-swarm job wait`) or stop it (`prefect-swarm job cancel`) first."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Drop the lock (the process's exit drops it too)."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
 
 class ShardLedger:

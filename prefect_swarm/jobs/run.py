@@ -13,7 +13,8 @@ Exit codes:
     2   bad input: spec, dataset (missing column, duplicate ids, an all-null prompt column...), output
         location (the input itself, inside the input folder, unwritable), or a checkpoint written
         with different settings (FingerprintMismatch): nothing was sent. Also an input file found
-        damaged while streaming: the rows answered before it are kept in the ledger
+        damaged while streaming: the rows answered before it are kept in the ledger. Also another
+        live process already runs this shard (its lock, ``shard.lock``, is held): nothing touched
     75  requeue (EX_TEMPFAIL): stopped by SIGTERM/SIGUSR1/SIGINT; finished rows were flushed and a
         rerun resumes where this one stopped
 """

@@ -1,6 +1,8 @@
 """The replica watchdog: runs one engine process, health-checks it, restarts it, reports on it.
 
     python -m prefect_swarm.sidecar.watchdog --spec <swarm>/watchdog-<i>.json
+    python -m prefect_swarm.sidecar.watchdog --pick-port HOST PORT   # PORT if free on HOST, else a free one
+    python -m prefect_swarm.sidecar.watchdog --await-listen PID PORT # 0 once PID's tree listens on PORT
 
 * The replica runs in its own process group (so stopping it reaches vLLM's worker processes),
   with stdout+stderr appended to ``replica-<i>.log``.
@@ -13,7 +15,13 @@
   log tail, and the watchdog exits 1.
 * After ``wall_time_s`` the replica is stopped and the watchdog exits 0, so a swarm whose flow
   died cannot run forever.
-* SIGTERM/SIGINT stop the replica's process group (TERM, then KILL after ``stop_grace_s``) and exit.
+* SIGTERM/SIGINT/SIGHUP/SIGUSR1 stop the replica's process group (TERM, then KILL after
+  ``stop_grace_s``) and exit: a ``scancel --signal=USR1 --full`` leaves no engine behind.
+* With ``port_token`` set (Slurm), every start picks the port: ``preferred_port`` when it is free,
+  else one the kernel hands out, substituted for the token in ``argv`` and ``url`` and published as
+  ``port`` in the status file. A health answer counts only while no process outside the replica's
+  own process tree listens on that port (:func:`port_owner_ok`), so a server of another swarm or
+  user that holds the port is never taken for this replica.
 
 The status file (``SwarmPaths.replica_status(i)``) is rewritten atomically at every change and
 every check. The spec file holds no secrets: the API key reaches the replica through the
@@ -27,6 +35,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -34,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefect_swarm.interfaces.readiness import check_health
+from prefect_swarm.interfaces.readiness import ProbeResult, check_health
 from prefect_swarm.interfaces.types import ReplicaHealth
 from prefect_swarm.paths import SwarmPaths, atomic_write_json, read_json, read_tail
 
@@ -66,6 +75,8 @@ class WatchdogSpec:
     restart_backoff_s: float = 2.0
     wall_time_s: float | None = None
     stop_grace_s: float = 10.0
+    port_token: str | None = None
+    preferred_port: int | None = None
 
     @property
     def paths(self) -> SwarmPaths:
@@ -92,6 +103,57 @@ def process_create_time(pid: int) -> float | None:
         return None
 
 
+def pick_port(host: str, preferred: int | None) -> int:
+    """``preferred`` when it can be bound on ``host`` now, else a port the kernel picks."""
+    for port in ([preferred] if preferred else []) + [0]:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise OSError(f"no free port on {host}")
+
+
+def _tree(pid: int) -> set[int]:
+    import psutil
+
+    try:
+        return {pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))}
+    except psutil.Error:
+        return set()
+
+
+def await_listen(pid: int, port: int, timeout_s: float = 15.0) -> bool:
+    """True once ``pid`` (or a descendant) listens on ``port``; False when it died, or did not in time."""
+    import psutil
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and psutil.pid_exists(pid):
+        listeners = psutil.net_connections(kind="tcp")
+        owners = {c.pid for c in listeners if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+        if owners & _tree(pid):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def port_owner_ok(pid: int, port: int) -> bool:
+    """False when a process outside ``pid``'s tree (or one we may not see) listens on ``port``.
+
+    True when the listener is ``pid`` or one of its descendants, or when no listener is visible at
+    all on this host (an engine in another network namespace): then the health answer decides.
+    """
+    import psutil
+
+    try:
+        listeners = [c for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+    except psutil.Error:
+        return True
+    owners = {c.pid for c in listeners if c.laddr and c.laddr.port == port}
+    return not owners or owners <= _tree(pid)
+
+
 class Watchdog:
     """Supervises one replica according to a :class:`WatchdogSpec`."""
 
@@ -112,6 +174,8 @@ class Watchdog:
         self.tail = ""
         self.stop_requested: str | None = None
         self.born = time.time()
+        self.port: int | None = spec.preferred_port if spec.port_token is None else None
+        self.argv, self.url = spec.argv, spec.url
 
     # ------------------------------------------------------------------ status
     def write_status(self) -> None:
@@ -121,7 +185,8 @@ class Watchdog:
             self.paths.replica_status(self.spec.index),
             {
                 "index": self.spec.index,
-                "url": self.spec.url,
+                "url": self.url,
+                "port": self.port,
                 "health": self.healthy.value,
                 "pid": pid,
                 "pid_create_time": process_create_time(pid) if pid else None,
@@ -143,11 +208,17 @@ class Watchdog:
     def start(self) -> None:
         """Start the replica in its own process group, output appended to its log."""
         logf = self.paths.replica_log(self.spec.index)
+        token = self.spec.port_token
+        if token:
+            host = self.spec.url.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+            self.port = pick_port(host, self.spec.preferred_port)
+            self.argv = [a.replace(token, str(self.port)) for a in self.spec.argv]
+            self.url = self.spec.url.replace(token, str(self.port))
         with logf.open("ab") as out:
             out.write(f"\n--- prefect-swarm watchdog: start #{self.restarts} at {time.ctime()} ---\n".encode())
             out.flush()
             self.proc = subprocess.Popen(
-                self.spec.argv,
+                self.argv,
                 env={**os.environ, **self.spec.env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -157,7 +228,7 @@ class Watchdog:
         self.started_at = time.time()
         self.healthy, self.bad_checks, self.detail = ReplicaHealth.UNKNOWN, 0, "starting"
         self.up_this_start = False
-        log.info("replica %d started: pid %d", self.spec.index, self.proc.pid)
+        log.info("replica %d started: pid %d at %s", self.spec.index, self.proc.pid, self.url)
         self.write_status()
 
     def stop_replica(self) -> None:
@@ -186,7 +257,9 @@ class Watchdog:
         now = time.time()
         since = now - self.started_at
         timeout = min(5.0, max(1.0, self.spec.health_interval_s))
-        probe = check_health(self.spec.url, self.spec.health_path, timeout_s=timeout)
+        probe = check_health(self.url, self.spec.health_path, timeout_s=timeout)
+        if probe.ok and self._foreign_port():
+            probe = ProbeResult(False, f"port {self.port} is held by a process that is not this replica")
         if probe.ok:
             self.healthy, self.bad_checks = ReplicaHealth.HEALTHY, 0
             self.ever_healthy = self.up_this_start = True
@@ -202,6 +275,12 @@ class Watchdog:
         self.healthy = ReplicaHealth.UNHEALTHY
         self.detail = f"unhealthy ({self.bad_checks}/{UNHEALTHY_CHECKS}): {probe.detail}"
         return self.bad_checks < UNHEALTHY_CHECKS
+
+    def _foreign_port(self) -> bool:
+        """True when the port this replica picked is held by a process outside its tree."""
+        if not self.spec.port_token or self.proc is None or not self.port:
+            return False
+        return not port_owner_ok(self.proc.pid, self.port)
 
     def handle_failure(self, why: str) -> bool:
         """Stop the replica, then schedule a restart or give up. Returns False once failed."""
@@ -282,15 +361,27 @@ class Watchdog:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the watchdog of the spec file given by ``--spec``."""
     ap = argparse.ArgumentParser(description="Run and supervise one engine replica.")
-    ap.add_argument("--spec", required=True, type=Path, help="watchdog-<i>.json written by the backend")
+    group = ap.add_mutually_exclusive_group(required=True)
+    group.add_argument("--spec", type=Path, help="watchdog-<i>.json written by the backend")
+    group.add_argument(
+        "--pick-port", nargs=2, metavar=("HOST", "PORT"), help="print PORT if it is free on HOST, else a free port"
+    )
+    group.add_argument(
+        "--await-listen", nargs=2, type=int, metavar=("PID", "PORT"), help="exit 0 once PID listens on PORT, else 1"
+    )
     args = ap.parse_args(argv)
+    if args.pick_port:
+        print(pick_port(args.pick_port[0], int(args.pick_port[1])))
+        return 0
+    if args.await_listen:
+        return 0 if await_listen(*args.await_listen) else 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     data = read_json(args.spec)
     if not isinstance(data, dict):
         log.error("cannot read watchdog spec %s", args.spec)
         return 2
     dog = Watchdog(WatchdogSpec.from_dict(data))
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, dog.request_stop)
     return dog.run()
 

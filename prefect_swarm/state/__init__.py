@@ -1,5 +1,13 @@
-"""SQLite state of swarms and jobs (schema-versioned, safe under concurrent processes)."""
+"""SQLite state of swarms, their leases and jobs (schema-versioned, safe under concurrent processes)."""
 
-from prefect_swarm.state.store import SCHEMA_VERSION, JobRecord, StateStore, SwarmRecord
+from prefect_swarm.state.store import (
+    SCHEMA_VERSION,
+    Claim,
+    JobRecord,
+    LeaseKind,
+    LeaseRecord,
+    StateStore,
+    SwarmRecord,
+)
 
-__all__ = ["SCHEMA_VERSION", "JobRecord", "StateStore", "SwarmRecord"]
+__all__ = ["SCHEMA_VERSION", "Claim", "JobRecord", "LeaseKind", "LeaseRecord", "StateStore", "SwarmRecord"]

@@ -10,6 +10,7 @@ Rows hold redacted configs only: secrets never reach this file.
 
 from __future__ import annotations
 
+import enum
 import json
 import sqlite3
 import time
@@ -68,7 +69,23 @@ def _v3(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE swarms ADD COLUMN source TEXT")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3]
+def _v4(db: sqlite3.Connection) -> None:
+    db.execute(
+        """CREATE TABLE IF NOT EXISTS leases (
+            swarm TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            host TEXT,
+            pid INTEGER,
+            heartbeat REAL NOT NULL,
+            expires_at REAL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (swarm, owner)
+        )"""
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4]
 """Migration i brings the schema from version i to i+1. Append only."""
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -116,8 +133,53 @@ class JobRecord:
     updated_at: float = field(default_factory=time.time)
 
 
+class LeaseKind(enum.StrEnum):
+    """Who holds a swarm, and so how to tell that the holder is gone."""
+
+    FLOW_RUN = "flow_run"
+    """A Prefect flow run (owner ``flow-run:<id>``): dead once Prefect says the run is terminal."""
+    PROCESS = "process"
+    """A process on ``host`` (a CLI command waiting on a job): dead once its pid is gone there."""
+    JOB = "job"
+    """A job (owner ``job:<id>``, e.g. ``job submit`` without waiting): dead once the job is not active."""
+    KEEP = "keep"
+    """``up`` / ``keep_swarm``: never dead; only ``down`` releases it."""
+    TEARDOWN = "teardown"
+    """The swarm is being stopped: whoever wants it waits until this lease is gone."""
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """One holder of one swarm. A swarm is stopped only when none of its leases is live."""
+
+    swarm: str
+    owner: str
+    kind: LeaseKind
+    host: str | None = None
+    pid: int | None = None
+    heartbeat: float = field(default_factory=time.time)
+    expires_at: float | None = None
+    """Until then the lease is live whatever its owner does; after it, live while the owner is."""
+    created_at: float = field(default_factory=time.time)
+
+
+class Claim(enum.StrEnum):
+    """What :meth:`StateStore.claim_swarm` found."""
+
+    BRING_UP = "bring_up"
+    """No live swarm of that name: the caller's record was written (PENDING); it brings it up."""
+    ATTACH = "attach"
+    """A live (or coming up) swarm: the caller holds a lease on it now and waits for it."""
+    WAIT = "wait"
+    """The swarm is being stopped: nothing was written; ask again shortly."""
+
+
 _JSON_COLS = {"config", "handle", "spec", "progress"}
-_ENUM_COLS: dict[str, type[ServingPhase] | type[JobStatus]] = {"phase": ServingPhase, "status": JobStatus}
+_ENUM_COLS: dict[str, type[ServingPhase] | type[JobStatus] | type[LeaseKind]] = {
+    "phase": ServingPhase,
+    "status": JobStatus,
+    "kind": LeaseKind,
+}
 
 
 def _dump(col: str, value: Any) -> Any:
@@ -275,6 +337,91 @@ class StateStore:
             rows = db.execute("SELECT * FROM swarms WHERE flow_run_id = ?", (flow_run_id,)).fetchall()
         return [SwarmRecord(**_load(r)) for r in rows]
 
+    # ------------------------------------------------------------------ leases
+    def claim_swarm(
+        self, rec: SwarmRecord, lease: LeaseRecord, live_phases: frozenset[ServingPhase]
+    ) -> tuple[Claim, SwarmRecord | None]:
+        """Hold swarm ``rec.name`` for ``lease.owner``, atomically with deciding who brings it up.
+
+        Live (a phase in ``live_phases``): add the lease, return ATTACH and the stored record.
+        Not live: write ``rec`` and the lease, return BRING_UP. Being stopped (a TEARDOWN lease):
+        write nothing, return WAIT. Two callers never both get BRING_UP for one live swarm.
+        """
+        lease = replace(lease, swarm=rec.name)
+        with self._connect(write=True) as db:
+            tear = db.execute(
+                "SELECT 1 FROM leases WHERE swarm = ? AND kind = ?", (rec.name, LeaseKind.TEARDOWN.value)
+            ).fetchone()
+            if tear is not None:
+                return Claim.WAIT, None
+            row = db.execute("SELECT * FROM swarms WHERE name = ?", (rec.name,)).fetchone()
+            existing = SwarmRecord(**_load(row)) if row else None
+            self._insert(db, "leases", lease)
+            if existing is not None and existing.phase in live_phases:
+                return Claim.ATTACH, existing
+            if existing is not None:
+                rec = replace(rec, created_at=time.time())
+            self._insert(db, "swarms", replace(rec, updated_at=time.time()))
+            return Claim.BRING_UP, rec
+
+    def put_lease(self, lease: LeaseRecord) -> LeaseRecord:
+        """Insert or replace ``lease`` (one per swarm and owner)."""
+        with self._connect(write=True) as db:
+            self._insert(db, "leases", lease)
+        return lease
+
+    def list_leases(self, swarm: str | None = None) -> list[LeaseRecord]:
+        """Leases (of one swarm if given), oldest first."""
+        query, args = "SELECT * FROM leases", cast(tuple[str, ...], ())
+        if swarm is not None:
+            query, args = query + " WHERE swarm = ?", (swarm,)
+        with self._connect() as db:
+            rows = db.execute(query + " ORDER BY created_at, owner", args).fetchall()
+        return [LeaseRecord(**_load(r)) for r in rows]
+
+    def leases_of(self, owner: str) -> list[LeaseRecord]:
+        """Every lease ``owner`` holds."""
+        with self._connect() as db:
+            rows = db.execute("SELECT * FROM leases WHERE owner = ? ORDER BY created_at", (owner,)).fetchall()
+        return [LeaseRecord(**_load(r)) for r in rows]
+
+    def heartbeat_lease(self, swarm: str, owner: str, ttl_s: float) -> bool:
+        """Renew a lease for ``ttl_s`` more seconds; False if it is gone."""
+        now = time.time()
+        with self._connect(write=True) as db:
+            cur = db.execute(
+                "UPDATE leases SET heartbeat = ?, expires_at = ? WHERE swarm = ? AND owner = ?",
+                (now, now + ttl_s, swarm, owner),
+            )
+            return cur.rowcount > 0
+
+    def release_lease(self, swarm: str, owner: str) -> bool:
+        """Drop ``owner``'s lease on ``swarm``; True if there was one."""
+        with self._connect(write=True) as db:
+            return db.execute("DELETE FROM leases WHERE swarm = ? AND owner = ?", (swarm, owner)).rowcount > 0
+
+    def release_and_claim_teardown(
+        self, swarm: str, owner: str | None, dead: set[str], teardown: LeaseRecord
+    ) -> list[LeaseRecord]:
+        """Drop ``owner``'s lease and the ``dead`` owners' leases on ``swarm``, atomically; if no other
+        lease is left, take the TEARDOWN lease ``teardown`` (the caller then stops the swarm and
+        drops it) and return []; else return the leases that still hold the swarm."""
+        gone = {*dead, *([owner] if owner else [])}
+        with self._connect(write=True) as db:
+            for who in gone:
+                db.execute("DELETE FROM leases WHERE swarm = ? AND owner = ?", (swarm, who))
+            rows = db.execute("SELECT * FROM leases WHERE swarm = ? ORDER BY created_at", (swarm,)).fetchall()
+            left = [LeaseRecord(**_load(r)) for r in rows]
+            if left:
+                return left
+            self._insert(db, "leases", replace(teardown, swarm=swarm))
+            return []
+
+    def clear_leases(self, swarm: str) -> int:
+        """Drop every lease on ``swarm`` (it was stopped); return how many."""
+        with self._connect(write=True) as db:
+            return db.execute("DELETE FROM leases WHERE swarm = ?", (swarm,)).rowcount
+
     # ------------------------------------------------------------------ jobs
     def put_job(self, rec: JobRecord) -> JobRecord:
         """Insert or replace the record of job ``rec.id``."""
@@ -341,6 +488,14 @@ class StateStore:
             return db.execute("DELETE FROM jobs WHERE id = ?", (job_id,)).rowcount > 0
 
     # ------------------------------------------------------------------ shared
+    @staticmethod
+    def _insert(db: sqlite3.Connection, table: str, rec: Any) -> None:
+        cols = list(type(rec).__dataclass_fields__)
+        db.execute(
+            f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+            [_dump(c, getattr(rec, c)) for c in cols],
+        )
+
     def _update(
         self,
         table: str,

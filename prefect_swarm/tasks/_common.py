@@ -109,16 +109,33 @@ def current_task_run_id() -> str | None:
 
 def label_run(swarm_name: str, job_id: str | None) -> None:
     """Tag the current flow run ``swarm:<name>`` and ``job:<id>`` (``history`` joins on these)."""
+    tag_run(f"swarm:{swarm_name}", *([f"job:{job_id}"] if job_id else []))
+
+
+def tag_run(*wanted: str) -> None:
+    """Add ``wanted`` to the current flow run's tags (as the API has them now)."""
     from prefect import get_client, get_run_logger
-    from prefect.runtime import flow_run
 
     run_id = current_flow_run_id()
-    if run_id is None:
+    if run_id is None or not wanted:
         return
-    wanted = [f"swarm:{swarm_name}"] + ([f"job:{job_id}"] if job_id else [])
-    current = list(flow_run.tags or [])
     try:
         with get_client(sync_client=True) as client:
+            current = client.read_flow_run(uuid.UUID(run_id)).tags or []
             client.update_flow_run(uuid.UUID(run_id), tags=sorted({*current, *wanted}))
     except Exception as exc:  # labels are for history only; never fail a run for them
         get_run_logger().warning("could not tag flow run %s: %s", run_id, exc)
+
+
+def run_logger(fallback: str = "prefect_swarm.tasks") -> Any:
+    """The current run's logger (its messages reach that run's logs in the UI); outside a run,
+    the plain logger ``fallback``."""
+    import logging
+
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(fallback)

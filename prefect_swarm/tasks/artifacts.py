@@ -6,10 +6,9 @@ redacted swarm config.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from prefect_swarm.config import SwarmConfig
 
@@ -20,21 +19,34 @@ def summary_row(
     cfg: SwarmConfig,
     wall_s: float,
     swarm_s: float,
+    *,
+    tokens_before: int = 0,
+    flow_run: str | None = None,
+    swarm_name: str | None = None,
 ) -> dict[str, Any]:
-    """The run's numbers: rows ok/failed/skipped, tokens, tok/s, wall time, GPU-hours."""
-    skipped = sum(int(r.get("total") or 0) for r in shard_results if r.get("how") == "skipped")
+    """The run's numbers: swarm, model, flow run, rows ok/failed/cached, tokens, tok/s of THIS run
+    (tokens this run produced: the shards' totals less ``tokens_before``, what their ledgers held
+    when the run started), wall time, swarm time, GPU-hours."""
+    cached = sum(int(r.get("total") or 0) for r in shard_results if r.get("how") == "skipped")
     ran = [r for r in shard_results if r.get("how") != "skipped"]
     tokens_run = sum(int(r.get("prompt_tokens") or 0) + int(r.get("completion_tokens") or 0) for r in ran)
+    tokens_run = max(tokens_run - tokens_before, 0)
     gpus = cfg.replicas * max(cfg.gpus_per_replica, 0)
     return {
+        "swarm": swarm_name or cfg.name,
+        "model": cfg.model_name,
+        "flow_run": flow_run,
         "rows": manifest.get("rows", 0),
         "ok": manifest.get("ok", 0),
         "failed": manifest.get("failed", 0),
-        "skipped": skipped,
+        "skipped": cached,
+        "cached": cached,
         "prompt_tokens": manifest.get("prompt_tokens", 0),
         "completion_tokens": manifest.get("completion_tokens", 0),
+        "tokens_this_run": tokens_run,
         "tok_per_s": round(tokens_run / wall_s, 1) if wall_s > 0 else 0.0,
         "wall_s": round(wall_s, 2),
+        "swarm_s": round(swarm_s, 2),
         "gpu_hours": round(gpus * swarm_s / 3600.0, 4),
     }
 
@@ -47,7 +59,8 @@ def _key(job_id: str | None, what: str) -> str:
 def publish_summary(
     job_id: str | None, row: dict[str, Any], shard_results: list[dict[str, Any]], manifest: dict[str, Any]
 ) -> None:
-    """Summary table, per-shard table, and links to the output and the failed rows."""
+    """Summary table, per-shard table, and a report naming the output and failed-rows files by
+    path (a browser cannot open a ``file://`` link to the worker's disk)."""
     create_table_artifact(key=_key(job_id, "summary"), table=[row], description=f"job {job_id}: run summary")
     shards = [
         {
@@ -67,26 +80,26 @@ def publish_summary(
     ]
     if shards:
         create_table_artifact(key=_key(job_id, "shards"), table=shards, description=f"job {job_id}: shards")
-    output = manifest.get("output")
-    if output:
-        create_link_artifact(
-            key=_key(job_id, "output"),
-            link=Path(output).resolve().as_uri(),
-            link_text=str(output),
-            description=f"job {job_id}: output",
-        )
-    failed = manifest.get("failed_rows")
-    if failed and int(manifest.get("failed") or 0) > 0:
-        create_link_artifact(
-            key=_key(job_id, "failed-rows"),
-            link=Path(failed).resolve().as_uri(),
-            link_text=str(failed),
-            description=f"job {job_id}: failed rows (JSONL: id, error)",
+    if manifest.get("output"):
+        lines = [f"Output: `{manifest.get('output')}` ({manifest.get('rows', 0)} rows)"]
+        if int(manifest.get("failed") or 0) and manifest.get("failed_rows"):
+            lines.append(f"Failed rows (JSONL: id, error): `{manifest.get('failed_rows')}`")
+        create_markdown_artifact(
+            key=_key(job_id, "output"), markdown="\n\n".join(lines), description=f"job {job_id}: output"
         )
     create_markdown_artifact(
         key=_key(job_id, "report"),
         markdown=_markdown(job_id, row, manifest),
         description=f"job {job_id}: report",
+    )
+
+
+def publish_all_cached(job_id: str | None, manifest: dict[str, Any]) -> None:
+    """A rerun with nothing to do: leave the summary of the run that did the work, say so once."""
+    create_markdown_artifact(
+        markdown=f"# Job `{job_id}`\n\n0 rows sent, all cached: the output `{manifest.get('output')}` "
+        f"({manifest.get('rows', 0)} rows) was already committed.",
+        description=f"job {job_id}: rerun, all cached",
     )
 
 

@@ -17,17 +17,28 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
+from prefect.states import Cancelled
 
 from prefect_swarm import launch
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import ConfigError, JobError
+from prefect_swarm.jobs.commit import manifest_verdict
 from prefect_swarm.jobs.plan import shard_done, shard_progress
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.launch import JobPlan, ShardStopped, ShardWatch
 from prefect_swarm.settings import get_settings
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.tasks._common import current_flow_run_id, current_task_run_id, retry_on_type, stop_event
-from prefect_swarm.tasks.artifacts import publish_summary, summary_row
+from prefect_swarm.tasks.artifacts import publish_all_cached, publish_summary, summary_row
+from prefect_swarm.tasks.events import job_event
+
+
+class JobFailed(JobError):
+    """More rows failed than the run's ``max_failed_fraction`` allows (the output is committed)."""
+
+
+SHARD_STOP_WAIT_S = 10.0
+"""Most seconds an ending run waits for its shard tasks to stop and report Cancelled."""
 
 ARTIFACT_EVERY_S = 3.0
 """Least seconds between two progress-artifact updates (each is an API call)."""
@@ -54,9 +65,14 @@ def plan_shards(spec: JobSpec, swarm_name: str) -> JobPlan:
 
 
 def shard_cache_key(context: Any, parameters: dict[str, Any]) -> str:
-    """Cache key of a shard task: job fingerprint, shard, shard count (the endpoint is not part of it)."""
-    fp, shard, nshards = parameters["fingerprint"], parameters["shard"], parameters["spec"].shards
-    return f"prefect-swarm-{fp}-shard-{shard}-of-{nshards}"
+    """Cache key of a shard task: output, job fingerprint, shard, shard count (not the endpoint):
+    two jobs over one input with different outputs never share an entry."""
+    import hashlib
+
+    spec = parameters["spec"]
+    fp, shard, nshards = parameters["fingerprint"], parameters["shard"], spec.shards
+    out = hashlib.sha256(str(Path(spec.output).expanduser().resolve()).encode()).hexdigest()[:12]
+    return f"prefect-swarm-{fp}-out-{out}-shard-{shard}-of-{nshards}"
 
 
 @task(
@@ -68,8 +84,9 @@ def shard_cache_key(context: Any, parameters: dict[str, Any]) -> str:
     retry_delay_seconds=3,
     retry_condition_fn=retry_on_type,
 )
-def run_shard(spec: JobSpec, shard: int, fingerprint: str, swarm: Swarm | None = None) -> dict[str, Any]:
-    """Run shard ``shard`` of ``spec`` to the end (resuming its ledger); return its progress."""
+def run_shard(spec: JobSpec, shard: int, fingerprint: str, swarm: Swarm | None = None) -> Any:
+    """Run shard ``shard`` of ``spec`` to the end (resuming its ledger); return its progress, or a
+    Cancelled state when the flow run ends first."""
     if shard_done(spec, shard, fingerprint):
         return launch.shard_summary(spec, shard, "skipped")
     if swarm is None:
@@ -87,9 +104,32 @@ def run_shard(spec: JobSpec, shard: int, fingerprint: str, swarm: Swarm | None =
         log.warning(
             "Shard %d: the flow run is ending; job %s was cancelled (it flushes its checkpoint).", shard, handle.id
         )
-        raise JobError(f"shard {shard} of job {spec.job_id} stopped: the flow run is ending.") from None
+        # Cancelled, not Failed: nothing went wrong with the shard; a rerun resumes it from the ledger
+        return Cancelled(message=f"shard {shard} of job {spec.job_id} stopped: the flow run is ending.")
     progress.update(force=True)
-    return watch.outcome(probe)
+    try:
+        result = watch.outcome(probe)
+    except Exception as exc:
+        job_event("shard.failed", str(spec.job_id), swarm.cfg.name, shard=shard, error=str(exc).splitlines()[0])
+        raise
+    done, failed = int(result.get("done") or 0), int(result.get("failed") or 0)
+    if done and failed / done > spec.max_failed_fraction:
+        log.warning(
+            "Shard %d: %d of %d rows failed (%.1f%%), above max_failed_fraction %g; failed rows: %s.",
+            shard,
+            failed,
+            done,
+            100.0 * failed / done,
+            spec.max_failed_fraction,
+            spec.paths.failed_rows,
+        )
+    counts = {k: result.get(k) for k in ("done", "failed", "total", "prompt_tokens", "completion_tokens")}
+    job_event("shard.completed", str(spec.job_id), swarm.cfg.name, shard=shard, **counts)
+    return result
+
+
+def _tokens(progress: dict[str, Any]) -> int:
+    return int(progress.get("prompt_tokens") or 0) + int(progress.get("completion_tokens") or 0)
 
 
 class _ProgressArtifact:
@@ -106,11 +146,16 @@ class _ProgressArtifact:
         total = int(p.get("total") or 0)
         return 100.0 if total == 0 else round(100.0 * int(p.get("done") or 0) / total, 1)
 
+    def _description(self) -> str:
+        p = shard_progress(self.spec, self.shard)
+        done, failed, total = int(p.get("done") or 0), int(p.get("failed") or 0), int(p.get("total") or 0)
+        return f"job {self.spec.job_id} shard {self.shard}: {done - failed} ok, {failed} failed of {total} rows"
+
     def update(self, force: bool = False) -> None:
         now = time.monotonic()
         if force or now - self.last >= ARTIFACT_EVERY_S:
             self.last = now
-            update_progress_artifact(artifact_id=self.id, progress=self._percent())
+            update_progress_artifact(artifact_id=self.id, progress=self._percent(), description=self._description())
 
 
 def run_shards(plan: JobPlan, live: Swarm | None) -> list[dict[str, Any]]:
@@ -124,7 +169,14 @@ def run_shards(plan: JobPlan, live: Swarm | None) -> list[dict[str, Any]]:
         task.with_options(refresh_cache=i in plan.pending).submit(spec, i, plan.fingerprint, live)
         for i in range(spec.shards)
     ]
-    wait(futures)
+    try:
+        wait(futures)
+    except BaseException:
+        # the run is ending (cancel: a termination signal here): stop the shards and let them
+        # report Cancelled before the process goes, rather than be left Running or Crashed
+        stop_event().set()
+        wait(futures, timeout=SHARD_STOP_WAIT_S)
+        raise
     failed = [i for i, f in enumerate(futures) if not f.state.is_completed()]
     if failed:
         futures[failed[0]].result()  # raises the first shard's error
@@ -137,6 +189,8 @@ def commit_output(spec: JobSpec) -> dict[str, Any]:
     """Merge the shard ledgers into the output (cheap when already committed); return the manifest."""
     assert spec.job_id is not None
     manifest = launch.commit_job(spec.job_id)
+    counts = {k: manifest.get(k) for k in ("rows", "ok", "failed", "output", "failed_rows")}
+    job_event("committed", spec.job_id, spec.swarm, **counts)
     get_run_logger().info(
         "Output %s: %s rows (%s ok, %s failed).",
         manifest.get("output"),
@@ -148,15 +202,49 @@ def commit_output(spec: JobSpec) -> dict[str, Any]:
 
 
 def run_and_commit(
-    plan: JobPlan, live: Swarm | None, cfg: SwarmConfig, started: float, up_at: float | None
+    plan: JobPlan,
+    live: Swarm | None,
+    cfg: SwarmConfig,
+    started: float,
+    up_at: float | None,
+    max_failed_fraction: float | None = None,
 ) -> dict[str, Any]:
-    """Run the shards, commit, publish the summary; return the run's numbers and paths."""
+    """Run the shards, commit, publish the summary; return the run's numbers and paths.
+
+    Raise JobFailed (the run ends Failed, with the counts and the failed-rows file) when more
+    rows failed than ``max_failed_fraction`` (default: the job's own) allows.
+    """
+    before = sum(_tokens(shard_progress(plan.spec, i)) for i in plan.pending)
     results = run_shards(plan, live)
     manifest = commit_output(plan.spec)
     swarm_s = time.monotonic() - up_at if up_at is not None else 0.0
-    row = summary_row(manifest, results, live.cfg if live else cfg, time.monotonic() - started, swarm_s)
-    publish_summary(plan.spec.job_id, row, results, manifest)
-    get_run_logger().info("Job %s: %s", plan.spec.job_id, row)
+    used = live.cfg if live else cfg
+    row = summary_row(
+        manifest,
+        results,
+        used,
+        time.monotonic() - started,
+        swarm_s,
+        tokens_before=before,
+        flow_run=current_flow_run_id(),
+    )
+    log = get_run_logger()
+    if plan.pending:
+        publish_summary(plan.spec.job_id, row, results, manifest)
+        log.info("Job %s: %s", plan.spec.job_id, row)
+    else:
+        publish_all_cached(plan.spec.job_id, manifest)
+        log.info(
+            "Job %s: 0 rows sent, all cached (%s rows committed in %s).",
+            plan.spec.job_id,
+            row["rows"],
+            manifest.get("output"),
+        )
+    limit = plan.spec.max_failed_fraction if max_failed_fraction is None else max_failed_fraction
+    verdict = manifest_verdict(manifest, limit)
+    if not verdict.succeeded:
+        raise JobFailed(f"job {plan.spec.job_id} {verdict.message()}")
+    log.info("Job %s %s", plan.spec.job_id, verdict.message())
     return {
         **row,
         "job_id": plan.spec.job_id,

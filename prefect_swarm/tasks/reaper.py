@@ -5,8 +5,10 @@ heartbeat zombie automation turns a silent run Crashed) the swarm it owned is an
 reaper runs at the start of every flow, in ``prefect-swarm db prune`` and as the scheduled
 ``reap-orphans`` deployment.
 
-It only acts on what the Prefect API *says*: a swarm is stopped when its flow run is in a
-terminal state (Completed, Failed, Cancelled, Crashed). When the API is unreachable, not
+It only acts on what the Prefect API *says*: a swarm is stopped when every lease on it is dead
+(a flow run in a terminal state — Completed, Failed, Cancelled, Crashed —, a process gone, a job
+ended) and none is a KEEP lease; a swarm without leases (recorded before leases existed) when
+the flow run that brought it up is terminal. When the API is unreachable, not
 configured, or does not know the run, it does nothing destructive. Prefect is imported only
 inside the query, so importing this module stays cheap.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
 from prefect_swarm.settings import get_settings
 from prefect_swarm.state import StateStore, SwarmRecord
@@ -83,55 +86,101 @@ def flow_run_states(run_ids: list[str]) -> dict[str, str]:
     return {str(r.id): r.state.type.value for r in runs if r.state is not None}
 
 
+def terminal_runs(run_ids: list[str]) -> set[str]:
+    """The flow runs among ``run_ids`` that Prefect says have ended; none when it cannot be asked."""
+    try:
+        states = flow_run_states(run_ids)
+    except PrefectUnavailable as exc:
+        log.warning("cannot tell whether flow runs ended (%s): their leases count as live.", exc)
+        return set()
+    return {rid for rid, state in states.items() if state in TERMINAL}
+
+
+def _strict_terminal_runs(run_ids: list[str]) -> set[str]:
+    states = flow_run_states(run_ids)  # PrefectUnavailable goes up: the reaper then does nothing
+    return {rid for rid, state in states.items() if state in TERMINAL}
+
+
 def orphan_candidates(store: StateStore) -> list[SwarmRecord]:
-    """Live, not-kept swarms that a flow run brought up."""
+    """Live swarms no KEEP lease holds and, without leases, not kept and brought up by a flow run."""
+    from prefect_swarm.state import LeaseKind
     from prefect_swarm.swarm import LIVE_PHASES
 
-    return [r for r in store.list_swarms() if r.phase in LIVE_PHASES and r.flow_run_id and not r.keep]
+    out = []
+    for rec in store.list_swarms():
+        if rec.phase not in LIVE_PHASES:
+            continue
+        leases = store.list_leases(rec.name)
+        if leases:
+            if not any(x.kind in (LeaseKind.KEEP, LeaseKind.TEARDOWN) for x in leases):
+                out.append(rec)
+        elif rec.flow_run_id and not rec.keep:
+            out.append(rec)
+    return out
 
 
-def reap_orphans(store: StateStore | None = None, *, dry_run: bool = False) -> list[str]:
-    """Stop every orphan swarm; return their names. Does nothing when Prefect cannot be asked."""
+def reap_orphans(store: StateStore | None = None, *, dry_run: bool = False, logger: Any = None) -> list[str]:
+    """Stop every orphan swarm; return their names. Does nothing when Prefect cannot be asked.
+
+    Messages go to ``logger`` (the run logger of the run doing it), else this module's logger.
+    """
+    from prefect_swarm.swarm import dead_owners
+
+    say = logger or log
     store = store or StateStore()
-    candidates = orphan_candidates(store)
-    if not candidates:
-        return []
-    try:
-        states = flow_run_states([str(r.flow_run_id) for r in candidates])
-    except PrefectUnavailable as exc:
-        log.warning("orphan reaper did nothing: %s", exc)
-        return []
     reaped = []
-    for rec in candidates:
-        state = states.get(str(rec.flow_run_id))
-        if state not in TERMINAL:
-            continue
-        log.warning("swarm '%s' outlived its flow run %s (%s): stopping it", rec.name, rec.flow_run_id, state)
-        if not dry_run and not _stop(rec, store):
-            continue
-        reaped.append(rec.name)
+    try:
+        for rec in orphan_candidates(store):
+            leases = store.list_leases(rec.name)
+            if leases:
+                dead = dead_owners(leases, store, _strict_terminal_runs)
+                if {x.owner for x in leases} - dead:
+                    continue
+                why = "its lease holders are gone: " + ", ".join(sorted(dead))
+            else:
+                state = flow_run_states([str(rec.flow_run_id)]).get(str(rec.flow_run_id))
+                if state not in TERMINAL:
+                    continue
+                why = f"its flow run {rec.flow_run_id} is {state}"
+            say.warning("swarm '%s' outlived its users (%s): stopping it", rec.name, why)
+            if not dry_run and not _stop(rec, store, [x.owner for x in leases], say):
+                continue
+            if not dry_run:
+                from prefect_swarm.tasks.events import swarm_event
+
+                swarm_event("reaped", rec.name, source=rec.source, why=why)
+            reaped.append(rec.name)
+    except PrefectUnavailable as exc:
+        say.warning("orphan reaper did nothing more: %s", exc)
     return reaped
 
 
-def _stop(rec: SwarmRecord, store: StateStore) -> bool:
-    from prefect_swarm.tasks.swarm import teardown_flow_run
+def _stop(rec: SwarmRecord, store: StateStore, owners: list[str], say: Any) -> bool:
+    from prefect_swarm.tasks.swarm import cancel_flow_run_jobs, reattach, teardown_flow_run
 
     try:
-        teardown_flow_run(str(rec.flow_run_id))
+        if not owners:
+            teardown_flow_run(str(rec.flow_run_id), log=say)
+            return True
+        for owner in owners:
+            if owner.startswith("flow-run:"):
+                cancel_flow_run_jobs(owner.removeprefix("flow-run:"), store)
+        reattach(rec.name, store).release(None, terminal_runs=_strict_terminal_runs, log=say.info)
     except Exception as exc:
-        log.error("could not stop orphan swarm '%s': %s", rec.name, exc)
+        say.error("could not stop orphan swarm '%s': %s", rec.name, exc)
         return False
     return True
 
 
 def reap_quietly() -> None:
-    """Run the orphan reaper from inside a flow run; log (never raise) what it did."""
+    """Run the orphan reaper from inside a flow run; log (never raise) what it did, to the run's log."""
     from prefect import get_run_logger
 
+    run_log = get_run_logger()
     try:
-        reaped = reap_orphans()
+        reaped = reap_orphans(logger=run_log)
     except Exception as exc:
-        get_run_logger().warning("orphan reaper skipped: %s", exc)
+        run_log.warning("orphan reaper skipped: %s", exc)
         return
     if reaped:
-        get_run_logger().warning("Reaped orphan swarm(s) of ended flow runs: %s", ", ".join(reaped))
+        run_log.warning("Reaped orphan swarm(s) of ended flow runs: %s", ", ".join(reaped))

@@ -1,13 +1,18 @@
-"""Swarm tasks: resolve the ``swarm`` parameter, bring up (or reuse), wait ready, tear down.
+"""Swarm tasks: resolve the ``swarm`` parameter, bring up (or share), wait ready, release.
 
-Teardown is owned by flow run: a swarm's SQLite record carries the id of the flow run that
-brought it up, so the flow's ``finally``, its hooks and the reaper all find it the same way
-(:func:`teardown_flow_run`). A reused swarm belongs to someone else and is never torn down here.
+A flow run holds a lease on every swarm it uses (``flow-run:<id>``, see
+:class:`~prefect_swarm.state.LeaseRecord`): the first run brings the swarm up, a concurrent one
+waits for it and shares it. Teardown releases the run's leases; a swarm stops only when no live
+lease is left. The flow's ``finally``, its hooks and the reaper all do it the same way
+(:func:`teardown_flow_run`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +23,20 @@ from prefect_swarm import launch
 from prefect_swarm.config import SwarmConfig, load_config
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import ServingHandle
-from prefect_swarm.state import StateStore, SwarmRecord
-from prefect_swarm.swarm import LIVE_PHASES, Swarm, engine_fingerprint, missing_secrets
-from prefect_swarm.tasks._common import current_flow_run_id, retry_on_type
+from prefect_swarm.state import LeaseRecord, StateStore, SwarmRecord
+from prefect_swarm.swarm import (
+    KEEP_OWNER,
+    LIVE_PHASES,
+    Swarm,
+    engine_fingerprint,
+    flow_run_lease,
+    flow_run_owner,
+    keep_lease,
+    missing_secrets,
+    process_lease,
+)
+from prefect_swarm.tasks._common import current_flow_run_id, retry_on_type, run_logger
+from prefect_swarm.tasks.events import swarm_event
 
 logger = logging.getLogger("prefect_swarm.tasks")
 
@@ -121,46 +137,63 @@ def attach(cfg: SwarmConfig, rec: SwarmRecord, store: StateStore) -> Swarm:
     return Swarm(cfg, store=store, handle=handle, flow_run_id=rec.flow_run_id, keep=rec.keep, source=rec.source)
 
 
-def _check_name_free(cfg: SwarmConfig, store: StateStore, flow_run_id: str | None) -> None:
-    rec = store.get_swarm(cfg.name)
-    if rec is None or rec.phase not in LIVE_PHASES or rec.flow_run_id == flow_run_id:
-        return
-    if rec.fingerprint != engine_fingerprint(cfg):
-        raise ConfigError(
-            f"swarm '{cfg.name}' is live with a different model/engine/backend "
-            f"(fingerprint {rec.fingerprint}). "
-            f"`prefect-swarm down {cfg.name}` first, or pick another name."
-        )
+def _current_lease() -> LeaseRecord:
+    run_id = current_flow_run_id()
+    return flow_run_lease(run_id) if run_id else process_lease()
+
+
+def _adopt_unleased(rec: SwarmRecord, store: StateStore) -> None:
+    """A live swarm with no lease at all was brought up before leases existed (or by hand):
+    give it the KEEP lease its keep flag / lack of owner meant, so a sharer does not stop it."""
+    if (rec.keep or rec.flow_run_id is None) and not store.list_leases(rec.name):
+        store.put_lease(keep_lease(rec.name))
 
 
 @task(name="swarm-up", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=retry_on_type)
 def swarm_up(cfg: SwarmConfig, keep: bool = False, reuse: bool = True, source: str | None = None) -> Swarm:
-    """Reuse a matching live swarm (``reuse``), else start this one, owned by the current flow run.
+    """Hold a lease on swarm ``cfg.name`` and bring it up, or share it when it is live or being
+    brought up by another run (waiting for that, never starting it twice). With ``reuse``, a
+    live kept swarm serving the same engine under another name is shared instead.
 
     ``source`` (see :func:`block_ref`) is recorded so teardown elsewhere can reload the secrets.
     """
     log = get_run_logger()
     store = StateStore()
     flow_run_id = current_flow_run_id()
+    lease = _current_lease()
     found = reusable_swarm(cfg, store) if reuse else None
-    if found is not None:
+    if found is not None and found.name != cfg.name:
+        _adopt_unleased(found, store)
+        store.put_lease(dataclasses.replace(lease, swarm=found.name))
         log.info(
-            "Reusing live swarm '%s' (same engine fingerprint %s); it will not be torn down by this run.",
+            "Sharing live swarm '%s' (same engine fingerprint %s): this run holds a lease on it and "
+            "stops it only if it is the last holder.",
             found.name,
             found.fingerprint,
         )
         return attach(cfg, found, store)
-    _check_name_free(cfg, store, flow_run_id)
+    existing = store.get_swarm(cfg.name)
+    if existing is not None and existing.phase in LIVE_PHASES:
+        _adopt_unleased(existing, store)
     swarm = Swarm(cfg, store=store, flow_run_id=flow_run_id, keep=keep, source=source)
-    log.info(
-        "Bringing up swarm '%s': %d x %s on %s (wall-time limit: %s).",
-        cfg.name,
-        cfg.replicas,
-        cfg.model,
-        cfg.backend.type,
-        _wall_time(cfg),
-    )
-    swarm.up()
+    if swarm.join(lease):
+        swarm_event(
+            "up", cfg.name, source=source, model=cfg.model_name, replicas=cfg.replicas, backend=cfg.backend.type
+        )
+        log.info(
+            "Brought up swarm '%s': %d x %s on %s (wall-time limit: %s).",
+            cfg.name,
+            cfg.replicas,
+            cfg.model,
+            cfg.backend.type,
+            _wall_time(cfg),
+        )
+    else:
+        log.info(
+            "Swarm '%s' is already up (brought up by %s): sharing it; this run holds a lease on it.",
+            cfg.name,
+            f"flow run {swarm.flow_run_id}" if swarm.flow_run_id else "the CLI",
+        )
     return swarm
 
 
@@ -178,6 +211,7 @@ def wait_ready(swarm: Swarm, timeout_s: float | None = None) -> list[str]:
     """Block until every replica answers a chat completion; return the endpoint URL(s)."""
     log = get_run_logger()
     status = swarm.wait_ready(timeout_s)
+    swarm_event("ready", swarm.cfg.name, source=swarm.source, healthy=status.healthy, replicas=swarm.cfg.replicas)
     log.info(
         "Swarm '%s' ready: %d/%d replicas healthy at %s.",
         swarm.cfg.name,
@@ -188,11 +222,27 @@ def wait_ready(swarm: Swarm, timeout_s: float | None = None) -> list[str]:
     return swarm.endpoints
 
 
-@task(name="swarm-down", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
-def swarm_down(name: str) -> None:
-    """Stop swarm ``name`` (idempotent); its record stays, phase STOPPED."""
-    reattach(name).down()
-    get_run_logger().info("Swarm '%s' stopped.", name)
+@task(name="swarm-down", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2, retry_condition_fn=retry_on_type)
+def swarm_down(name: str, owner: str | None = None, force: bool = False) -> bool:
+    """Release ``owner``'s lease on swarm ``name`` (default: the KEEP lease of `up`/`keep_swarm`)
+    and stop the swarm if no live lease is left; with ``force``, stop it whatever holds it.
+    Return whether it was stopped. An unknown name is a StateError (never retried)."""
+    from prefect_swarm.tasks.reaper import terminal_runs
+
+    log = get_run_logger()
+    swarm = reattach(name)
+    if force:
+        holders = [x.owner for x in swarm.store.list_leases(name)]
+        swarm.down()
+        swarm_event("down", name, source=swarm.source, forced=True, held_by=holders)
+        log.info("Swarm '%s' stopped (forced; it was held by: %s).", name, ", ".join(holders) or "nobody")
+        return True
+    left = swarm.release(owner or KEEP_OWNER, terminal_runs=terminal_runs, log=log.info)
+    if left:
+        return False
+    swarm_event("down", name, source=swarm.source, forced=False, released_by=owner or KEEP_OWNER)
+    log.info("Swarm '%s' stopped.", name)
+    return True
 
 
 def cancel_flow_run_jobs(flow_run_id: str, store: StateStore | None = None) -> list[str]:
@@ -207,36 +257,92 @@ def cancel_flow_run_jobs(flow_run_id: str, store: StateStore | None = None) -> l
     return cancelled
 
 
-def teardown_flow_run(flow_run_id: str, *, include_kept: bool = False) -> list[str]:
-    """Cancel the jobs and stop every live swarm that flow run ``flow_run_id`` brought up.
+def teardown_flow_run(flow_run_id: str, *, include_kept: bool = False, log: Any = None) -> list[str]:
+    """Cancel the jobs of flow run ``flow_run_id`` and release its leases; stop each swarm it held
+    that no live lease holds any more.
 
-    Kept swarms are stopped only with ``include_kept``.
+    A swarm it brought up that has no lease at all (recorded before leases existed) is stopped
+    unless kept (``include_kept`` stops that too).
 
     Plain function (no task): called from ``finally``, from cancel/crash hooks (which may run in
-    the worker process) and from the reaper. Idempotent. Returns the swarm names stopped.
+    the worker process) and from the reaper. Idempotent. Messages go to ``log`` (default: the
+    current run's logger). Returns the swarm names stopped.
     """
+    from prefect_swarm.tasks.reaper import terminal_runs
+
+    log = log or run_logger()
     stopped = []
     store = StateStore()
-    cancel_flow_run_jobs(flow_run_id, store)
+    owner = flow_run_owner(flow_run_id)
+    cancelled = cancel_flow_run_jobs(flow_run_id, store)
+    if cancelled:
+        log.info("Cancelled job(s) %s of flow run %s.", ", ".join(cancelled), flow_run_id)
+    for lease in store.leases_of(owner):
+        if store.get_swarm(lease.swarm) is None:
+            store.release_lease(lease.swarm, owner)
+            continue
+        if not reattach(lease.swarm, store).release(owner, terminal_runs=terminal_runs, log=log.info):
+            swarm_event("down", lease.swarm, flow_run_id=flow_run_id, released_by=owner)
+            log.info("Swarm '%s' stopped (flow run %s released the last lease).", lease.swarm, flow_run_id)
+            stopped.append(lease.swarm)
     for rec in store.find_swarms_by_flow_run(flow_run_id):
-        if rec.phase in LIVE_PHASES and (include_kept or not rec.keep):
+        if rec.phase in LIVE_PHASES and (include_kept or not rec.keep) and not store.list_leases(rec.name):
             reattach(rec.name, store).down()
+            log.info("Swarm '%s' stopped (brought up by flow run %s, held by no one).", rec.name, flow_run_id)
             stopped.append(rec.name)
     return stopped
 
 
 def teardown_owned(keep_swarm: bool) -> None:
-    """Stop the swarms the current flow run brought up (unless kept), as visible tasks, then run the
-    idempotent safety net (which also cancels the run's jobs)."""
+    """Release the current flow run's leases as visible ``swarm-down`` tasks (each stops its swarm
+    when this run was the last holder), then run the idempotent safety net (which also cancels
+    the run's jobs). With ``keep_swarm``, the run's leases become KEEP leases: its swarms stay up
+    until `prefect-swarm down` / the ``swarm-down`` flow."""
     run_id = current_flow_run_id()
     if run_id is None:
         return
     store = StateStore()
-    owned = [r for r in store.find_swarms_by_flow_run(run_id) if r.phase in LIVE_PHASES and not r.keep]
-    if keep_swarm or not owned:
+    owner = flow_run_owner(run_id)
+    held = [x.swarm for x in store.leases_of(owner)]
+    if not held:
+        return
+    if keep_swarm:
+        for name in held:
+            store.put_lease(keep_lease(name))
+            store.update_swarm(name, keep=True)
+            store.release_lease(name, owner)
+            get_run_logger().info("Swarm '%s' kept (keep_swarm): `prefect-swarm down %s` stops it.", name, name)
         return
     try:
-        for rec in owned:
-            swarm_down(rec.name)
+        for name in held:
+            swarm_down(name, owner=owner)
     finally:
         teardown_flow_run(run_id)
+
+
+SHARING = ("shared", "exclusive")
+"""A swarm's sharing policy for flow runs: ``shared`` (runs share it, each holding a lease) or
+``exclusive`` (one run at a time: the Prefect global concurrency limit ``swarm:<name>`` of 1)."""
+
+
+@contextmanager
+def swarm_use(name: str, sharing: str) -> Iterator[None]:
+    """With ``exclusive``, hold the global concurrency limit ``swarm:<name>`` (1 slot; created if
+    missing) for the body, so a second run waits for the slot (visible in the UI's Concurrency
+    page); with ``shared``, nothing."""
+    if sharing not in SHARING:
+        raise ConfigError(f"sharing must be one of {', '.join(SHARING)}, not {sharing!r}.")
+    if sharing == "shared":
+        yield
+        return
+    from prefect import get_client
+    from prefect.concurrency.sync import concurrency
+
+    limit = f"swarm:{name}"
+    with get_client(sync_client=True) as client:
+        client.upsert_global_concurrency_limit_by_name(limit, 1)
+    log = run_logger()
+    log.info("Swarm '%s' is used exclusively: waiting for the concurrency limit '%s' (one run at a time).", name, limit)
+    with concurrency(limit, occupy=1, strict=True):
+        log.info("Acquired the concurrency limit '%s'.", limit)
+        yield

@@ -35,7 +35,22 @@ Workloads are real processes:
 Knobs: :meth:`FakeLepton.inject` (the next N matching requests answer 503/429/...),
 ``fail_jobs`` (jobs whose name contains one of these exit 3 instead of running),
 ``fail_deployments`` (deployments whose name contains one of these go to ``Error``),
-:meth:`FakeLepton.force_state` (pin a deployment's or job's state).
+:meth:`FakeLepton.force_state` (pin a deployment's or job's state),
+``new_deployment_api`` (the workspace feature ``enable_new_deployment_api``: endpoints then live
+under ``/endpoints`` in the new HTTPEndpoint shape, one ``components`` entry holding container and
+resources, no metadata labels (400), no ``/readiness`` route; the legacy ``/deployments`` routes
+answer 400 on create and 404 otherwise), ``volumes`` (the workspace's volumes, ``from`` name ->
+host folder standing for its root: a job sees ``<root>/<path>`` at ``mount_path``, its command
+and env rewritten to match; a volume without a root, like the default ``node-nfs:lepton-shared-fs``,
+is seen at ``mount_path`` as the worker sees it; an unknown ``from`` is a 400), ``latency_s``
+(every authorized request waits this long before it is applied), ``queue_jobs`` (jobs whose
+name contains one of these stay ``Queueing``, never scheduled), ``archive_after_s`` (a finished job
+reads ``Archived`` with no counts this long after it finished, and 404 after twice that),
+:meth:`FakeLepton.expire_token` (the token stops working, as Lepton tokens do after a day). A job
+whose env names a secret the workspace lacks fails to start; a reserved or malformed env name is a 400;
+so is a resource shape outside ``shapes`` (served at ``GET /shapes``). ``restart_crashed``: a
+deployment whose engine exits is restarted, as the platform does, its state ``Not Ready`` and each
+crash listed at ``GET /deployments/<n>/termination``, instead of turning ``Error``.
 """
 
 from __future__ import annotations
@@ -95,6 +110,7 @@ class _Injection:
     count: int
     match: str
     retry_after: float | None
+    apply: bool = False
 
 
 @dataclass
@@ -143,6 +159,13 @@ class FakeLepton:
         fail_jobs: tuple[str, ...] = (),
         fail_deployments: tuple[str, ...] = (),
         workdir: Path | None = None,
+        new_deployment_api: bool = False,
+        volumes: Mapping[str, str | Path | None] | None = None,
+        latency_s: float = 0.0,
+        queue_jobs: tuple[str, ...] = (),
+        archive_after_s: float | None = None,
+        shapes: tuple[str, ...] | None = None,
+        restart_crashed: bool = False,
     ) -> None:
         self.token = token or "fake-lepton-" + secrets.token_hex(12)
         self.workspace_id = workspace_id
@@ -152,12 +175,24 @@ class FakeLepton:
         self.run_endpoint_commands = run_endpoint_commands
         self.fail_jobs = tuple(fail_jobs)
         self.fail_deployments = tuple(fail_deployments)
+        self.new_deployment_api = new_deployment_api
+        self.latency_s = latency_s
+        self.queue_jobs = tuple(queue_jobs)
+        self.archive_after_s = archive_after_s
+        self.shapes = tuple(shapes) if shapes is not None else SHAPES
+        self.restart_crashed = restart_crashed
+        self.volumes: dict[str, Path | None] = (
+            {name: None if root is None else Path(root) for name, root in volumes.items()}
+            if volumes is not None
+            else {DEFAULT_VOLUME: None}
+        )
         self.lock = threading.RLock()
         self.deployments: dict[str, _Workload] = {}
         self.jobs: dict[str, _Workload] = {}
         self.secrets: dict[str, str] = {}
         self.requests: list[tuple[str, str, int]] = []
         self._injections: list[_Injection] = []
+        self._expired: set[str] = set()
         self._tmp = tempfile.TemporaryDirectory(prefix="fake-lepton-") if workdir is None else None
         self.workdir = Path(self._tmp.name) if self._tmp else Path(workdir)  # type: ignore[arg-type]
         self._server = _make_server(self, port)
@@ -197,10 +232,20 @@ class FakeLepton:
         self.close()
 
     # ------------------------------------------------------------------ knobs and views
-    def inject(self, status: int = 503, count: int = 1, match: str = "", retry_after: float | None = 0) -> None:
-        """Answer the next ``count`` requests whose path contains ``match`` with ``status``."""
+    def inject(
+        self, status: int = 503, count: int = 1, match: str = "", retry_after: float | None = 0, apply: bool = False
+    ) -> None:
+        """Answer the next ``count`` requests whose path contains ``match`` with ``status``; with
+        ``apply`` the request takes effect first (a gateway timing out on a call that went through)."""
         with self.lock:
-            self._injections.append(_Injection(status, count, match, retry_after))
+            self._injections.append(_Injection(status, count, match, retry_after, apply))
+
+    def expire_token(self) -> str:
+        """The current token expires (every later request with it answers 401); returns a new one."""
+        with self.lock:
+            self._expired.add(self.token)
+            self.token = "fake-lepton-" + secrets.token_hex(12)
+            return self.token
 
     def force_state(self, name: str, state: str | None) -> None:
         """Pin the state of deployment or job ``name`` (None: back to the process-driven state)."""
@@ -231,12 +276,19 @@ class FakeLepton:
             if m.group(1) != self.workspace_id:
                 return 404, {"code": "not_found", "message": f"workspace {m.group(1)} not found"}
             path = m.group(2) or "/"
-        if headers.get("Authorization") != f"Bearer {self.token}":
+        auth = str(headers.get("Authorization") or "")
+        if auth.removeprefix("Bearer ") in self._expired:
+            return 401, {"code": "unauthorized", "message": "token expired"}
+        if auth != f"Bearer {self.token}":
             return 401, {"code": "unauthorized", "message": "invalid or expired token"}
+        if self.latency_s:  # the API's own time, spent before the request is applied (not under the lock)
+            time.sleep(self.latency_s)
         with self.lock:
             for inj in self._injections:
                 if inj.count > 0 and inj.match in path:
                     inj.count -= 1
+                    if inj.apply:
+                        self._route(method, path, query, body or {})
                     return inj.status, {
                         "code": "injected",
                         "message": f"injected HTTP {inj.status}",
@@ -251,10 +303,12 @@ class FakeLepton:
             m = re.match(pattern, f"{method} {path}")
             if m:
                 return fn(*m.groups(), query=query, body=body)
-        named = re.match(r"^(\w+) /(deployments|jobs)/([^/]+)(/.*)?$", f"{method} {path}")
+        named = re.match(r"^(\w+) /(deployments|endpoints|jobs)/([^/]+)(/.*)?$", f"{method} {path}")
+        if named and (named.group(2) == "endpoints") is not self.new_deployment_api and named.group(2) != "jobs":
+            named = None  # each workspace serves endpoints through one API only
         if named:  # a route on one workload: 404 unless it exists
             verb, kind, name, rest = named.groups()
-            table = self.deployments if kind == "deployments" else self.jobs
+            table = self.jobs if kind == "jobs" else self.deployments
             if name not in table:
                 return 404, {"code": "not_found", "message": f"{kind[:-1]} {name} not found"}
             route = f"{verb} {re.sub(r'/replicas/[^/]+/', '/replicas/*/', rest or '/')}"
@@ -267,8 +321,14 @@ class FakeLepton:
         return [
             (r"^GET /deployments$", lambda **kw: (200, [self._dep_json(n) for n in list(self.deployments)])),
             (r"^POST /deployments$", self._create_deployment),
+            (r"^GET /endpoints$", self._list_endpoints),
+            (r"^POST /endpoints$", self._create_endpoint),
             (r"^GET /jobs$", self._list_jobs),
             (r"^POST /jobs$", self._create_job),
+            (
+                r"^GET /shapes$",
+                lambda **kw: (200, [{"metadata": {"id": s, "name": s}, "spec": {"name": s}} for s in self.shapes]),
+            ),
             (r"^GET /usersecrets$", lambda **kw: (200, [{"name": k} for k in sorted(self.secrets)])),
             (r"^POST /usersecrets$", self._create_secrets),
             (r"^DELETE /usersecrets/([^/]+)$", self._delete_secret),
@@ -294,6 +354,13 @@ class FakeLepton:
                 "PATCH /": self._patch_deployment,
                 "DELETE /": self._delete_deployment,
                 "GET /readiness": self._readiness,
+                "GET /termination": self._termination,
+            }
+        elif kind == "endpoints":  # the new API has no /readiness: readiness is per replica
+            own = {
+                "GET /": lambda n, w, **kw: (200, self._endpoint_json(n)),
+                "PATCH /": self._patch_endpoint,
+                "DELETE /": self._delete_deployment,
             }
         else:
             own = {"GET /": self._get_job, "PATCH /": self._patch_job, "DELETE /": self._delete_job}
@@ -317,28 +384,38 @@ class FakeLepton:
                 "num_image_pull_secrets": 0,
             },
             "resource_quota": {"limit": zero, "used": zero},
-            "features": {"enable_new_deployment_api": False},  # the SDK then uses /deployments routes
+            # true: the SDK sends endpoints to /endpoints in the new (HTTPEndpoint) shape
+            "features": {"enable_new_deployment_api": self.new_deployment_api},
         }
 
     # ------------------------------------------------------------------ deployments
     def _create_deployment(self, *, body: Any, **_: Any) -> Reply:
+        if self.new_deployment_api:  # what the api-server does with a legacy create when the flag is on
+            return 400, {
+                "code": "bad_request",
+                "message": "this workspace uses the new endpoint API: create endpoints through /endpoints",
+            }
         md = body.get("metadata") or {}
         name = md.get("name") or md.get("id")
         if not name:
             return 400, {"code": "bad_request", "message": "metadata.name is required"}
         if name in self.deployments:
             return 409, {"code": "conflict", "message": f"deployment {name} already exists"}
+        problem = self._spec_problem(body.get("spec") or {})
+        if problem:
+            return 400, {"code": "bad_request", "message": problem}
+        self._add_deployment(name, md, body.get("spec") or {})
+        return 200, self._dep_json(name)
+
+    def _add_deployment(self, name: str, md: dict[str, Any], spec: dict[str, Any]) -> _Workload:
         w = _Workload(
             "deployment",
-            {
-                "metadata": {**md, "id": name, "name": name, "created_at": _now_ms(), "version": 1},
-                "spec": body.get("spec") or {},
-            },
+            {"metadata": {**md, "id": name, "name": name, "created_at": _now_ms(), "version": 1}, "spec": spec},
             self.workdir / f"deployment-{name}.log",
         )
         self.deployments[name] = w
         self._start_deployment(w)
-        return 200, self._dep_json(name)
+        return w
 
     def _start_deployment(self, w: _Workload) -> None:
         name = w.body["metadata"]["name"]
@@ -394,11 +471,38 @@ class FakeLepton:
     def _dep_state(self, w: _Workload) -> str:
         if w.forced:
             return w.forced
+        if self.restart_crashed and (w.extra.get("error") or not w.alive()):
+            self._record_crash(w)
+            return "Not Ready"  # the platform restarts it (with back-off): the state never says Error
         if w.extra.get("error"):
             return "Error"
         if not w.alive():
             return "Error"
         return "Ready" if w.extra.get("ready") else "Starting"
+
+    def _record_crash(self, w: _Workload) -> None:
+        """A crashed replica: a termination record, then a restart (at most every 0.2 s)."""
+        now = time.time()
+        if now - w.extra.get("last_crash", 0.0) < 0.2:
+            return
+        w.extra["last_crash"] = now
+        code = (w.proc.returncode if w.proc is not None else None) or 1
+        tail = w.log_path.read_text(errors="replace")[-500:] if w.log_path.exists() else ""
+        term = {
+            "started_at": int(w.extra.get("started_at", now)),
+            "finished_at": int(now),
+            "exit_code": code,
+            "reason": "Error",
+            "message": (tail or w.extra.get("error") or "").strip(),
+        }
+        w.extra.setdefault("terminations", []).append(term)
+        if not w.extra.get("error"):
+            w.extra.pop("ready", None)
+            self._start_deployment(w)
+
+    def _termination(self, name: str, w: _Workload, **_: Any) -> Reply:
+        self._dep_state(w)
+        return 200, {f"{name}-replica-0": list(w.extra.get("terminations", []))}
 
     def _dep_json(self, name: str) -> dict[str, Any]:
         w = self.deployments[name]
@@ -415,13 +519,69 @@ class FakeLepton:
 
     def _patch_deployment(self, name: str, w: _Workload, *, body: Any, **_: Any) -> Reply:
         new = _merge(w.body["spec"], body.get("spec") or {})
+        problem = self._spec_problem(new)
+        if problem:
+            return 400, {"code": "bad_request", "message": problem}
+        self._apply_spec(w, new)
+        return 200, self._dep_json(name)
+
+    def _apply_spec(self, w: _Workload, new: dict[str, Any]) -> None:
+        """A changed spec is a new version: its replicas restart."""
         if new != w.body["spec"]:
             w.body["spec"] = new
             w.body["metadata"]["version"] = int(w.body["metadata"].get("version") or 1) + 1
             w.stop()
             w.extra.pop("ready", None)
             self._start_deployment(w)
-        return 200, self._dep_json(name)
+
+    # ------------------------------------------------------------------ endpoints (the new API)
+    def _create_endpoint(self, *, body: Any, **_: Any) -> Reply:
+        if not self.new_deployment_api:
+            return 404, {"code": "not_found", "message": "no route POST /endpoints"}
+        md = body.get("metadata") or {}
+        name = md.get("name")
+        spec = body.get("spec") or {}
+        problem = _endpoint_problem(md, spec) or self._spec_problem(_endpoint_to_legacy(spec))
+        if problem or not name:
+            return 400, {"code": "bad_request", "message": problem or "metadata.name is required"}
+        if name in self.deployments:
+            return 409, {"code": "conflict", "message": f"endpoint {name} already exists"}
+        w = self._add_deployment(name, {}, _endpoint_to_legacy(spec))
+        w.extra["endpoint_spec"] = spec
+        return 200, self._endpoint_json(name)
+
+    def _patch_endpoint(self, name: str, w: _Workload, *, body: Any, **_: Any) -> Reply:
+        md = body.get("metadata") or {}
+        spec = _merge_rfc7386(w.extra.get("endpoint_spec") or {}, body.get("spec") or {})
+        problem = _endpoint_problem(md, spec) or self._spec_problem(_endpoint_to_legacy(spec))
+        if problem:
+            return 400, {"code": "bad_request", "message": problem}
+        w.extra["endpoint_spec"] = spec
+        self._apply_spec(w, _endpoint_to_legacy(spec))
+        return 200, self._endpoint_json(name)
+
+    def _list_endpoints(self, **_: Any) -> Reply:
+        if not self.new_deployment_api:
+            return 404, {"code": "not_found", "message": "no route GET /endpoints"}
+        return 200, [self._endpoint_json(n) for n in list(self.deployments)]
+
+    def _endpoint_json(self, name: str) -> dict[str, Any]:
+        """An endpoint as the new API shows it (HTTPEndpoint): no labels, no internal URL."""
+        w = self.deployments[name]
+        state = self._dep_state(w)
+        n = int(((w.body["spec"].get("resource_requirement") or {}).get("min_replicas")) or 1)
+        status: dict[str, Any] = {
+            "state": {"Not Ready": "NotReady"}.get(state, state),
+            "external_url": f"http://127.0.0.1:{w.port}" if w.port else f"http://127.0.0.1:9/{name}",
+        }
+        if state == "Ready":
+            status["ready_replicas"] = n
+        md = w.body["metadata"]
+        return {
+            "metadata": {"name": name, "created_at": md["created_at"], "version": md.get("version", 1)},
+            "spec": w.extra.get("endpoint_spec") or {},
+            "status": status,
+        }
 
     def _delete_deployment(self, name: str, w: _Workload, **_: Any) -> Reply:
         self.deployments.pop(name).stop()
@@ -443,6 +603,9 @@ class FakeLepton:
             return 400, {"code": "bad_request", "message": f"invalid job name {jid!r}"}
         if jid in self.jobs:
             return 409, {"code": "conflict", "message": f"job {jid} already exists"}
+        problem = self._spec_problem(body.get("spec") or {})
+        if problem:
+            return 400, {"code": "bad_request", "message": problem}
         w = _Workload(
             "job",
             {
@@ -460,22 +623,66 @@ class FakeLepton:
         spec = w.body["spec"]
         container = spec.get("container") or {}
         argv = list(container.get("command") or [])
+        if any(s in w.body["metadata"]["id"] for s in self.queue_jobs):
+            w.extra["queued"] = True  # no capacity: it waits for nodes that never free up
+            return
         if any(s in w.body["metadata"]["id"] for s in self.fail_jobs):
             argv = ["python3", "-c", "import sys; print('injected job failure', flush=True); sys.exit(3)"]
         env = self._env(spec)
         w.extra["env"] = env
+        missing = sorted(self._missing_secrets(spec))
+        if missing:  # the pod cannot start: its env names a secret the workspace lacks
+            w.log_path.write_text(f"CreateContainerConfigError: secret {missing[0]!r} not found\n")
+            w.extra["exit"] = 1
+            return
         if not argv:
             w.extra["exit"] = 0
             return
+        seen = self._mounted(spec)
+        argv = [_remap(a, seen) for a in argv]
+        env = {k: _remap(v, seen) for k, v in env.items()}
         try:
             image = self._image_root(str(container.get("image") or ""))
-            argv[0] = _resolve(argv[0], image, [m.get("mount_path", "") for m in spec.get("mounts") or []])
+            argv[0] = _resolve(argv[0], image, [src for _mp, src in seen])
         except LookupError as exc:  # what the container runtime reports, and the job fails
             w.log_path.write_text(f"{exc}\n")
             w.extra["exit"] = 127
             return
         env = {**env, "PATH": str(image / "bin"), "HOME": str(image / "root")}
         w.proc = self._spawn(argv, env, w.log_path, cwd=image)
+
+    def _spec_problem(self, spec: dict[str, Any]) -> str | None:
+        """What the API refuses in a spec: an unknown volume, a relative mount path, public access
+        together with tokens (None: fine)."""
+        shape = spec.get("resource_shape") or (spec.get("resource_requirement") or {}).get("resource_shape")
+        if shape and shape not in self.shapes:
+            return f"resource_shape: unknown shape {shape!r}"
+        if spec.get("allow_unauthenticated_access") is True and spec.get("api_tokens"):
+            return "allow_unauthenticated_access=true cannot be combined with api_tokens"
+        for var in spec.get("envs") or []:
+            name = str(var.get("name") or "")
+            if not re.fullmatch(r"[A-Za-z_.-][A-Za-z0-9_.-]*", name) or name in RESERVED_ENV_NAMES:
+                return f"envs: {name!r} is not a usable environment variable name (reserved or malformed)"
+        for i, m in enumerate(spec.get("mounts") or []):
+            source = m.get("from") or DEFAULT_VOLUME
+            if source not in self.volumes:
+                return f"mounts[{i}].from: unknown volume {source!r} (the workspace has {sorted(self.volumes)})"
+            if not str(m.get("mount_path") or "").startswith("/") or not str(m.get("path") or "").startswith("/"):
+                return f"mounts[{i}]: path and mount_path must be absolute paths"
+        return None
+
+    def _mounted(self, spec: dict[str, Any]) -> list[tuple[str, str]]:
+        """(mount_path, host folder the job sees there) of each mount: the volume's ``path`` under
+        the volume's root; a volume without a root is seen at its mount_path as the worker sees it."""
+        out = []
+        for m in spec.get("mounts") or []:
+            root = self.volumes.get(m.get("from") or DEFAULT_VOLUME)
+            mount_path = os.path.normpath(str(m["mount_path"]))
+            src = mount_path if root is None else str(root / str(m["path"]).lstrip("/"))
+            if root is not None:
+                Path(src).mkdir(parents=True, exist_ok=True)
+            out.append((mount_path, src))
+        return out
 
     def _image_root(self, image: str) -> Path:
         """The job root standing for ``image``: ``bin/python3`` runs the interpreter the image maps to."""
@@ -498,14 +705,22 @@ class FakeLepton:
     def _job_state(self, w: _Workload) -> str:
         if w.forced:
             return w.forced
+        if w.extra.get("queued"):
+            return "Stopped" if w.stopped else "Queueing"
         if w.stopped:
-            return "Stopping" if w.alive() else "Stopped"
-        if w.gets <= 1 and w.alive():
+            state = "Stopping" if w.alive() else "Stopped"
+        elif w.gets <= 1 and w.alive():
             return "Starting"
-        if w.alive():
+        elif w.alive():
             return "Running"
-        code = w.proc.returncode if w.proc is not None else w.extra.get("exit", 0)
-        return "Completed" if code == 0 else "Failed"
+        else:
+            code = w.proc.returncode if w.proc is not None else w.extra.get("exit", 0)
+            state = "Completed" if code == 0 else "Failed"
+        if state != "Stopping":
+            finished = w.extra.setdefault("finished_at", time.time())
+            if self.archive_after_s is not None and time.time() - finished >= self.archive_after_s:
+                return "Archived"  # past ttl_seconds_after_finished: its counts are gone too
+        return state
 
     def _job_json(self, jid: str) -> dict[str, Any]:
         w = self.jobs[jid]
@@ -526,6 +741,10 @@ class FakeLepton:
 
     def _get_job(self, jid: str, w: _Workload, **_: Any) -> Reply:
         w.gets += 1
+        finished = w.extra.get("finished_at")
+        if self.archive_after_s is not None and finished and time.time() - finished >= 2 * self.archive_after_s:
+            del self.jobs[jid]  # out of the archive too
+            return 404, {"code": "not_found", "message": f"job {jid} not found"}
         return 200, self._job_json(jid)
 
     def _patch_job(self, jid: str, w: _Workload, *, body: Any, **_: Any) -> Reply:
@@ -566,6 +785,10 @@ class FakeLepton:
             return 404, {"code": "not_found", "message": f"secret {name} not found"}
         return 200, {}
 
+    def _missing_secrets(self, spec: dict[str, Any]) -> set[str]:
+        refs = {(var.get("value_from") or {}).get("secret_name_ref") for var in spec.get("envs") or []}
+        return {ref for ref in refs if ref and ref not in self.secrets}
+
     def _env(self, spec: dict[str, Any]) -> dict[str, str]:
         """A container's env: a minimal base, then the spec's values and resolved secret refs."""
         env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
@@ -578,6 +801,41 @@ class FakeLepton:
         self, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path | None = None
     ) -> subprocess.Popen[bytes]:
         return start_logged(argv, env, log_path, cwd)
+
+
+RESERVED_ENV_NAMES = frozenset(
+    {
+        "LEPTON_WORKSPACE_ID",
+        "LEPTON_DEPLOYMENT_NAME",
+        "LEPTON_JOB_NAME",
+        "LEPTON_RESOURCE_ACCELERATOR_TYPE",
+        "LEPTON_WORKSPACE_ORIGIN_URL",
+    }
+)
+"""Env names Lepton sets itself (leptonai 0.47.1's ``LEPTON_RESERVED_ENV_NAMES``)."""
+SHAPES = (
+    "cpu.small",
+    "cpu.medium",
+    "cpu.large",
+    "gpu.a10",
+    "gpu.a100-80gb",
+    "gpu.h100-sxm",
+    "gpu.2xh100-sxm",
+    "gpu.4xh100-sxm",
+    "gpu.8xh100-sxm",
+)
+"""Resource shapes the fake workspace has unless ``shapes`` says otherwise (from the SDK's list)."""
+DEFAULT_VOLUME = "node-nfs:lepton-shared-fs"
+"""The volume a workspace has unless ``volumes`` says otherwise."""
+
+
+def _remap(text: str, mounted: list[tuple[str, str]]) -> str:
+    """``text`` with each mount_path (as a whole path prefix) replaced by the folder mounted there."""
+    for mount_path, src in mounted:
+        if src != mount_path:
+            pattern = r"(?<![^\s'\"=:])" + re.escape(mount_path) + r"(?=/|$|[\s'\":])"
+            text = re.sub(pattern, src.replace("\\", "\\\\"), text)
+    return text
 
 
 _IMAGE_TOOLS = ("sh", "env", "cat", "sleep", "true", "false")
@@ -600,6 +858,48 @@ def _resolve(program: str, image: Path, mounts: list[str]) -> str:
     ):
         return program
     raise LookupError(f"exec: {program!r}: no such file or directory in the image")
+
+
+def _endpoint_problem(md: dict[str, Any], spec: dict[str, Any]) -> str | None:
+    """What the new endpoint API refuses in a create or patch body (None: nothing)."""
+    if md.get("labels"):
+        return "metadata.labels: the endpoint API has no labels"
+    comps = spec.get("components")
+    if not isinstance(comps, list) or not comps or not all(isinstance(c, dict) and c.get("name") for c in comps):
+        return "spec.components: a non-empty list of named components is required"
+    return None
+
+
+def _endpoint_to_legacy(spec: dict[str, Any]) -> dict[str, Any]:
+    """The legacy deployment spec an HTTPEndpoint spec stands for (its frontend component)."""
+    comps = spec["components"]
+    comp = next((c for c in comps if c.get("frontend") is True), comps[0])
+    rr = {k: comp[k] for k in ("resource_shape", "min_replicas", "max_replicas", "affinity") if k in comp}
+    out: dict[str, Any] = {
+        "container": {k: comp[k] for k in ("image", "command", "ports") if k in comp},
+        "resource_requirement": rr,
+    }
+    for key in ("envs", "mounts"):
+        if key in comp:
+            out[key] = comp[key]
+    for key in ("api_tokens", "allow_unauthenticated_access", "image_pull_secrets"):
+        if key in spec:
+            out[key] = spec[key]
+    return out
+
+
+def _merge_rfc7386(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386 merge patch: null deletes, objects merge, anything else (lists too) replaces."""
+    out = dict(old)
+    for key, value in new.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict):
+            current = out.get(key)
+            out[key] = _merge_rfc7386(current if isinstance(current, dict) else {}, value)
+        else:
+            out[key] = value
+    return out
 
 
 _EVENT = {"type": "Normal", "reason": "Scheduled", "count": 1, "last_observed_time": "2026-01-01T00:00:00Z"}

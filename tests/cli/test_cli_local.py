@@ -146,3 +146,40 @@ def test_secrets_stay_out_of_output(run_cli: Callable[..., Any], stub_swarm_conf
     result = run_cli("validate", "-c", str(path), "-o", "json")
     assert result.returncode == 0, result.stderr
     assert "sk-do-not-print-me" not in result.stdout + result.stderr
+
+
+def test_down_leaves_a_swarm_a_live_user_holds_unless_forced(
+    run_cli: Callable[..., Any], stub_swarm_config: Callable[..., Path]
+) -> None:
+    import dataclasses
+    import os
+    import subprocess
+    import sys
+
+    from prefect_swarm.state import StateStore
+    from prefect_swarm.swarm import process_lease
+
+    path = stub_swarm_config("held", replicas=1)
+    assert run_cli("up", "-c", str(path), "-o", "json").returncode == 0
+    pids = _pids(_wait_status(run_cli, "held", healthy=1))
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        lease = dataclasses.replace(process_lease(), swarm="held", owner=f"pid:test:{holder.pid}", pid=holder.pid)
+        StateStore().put_lease(lease)
+        refused = run_cli("down", "held", "-y")
+        assert refused.returncode != 0 and f"pid:test:{holder.pid}" in refused.stderr and "--force" in refused.stderr
+        assert _json(run_cli("status", "held", "-o", "json"))["status"]["healthy_replicas"] == 1
+        holder.kill()
+        holder.wait()
+        # its holder is gone: the lease is reaped and the swarm stops (no --force needed)
+        assert run_cli("down", "held", "-y").returncode == 0
+        _gone(pids)
+        assert StateStore().list_leases("held") == []
+        # and --force stops one whatever holds it
+        assert run_cli("up", "-c", str(path), "-o", "json").returncode == 0
+        pids = _pids(_wait_status(run_cli, "held", healthy=1))
+        StateStore().put_lease(dataclasses.replace(lease, pid=os.getpid()))
+        assert run_cli("down", "held", "-y", "--force").returncode == 0
+        _gone(pids)
+    finally:
+        holder.kill()

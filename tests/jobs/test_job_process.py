@@ -170,8 +170,19 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path, 
         checkpoint_every=every,
         checkpoint_seconds=0.5,
     )
-    rng, kills, before = random.Random(1), 0, requests(stub)
+    from prefect_swarm.jobs.ledger import MAX_PENDING_WRITES
+
+    shard = JobPaths(tmp_path / "killed").shard(0)
+
+    def in_ledger() -> int:
+        return len({r for p in shard.parts() for r in pq.read_table(p, columns=["_row"]).column("_row").to_pylist()})
+
+    # What one kill may cost: the requests in flight, and the rows answered but not on disk: the
+    # buffer (< every), the parts queued for the writer thread and the one being written.
+    per_kill_bound = conc + every * (MAX_PENDING_WRITES + 2)
+    rng, kills, before, lost = random.Random(1), 0, requests(stub), []
     while kills < 6:
+        run_before, rows_before = requests(stub), in_ledger()
         proc = subprocess.Popen(job_argv(spec), stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(0.6, 1.6))
         if proc.poll() is not None:
@@ -179,15 +190,13 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path, 
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         kills += 1
+        lost.append((requests(stub) - run_before) - (in_ledger() - rows_before))
     assert kills >= 5
+    assert all(0 <= x <= per_kill_bound for x in lost), (lost, per_kill_bound)
     res = run_job(spec)
     assert res.returncode == 0, res.stderr
     sent = requests(stub) - before
-    # A kill loses what was in flight (conc), the rows not yet handed to the ledger (< every), and
-    # the parts handed over but not yet on disk: up to MAX_PENDING_WRITES queued + 1 being written.
-    from prefect_swarm.jobs.ledger import MAX_PENDING_WRITES
-
-    assert n <= sent <= n + kills * (conc + every * (MAX_PENDING_WRITES + 2))
+    assert n <= sent <= n + sum(lost)
     ref, got = pq.read_table(tmp_path / "ref-out.parquet"), pq.read_table(tmp_path / "killed-out.parquet")
     assert got.num_rows == n and len(set(got.column("id").to_pylist())) == n
     assert got.equals(ref)
@@ -340,3 +349,28 @@ def test_spec_fields_are_described_and_strict() -> None:
         JobSpec(input="a.parquet", output="b.parquet", job="nope")
     assert JobSpec(input="a.parquet", output="o", job="embedding").job.endswith(":EmbeddingJob")
     assert os.environ.get("PREFECT_SWARM_HOME")
+
+
+def test_second_process_for_a_shard_exits_2_without_touching_the_ledger(tmp_path: Path, stub_factory) -> None:
+    make_dataset(tmp_path / "in.parquet", 400)
+    slow = stub_factory(latency_ms=50)
+    spec = write_spec(tmp_path, endpoints=[slow.url], concurrency=2, checkpoint_every=100_000, checkpoint_seconds=600)
+    first = subprocess.Popen(job_argv(spec), stderr=subprocess.DEVNULL)
+    try:
+        shard = JobPaths(tmp_path / "job").shard(0)
+        deadline = time.monotonic() + 30
+        while (read_json(shard.progress) or {}).get("state") != "running":
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.05)
+        files = {p.name: p.stat().st_mtime_ns for p in shard.root.iterdir()}
+        second = run_job(spec)
+        assert second.returncode == 2, second.stderr
+        assert f"shard 0 of job job is already running (pid {first.pid})" in second.stderr
+        assert {p.name: p.stat().st_mtime_ns for p in shard.root.iterdir()} == files
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(30) == 75
+    # the lock dies with its process: the next run takes it and finishes the shard
+    res = run_job(spec)
+    assert res.returncode == 0, res.stderr
+    assert len(_out(tmp_path / "job-out.parquet")) == 400

@@ -20,8 +20,12 @@ API_KEY = "endpoint-key-7f3a9c1e5b"
 
 
 @pytest.fixture
-def fake_lepton(need_lepton_sdk: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLepton]:
-    """A fake workspace on a free port; every process it started is stopped afterwards."""
+def fake_lepton(
+    need_lepton_sdk: None, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Iterator[FakeLepton]:
+    """A fake workspace on a free port; every process it started is stopped afterwards.
+
+    Parametrize it indirectly with a dict of FakeLepton keyword arguments (its knobs)."""
     for key in (
         "LEPTON_WORKSPACE_ID",
         "LEPTON_WORKSPACE_TOKEN",
@@ -29,7 +33,7 @@ def fake_lepton(need_lepton_sdk: None, monkeypatch: pytest.MonkeyPatch) -> Itera
         "LEPTON_WORKSPACE_ORIGIN_URL",
     ):
         monkeypatch.delenv(key, raising=False)
-    with FakeLepton() as fake:
+    with FakeLepton(**getattr(request, "param", {})) as fake:
         yield fake
     assert fake.running_processes() == []
 

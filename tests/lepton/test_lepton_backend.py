@@ -70,11 +70,11 @@ def test_create_or_update_reconciles(lepton_cfg: Make, fake_lepton: FakeLepton) 
 
 
 def test_deployment_spec_carries_config(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
-    cfg = lepton_cfg(node_groups=["ng-1"], image_pull_secrets=["regcred"], resource_shape="gpu.2xh100")
+    cfg = lepton_cfg(node_groups=["ng-1"], image_pull_secrets=["regcred"], resource_shape="gpu.2xh100-sxm")
     srv = serving(cfg)
     h = srv.create_or_update(cfg)
     spec = fake_lepton.deployments["lep"].body["spec"]
-    assert spec["resource_requirement"]["resource_shape"] == "gpu.2xh100"
+    assert spec["resource_requirement"]["resource_shape"] == "gpu.2xh100-sxm"
     assert spec["resource_requirement"]["affinity"]["allowed_dedicated_node_groups"] == ["ng-1"]
     assert spec["image_pull_secrets"] == ["regcred"]
     assert spec["mounts"][0]["from"] == "node-nfs:lepton-shared-fs"
@@ -246,6 +246,19 @@ def test_no_token_makes_a_public_endpoint(
     srv.delete(h)
 
 
+@pytest.mark.parametrize("fake_lepton", [{}, {"new_deployment_api": True}], indirect=True, ids=["legacy", "new"])
+@pytest.mark.parametrize("token", ["api_key", "endpoint_token_secret"])
+def test_a_token_makes_a_private_endpoint(lepton_cfg: Make, fake_lepton: FakeLepton, token: str) -> None:
+    fake_lepton.secrets["endpoint-token"] = "from-a-secret-1234"
+    cfg = lepton_cfg() if token == "api_key" else lepton_cfg(api_key=None, endpoint_token_secret="endpoint-token")
+    srv = serving(cfg)
+    h = srv.create_or_update(cfg)
+    srv.create_or_update(cfg.model_copy(update={"replicas": 2}))  # an update keeps it private
+    spec = fake_lepton.deployments["lep"].body["spec"]
+    assert spec["allow_unauthenticated_access"] is False and len(spec["api_tokens"]) == 1
+    srv.delete(h)
+
+
 def test_runs_the_container_command_as_given(lepton_cfg: Make, need_lepton_sdk: None) -> None:
     """With run_endpoint_commands the fake runs the engine command itself (the stub as a command engine)."""
     with FakeLepton(run_endpoint_commands=True) as fake:
@@ -316,3 +329,96 @@ def test_swarm_context_manager_on_lepton(lepton_cfg: Make, fake_lepton: FakeLept
     assert fake_lepton.running_processes() == []
     again = Swarm.from_state("lep")
     assert again.store.get_swarm("lep").phase == "STOPPED"
+
+
+def test_a_create_retried_after_a_504_adopts_the_job_it_made(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
+    cfg = lepton_cfg()
+    compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)
+    fake_lepton.inject(504, count=1, match="/jobs", apply=True)  # created, but the gateway timed out
+    job = compute.submit(JobRequest(name="echo", command=[compute.job_runtime().python, "-c", "print(1)"], nshards=2))
+    posts = [s for m, p, s in fake_lepton.requests if m == "POST" and p.endswith("/jobs")]
+    assert posts == [504, 409, 200]  # retried, met its own job, adopted it; then the second shard
+    assert sorted(job.meta["jobs"]) == sorted(fake_lepton.jobs) and len(fake_lepton.jobs) == 2
+    assert compute.wait(job, poll_s=0.1) is JobStatus.SUCCEEDED
+
+
+def test_a_name_taken_by_another_job_is_not_adopted(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
+    from prefect_swarm.backends.lepton import compute as compute_mod
+
+    cfg = lepton_cfg()
+    compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)
+    other = LeptonCompute(lepton_cfg(name="other"), SwarmPaths.for_swarm("other"), None)
+    request = JobRequest(name="echo", command=[compute.job_runtime().python, "-c", "print(1)"])
+    _group, (name,) = compute_mod.job_names("echo", 1, suffix="abc123")
+    compute._create_job(name, other.job_spec(request, name, 0, {}))
+    with pytest.raises(BackendError, match="exists already and is not this submission's"):
+        compute._create_job(name, compute.job_spec(request, name, 0, {}))
+
+
+@pytest.mark.parametrize("name", ["LEPTON_WORKSPACE_ID", "HAS SPACE", "1LEADING_DIGIT"])
+def test_env_names_the_platform_refuses_are_refused_before_any_call(
+    lepton_cfg: Make, fake_lepton: FakeLepton, name: str
+) -> None:
+    cfg = lepton_cfg().model_copy(update={"env": {name: "x"}})
+    with pytest.raises(ConfigError, match=f"env / engine.env: '{name}' cannot be used on Lepton"):
+        serving(cfg).create_or_update(cfg)
+    assert fake_lepton.requests == []
+
+
+def test_the_fake_refuses_a_reserved_env_name(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
+    import leptonai.api.v2 as v2
+    from leptonai.api.v2.types.common import Metadata
+    from leptonai.api.v2.types.deployment import EnvVar, LeptonContainer, LeptonDeployment, LeptonDeploymentUserSpec
+
+    api = v2.APIClient(workspace_id=fake_lepton.workspace_id, auth_token=fake_lepton.token, url=fake_lepton.url)
+    spec = LeptonDeployment(
+        metadata=Metadata(id="d", name="d"),
+        spec=LeptonDeploymentUserSpec(
+            container=LeptonContainer(image="img", command=["true"]),
+            envs=[EnvVar(name="LEPTON_WORKSPACE_ID", value="x")],
+        ),
+    )
+    with pytest.raises(Exception, match="400"):
+        api.deployment.create(spec)
+    assert fake_lepton.deployments == {}
+
+
+@pytest.mark.parametrize("field", ["resource_shape", "job_resource_shape"])
+def test_a_shape_the_workspace_lacks_is_refused_before_anything_starts(
+    lepton_cfg: Make, fake_lepton: FakeLepton, field: str
+) -> None:
+    cfg = lepton_cfg(**{field: "gpu.1xh100-sxm"})
+    with pytest.raises(
+        ConfigError, match=f"backend.{field}: workspace 'ws-test' has no resource shape 'gpu.1xh100-sxm'"
+    ):
+        serving(cfg).create_or_update(cfg)
+    assert fake_lepton.deployments == {} and fake_lepton.jobs == {}
+    default = SwarmConfig.model_validate(
+        {"name": "x", "model": "m", "backend": {"type": "lepton", "workspace_id": "w"}}
+    )
+    assert default.backend.resource_shape in fake_lepton.shapes  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("fake_lepton", [{"restart_crashed": True}], indirect=True)
+def test_a_crash_loop_fails_readiness_long_before_the_timeout(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
+    fake_lepton.fail_deployments = ("broken",)
+    cfg = lepton_cfg(name="broken")
+    srv = serving(cfg)
+    h = srv.create_or_update(cfg)
+    assert srv.status(h).phase is ServingPhase.INITIALIZING  # Lepton restarts it: never Error
+    t0 = time.monotonic()
+    with pytest.raises(ReadinessError, match=r"is crash-looping: replica .* exited 3 times") as err:
+        srv.wait_ready(h, timeout_s=600)
+    assert time.monotonic() - t0 < 15
+    assert "injected failure" in str(err.value)
+    srv.delete(h)
+
+
+def test_a_misspelt_endpoint_token_secret_is_refused_before_anything_starts(
+    lepton_cfg: Make, fake_lepton: FakeLepton
+) -> None:
+    fake_lepton.secrets["ENDPOINT_TOKEN"] = "secret-held-by-lepton"
+    cfg = lepton_cfg(api_key=None, endpoint_token_secret="ENDPOINT_TOKN")
+    with pytest.raises(ConfigError, match=r"backend.endpoint_token_secret: workspace 'ws-test' has no secret"):
+        serving(cfg).create_or_update(cfg)
+    assert fake_lepton.deployments == {} and fake_lepton.jobs == {}

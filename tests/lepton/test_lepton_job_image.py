@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+import pytest
+
 from prefect_swarm.backends.lepton.compute import LeptonCompute
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.interfaces import JobRequest, JobStatus
@@ -66,3 +68,25 @@ def test_an_image_the_workspace_cannot_pull_fails_the_job(lepton_cfg: Make, shar
         good = _compute(lepton_cfg(workspace_url=fake.url, token=fake.token))
         job = good.submit(JobRequest(name="pull", command=[good.job_runtime().python, "-c", "pass"], detach=False))
         assert good.probe(job).status is JobStatus.SUCCEEDED
+
+
+def test_a_job_image_without_prefect_swarm_is_refused_before_the_endpoint(lepton_cfg: Make, shared_dir: object) -> None:
+    from prefect_swarm.backends.lepton.serving import LeptonServing
+    from prefect_swarm.exceptions import ConfigError
+
+    # the image's python3 is a plain interpreter: no prefect-swarm, as in vllm/vllm-openai
+    with FakeLepton(images={"vllm/vllm-openai:latest": "/usr/bin/python3"}) as fake:
+        cfg = lepton_cfg(workspace_url=fake.url, token=fake.token)
+        srv = LeptonServing(cfg, SwarmPaths.for_swarm(cfg.name))
+        with pytest.raises(ConfigError, match=r"backend.job_image: 'python3' in image vllm/vllm-openai:latest cannot"):
+            srv.create_or_update(cfg)
+        assert fake.deployments == {} and fake.jobs == {}
+
+
+def test_job_setup_runs_before_each_job_process(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
+    cfg = lepton_cfg(job_setup=["export FROM_SETUP=installed"])
+    compute = _compute(cfg)
+    code = "import os; print('setup=' + os.environ['FROM_SETUP'])"
+    job = compute.submit(JobRequest(name="setup", command=[compute.job_runtime().python, "-c", code]))
+    assert compute.wait(job, poll_s=0.1) is JobStatus.SUCCEEDED
+    assert "setup=installed" in compute.logs(job)

@@ -72,7 +72,24 @@ def test_cancel_reaches_backend_within_30s(prefect_stack: PrefectStack, swarm_ho
     assert rec is not None and rec.phase == "STOPPED"
     final = wait_for(lambda: _state(run.id).is_final(), 40, what="run final")
     assert _state(run.id).type.value == "CANCELLED"
-    print(f"cancel -> no swarm process: {gone:.1f} s; -> Cancelled: {time.monotonic() - t0:.1f} s ({final:.1f})")
+    try:
+        shards = wait_for(lambda: _shard_states(run.id) == ["CANCELLED", "CANCELLED"], 30, what="shards Cancelled")
+    except AssertionError:
+        raise AssertionError(f"shard task runs: {_shard_states(run.id)}") from None
+    print(
+        f"cancel -> no swarm process: {gone:.1f} s; -> Cancelled: {time.monotonic() - t0:.1f} s ({final:.1f}); "
+        f"shard task runs Cancelled (+{shards:.1f} s)"
+    )
+
+
+def _shard_states(run_id: Any) -> list[str]:
+    """States of the run's shard task runs, sorted (a cancelled shard is Cancelled, not Failed)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    return sorted(t.state.type.value for t in tasks if t.name.startswith("shard-") and t.state is not None)
 
 
 def _flow_process(run_id: Any) -> psutil.Process:

@@ -51,16 +51,16 @@ def shared(need_lepton_sdk: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     return root
 
 
-def _fake(latency_ms: float = 0) -> Any:
+def _fake(latency_ms: float = 0, **knobs: Any) -> Any:
     from prefect_swarm.testing.fake_lepton import FakeLepton
 
-    return FakeLepton(endpoint_command=engine_command(host="127.0.0.1", latency_ms=latency_ms))
+    return FakeLepton(endpoint_command=engine_command(host="127.0.0.1", latency_ms=latency_ms), **knobs)
 
 
-@pytest.fixture
-def fake() -> Iterator[Any]:
-    """A fake workspace whose endpoint answers at once."""
-    with _fake() as f:
+@pytest.fixture(params=[False, True], ids=["legacy-api", "new-endpoint-api"])
+def fake(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fake workspace whose endpoint answers at once, on the legacy and on the new Endpoint API."""
+    with _fake(new_deployment_api=request.param) as f:
         yield f
 
 
@@ -162,8 +162,9 @@ def test_batch_inference_on_lepton_block_through_the_worker(
         poll_interval=1,
     )
     assert run.state is not None and run.state.is_completed(), (run.state, _worker_log(prefect_stack))
-    # up, ready, two Lepton jobs (one per shard), commit: one row per input id, in input order
-    assert _jobs_created(fake) == 2
+    # up (after the shared-storage check job), ready, two Lepton jobs (one per shard), commit:
+    # one row per input id, in input order
+    assert _jobs_created(fake) == 1 + 2
     table = pq.read_table(shared / "out.parquet")
     assert table.column("id").to_pylist() == [f"r{i:05d}" for i in range(60)]
     assert set(table.column("status").to_pylist()) == {"ok"}

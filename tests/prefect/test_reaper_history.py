@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -48,6 +49,11 @@ def test_history_says_api_unreachable_in_one_line() -> None:
     first = res.output.splitlines()[0]
     assert first.startswith("Prefect run history unavailable:") and "unreachable" in first
     assert "swarm hist: RUNNING on local" in res.output
+    from prefect_swarm.cli.main import app as cli
+
+    with _dead_api():  # type: ignore[attr-defined]
+        doc = json.loads(CliRunner().invoke(cli, ["status", "hist", "-o", "json"]).stdout)
+    assert doc["prefect"]["available"] is False and "unreachable" in doc["prefect"]["error"]
 
 
 @pytest.mark.prefect_server
@@ -73,3 +79,44 @@ def test_history_lists_runs(prefect_api: PrefectStack, tmp_path: Path) -> None:
     app.command()(history_cmd)
     res = CliRunner().invoke(app, ["histy"])
     assert res.exit_code == 0 and "Completed" in res.output and "STOPPED" in res.output
+    from prefect_swarm.cli.main import app as cli
+
+    shown = CliRunner().invoke(cli, ["status", "histy"])  # the swarm's Prefect runs: name, start, state, id
+    assert shown.exit_code == 0, shown.output
+    table = shown.stdout[shown.stdout.index("Prefect runs") :]  # narrow terminal: cells wrap
+    for header in ("name", "start", "state", "id"):
+        assert f" {header} " in table
+    first = table.splitlines()[4]
+    assert runs[0]["flow_run_name"][:8] in first and "Completed" in first and runs[0]["flow_run_id"][:8] in first
+
+
+@pytest.mark.prefect_server
+def test_reaper_flow_stops_a_swarm_whose_holders_are_gone(prefect_api: PrefectStack) -> None:
+    import dataclasses
+    import subprocess
+    import sys
+
+    from helpers import stub_swarm
+
+    from prefect_swarm.config import load_config
+    from prefect_swarm.flows import reap_orphans_flow
+    from prefect_swarm.swarm import engine_fingerprint, process_lease
+
+    cfg = load_config(data=stub_swarm("held-by-dead"))
+    store = StateStore()
+    store.put_swarm(
+        SwarmRecord(
+            name=cfg.name, backend="local", config=cfg.redacted(), phase="RUNNING", fingerprint=engine_fingerprint(cfg)
+        )
+    )
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    store.put_lease(dataclasses.replace(process_lease(), swarm=cfg.name, owner="pid:gone", pid=gone.pid))
+    state = reap_orphans_flow(return_state=True)
+    assert state.result() == ["held-by-dead"]
+    assert store.require_swarm(cfg.name).phase == "STOPPED" and store.list_leases(cfg.name) == []
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(state.state_details.flow_run_id)
+    assert "swarm:held-by-dead" in run.tags  # `history held-by-dead` shows who stopped it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -21,6 +22,23 @@ def _requests(port: int) -> int:
     return int(httpx.get(f"http://127.0.0.1:{port}/stats", timeout=5).json().get("requests", 0))
 
 
+def _artifacts(job_id: str, rerun_id: object) -> tuple[dict[str, object], list[str]]:
+    """The latest ``<job>-summary`` row, and the markdown artifacts of the rerun."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    with get_client(sync_client=True) as client:
+        latest = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{job_id}-summary"])),
+            sort=ArtifactSort.CREATED_DESC,
+        )
+        rerun = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[rerun_id])))
+    data = latest[0].data
+    rows = json.loads(data) if isinstance(data, str) else data
+    return rows[0], [str(a.data) for a in rerun if a.type == "markdown"]
+
+
 def test_rerun_sends_zero_requests(prefect_api: PrefectStack, tmp_path: Path) -> None:
     cfg = stub_swarm("rerun", latency_ms=5)
     inp, out = prompts(tmp_path / "in.parquet", 50), tmp_path / "out.parquet"
@@ -30,10 +48,14 @@ def test_rerun_sends_zero_requests(prefect_api: PrefectStack, tmp_path: Path) ->
     assert rec is not None and rec.phase == "RUNNING" and rec.keep  # kept: its /stats stays readable
     before = _requests(cfg["port"])
     t0 = time.monotonic()
-    again = batch_inference(cfg, job_options(), str(inp), str(out), shards=4, keep_swarm=True)
+    state = batch_inference(cfg, job_options(), str(inp), str(out), shards=4, keep_swarm=True, return_state=True)
     took = time.monotonic() - t0
+    again = state.result()  # persisted: readable from the state, not only as the call's return value
     assert _requests(cfg["port"]) == before, "a rerun of a committed job sent requests"
     assert again["skipped"] == 50 and again["rows"] == 50 and took < 10
+    summary, notes = _artifacts(first["job_id"], state.state_details.flow_run_id)
+    assert summary["ok"] == 50 and summary["tokens_this_run"] > 0, "the no-op rerun overwrote the summary"
+    assert any("0 rows sent, all cached" in n for n in notes)
     assert StateStore().get_swarm("rerun").updated_at == rec.updated_at  # type: ignore[union-attr]
     assert pq.read_table(out).num_rows == 50
     swarm_down("rerun")

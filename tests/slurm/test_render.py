@@ -111,8 +111,40 @@ def test_plan_shapes_resources() -> None:
     assert "#SBATCH --signal=USR1@300\n" in text and "#SBATCH --requeue\n" in text
     spec = json.loads(plan["watchdog-1.json"])
     assert spec["argv"][spec["argv"].index("--tensor-parallel-size") + 1] == "2"
-    assert spec["argv"][spec["argv"].index("--port") + 1] == "8101"
+    assert spec["argv"][spec["argv"].index("--port") + 1] == render.PORT_TOKEN  # picked free at each start
+    assert spec["preferred_port"] == 8101 and spec["port_token"] == render.PORT_TOKEN
     assert "#SBATCH --signal=USR1@300\n" in plan["lb.sbatch"], "job steps run in the LB job: they need the signal"
+
+
+def test_golden_lb_resources() -> None:
+    lb = {"cpus": 4, "mem": "8G", "partition": "cpu", "qos": "lb", "account": "proj-lb", "time_limit": "2-00:00:00"}
+    text = render.render_plan(golden_cfg(lb=lb))["lb.sbatch"]
+    check_golden("none/lb-resources.sbatch", text)
+    for line in (
+        "--cpus-per-task=4",
+        "--mem=8G",
+        "--partition=cpu",
+        "--qos=lb",
+        "--account=proj-lb",
+        "--time=2-00:00:00",
+    ):
+        assert f"#SBATCH {line}\n" in text, line
+    assert "--gres" not in text
+
+
+def test_a_partial_last_task_asks_only_for_what_it_runs(tmp_path: Path) -> None:
+    # 3 replicas x 2 GPUs on 4-GPU nodes: task 0 runs 2 replicas (gpu:4), task 1 runs one (gpu:2)
+    cfg = golden_cfg().model_copy(update={"replicas": 3})
+    assert "#SBATCH --gres=gpu:4\n" in render.render_plan(cfg)["replicas.sbatch"]
+    serving = SlurmServing(cfg, SwarmPaths(tmp_path))
+    assert serving._task_args() == {"1": ["--cpus-per-task=8", "--gres=gpu:2", "--mem=64G"]}
+    assert SlurmServing(golden_cfg(), SwarmPaths(tmp_path))._task_args() == {}  # 4 replicas fill both tasks
+
+
+def test_a_replica_larger_than_a_node_is_refused_by_validate(tmp_path: Path) -> None:
+    cfg = golden_cfg().model_copy(update={"gpus_per_replica": 5})
+    with pytest.raises(ConfigError, match=r"gpus_per_replica \(5\) exceeds gpus_per_node \(4\)"):
+        SlurmServing(cfg, SwarmPaths(tmp_path)).validate(cfg)
 
 
 def test_render_plan_is_pure_and_submits_nothing(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from _slurmkit import PY, LiveSwarm, job_command, make_job, our_jobs, output_ids
 from prefect_swarm.backends.slurm.client import SlurmClient
 from prefect_swarm.backends.slurm.compute import SlurmCompute
 from prefect_swarm.exceptions import BackendError, CapacityError
-from prefect_swarm.interfaces import JobRequest, JobStatus, ReplicaHealth, ServingPhase
+from prefect_swarm.interfaces import JobRequest, JobStatus, ServingPhase
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -80,29 +80,6 @@ def test_a_replica_bigger_than_any_node_is_refused_at_submit(slurm_swarm: MakeSw
     with pytest.raises(CapacityError, match="Requested node configuration is not available"):
         swarm.serving.create_or_update(swarm.cfg)
     assert our_jobs(swarm.cfg) == ""
-
-
-def test_scancel_of_one_replica_mid_job(slurm_swarm: MakeSwarm, tmp_path: Path) -> None:
-    swarm = slurm_swarm(stub_config(replicas=2, engine={"args": ["--latency-ms", "20"]}))
-    handle = swarm.up()
-    upstreams = swarm.paths.upstreams
-    assert len(re.findall(r"^server ", upstreams.read_text(), re.M)) == 2
-    spec = make_job(tmp_path, 1200, concurrency=8, shards=4)
-    compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
-    job = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=4))
-    time.sleep(2)
-    assert compute.probe(job).status is JobStatus.RUNNING
-    SlurmClient().scancel([f"{handle.meta['replicas_job']}_1"])
-    assert compute.wait(job, poll_s=0.5) is JobStatus.SUCCEEDED, compute.probe(job)
-    assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(1200)]
-    dead_port = swarm.cfg.port + 1
-    deadline = time.monotonic() + 15
-    while f":{dead_port} " in upstreams.read_text() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert f":{dead_port} " not in upstreams.read_text()
-    assert f":{swarm.cfg.port} " in upstreams.read_text()
-    st = swarm.serving.status(handle)
-    assert [r.health for r in st.replicas] == [ReplicaHealth.HEALTHY, ReplicaHealth.UNHEALTHY]
 
 
 HOSTILE_VALUE = "a,b \"double\" 'single'\nsecond line $(touch {m}) `touch {m}`; touch {m}"
@@ -259,10 +236,20 @@ def test_vllm_cpu_swarm_on_slurm(slurm_swarm: MakeSwarm, need_vllm: None, tmp_pa
     assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(40)]
     swarm.down()
     assert our_jobs(swarm.cfg) == ""
-    assert (
-        "vllm.entrypoints" not in subprocess.run(["ps", "-eo", "cmd"], capture_output=True, text=True).stdout
-        or os.environ.get("PREFECT_SWARM_VLLM_SHARED") == "1"
-    )
+    # no engine of this swarm outlived it (other vLLM processes on the machine are not ours)
+    job_name = f"SLURM_JOB_NAME={swarm.serving.names.replicas}".encode()
+    ours = [
+        p for p in Path("/proc").iterdir()
+        if p.name.isdigit() and b"vllm.entrypoints" in _read(p / "cmdline") and job_name in _read(p / "environ")
+    ]  # fmt: skip
+    assert ours == [] or os.environ.get("PREFECT_SWARM_VLLM_SHARED") == "1", ours
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
 
 
 def test_delete_also_cancels_jobs_the_handle_does_not_list(slurm_swarm: MakeSwarm, tmp_path: Path) -> None:

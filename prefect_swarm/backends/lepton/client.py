@@ -17,6 +17,7 @@ affinity), so the two specs cannot drift.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -92,6 +93,11 @@ def is_transient(exc: BaseException) -> bool:
     return _status_of(exc) in TRANSIENT_STATUSES
 
 
+def is_conflict(exc: BaseException) -> bool:
+    """True when ``exc`` (or the SDK error it was mapped from) is HTTP 409: the name is taken."""
+    return _status_of(exc) == 409 or (exc.__cause__ is not None and _status_of(exc.__cause__) == 409)
+
+
 def is_not_found(exc: BaseException) -> bool:
     """True when the SDK reports HTTP 404 for the object asked about."""
     return _status_of(exc) == 404
@@ -105,7 +111,8 @@ def auth_error(workspace_id: str, url: str, status: int | None, token_env: str) 
     return ConfigError(
         f"Lepton {what} for workspace '{workspace_id}' (HTTP {status}, API {url}).\n"
         f"Hint: check backend.workspace_id, backend.workspace_url, and that backend.token (or ${token_env}) "
-        "is a current token of that workspace (dashboard -> Settings -> Tokens)."
+        "is a current token of that workspace (dashboard -> Settings -> Tokens)"
+        + ("; tokens expire (one day by default), so an old one fails like a wrong one." if status == 401 else ".")
     )
 
 
@@ -234,14 +241,23 @@ class LeptonClient:
         self.call("read the workspace", lambda api: api.info())
 
     # ---------------------------------------------------------------- secrets
-    def upsert_secret(self, name: str, value: str) -> None:
-        """Create (or replace) workspace secret ``name``; the value goes only to the API."""
+    def ensure_secret(self, name: str, value: str, *, replace: bool = False) -> None:
+        """Create workspace secret ``name`` (the value goes only to the API). When it exists already
+        it is kept, or with ``replace`` deleted and created again. The API has no update: replace
+        only where no other writer or starting pod can race (one caller per name)."""
         import_sdk()
         from leptonai.api.v2.types.secret import SecretItem
 
         item = SecretItem(name=name, value=value)
-        self.call(f"delete old secret '{name}'", lambda api: api.secret.delete(name), missing_ok=True)
-        self.call(f"create secret '{name}'", lambda api: api.secret.create([item]))
+        try:
+            self.call(f"create secret '{name}'", lambda api: api.secret.create([item]))
+            return
+        except BackendError as exc:
+            if not is_conflict(exc):
+                raise
+        if replace:
+            self.call(f"delete old secret '{name}'", lambda api: api.secret.delete(name), missing_ok=True)
+            self.call(f"create secret '{name}'", lambda api: api.secret.create([item]))
 
     def delete_secrets(self, prefix: str) -> None:
         """Delete every workspace secret whose name starts with ``prefix`` (idempotent)."""
@@ -286,14 +302,32 @@ def affinity(cfg: LeptonConfig) -> Any:
     return LeptonResourceAffinity(allowed_dedicated_node_groups=list(cfg.node_groups)) if cfg.node_groups else None
 
 
-def secret_name(swarm: str, key: str) -> str:
-    """Workspace secret name prefect-swarm uses for env var ``key`` of swarm ``swarm``."""
-    return secret_prefix(swarm) + re.sub(r"[^A-Z0-9_]", "_", key.upper())
+def _digest(text: str, n: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:n].upper()
+
+
+def _key_part(key: str) -> str:
+    """An env name as it stands when it is already a plain upper-case name; else made one, plus a
+    digest of the real name, so two names never share a secret."""
+    if re.fullmatch(r"[A-Z][A-Z0-9_]*", key):
+        return key
+    return re.sub(r"[^A-Z0-9_]", "_", key.upper()) + "_" + _digest(key, 6)
 
 
 def secret_prefix(swarm: str) -> str:
-    """Prefix of every workspace secret prefect-swarm creates for ``swarm``."""
-    return "PSW_" + re.sub(r"[^A-Z0-9_]", "_", swarm.upper()) + "_"
+    """Prefix of every workspace secret prefect-swarm creates for ``swarm``: a fixed-length digest
+    of the name, so no swarm's prefix is a prefix of another's."""
+    return f"PSW_{_digest(swarm, 12)}_"
+
+
+def swarm_secret_name(swarm: str, key: str) -> str:
+    """The secret holding env var ``key`` shared by all of ``swarm``'s jobs (its API key)."""
+    return f"{secret_prefix(swarm)}S_{_key_part(key)}"
+
+
+def job_secret_name(swarm: str, job: str, key: str) -> str:
+    """The secret holding env var ``key`` of job submission ``job`` of ``swarm``."""
+    return f"{secret_prefix(swarm)}J{_digest(job, 8)}_{_key_part(key)}"
 
 
 def under_mount(cfg: LeptonConfig, path: str) -> bool:

@@ -10,25 +10,32 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import re
 import secrets
 import shlex
+import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefect_swarm import __version__
 from prefect_swarm.backends.lepton.client import (
     LABEL_JOB,
     LABEL_SWARM,
     LeptonClient,
     affinity,
     env_vars,
+    is_conflict,
+    job_secret_name,
     mounts,
-    secret_name,
+    swarm_secret_name,
     under_mount,
 )
-from prefect_swarm.exceptions import ConfigError, PrefectSwarmError
+from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError
 from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus
 from prefect_swarm.interfaces.jobenv import API_KEY, HOME
+from prefect_swarm.paths import JobPaths
 
 if TYPE_CHECKING:
     from prefect_swarm.config import LeptonConfig, SwarmConfig
@@ -57,9 +64,10 @@ JOB_STATUSES: dict[str, JobStatus | None] = {
 """Every ``LeptonJobState`` value -> our status; None means "look closer" (tests cover the enum)."""
 
 MAX_NAME = 36
-IMAGE_PYTHON = "python3"
-"""The interpreter job commands name: images built for Python (vllm/vllm-openai among them) ship
-``python3``; a bare ``python`` is not guaranteed, and this machine's interpreter path means nothing there."""
+STORAGE_CHECK_DIR = ".storage-check"
+"""Folder under ``backend.shared_path`` holding the nonce of the shared-storage check."""
+NO_PREFECT_SWARM = "prefect-swarm check: prefect_swarm is not importable"
+"""What the storage check job prints when the job interpreter lacks prefect-swarm."""
 
 
 def job_status(state: str | None, succeeded: int = 0, failed: int = 0) -> JobStatus | None:
@@ -99,7 +107,7 @@ class LeptonCompute(ComputeBase):
         env = dict(self.cfg.env)
         if self.backend.shared_path:
             env.setdefault(HOME, self.backend.shared_path)
-        return JobRuntime(python=IMAGE_PYTHON, env=env, image=self.backend.job_image or self.backend.image)
+        return JobRuntime(python=self.backend.job_python, env=env, image=self.backend.job_image or self.backend.image)
 
     # ---------------------------------------------------------------- protocol
     def _launch(self, request: JobRequest) -> JobHandle:
@@ -109,7 +117,10 @@ class LeptonCompute(ComputeBase):
         group, names = job_names(request.name, len(shards))
         refs, stored = self._secrets(request)
         for secret, value in stored.items():
-            self.client.upsert_secret(secret, value)
+            # the swarm's secret is put by `up` and shared by concurrent submits: only created when
+            # missing; a submission's own secret has this one writer and is replaced
+            self.client.ensure_secret(secret, value, replace=secret not in self._swarm_secrets(refs))
+        ids = []
         for shard, job_id in zip(shards, names, strict=True):
             spec = self.job_spec(request, job_id, shard, refs)
             log.info(
@@ -119,28 +130,49 @@ class LeptonCompute(ComputeBase):
                 request.nshards,
                 spec.spec.container.command,
             )
-            self.client.call(f"create job '{job_id}'", lambda api, s: api.job.create(s), spec)
-        meta = {"jobs": names, "shards": shards, "nshards": request.nshards, "workspace_id": self.backend.workspace_id}
+            ids.append(self._create_job(job_id, spec))
+        meta: dict[str, Any] = {
+            "jobs": ids,
+            "shards": shards,
+            "nshards": request.nshards,
+            "workspace_id": self.backend.workspace_id,
+        }
+        spec_path = _spec_path(request.command)
+        if spec_path:
+            meta["spec"] = spec_path  # the ledger tells how an archived job ended
         return JobHandle(id=group if len(names) > 1 else names[0], backend="lepton", name=request.name, meta=meta)
 
     def probe(self, handle: JobHandle) -> JobProbe:
         """Each Lepton job's state, combined; ``error`` set when the API could not tell."""
         statuses: list[JobStatus] = []
         details: list[str] = []
-        for jid in _ids(handle):
+        ids = _ids(handle)
+        shards = list(handle.meta.get("shards") or range(len(ids)))
+        for jid, shard in zip(ids, shards, strict=False):
             try:
                 job = self.client.call(f"read job '{jid}'", lambda api, j: api.job.get(j), jid, missing_ok=True)
             except PrefectSwarmError as exc:
                 return JobProbe(status=None, error=str(exc).splitlines()[0])
-            if job is None:
-                statuses.append(JobStatus.CANCELLED)
-                details.append(f"{jid}: deleted")
+            if job is None:  # deleted, or archived past its TTL: a finished ledger tells which
+                done = self._ledger_done(handle, shard)
+                statuses.append(JobStatus.SUCCEEDED if done else JobStatus.CANCELLED)
+                details.append(f"{jid}: gone" + ("; its ledger is complete" if done else ""))
                 continue
             st = job.status
             state = str(getattr(st.state, "value", st.state)) if st and st.state else "UNK"
             status = job_status(state, (st.succeeded or 0) if st else 0, (st.failed or 0) if st else 0)
+            if status is None and state == "Archived" and handle.meta.get("spec"):
+                status = JobStatus.SUCCEEDED if self._ledger_done(handle, shard) else JobStatus.FAILED
+                state += "; its ledger is " + ("complete" if status is JobStatus.SUCCEEDED else "unfinished")
             if status is None:
                 return JobProbe(status=None, error=f"Lepton job '{jid}' is in state {state!r}", detail=state)
+            if state == "Queueing" and self._queued_too_long(job):
+                self.cancel(JobHandle(id=jid, backend="lepton", name=handle.name, meta={"jobs": [jid]}))
+                status = JobStatus.FAILED
+                state += (
+                    f" for more than job_queue_timeout_s ({self.backend.job_queue_timeout_s:.0f}s): stopped; "
+                    f"no capacity for job_resource_shape {self.backend.job_resource_shape}"
+                )
             statuses.append(status)
             details.append(f"{jid}: {state}")
         status = JobStatus.combine(statuses)
@@ -193,18 +225,134 @@ class LeptonCompute(ComputeBase):
                 out += [f"[{jid}] {line}" for line in text.splitlines()]
         return "\n".join(out)
 
+    def check_shared_storage(self, timeout_s: float) -> None:
+        """Prove the storage is shared and the job image usable before any GPU is asked for: this
+        process writes a nonce under ``backend.shared_path``; a tiny CPU job (``job_resource_shape``,
+        the job image, ``job_setup``) must read it back through the mounts and import prefect_swarm
+        with ``job_python``. ConfigError naming the mount or the image when it cannot."""
+        from leptonai.api.v2.types.common import Metadata
+        from leptonai.api.v2.types.deployment import LeptonContainer
+        from leptonai.api.v2.types.job import LeptonJob, LeptonJobUserSpec
+
+        b = self.backend
+        nonce = secrets.token_hex(16)
+        folder = Path(str(b.shared_path)) / STORAGE_CHECK_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f"{nonce}.txt"
+        probe.write_text(nonce)
+        _group, (job_id,) = job_names(f"{self.cfg.name}-storage", 1)
+        spec = LeptonJob(
+            metadata=Metadata(id=job_id, name=job_id, labels={LABEL_SWARM: self.cfg.name, LABEL_JOB: "storage-check"}),
+            spec=LeptonJobUserSpec(
+                resource_shape=b.job_resource_shape,
+                affinity=affinity(b),
+                container=LeptonContainer(
+                    image=self.job_runtime().image,
+                    command=_wrap(
+                        ["sh", "-c", _CHECK_SCRIPT, "sh", str(probe), nonce, b.job_python], None, b.job_setup
+                    ),
+                ),
+                completions=1,
+                parallelism=1,
+                mounts=mounts(b),
+                image_pull_secrets=list(b.image_pull_secrets),
+            ),
+        )
+        handle = JobHandle(id=job_id, backend="lepton", name="storage-check", meta={"jobs": [job_id]})
+        log.info("checking that Lepton jobs see %s (job '%s')", b.shared_path, job_id)
+        try:
+            self.client.call(f"create job '{job_id}'", lambda api: api.job.create(spec))
+            deadline = time.monotonic() + timeout_s
+            while True:
+                st = self.probe(handle)
+                if st.status is not None and st.status.finished:
+                    break
+                if time.monotonic() >= deadline:
+                    raise BackendError(
+                        f"the shared-storage check job '{job_id}' did not finish within {timeout_s:.0f}s "
+                        f"(workspace '{b.workspace_id}', job_resource_shape {b.job_resource_shape}): {st.detail}.",
+                        hint="check that job_resource_shape can be scheduled, or raise "
+                        "backend.storage_check_timeout_s (null skips the check).",
+                    )
+                time.sleep(b.ready_poll_s)
+            if st.status is not JobStatus.SUCCEEDED:
+                where = "; ".join(f"{m.from_}:{m.path} at {m.mount_path}" for m in b.mounts)
+                tail = self.logs(handle)[-2000:]
+                if NO_PREFECT_SWARM in tail:
+                    raise ConfigError(
+                        f"backend.job_image: '{b.job_python}' in image {self.job_runtime().image} cannot import "
+                        f"prefect_swarm, so no batch job could run there. Use a job_image with prefect-swarm "
+                        f"{__version__} installed, point backend.job_python at the interpreter that has it, or "
+                        f"install it in backend.job_setup (e.g. 'pip install prefect-swarm=={__version__}')."
+                        + f"\nJob log:\n{tail}"
+                    )
+                raise ConfigError(
+                    f"backend.mounts: a Lepton job could not read {probe}, which this process wrote under "
+                    f"backend.shared_path ({st.detail}). This process must see the same volume at exactly "
+                    f"each mount_path ({where}), or jobs cannot read specs nor this process their ledgers."
+                    + (f"\nJob log:\n{tail}" if tail else "")
+                )
+        finally:
+            self.client.call(f"delete job '{job_id}'", lambda api: api.job.delete(job_id), missing_ok=True)
+            probe.unlink(missing_ok=True)
+
     # ---------------------------------------------------------------- internals
+    def _ledger_done(self, handle: JobHandle, shard: int) -> bool:
+        """True when shard ``shard``'s ledger (next to the spec the job ran) is marked DONE."""
+        spec = handle.meta.get("spec")
+        return bool(spec) and JobPaths(Path(str(spec)).parent).shard(shard).done_marker.exists()
+
+    def _queued_too_long(self, job: Any) -> bool:
+        limit = self.backend.job_queue_timeout_s
+        created_ms = getattr(job.metadata, "created_at", None)
+        return limit is not None and created_ms is not None and time.time() - created_ms / 1000 > limit
+
+    def _create_job(self, job_id: str, spec: Any) -> str:
+        """Create one job; the id the API returns. Idempotent: when a retried create meets the job an
+        earlier try created (HTTP 409), that job is adopted if its labels are this submission's."""
+        try:
+            created = self.client.call(f"create job '{job_id}'", lambda api: api.job.create(spec))
+        except BackendError as exc:
+            if not is_conflict(exc):
+                raise
+            created = self.client.call(f"read job '{job_id}'", lambda api: api.job.get(job_id), missing_ok=True)
+            labels = (created.metadata.labels or {}) if created is not None else None
+            if labels != spec.metadata.labels:
+                raise BackendError(
+                    f"a Lepton job named '{job_id}' exists already and is not this submission's "
+                    f"(workspace '{self.backend.workspace_id}').",
+                    hint="submit again: a new submission gets a new name.",
+                ) from exc
+            log.info("adopting Lepton job '%s', created by an earlier try of the same request", job_id)
+        meta = getattr(created, "metadata", None)
+        return str(getattr(meta, "id_", None) or job_id)
+
     def _check_shared(self, command: Sequence[str]) -> None:
-        """The job spec must lie on the shared mount, or the container could not read it."""
+        """The job spec, and the input, output and ledger folder it names, must lie on the shared
+        mount, or the container could not read or write them."""
         args = list(command)
+        mounts_ = ", ".join(m.mount_path for m in self.backend.mounts) or "none"
         for flag, value in itertools.pairwise(args):
-            if flag == "--spec" and not under_mount(self.backend, value):
-                mounts_ = ", ".join(m.mount_path for m in self.backend.mounts) or "none"
+            if flag != "--spec":
+                continue
+            if not under_mount(self.backend, value):
                 raise ConfigError(
                     f"the job spec {value} is not on the storage Lepton jobs mount (mount_path: {mounts_}); "
                     f"the job could not read it. Put the job folder under backend.shared_path "
                     f"({self.backend.shared_path}), e.g. by setting {HOME} there."
                 )
+            if not os.path.exists(value):
+                continue  # written later by the caller; the job reports a missing spec itself
+            from prefect_swarm.jobs.spec import JobSpec
+
+            spec = JobSpec.load(value)
+            for field, path in (("input", spec.input), ("output", spec.output), ("job_dir", spec.job_dir)):
+                if path and not under_mount(self.backend, os.path.abspath(os.path.expanduser(path))):
+                    raise ConfigError(
+                        f"the job's {field} {path} is not on the storage Lepton jobs mount (mount_path: {mounts_}); "
+                        f"a Lepton job sees only what is mounted. Put the {field} under a mount_path, "
+                        f"e.g. under backend.shared_path ({self.backend.shared_path})."
+                    )
 
     def _secrets(self, request: JobRequest) -> tuple[dict[str, str], dict[str, str]]:
         """(env name -> Lepton secret name, secret name -> value to store): values go to workspace
@@ -216,8 +364,22 @@ class LeptonCompute(ComputeBase):
         if token_secret and (API_KEY not in values or self._is_endpoint_token(values[API_KEY])):
             values.pop(API_KEY, None)
             refs[API_KEY] = token_secret
-        refs.update({key: secret_name(self.cfg.name, key) for key in values})
+        for key, value in values.items():
+            shared = key == API_KEY and self.cfg.api_key is not None and self._is_endpoint_token(value)
+            refs[key] = (
+                swarm_secret_name(self.cfg.name, key) if shared else job_secret_name(self.cfg.name, request.name, key)
+            )
         return refs, {refs[key]: value for key, value in values.items()}
+
+    def _swarm_secrets(self, refs: Mapping[str, str]) -> set[str]:
+        return {name for key, name in refs.items() if name == swarm_secret_name(self.cfg.name, key)}
+
+    def put_swarm_secrets(self) -> None:
+        """Create or replace the swarm's shared secrets (its API key) once, before any job reads them."""
+        if self.cfg.api_key is None or self.backend.endpoint_token_secret:
+            return
+        name = swarm_secret_name(self.cfg.name, API_KEY)
+        self.client.ensure_secret(name, self.cfg.api_key.get_secret_value(), replace=True)
 
     def secret_names(self, request: JobRequest) -> dict[str, str]:
         """Env name -> the Lepton secret a job of ``request`` reads it from (stores nothing)."""
@@ -240,7 +402,8 @@ class LeptonCompute(ComputeBase):
                 resource_shape=request.resources.get("resource_shape") or b.job_resource_shape,
                 affinity=affinity(b),
                 container=LeptonContainer(
-                    image=runtime.image, command=_with_workdir(request.argv(shard), request.workdir or runtime.workdir)
+                    image=runtime.image,
+                    command=_wrap(request.argv(shard), request.workdir or runtime.workdir, b.job_setup),
                 ),
                 completions=1,
                 parallelism=1,
@@ -251,12 +414,30 @@ class LeptonCompute(ComputeBase):
         )
 
 
+_CHECK_SCRIPT = (
+    'test "$(cat "$1")" = "$2" || { echo "prefect-swarm check: $1 is not the file the worker wrote"; exit 1; }; '
+    '"$3" -c "import prefect_swarm" || { echo "' + NO_PREFECT_SWARM + ' with $3"; exit 1; }'
+)
+"""The storage check job: the nonce file must hold the nonce, and the job interpreter must import
+prefect_swarm (args: nonce file, nonce, interpreter)."""
+
+
+def _spec_path(command: Sequence[str]) -> str | None:
+    """The ``--spec`` argument of a job command (None when it has none)."""
+    for flag, value in itertools.pairwise(command):
+        if flag == "--spec":
+            return value
+    return None
+
+
 def _ids(handle: JobHandle) -> list[str]:
     return list(handle.meta.get("jobs") or [handle.id])
 
 
-def _with_workdir(argv: list[str], workdir: str | None) -> list[str]:
-    """Lepton containers have no working-directory field: change into it through sh."""
-    if not workdir:
+def _wrap(argv: list[str], workdir: str | None, setup: Sequence[str] = ()) -> list[str]:
+    """``argv`` after ``backend.job_setup`` and in ``workdir`` (Lepton containers have no
+    working-directory field), through sh; as it is when there is neither."""
+    lines = [*setup, *([f"cd {shlex.quote(workdir)}"] if workdir else [])]
+    if not lines:
         return argv
-    return ["sh", "-c", f'cd {shlex.quote(workdir)} && exec "$@"', "sh", *argv]
+    return ["sh", "-c", " && ".join([*lines, 'exec "$@"']), "sh", *argv]

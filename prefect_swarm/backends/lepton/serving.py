@@ -25,7 +25,7 @@ from prefect_swarm.backends.lepton.client import (
     validate_lepton,
 )
 from prefect_swarm.backends.lepton.compute import LeptonCompute
-from prefect_swarm.exceptions import BackendError, CapacityError, PrefectSwarmError, ReadinessError
+from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError, PrefectSwarmError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, Capability, JobRequest, ServingHandle
 from prefect_swarm.interfaces.readiness import check_chat
 from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
@@ -57,6 +57,10 @@ MASK = "***"
 QUEUED_REASONS = frozenset({"NoCapacity", "Queueing"})
 FATAL_REASONS = frozenset({"ConfigError"})
 DELETE_WAIT_S = 60.0
+CRASH_LOOP_RESTARTS = 3
+"""Exits of one replica after which readiness gives up rather than wait for ``ready_timeout_s``."""
+_NO_READINESS = object()
+"""What the readiness read returns when the workspace's API has no readiness route."""
 
 
 def deployment_phase(state: str | None, phase: str | None = None) -> ServingPhase:
@@ -100,6 +104,13 @@ class LeptonServing:
         """Refuse a config this backend cannot run (no SDK, no shared mount). Needs no token, calls nothing."""
         validate_lepton(cfg.backend)  # type: ignore[arg-type]
         import_sdk()
+        from leptonai.api.v2.spec_utils import validate_environment_variable_name
+
+        for name in engine_env(cfg):  # the platform refuses these; the SDK checks them for jobs only
+            try:
+                validate_environment_variable_name(name)
+            except ValueError as exc:
+                raise ConfigError(f"env / engine.env: {name!r} cannot be used on Lepton: {exc}") from None
 
     def plan(self) -> dict[str, str]:
         """The deployment spec ``up`` sends and the template of a job's spec, as JSON; secrets masked."""
@@ -126,7 +137,13 @@ class LeptonServing:
                     hint="wait for it to go, then retry `up`.",
                 )
             existing = None
-        spec = self._spec(cfg)
+        spec = self._spec(cfg, labels=not self._new_api())
+        self._check_shapes()
+        self._check_token_secret()
+        compute = LeptonCompute(cfg, self.paths, None)
+        if existing is None and self.backend.storage_check_timeout_s is not None:
+            compute.check_shared_storage(self.backend.storage_check_timeout_s)
+        compute.put_swarm_secrets()
         if existing is None:
             log.info("creating Lepton deployment '%s' in workspace '%s'", name, self.backend.workspace_id)
             dep = self.client.call(f"create deployment '{name}'", lambda api: api.deployment.create_with_response(spec))
@@ -147,6 +164,9 @@ class LeptonServing:
                 raise self._not_ready(handle, f"deployment is {st.detail}")
             if _fatal(st):
                 raise self._not_ready(handle, f"a replica cannot start: {st.detail}")
+            crashes = self._crash_loop(handle.name) if st.phase is not ServingPhase.RUNNING else None
+            if crashes:
+                raise self._not_ready(handle, f"is crash-looping: {crashes}")
             if st.phase is ServingPhase.RUNNING:
                 ok, last = self._probe_chat(st.url or handle.url)
                 if ok:
@@ -173,7 +193,7 @@ class LeptonServing:
             return ServingStatus(ServingPhase.STOPPED, handle.url, "deployment does not exist")
         state = _state(dep)
         phase = deployment_phase(state, _phase(dep))
-        replicas = self._replicas(handle.name) if phase not in (ServingPhase.STOPPED,) else ()
+        replicas = self._replicas(handle.name, state) if phase not in (ServingPhase.STOPPED,) else ()
         if (
             phase is ServingPhase.INITIALIZING
             and replicas
@@ -193,7 +213,60 @@ class LeptonServing:
         self.client.delete_secrets(secret_prefix(name))
 
     # ---------------------------------------------------------------- internals
-    def _spec(self, cfg: SwarmConfig, mask: bool = False) -> Any:
+    def _crash_loop(self, name: str) -> str | None:
+        """What a replica that keeps crashing said (Lepton restarts it, so the state never turns
+        Error); None while no replica crashed CRASH_LOOP_RESTARTS times, or the API cannot tell."""
+        from leptonai.api.v2.endpoint import NewEndpointAPIUnsupported
+
+        def terminations(api: Any) -> Any:
+            try:
+                return api.deployment.get_termination(name)
+            except NewEndpointAPIUnsupported:  # the new API folds these into replica status
+                return None
+
+        found = self.client.call(f"read terminations of '{name}'", terminations, missing_ok=True)
+        for rid, items in sorted((getattr(found, "root", None) or {}).items()):
+            if len(items) >= CRASH_LOOP_RESTARTS:
+                last = items[-1]
+                return (
+                    f"replica {rid} exited {len(items)} times, last with code {last.exit_code} "
+                    f"({last.reason}): {last.message[-300:]}"
+                )
+        return None
+
+    def _check_token_secret(self) -> None:
+        """``endpoint_token_secret`` must name a secret of the workspace (a misspelt one would leave
+        the endpoint's token, and every job's API key, unresolvable)."""
+        name = self.backend.endpoint_token_secret
+        if not name:
+            return
+        names = {s.name for s in self.client.call("list secrets", lambda api: api.secret.list_all()) or []}
+        if name not in names:
+            raise ConfigError(
+                f"backend.endpoint_token_secret: workspace '{self.backend.workspace_id}' has no secret "
+                f"'{name}'. Create it (`lep secret create -n {name} -v ...`) or fix the name."
+            )
+
+    def _check_shapes(self) -> None:
+        """``resource_shape`` and ``job_resource_shape`` must be shapes of the workspace."""
+        b = self.backend
+        shapes = self.client.call("list resource shapes", lambda api: api.shapes.list_shapes(), missing_ok=True)
+        if shapes is None:  # a workspace without the shapes route: the create call will tell
+            return
+        known = {str(s.metadata.id_ or s.metadata.name) for s in shapes}
+        for field, shape in (("resource_shape", b.resource_shape), ("job_resource_shape", b.job_resource_shape)):
+            if shape not in known:
+                raise ConfigError(
+                    f"backend.{field}: workspace '{b.workspace_id}' has no resource shape '{shape}'; "
+                    f"it has: {', '.join(sorted(known))}."
+                )
+
+    def _new_api(self) -> bool:
+        """True when the workspace serves endpoints through the new Endpoint API (no labels, no
+        per-deployment readiness); the SDK reads the flag from the workspace once per process."""
+        return bool(self.client.call("read the workspace's deployment API", lambda api: api.new_deployment_api_enabled))
+
+    def _spec(self, cfg: SwarmConfig, mask: bool = False, labels: bool = True) -> Any:
         from leptonai.api.v2.types.common import Metadata
         from leptonai.api.v2.types.deployment import (
             ContainerPort,
@@ -219,7 +292,7 @@ class LeptonServing:
                 cfg.name,
             )
         return LeptonDeployment(
-            metadata=Metadata(id=cfg.name, name=cfg.name, labels={LABEL_SWARM: cfg.name}),
+            metadata=Metadata(id=cfg.name, name=cfg.name, labels={LABEL_SWARM: cfg.name} if labels else None),
             spec=LeptonDeploymentUserSpec(
                 container=LeptonContainer(
                     image=b.image, command=engine_command(cfg), ports=[ContainerPort(container_port=cfg.port)]
@@ -231,7 +304,7 @@ class LeptonServing:
                     affinity=affinity(b),
                 ),
                 api_tokens=tokens,
-                allow_unauthenticated_access=True if not tokens else None,
+                allow_unauthenticated_access=not tokens,  # false with tokens, as the SDK's CLI sends
                 envs=env_vars(engine_env(cfg)),
                 mounts=mounts(b),
                 image_pull_secrets=list(b.image_pull_secrets) or None,
@@ -250,10 +323,27 @@ class LeptonServing:
         }
         return ServingHandle(name=name, backend="lepton", url=_url(dep), meta=meta)
 
-    def _replicas(self, name: str) -> tuple[ReplicaStatus, ...]:
-        issues = self.client.call(
-            f"read readiness of '{name}'", lambda api: api.deployment.get_readiness(name), missing_ok=True
-        )
+    def _replicas(self, name: str, state: str) -> tuple[ReplicaStatus, ...]:
+        """Each replica's readiness: the legacy API's readiness issues, else (the new Endpoint API has
+        no readiness route) the replica list, healthy when the endpoint's state is Ready."""
+        from leptonai.api.v2.endpoint import NewEndpointAPIUnsupported
+
+        def readiness(api: Any) -> Any:
+            try:
+                return api.deployment.get_readiness(name)
+            except NewEndpointAPIUnsupported:
+                return _NO_READINESS
+
+        issues = self.client.call(f"read readiness of '{name}'", readiness, missing_ok=True)
+        if issues is _NO_READINESS:
+            reps = self.client.call(
+                f"list replicas of '{name}'", lambda api: api.deployment.get_replicas(name), missing_ok=True
+            )
+            health = ReplicaHealth.HEALTHY if state == "Ready" else ReplicaHealth.UNHEALTHY
+            return tuple(
+                ReplicaStatus(index=i, health=health, external_id=rep.id_)
+                for i, rep in enumerate(sorted(reps or [], key=lambda r: str(r.id_)))
+            )
         out = []
         for i, (rid, items) in enumerate(sorted((getattr(issues, "root", None) or {}).items())):
             reasons = [(str(getattr(it.reason, "value", it.reason)), it.message) for it in items]

@@ -114,9 +114,17 @@ class SlurmClient:
         raise map_error(argv, proc.returncode, proc.stderr, what)
 
     # ------------------------------------------------------------------ submit / cancel
-    def sbatch(self, script: Path, *, env: Mapping[str, str] | None = None, what: str = "submit a job") -> str:
-        """Submit ``script``; returns the job id. ``env`` (secrets too) reaches the job by --export=ALL."""
-        out = self.run(["sbatch", "--parsable", "--export=ALL", str(script)], what=what, env=env)
+    def sbatch(
+        self,
+        script: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        what: str = "submit a job",
+        args: Sequence[str] = (),
+    ) -> str:
+        """Submit ``script`` (``args`` before it, e.g. ``--array=1,3``); returns the job id.
+        ``env`` (secrets too) reaches the job by --export=ALL."""
+        out = self.run(["sbatch", "--parsable", "--export=ALL", *args, str(script)], what=what, env=env)
         job_id = out.strip().split(";")[0]
         if not job_id.isdigit():
             raise BackendError(

@@ -1,8 +1,9 @@
 """SlurmCompute: job processes as ``srun --jobid=<raw id> --overlap`` steps inside the swarm's allocation.
 
 Steps run in the LB job's allocation (the one job that must live for the endpoint to work), so a
-replica task that dies or is cancelled does not take a job's shards with it; when the LB job is
-not running they go into a running replica task (raw id from ``squeue -o %A -j 123_0``).
+replica task that dies or is cancelled does not take a job's shards with it. Without a running LB
+job there is no endpoint: submit refuses at once (ReadinessError) rather than start steps that
+would send every row to a dead address.
 
 * n shards = n steps (fan-out); each resumes from its ledger, which the job process owns.
 * The external id is ``jobid.stepid`` (comma-joined for a fan-out): any process can probe, wait
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 from prefect_swarm.backends.common import LogFollower, head_url, start_logged
 from prefect_swarm.backends.slurm import render
 from prefect_swarm.backends.slurm.client import AcctEntry, QueueEntry, SlurmClient, clean_env
-from prefect_swarm.exceptions import BackendError, CapacityError
+from prefect_swarm.exceptions import BackendError, CapacityError, ReadinessError
 from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus, jobenv
 from prefect_swarm.interfaces.types import coerce_job_status
 from prefect_swarm.paths import JobPaths
@@ -42,10 +43,14 @@ STEP_APPEAR_S = 60.0
 """How long submit waits for a started srun to show up as a step."""
 TARGET_POLL_S = 1.0
 """How often submit asks squeue while the swarm's jobs are still starting."""
+CANCEL_GRACE_S = 20.0
+"""cancel(): how long steps get after TERM to flush their ledgers before they are killed."""
 LB_HEAD_WAIT_S = 60.0
 """Once the LB job runs, how long submit waits for it to write ``lb.head`` (the jobs' ENDPOINT)."""
 _STARTING = {"PENDING", "CONFIGURING", "REQUEUED", "RESIZING"}
 """Queue states from which a job goes on to RUNNING."""
+_QUEUED = _STARTING | {"RUNNING"}
+"""Queue states of a job that runs or will."""
 
 
 class SlurmCompute(ComputeBase):
@@ -103,57 +108,53 @@ class SlurmCompute(ComputeBase):
         return JobHandle(id=",".join(steps), backend="slurm", name=request.name, meta=meta)
 
     def _target(self) -> str:
-        """Raw id of the allocation steps go into: the LB job, else a running replica task.
+        """Raw id of the allocation steps go into: the swarm's LB job (found by its job name).
 
         Right after ``up`` the jobs are still PENDING/CONFIGURING: wait (polling squeue, at most
         ``backend.queue_timeout_s``) for the LB job to run and announce itself (``lb.head``, so the
-        step gets ``ENDPOINT``). A running replica task is used only once the LB job is gone or
-        the wait is over. Neither job queued: BackendError at once; still queued at the end:
-        CapacityError with Slurm's pending reason.
+        step gets ``ENDPOINT``); still queued at the end: CapacityError with Slurm's pending reason.
+        No LB job in the queue: ReadinessError at once (exit 4), never steps against a dead endpoint.
         """
-        meta = self.serving.meta if self.serving else {}
-        lb_id = str(meta["lb_job"]) if meta.get("lb_job") else None
-        ids = [str(meta[k]) for k in ("lb_job", "replicas_job") if meta.get(k)]
+        names = render.job_names(self.cfg)
         queue_timeout = render.slurm_section(self.cfg).queue_timeout_s
         start = time.monotonic()
         deadline = start + queue_timeout
         head_deadline: float | None = None
         while True:
-            entries = self.client.squeue(ids) if ids else []
-            lb = next((e for e in entries if e.id == lb_id), None)
+            entries = [e for e in self.client.squeue(names=names.all()) if e.state in _QUEUED]
+            lb = next((e for e in entries if e.name == names.lb), None)
             now = time.monotonic()
-            if lb is not None and lb.state == "RUNNING":
+            if lb is None:
+                self._refuse(entries)
+            elif lb.state == "RUNNING":
                 head_deadline = head_deadline or now + LB_HEAD_WAIT_S
                 if head_url(self.paths.lb_head) or now >= head_deadline:
-                    return str(lb_id)
-            else:
-                replica = self._running_replica(entries)
-                if replica and (lb is None or lb.state not in _STARTING or now >= deadline):
-                    return replica
-                if not entries:
-                    raise BackendError(
-                        f"swarm '{self.cfg.name}' has no Slurm job in the queue to run job steps in "
-                        f"(jobs {meta.get('lb_job')}, {meta.get('replicas_job')}).",
-                        hint=f"`prefect-swarm status {self.cfg.name}`; bring it up with `prefect-swarm up`.",
-                    )
-                if now >= deadline:
-                    waiting = ", ".join(f"{e.id} {e.state} ({e.reason})" for e in entries)
-                    raise CapacityError(
-                        f"swarm '{self.cfg.name}' had no running Slurm allocation to run job steps in "
-                        f"after {now - start:.0f}s (backend.queue_timeout_s={queue_timeout:g}): {waiting}.\n"
-                        f"Hint: `prefect-swarm status {self.cfg.name}`; submit again once it runs, or "
-                        "ask for fewer resources / another partition."
-                    )
+                    return lb.raw_id
+            elif lb.state not in _STARTING:
+                self._refuse(entries)
+            elif now >= deadline:
+                waiting = ", ".join(f"{e.id} {e.state} ({e.reason})" for e in entries)
+                raise CapacityError(
+                    f"swarm '{self.cfg.name}' had no running Slurm allocation to run job steps in "
+                    f"after {now - start:.0f}s (backend.queue_timeout_s={queue_timeout:g}): {waiting}.\n"
+                    f"Hint: `prefect-swarm status {self.cfg.name}`; submit again once it runs, or "
+                    "ask for fewer resources / another partition."
+                )
             time.sleep(TARGET_POLL_S)
 
-    def _running_replica(self, entries: Sequence[QueueEntry]) -> str | None:
-        """Raw id of a RUNNING replica array task (what ``srun --jobid`` takes), if any."""
-        for entry in entries:
-            if entry.state == "RUNNING" and entry.task_id is not None:
-                raw = entry.raw_id if entry.raw_id.isdigit() else self.client.raw_id(entry.id)
-                if raw:
-                    return raw
-        return None
+    def _refuse(self, entries: Sequence[QueueEntry]) -> None:
+        """The swarm has no live load balancer: nothing to send rows to."""
+        if not entries:
+            raise ReadinessError(
+                f"swarm '{self.cfg.name}' has no Slurm job in the queue to run job steps in.",
+                hint=f"`prefect-swarm status {self.cfg.name}`; bring it up with `prefect-swarm up`.",
+            )
+        raise ReadinessError(
+            f"the load balancer job of swarm '{self.cfg.name}' is not running, so the swarm has no endpoint "
+            f"({len(entries)} replica task(s) still queued); no job step was started.",
+            hint=f"`prefect-swarm up {self.cfg.name}` resubmits the load balancer and keeps the running "
+            "replicas; `prefect-swarm status` shows the swarm.",
+        )
 
     def _log_path(self, workdir: str | None, shard: int | None, step_name: str) -> Path:
         """The shard's log in its job folder, else a log of its own under ``steps/``."""
@@ -208,15 +209,32 @@ class SlurmCompute(ComputeBase):
             )
         except Exception as exc:  # "could not tell" is not "failed"
             return JobProbe(None, error=f"cannot ask Slurm: {exc}")
-        return _aggregate(steps, running, acct)
+        cancelled = {s for s in steps if self.paths.step_cancelled(s).exists()}
+        return _aggregate(steps, running, acct, cancelled)
 
     def _follow(self, handle: JobHandle) -> Follow:
         return LogFollower(lambda: [(Path(log).stem, Path(log)) for log in handle.meta.get("logs") or []])
 
     def cancel(self, handle: JobHandle) -> None:
-        """scancel every step. Idempotent."""
+        """TERM every running step (the job process flushes its ledger and exits 75), KILL what is
+        left after ``CANCEL_GRACE_S``. A finished job keeps its outcome. Idempotent.
+
+        A step stopped this way reads CANCELLED (a marker under ``steps/`` tells probe, from any
+        process, that its non-zero exit was asked for), not FAILED.
+        """
         steps = list(handle.meta.get("steps") or handle.id.split(","))
-        self.client.scancel(steps)
+        jobid = str(handle.meta.get("jobid") or steps[0].split(".")[0])
+        running = [s for s in steps if s in self.client.steps(jobid)]
+        if running:
+            for step in running:
+                marker = self.paths.step_cancelled(step)
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.touch()
+            self.client.scancel(running, signal="TERM")
+            end = time.monotonic() + CANCEL_GRACE_S
+            while time.monotonic() < end and set(running) & set(self.client.steps(jobid)):
+                time.sleep(0.5)
+            self.client.scancel([s for s in running if s in self.client.steps(jobid)])
         self._reap()
 
     def _reap(self) -> None:
@@ -225,7 +243,9 @@ class SlurmCompute(ComputeBase):
                 del self._procs[step_name]
 
 
-def _aggregate(steps: list[str], running: set[str], acct: dict[str, AcctEntry]) -> JobProbe:
+def _aggregate(
+    steps: list[str], running: set[str], acct: dict[str, AcctEntry], cancelled: set[str] | None = None
+) -> JobProbe:
     statuses: list[JobStatus] = []
     codes: list[int] = []
     unknown = []
@@ -238,6 +258,8 @@ def _aggregate(steps: list[str], running: set[str], acct: dict[str, AcctEntry]) 
             unknown.append(step)
             continue
         status = coerce_job_status(entry.state)
+        if status is JobStatus.FAILED and step in (cancelled or set()):
+            status = JobStatus.CANCELLED  # stopped by cancel(): flushed and exited, as asked
         statuses.append(status)
         if entry.exit_code is not None:
             codes.append(entry.exit_code)

@@ -1,6 +1,7 @@
 """The LB reconciler: keeps nginx's upstream list equal to the replicas that are alive.
 
     python -m prefect_swarm.backends.slurm.lb --swarm-dir DIR [--nginx-bin nginx] [--public node:port] [--once]
+        [--replicas-job-name NAME] [--parent PID --nginx-pid PID]
 
 Runs inside the Slurm LB job next to ``nginx -g 'daemon off;'``. Every ``--interval`` seconds:
 
@@ -14,12 +15,20 @@ Host names are resolved to IPv4 here: nginx would otherwise also try ``::1`` for
 With no replica alive the upstream holds one placeholder marked ``down`` (an empty upstream block
 is a config error), so the LB answers 502 until a replica comes back.
 Once nginx answers ``/nginx-health``, it writes ``lb.head`` (``--public``) for clients to find it.
+
+With ``--replicas-job-name``, every ``REPLENISH_S`` seconds a replica task that left the queue is
+resubmitted on its own (:func:`members.replenish`, with this job's environment, which carries the
+swarm's secrets), unless its engine failed (the watchdog gave up). With ``--parent``, when the LB
+script is gone (killed outright), nginx (``--nginx-pid``) is stopped and the reconciler exits:
+nginx never outlives its job. TERM, INT and USR1 stop the reconciler.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -29,7 +38,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prefect_swarm.paths import SwarmPaths, atomic_write_text, read_text
+from prefect_swarm.backends.slurm import members
+from prefect_swarm.backends.slurm.client import SlurmClient, clean_env
+from prefect_swarm.paths import SwarmPaths, atomic_write_text, read_json, read_text
 
 log = logging.getLogger("prefect_swarm.lb")
 
@@ -37,6 +48,9 @@ STRIKES = 2
 """Failed connection checks in a row after which a replica leaves the upstream list."""
 
 PLACEHOLDER = "server 127.0.0.1:9 down;  # no replica alive\n"
+
+REPLENISH_S = 5.0
+"""How often the reconciler looks for replica tasks that left the queue."""
 
 
 def read_heads(paths: SwarmPaths) -> dict[int, str]:
@@ -150,6 +164,34 @@ class Reconciler:
             return False
 
 
+_WARNED: set[int] = set()
+"""Task indices last reported as not resubmitted (logged once, not every pass)."""
+
+
+def replenish(paths: SwarmPaths, name: str, client: SlurmClient) -> list[int]:
+    """Resubmit the replica tasks that left the queue (not those whose engine failed)."""
+    record = read_json(paths.slurm_record, {}) or {}
+    per = int(record.get("per_task") or 1)
+    with members.locked(paths):
+        failed = {
+            i // per
+            for i in range(int(record.get("replicas") or 0))
+            if (read_json(paths.replica_status(i), {}) or {}).get("failed")
+        }
+        if failed != _WARNED:
+            log.warning("replica task(s) %s: engine failed; not resubmitted (`up` does)", sorted(failed))
+            _WARNED.clear()
+            _WARNED.update(failed)
+        return members.replenish(client, paths, name, clean_env(), skip=failed)
+
+
+def stop_nginx(pid: int | None) -> None:
+    """QUIT nginx (graceful), if it still runs."""
+    if pid:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGQUIT)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     ap = argparse.ArgumentParser(description="Keep nginx's upstreams equal to the live replicas.")
@@ -158,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--public", default=None, help="node:port clients reach the LB at (written to lb.head)")
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--once", action="store_true", help="write the upstream file once, no reload, and exit")
+    ap.add_argument("--replicas-job-name", default=None, help="resubmit replica tasks of this name that left")
+    ap.add_argument("--parent", type=int, default=None, help="exit (stopping nginx) when this process is gone")
+    ap.add_argument("--nginx-pid", type=int, default=None, help="nginx master to stop when the parent is gone")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     paths = SwarmPaths(args.swarm_dir)
@@ -167,10 +212,20 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(rec.upstreams, render_upstreams(rec.alive()))
         return 0
     stop: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, _f: stop.append(signum))
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, _f: stop.append(signum))
+    client = SlurmClient(timeout_s=30.0)
+    next_replenish = time.monotonic() + REPLENISH_S
     while not stop:
+        if args.parent and os.getppid() != args.parent:
+            log.error("the LB script (pid %d) is gone: stopping nginx", args.parent)
+            stop_nginx(args.nginx_pid)
+            return 1
         try:
             rec.step()
+            if args.replicas_job_name and time.monotonic() >= next_replenish:
+                next_replenish = time.monotonic() + REPLENISH_S
+                replenish(paths, args.replicas_job_name, client)
         except Exception:  # one bad pass (a racing file, a slow nginx) must not take the LB down
             log.exception("reconcile pass failed; retrying")
         time.sleep(args.interval)

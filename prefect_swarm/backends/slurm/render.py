@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 HOST_TOKEN = "@PSW_HOST@"
 """Stands for the replica's bind address in watchdog specs; the replica script substitutes it."""
 
+PORT_TOKEN = "@PSW_PORT@"
+"""Stands for the replica's port in watchdog specs; the watchdog picks a free one at each start
+(``port + index`` when free) and publishes it in the status file, the script in the head file."""
+
 JOB_PREFIX = "psw-"
 """Every Slurm job and step we submit is named ``psw-...`` (and only those are ever cancelled by name)."""
 
@@ -128,12 +132,20 @@ def env_lines(env: dict[str, str], field: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------- sbatch options
-def _common_options(cfg: SwarmConfig, sc: SlurmConfig, *, partition: str | None) -> list[str]:
-    opts = [f"--time={sbatch_value('backend.time_limit', sc.time_limit)}"]
+def _common_options(
+    sc: SlurmConfig,
+    *,
+    partition: str | None,
+    account: str | None,
+    qos: str | None,
+    time_limit: str,
+    prefix: str = "backend.",
+) -> list[str]:
+    opts = [f"--time={sbatch_value(prefix + 'time_limit', time_limit)}"]
     for flag, field, value in (
         ("--partition", "partition", partition),
-        ("--account", "account", sc.account),
-        ("--qos", "qos", sc.qos),
+        ("--account", "account", account),
+        ("--qos", "qos", qos),
         ("--reservation", "reservation", sc.reservation),
         ("--constraint", "constraint", sc.constraint),
     ):
@@ -147,10 +159,10 @@ def _common_options(cfg: SwarmConfig, sc: SlurmConfig, *, partition: str | None)
     return opts
 
 
-def _mem(value: str, times: int) -> str:
+def _mem(value: str, times: int, field: str = "backend.mem_per_replica") -> str:
     match = _MEM.match(value.strip())
     if not match:
-        raise ConfigError(f"backend.mem_per_replica '{value}' is not a Slurm size like 64G or 512M.")
+        raise ConfigError(f"{field} '{value}' is not a Slurm size like 64G or 512M.")
     return f"{int(match.group(1)) * times}{match.group(2).upper()}"
 
 
@@ -158,34 +170,67 @@ def replicas_options(cfg: SwarmConfig, paths: SwarmPaths) -> list[str]:
     """``#SBATCH`` options of the replica array job."""
     sc = slurm_section(cfg)
     n_per = per_task(cfg)
+    check_gpu_layout(cfg)
     opts = [
         f"--job-name={job_names(cfg).replicas}",
         f"--array=0-{array_tasks(cfg) - 1}",
         "--nodes=1",
         "--ntasks=1",
-        f"--cpus-per-task={sc.cpus_per_replica * n_per}",
-        f"--output={sbatch_value('backend.shared_dir', paths.batch_output('replicas', '%A_%a'))}",
     ]
-    if cfg.gpus_per_replica:
-        opts.append(f"--gres={sbatch_value('backend.gres_name', sc.gres_name)}:{cfg.gpus_per_replica * n_per}")
-    if sc.mem_per_replica:
-        opts.append(f"--mem={_mem(sc.mem_per_replica, n_per)}")
-    opts += _common_options(cfg, sc, partition=sc.partition)
+    cpus, *gpus_mem = task_resources(cfg, n_per)
+    opts += [cpus, f"--output={sbatch_value('backend.shared_dir', paths.batch_output('replicas', '%A_%a'))}"]
+    opts += gpus_mem
+    opts += _common_options(sc, partition=sc.partition, account=sc.account, qos=sc.qos, time_limit=sc.time_limit)
     opts += [sbatch_value("backend.sbatch_args", arg) for arg in sc.sbatch_args]
     return opts
 
 
-def lb_options(cfg: SwarmConfig, paths: SwarmPaths) -> list[str]:
-    """``#SBATCH`` options of the load-balancer job (one task, one CPU, no GPU)."""
+def task_resources(cfg: SwarmConfig, replicas: int) -> list[str]:
+    """``--cpus-per-task``, ``--gres`` and ``--mem`` of an array task that runs ``replicas`` replicas.
+
+    The script asks for a full task (``per_task`` replicas); a last task that runs fewer is
+    submitted with these on the sbatch command line (they override the script's), so it asks for
+    what it runs: 3 replicas of 2 GPUs on 4-GPU nodes are tasks of ``gpu:4`` and ``gpu:2``.
+    """
     sc = slurm_section(cfg)
+    opts = [f"--cpus-per-task={sc.cpus_per_replica * replicas}"]
+    if cfg.gpus_per_replica:
+        opts.append(f"--gres={sbatch_value('backend.gres_name', sc.gres_name)}:{cfg.gpus_per_replica * replicas}")
+    if sc.mem_per_replica:
+        opts.append(f"--mem={_mem(sc.mem_per_replica, replicas)}")
+    return opts
+
+
+def check_gpu_layout(cfg: SwarmConfig) -> None:
+    """ConfigError for a GPU layout no node can hold (a replica spans one node until multi-node replicas exist)."""
+    if cfg.gpus_per_node and cfg.gpus_per_replica > cfg.gpus_per_node:
+        raise ConfigError(
+            f"gpus_per_replica ({cfg.gpus_per_replica}) exceeds gpus_per_node ({cfg.gpus_per_node}): "
+            "a replica runs on one node. Lower gpus_per_replica (tensor parallel size) or fix gpus_per_node."
+        )
+
+
+def lb_options(cfg: SwarmConfig, paths: SwarmPaths) -> list[str]:
+    """``#SBATCH`` options of the load-balancer job (one task, ``backend.lb`` resources, no GPU)."""
+    sc = slurm_section(cfg)
+    lb = sc.lb
     opts = [
         f"--job-name={job_names(cfg).lb}",
         "--nodes=1",
         "--ntasks=1",
-        "--cpus-per-task=1",
+        f"--cpus-per-task={lb.cpus}",
         f"--output={sbatch_value('backend.shared_dir', paths.batch_output('lb', '%j'))}",
     ]
-    opts += _common_options(cfg, sc, partition=sc.lb_partition or sc.partition)
+    if lb.mem:
+        opts.append(f"--mem={_mem(lb.mem, 1, 'backend.lb.mem')}")
+    opts += _common_options(
+        sc,
+        partition=lb.partition or sc.lb_partition or sc.partition,
+        account=lb.account or sc.account,
+        qos=lb.qos or sc.qos,
+        time_limit=lb.time_limit or sc.time_limit,
+        prefix="backend.lb." if lb.time_limit else "backend.",
+    )
     return opts
 
 
@@ -254,10 +299,10 @@ def _setup(sc: SlurmConfig) -> str:
 
 
 def watchdog_spec(cfg: SwarmConfig, paths: SwarmPaths, index: int) -> dict[str, object]:
-    """The watchdog spec of replica ``index`` (JSON; the bind address is :data:`HOST_TOKEN`)."""
-    port = cfg.port + index
+    """The watchdog spec of replica ``index`` (JSON; the bind address is :data:`HOST_TOKEN`, the port
+    :data:`PORT_TOKEN`, picked free at each start with ``port + index`` preferred)."""
     sc = slurm_section(cfg)
-    argv = [*container_prefix(sc.container), *engine_argv(cfg, host=HOST_TOKEN, port=port)]
+    argv = [*container_prefix(sc.container), *engine_argv(cfg, host=HOST_TOKEN, port=PORT_TOKEN)]
     env = engine_env(cfg)
     env_lines(env, "env / engine.env")  # validates the names
     return {
@@ -265,7 +310,9 @@ def watchdog_spec(cfg: SwarmConfig, paths: SwarmPaths, index: int) -> dict[str, 
         "root": str(paths.root),
         "index": index,
         "argv": argv,
-        "url": f"http://{HOST_TOKEN}:{port}",
+        "url": f"http://{HOST_TOKEN}:{PORT_TOKEN}",
+        "port_token": PORT_TOKEN,
+        "preferred_port": cfg.port + index,
         "env": env,
         "health_path": cfg.engine.health_path,
         "startup_timeout_s": cfg.engine.startup_timeout_s,
@@ -285,7 +332,6 @@ def render_replicas(cfg: SwarmConfig, paths: SwarmPaths) -> str:
         swarm_dir=q(paths.root),
         python=q(job_python(cfg)),
         gpus_per_replica=cfg.gpus_per_replica,
-        port=cfg.port,
         host_token=HOST_TOKEN,
         setup=_setup(sc),
     )
@@ -303,6 +349,7 @@ def render_lb(cfg: SwarmConfig, paths: SwarmPaths) -> str:
         nginx_bin=q(sc.nginx_bin),
         lb_dir=q(paths.lb_dir),
         port=sc.lb_port,
+        replicas_job_name=q(job_names(cfg).replicas),
         setup=_setup(sc),
     )
 

@@ -1,26 +1,28 @@
 """SlurmServing: the ServingBackend protocol on Slurm.
 
-One ``sbatch --array`` job of replicas (each under the watchdog, writing ``replica-<i>.head`` while
-healthy) plus one nginx LB job whose reconciler follows the head files. State comes from squeue
-(then sacct for jobs that left the queue); ``delete`` scancels by id and by our job names.
+Replicas are array tasks named ``psw-<swarm>-replicas`` (each under the watchdog, writing
+``replica-<i>.head`` while healthy), plus one nginx LB job whose reconciler follows the head files
+and resubmits a task that left the queue. ``up`` reconciles: it submits only the missing task
+indices and cancels only those no longer wanted (see :mod:`members`), so scaling and repairs never
+restart healthy replicas. State comes from squeue by job name; ``delete`` scancels by id and by name.
 
     <swarm>/replicas.sbatch lb.sbatch nginx.conf watchdog-<i>.json   rendered (render.py)
-    <swarm>/slurm.json          job ids + plan hash (what `up` submitted; no secrets)
-    <swarm>/replica-<i>.head    node:port while replica i is healthy
+    <swarm>/slurm.json          wanted tasks, task ids, plan hashes (no secrets); slurm.lock guards it
+    <swarm>/replica-<i>.head    node:port while replica i is healthy (the port its watchdog picked)
     <swarm>/lb.head             node:port of the LB once nginx answers
-    <swarm>/upstreams.conf lb/  the reconciler's and nginx's files
-"""
+    <swarm>/upstreams.conf lb/  the reconciler's and nginx's files"""
 
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.common import head_url
 from prefect_swarm.backends.engine import engine_secret_env
-from prefect_swarm.backends.slurm import render
+from prefect_swarm.backends.slurm import members, render
 from prefect_swarm.backends.slurm.client import QueueEntry, SlurmClient, clean_env
 from prefect_swarm.backends.slurm.lb import resolve
 from prefect_swarm.exceptions import CapacityError, ReadinessError
@@ -34,10 +36,16 @@ if TYPE_CHECKING:
     from prefect_swarm.paths import SwarmPaths
 
 POLL_S = 1.0
+DRAIN_WAIT_S = 15.0
+"""Scale down: how long to wait for the LB to drop the leaving replicas before cancelling them."""
+DRAIN_GRACE_S = 2.0
+"""Scale down: then how long requests already sent to them get to finish."""
 GONE_WAIT_S = 60.0
 """delete() waits this long for its jobs to leave squeue (COMPLETING included)."""
 
-_LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
+_LIVE = members.LIVE_STATES
+_COUNT_LINES = re.compile(r"^(#SBATCH --array=|REPLICAS=|# prefect-swarm: replicas of swarm ).*$", re.M)
+"""Lines of the replica script that change with the replica count only."""
 
 
 @dataclass(frozen=True)
@@ -86,53 +94,105 @@ class SlurmServing:
 
     # ------------------------------------------------------------------ create
     def create_or_update(self, cfg: SwarmConfig) -> ServingHandle:
-        """Submit what is not already queued for this swarm; a job whose script changed is replaced."""
+        """Reconcile the queue with ``cfg``; never restarts what does not need it.
+
+        * replica tasks: a wanted task index not in the queue is submitted on its own
+          (``sbatch --array=<i>``); a task past the wanted count (scale down), or one whose set of
+          replicas changed (a partly filled last task), is cancelled alone; the others keep running
+          and keep their ids. Only a change of what a replica runs (script or engine) replaces them all.
+        * the LB job: kept unless its script or nginx.conf changed; resubmitted when it left the queue.
+        """
         if cfg is not self.cfg:
             self.cfg, self.sc, self.names = cfg, render.slurm_section(cfg), render.job_names(cfg)
         files = render.render_files(self.cfg, self.paths)
         plan = {path.name: text for path, text in files.items()}
         self.paths.ensure()
-        record = read_json(self.paths.slurm_record, {}) or {}
-        live = self._jobs(record)
-        replicas_id = self._reuse(live.replicas[0].array_job_id if live.replicas else None, record, "replicas", plan)
-        lb_id = self._reuse(live.lb.raw_id if live.lb else None, record, "lb", plan)
-        for path, text in files.items():
-            atomic_write_text(path, text)
         env = clean_env(engine_secret_env(self.cfg))
-        if replicas_id is None:
-            for i in range(self.cfg.replicas):
+        want, per = render.array_tasks(self.cfg), render.per_task(self.cfg)
+        with members.locked(self.paths):
+            record = read_json(self.paths.slurm_record, {}) or {}
+            live = members.live_tasks(self.client, self.names.replicas)
+            hashes = record.get("hashes") or {}
+            same = hashes.get("replicas") == self._group_hash(plan, "replicas") and record.get("per_task") == per
+            old_n = int(record.get("replicas") or 0)
+            drop = [
+                t
+                for t in live
+                if not same or t >= want or _task_members(t, per, old_n) != _task_members(t, per, self.cfg.replicas)
+            ]
+            if same and drop:
+                self._drain([i for t in drop for i in _task_members(t, per, old_n)])
+            self.client.scancel(sorted(live[t].id for t in drop))
+            kept = {t: live[t] for t in live if t not in drop}
+            lb = self._lb_entry()
+            lb_id = lb.raw_id if lb and hashes.get("lb") == self._group_hash(plan, "lb") else None
+            if lb and lb_id is None:
+                self.client.scancel([lb.raw_id])
+            for path, text in files.items():
+                atomic_write_text(path, text)
+            for i in range(self.cfg.replicas, max(old_n, self.cfg.replicas)):
                 self.paths.replica_head(i).unlink(missing_ok=True)
-            replicas_id = self.client.sbatch(
-                self.paths.replicas_script,
-                env=env,
-                what=f"start the replicas of swarm '{self.cfg.name}'",
-            )
-        if lb_id is None:
-            self.paths.lb_head.unlink(missing_ok=True)
-            lb_id = self.client.sbatch(
-                self.paths.lb_script,
-                env=env,
-                what=f"start the load balancer of swarm '{self.cfg.name}'",
-            )
-        record = {
-            "replicas_job": replicas_id,
-            "lb_job": lb_id,
-            "hashes": {k: self._group_hash(plan, k) for k in ("replicas", "lb")},
-            "submitted_at": time.time(),
-        }
-        atomic_write_json(self.paths.slurm_record, record)
-        return self._handle(replicas_id, lb_id)
+            record = {
+                "replicas_job": record.get("replicas_job") if kept else None,
+                "lb_job": lb_id,
+                "hashes": {k: self._group_hash(plan, k) for k in ("replicas", "lb")},
+                "replicas": self.cfg.replicas,
+                "per_task": per,
+                "array_tasks": want,
+                "task_args": self._task_args(),
+                "tasks": {str(t): e.id for t, e in kept.items()},
+                "resubmits": {},
+                "submitted_at": time.time(),
+            }
+            missing = [t for t in range(want) if t not in kept]
+            if missing:
+                for t in missing:
+                    for i in _task_members(t, per, self.cfg.replicas):
+                        self.paths.replica_head(i).unlink(missing_ok=True)
+                job_id = members.submit_tasks(
+                    self.client, self.paths, record, missing, env, f"start the replicas of swarm '{self.cfg.name}'"
+                )
+                record["replicas_job"] = record["replicas_job"] or job_id
+            atomic_write_json(self.paths.slurm_record, record)
+            if lb_id is None:
+                self.paths.lb_head.unlink(missing_ok=True)
+                lb_id = self.client.sbatch(
+                    self.paths.lb_script, env=env, what=f"start the load balancer of swarm '{self.cfg.name}'"
+                )
+                record["lb_job"] = lb_id
+                atomic_write_json(self.paths.slurm_record, record)
+        return self._handle(str(record["replicas_job"]), str(lb_id), record["tasks"])
 
-    def _reuse(self, live_id: str | None, record: dict[str, Any], kind: str, plan: dict[str, str]) -> str | None:
-        """``live_id`` when what it runs is unchanged; else cancel it (if any) and return None."""
-        if live_id is None:
-            return None
-        if (record.get("hashes") or {}).get(kind) == self._group_hash(plan, kind):
-            return live_id
-        self.client.scancel([live_id])
-        return None
+    def _task_args(self) -> dict[str, list[str]]:
+        """sbatch options of a last task that runs fewer replicas than the script asks for."""
+        per, n = render.per_task(self.cfg), self.cfg.replicas
+        last = render.array_tasks(self.cfg) - 1
+        runs = len(_task_members(last, per, n))
+        return {str(last): render.task_resources(self.cfg, runs)} if runs < per else {}
 
-    def _handle(self, replicas_id: str, lb_id: str) -> ServingHandle:
+    def _drain(self, indices: list[int]) -> None:
+        """Take replicas out of the LB before their task is cancelled (scale down): their task stops
+        publishing the head file, the reconciler drops them, requests in flight get ``DRAIN_GRACE_S``."""
+        addrs = set()
+        for i in indices:
+            head = read_text(self.paths.replica_head(i))
+            addr = resolve(head) if head else None
+            if addr:
+                addrs.add(addr)
+            self.paths.replica_drain(i).touch()
+        end = time.monotonic() + DRAIN_WAIT_S
+        while addrs and time.monotonic() < end:
+            routed = read_text(self.paths.upstreams) or ""
+            if not any(f"server {a} " in routed for a in addrs):
+                time.sleep(DRAIN_GRACE_S)
+                return
+            time.sleep(0.25)
+
+    def _lb_entry(self) -> QueueEntry | None:
+        lbs = [e for e in self.client.squeue(names=[self.names.lb]) if e.state in members.LIVE_STATES]
+        return lbs[0] if lbs else None
+
+    def _handle(self, replicas_id: str, lb_id: str, tasks: dict[str, str]) -> ServingHandle:
         return ServingHandle(
             name=self.cfg.name,
             backend="slurm",
@@ -140,6 +200,7 @@ class SlurmServing:
             meta={
                 "replicas_job": replicas_id,
                 "lb_job": lb_id,
+                "tasks": dict(tasks),
                 "swarm_dir": str(self.paths.root),
                 "replicas": self.cfg.replicas,
                 "per_task": render.per_task(self.cfg),
@@ -149,10 +210,13 @@ class SlurmServing:
 
     # ------------------------------------------------------------------ look
     def _jobs(self, meta: dict[str, Any]) -> SwarmJobs:
-        ids = [str(meta[k]) for k in ("replicas_job", "lb_job") if meta.get(k)]
-        entries = {e.id: e for e in self.client.squeue(ids, names=self.names.all())}
-        live = [e for e in entries.values() if e.state in _LIVE]
-        replicas = sorted((e for e in live if e.name == self.names.replicas), key=lambda e: int(e.task_id or 0))
+        """This swarm's live jobs, by its job names (replica tasks may come from several array jobs)."""
+        del meta  # names are this user's and this swarm's: they find resubmitted tasks too
+        live = [e for e in self.client.squeue(names=self.names.all()) if e.state in _LIVE]
+        replicas = sorted(
+            (e for e in live if e.name == self.names.replicas),
+            key=lambda e: (int(e.task_id or 0), e.state == "COMPLETING"),  # a replacement before the one leaving
+        )
         lbs = [e for e in live if e.name == self.names.lb]
         return SwarmJobs(replicas=replicas, lb=lbs[0] if lbs else None)
 
@@ -163,25 +227,30 @@ class SlurmServing:
         return head_url(self.paths.replica_head(i))
 
     def _group_hash(self, plan: dict[str, str], kind: str) -> str:
-        """Hash of the files one job runs from: the LB script + nginx.conf, or the rest."""
-        lb_files = (self.paths.lb_script.name, self.paths.nginx_conf.name)
-        names = sorted(n for n in plan if (n in lb_files) == (kind == "lb"))
-        return hashlib.sha256("\0".join(f"{n}\0{plan[n]}" for n in names).encode()).hexdigest()[:16]
+        """Hash of what one job runs: the LB script + nginx.conf, or what a replica runs (its script
+        and watchdog spec without the replica count, so scaling does not replace running tasks)."""
+        if kind == "lb":
+            texts = [plan[self.paths.lb_script.name], plan[self.paths.nginx_conf.name]]
+        else:
+            script = plan[self.paths.replicas_script.name]
+            texts = [_COUNT_LINES.sub("", script), plan.get(self.paths.watchdog_spec(0).name, "")]
+        return hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
 
     def status(self, handle: ServingHandle) -> ServingStatus:
-        """Phase, LB URL and each replica with its Slurm task id (``123_0``) and state."""
+        """Phase, LB URL (only while the LB job runs) and each replica with its Slurm task id and state."""
         try:
             jobs = self._jobs(handle.meta)
         except Exception as exc:  # an unreachable scheduler is UNKNOWN, not FAILED
             return ServingStatus(ServingPhase.UNKNOWN, detail=f"cannot ask Slurm: {exc}")
         replicas = tuple(self._replica_status(handle, i, jobs) for i in range(int(handle.meta.get("replicas", 0))))
         phase, detail = self._phase(jobs, replicas)
-        return ServingStatus(phase, url=self._lb_url() if jobs.lb else None, detail=detail, replicas=replicas)
+        url = self._lb_url() if jobs.lb is not None and jobs.lb.state == "RUNNING" else None
+        return ServingStatus(phase, url=url, detail=detail, replicas=replicas)
 
     def _replica_status(self, handle: ServingHandle, i: int, jobs: SwarmJobs) -> ReplicaStatus:
         task = str(i // int(handle.meta.get("per_task", 1)))
         entry = next((e for e in jobs.replicas if e.task_id == task), None)
-        ext = f"{handle.meta.get('replicas_job')}_{task}"
+        ext = (handle.meta.get("tasks") or {}).get(task) or f"{handle.meta.get('replicas_job')}_{task}"
         raw = read_json(self.paths.replica_status(i), {}) or {}
         url = self._replica_url(i)
         if entry is None:
@@ -204,31 +273,54 @@ class SlurmServing:
         )
 
     def _phase(self, jobs: SwarmJobs, replicas: tuple[ReplicaStatus, ...]) -> tuple[ServingPhase, str]:
+        """STOPPED (nothing queued), FAILED (the LB job is gone: no endpoint), PENDING (queued),
+        RUNNING (LB up, at least one replica healthy; "degraded" with n/m below strength),
+        INITIALIZING (LB up, no replica healthy yet)."""
         if not jobs.all:
             return ServingPhase.STOPPED, "no job of this swarm is in the Slurm queue"
+        healthy = sum(r.health is ReplicaHealth.HEALTHY for r in replicas)
+        n = f"{healthy}/{len(replicas)} replicas healthy"
+        if jobs.lb is None:
+            return ServingPhase.FAILED, (
+                f"the load balancer job left the Slurm queue: no endpoint ({n}); "
+                f"`prefect-swarm up {self.cfg.name}` resubmits it, `prefect-swarm down {self.cfg.name}` stops the rest"
+            )
+        if jobs.lb.state != "RUNNING" or not self._lb_url():
+            if jobs.pending():
+                return ServingPhase.PENDING, "queued: " + _reasons(jobs.pending())
+            return ServingPhase.INITIALIZING, f"the load balancer is starting; {n}"
+        if healthy == len(replicas):
+            return ServingPhase.RUNNING, f"{n} behind {self._lb_url()}"
+        if healthy:
+            missing = [str(r.index) for r in replicas if r.health is not ReplicaHealth.HEALTHY]
+            return ServingPhase.RUNNING, (
+                f"degraded: {n} behind {self._lb_url()}; replica(s) {', '.join(missing)} "
+                "being replaced or starting (the LB's reconciler resubmits a task that left the queue)"
+            )
         if jobs.pending():
             return ServingPhase.PENDING, "queued: " + _reasons(jobs.pending())
-        healthy = sum(r.health is ReplicaHealth.HEALTHY for r in replicas)
-        if jobs.lb and healthy == len(replicas) and self._lb_url():
-            return ServingPhase.RUNNING, f"{healthy}/{len(replicas)} replicas healthy behind {self._lb_url()}"
-        return ServingPhase.INITIALIZING, f"{healthy}/{len(replicas)} replicas healthy"
+        return ServingPhase.INITIALIZING, n
 
     # ------------------------------------------------------------------ readiness
     def wait_ready(self, handle: ServingHandle, timeout_s: float) -> ServingStatus:
         """Both jobs RUNNING, the LB's /health, one chat completion per replica, every replica in the LB.
 
         Stuck PENDING past ``backend.queue_timeout_s``: scancel everything, CapacityError with
-        Slurm's reason. A job that left the queue: ReadinessError with its log tail.
+        Slurm's reason. A replica task that left the queue is resubmitted on its own
+        (:func:`members.replenish`) unless its engine failed (the watchdog gave up) or its budget is
+        spent; then, as for an LB job that left the queue, ReadinessError with the log tail.
         """
         start = time.monotonic()
         deadline = start + timeout_s
+        n, tasks = self._wanted(handle)
         chatted: dict[int, ProbeResult] = {}
         last = "nothing checked yet"
         while time.monotonic() < deadline:
             jobs = self._jobs(handle.meta)
             self._check_queue(handle, jobs, time.monotonic() - start)
-            if len(jobs.replicas) == render.array_tasks(self.cfg) and jobs.lb and not jobs.pending():
-                last = self._probe(chatted)
+            wanted = {str(t) for t in range(tasks)}
+            if wanted <= {e.task_id for e in jobs.replicas} and jobs.lb and not jobs.pending():
+                last = self._probe(chatted, n)
                 if last == "":
                     return self.status(handle)
             else:
@@ -242,6 +334,11 @@ class SlurmServing:
 
     def _check_queue(self, handle: ServingHandle, jobs: SwarmJobs, waited: float) -> None:
         missing = self._missing(handle, jobs)
+        if missing.startswith("replica") and not self._engine_failed(handle):
+            env = clean_env(engine_secret_env(self.cfg))
+            with members.locked(self.paths):
+                if members.replenish(self.client, self.paths, self.names.replicas, env):
+                    return
         if missing:
             self.delete(handle)
             raise ReadinessError(
@@ -259,20 +356,32 @@ class SlurmServing:
                 "or a longer queue_timeout_s."
             )
 
+    def _engine_failed(self, handle: ServingHandle) -> bool:
+        """True when a replica's watchdog gave up on its engine (resubmitting would not help)."""
+        n, _ = self._wanted(handle)
+        return any((read_json(self.paths.replica_status(i), {}) or {}).get("failed") for i in range(n))
+
     def _missing(self, handle: ServingHandle, jobs: SwarmJobs) -> str:
         if jobs.lb is None:
             return f"the LB job {handle.meta.get('lb_job')}"
-        if len(jobs.replicas) < render.array_tasks(self.cfg):
-            seen = {e.task_id for e in jobs.replicas}
+        seen = {e.task_id for e in jobs.replicas}
+        _, want = self._wanted(handle)
+        if not {str(t) for t in range(want)} <= seen:
+            ids = handle.meta.get("tasks") or {}
             gone = [
-                f"{handle.meta.get('replicas_job')}_{t}"
-                for t in range(render.array_tasks(self.cfg))
-                if str(t) not in seen
+                ids.get(str(t)) or f"{handle.meta.get('replicas_job')}_{t}" for t in range(want) if str(t) not in seen
             ]
             return "replica task(s) " + ", ".join(gone)
         return ""
 
-    def _probe(self, chatted: dict[int, ProbeResult]) -> str:
+    def _wanted(self, handle: ServingHandle) -> tuple[int, int]:
+        """(replicas, array tasks) the handle was submitted for: readiness checks what runs, also
+        when the caller's config asks for another count (that is ``create_or_update``'s to apply)."""
+        n = int(handle.meta.get("replicas") or self.cfg.replicas)
+        per = int(handle.meta.get("per_task") or render.per_task(self.cfg))
+        return n, -(-n // per)
+
+    def _probe(self, chatted: dict[int, ProbeResult], n: int) -> str:
         """'' when ready, else what is missing."""
         lb = self._lb_url()
         if lb is None:
@@ -281,7 +390,7 @@ class SlurmServing:
         if not health.ok:
             return f"LB {lb}/health: {health.detail}"
         key = self.cfg.api_key.get_secret_value() if self.cfg.api_key else None
-        for i in range(self.cfg.replicas):
+        for i in range(n):
             if i in chatted and chatted[i].ok:
                 continue
             url = self._replica_url(i)
@@ -290,14 +399,14 @@ class SlurmServing:
             chatted[i] = check_chat(url, self.cfg.model_name, key, timeout_s=30.0)
             if not chatted[i].ok:
                 return f"replica {i} at {url}: chat completion failed: {chatted[i].detail}"
-        return self._unrouted()
+        return self._unrouted(n)
 
-    def _unrouted(self) -> str:
+    def _unrouted(self, n: int) -> str:
         """'' when the LB's upstream list holds every replica (the reconciler lags the head files by
         up to its interval), else which replica it lacks."""
         upstreams = read_text(self.paths.upstreams) or ""
         servers = {line.split()[1] for line in upstreams.splitlines() if line.startswith("server ")}
-        for i in range(self.cfg.replicas):
+        for i in range(n):
             head = read_text(self.paths.replica_head(i))
             addr = resolve(head) if head else None
             if addr is None or addr not in servers:
@@ -315,12 +424,24 @@ class SlurmServing:
 
     # ------------------------------------------------------------------ delete
     def delete(self, handle: ServingHandle) -> None:
-        """scancel both jobs (by id and by our names), wait until they left the queue. Idempotent."""
+        """scancel every job of the swarm (by id and by our names), wait until they left the queue.
+
+        The record wants no replica first (under the lock), so the LB's reconciler resubmits nothing
+        behind this. Idempotent.
+        """
         ids = [str(handle.meta[k]) for k in ("replicas_job", "lb_job") if handle.meta.get(k)]
+        if self.paths.root.is_dir():
+            with members.locked(self.paths):
+                record = read_json(self.paths.slurm_record, {}) or {}
+                if record.get("array_tasks"):
+                    atomic_write_json(self.paths.slurm_record, {**record, "array_tasks": 0})
         live = self._ours(ids)
         self.client.scancel(sorted({*ids, *(e.array_job_id if e.task_id else e.raw_id for e in live)}))
         end = time.monotonic() + GONE_WAIT_S
-        while self._ours(ids) and time.monotonic() < end:
+        while (left := self._ours(ids)) and time.monotonic() < end:
+            running = [e for e in left if e.state not in ("COMPLETING", "CANCELLED")]
+            if running:
+                self.client.scancel(sorted({e.array_job_id if e.task_id else e.raw_id for e in running}))
             time.sleep(0.5)
         for i in range(int(handle.meta.get("replicas", self.cfg.replicas))):
             self.paths.replica_head(i).unlink(missing_ok=True)
@@ -335,6 +456,11 @@ class SlurmServing:
         by_id = self.client.squeue(ids) if ids else []
         by_name = self.client.squeue(names=self.names.all())
         return list({e.id: e for e in (*by_id, *by_name)}.values())
+
+
+def _task_members(task: int, per_task: int, replicas: int) -> tuple[int, ...]:
+    """Replica indices array task ``task`` runs when the swarm has ``replicas`` replicas."""
+    return tuple(range(task * per_task, min((task + 1) * per_task, replicas)))
 
 
 def _reasons(entries: list[QueueEntry]) -> str:

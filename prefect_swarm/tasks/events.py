@@ -1,0 +1,53 @@
+"""Prefect events this package emits, for automations to trigger on.
+
+``prefect-swarm.swarm.{up,ready,down,reaped}`` on resource ``prefect-swarm.swarm.<name>`` and
+``prefect-swarm.job.{shard.completed,shard.failed,committed}`` on ``prefect-swarm.job.<id>``,
+each related to the swarm, the SwarmSpec block it came from (when any) and the flow run, with the
+counts in the payload. Emitting never fails a run.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prefect_swarm.tasks._common import current_flow_run_id
+
+log = logging.getLogger("prefect_swarm.tasks.events")
+
+PREFIX = "prefect-swarm"
+
+
+def _related(swarm: str | None, source: str | None, flow_run_id: str | None) -> list[dict[str, str]]:
+    related = []
+    if swarm:
+        related.append({"prefect.resource.id": f"{PREFIX}.swarm.{swarm}", "prefect.resource.role": "swarm"})
+    if source:
+        related.append({"prefect.resource.id": f"{PREFIX}.block.{source}", "prefect.resource.role": "block"})
+    run_id = flow_run_id or current_flow_run_id()
+    if run_id:
+        related.append({"prefect.resource.id": f"prefect.flow-run.{run_id}", "prefect.resource.role": "flow-run"})
+    return related
+
+
+def _emit(event: str, resource: dict[str, str], related: list[dict[str, str]], payload: dict[str, Any]) -> None:
+    from prefect.events import emit_event
+
+    try:
+        emit_event(event=event, resource=resource, related=related, payload=payload)
+    except Exception as exc:  # events are for automations; a run never fails for one
+        log.warning("could not emit event %s: %s", event, exc)
+
+
+def swarm_event(
+    what: str, swarm: str, *, source: str | None = None, flow_run_id: str | None = None, **payload: Any
+) -> None:
+    """Emit ``prefect-swarm.swarm.<what>`` (up, ready, down, reaped) for swarm ``swarm``."""
+    resource = {"prefect.resource.id": f"{PREFIX}.swarm.{swarm}", "prefect.resource.name": swarm}
+    _emit(f"{PREFIX}.swarm.{what}", resource, _related(None, source, flow_run_id), {"swarm": swarm, **payload})
+
+
+def job_event(what: str, job_id: str, swarm: str | None, **payload: Any) -> None:
+    """Emit ``prefect-swarm.job.<what>`` (shard.completed, shard.failed, committed) for job ``job_id``."""
+    resource = {"prefect.resource.id": f"{PREFIX}.job.{job_id}", "prefect.resource.name": job_id}
+    _emit(f"{PREFIX}.job.{what}", resource, _related(swarm, None, None), {"job_id": job_id, "swarm": swarm, **payload})

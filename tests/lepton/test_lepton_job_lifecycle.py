@@ -1,0 +1,78 @@
+"""Jobs as the platform keeps them: a shard that cannot be scheduled stays Queueing (a queue timeout
+stops it), and a finished job is archived after its TTL (its state then comes from its ledger)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from prefect_swarm.backends.lepton.compute import LeptonCompute
+from prefect_swarm.config import SwarmConfig
+from prefect_swarm.interfaces import JobHandle, JobRequest, JobStatus
+from prefect_swarm.jobs.spec import JobSpec
+from prefect_swarm.paths import JobPaths, SwarmPaths
+from prefect_swarm.testing.fake_lepton import FakeLepton
+
+pytestmark = pytest.mark.lepton
+
+Make = Callable[..., SwarmConfig]
+
+# A stand-in for the job process: shard i marks its ledger DONE unless told to fail first.
+MARK_DONE = """
+import sys, pathlib
+spec = pathlib.Path(sys.argv[sys.argv.index('--spec') + 1])
+shard = int(sys.argv[sys.argv.index('--shard-id') + 1])
+if shard == 1 and 'fail' in spec.parent.name:
+    sys.exit(0)  # exits cleanly without finishing its ledger
+done = spec.parent / 'shards' / f'{shard:05d}' / 'DONE'
+done.parent.mkdir(parents=True, exist_ok=True)
+done.write_text('')
+"""
+
+
+def _submit(compute: LeptonCompute, shared_dir: Path, job: str) -> JobHandle:
+    spec_path = shared_dir / "runs" / job / "spec.json"
+    spec_path.parent.mkdir(parents=True)
+    JobSpec(input=str(shared_dir / "in.parquet"), output=str(shared_dir / "out.parquet")).save(spec_path)
+    command = [compute.job_runtime().python, "-c", MARK_DONE, "--spec", str(spec_path)]
+    return compute.submit(JobRequest(name=job, command=command, nshards=2))
+
+
+@pytest.mark.parametrize("fake_lepton", [{"archive_after_s": 1.0}], indirect=True)
+def test_archived_and_expired_jobs_are_read_from_the_ledger(
+    lepton_cfg: Make, fake_lepton: FakeLepton, shared_dir: Path
+) -> None:
+    cfg = lepton_cfg()
+    compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)
+    ok, half = _submit(compute, shared_dir, "job-ok"), _submit(compute, shared_dir, "job-fail")
+    assert compute.wait(ok, poll_s=0.1) is JobStatus.SUCCEEDED
+    assert compute.wait(half, poll_s=0.1) is JobStatus.SUCCEEDED  # Lepton saw both exit 0
+    time.sleep(1.2)  # archived: no counts left
+    assert "Archived" in compute.probe(ok).detail
+    assert compute.probe(ok).status is JobStatus.SUCCEEDED
+    probe = compute.probe(half)
+    assert probe.status is JobStatus.FAILED and "ledger is unfinished" in probe.detail
+    time.sleep(1.0)  # out of the archive: 404
+    assert compute.probe(ok).status is JobStatus.SUCCEEDED
+    assert not set(ok.meta["jobs"]) & set(fake_lepton.jobs)
+    assert JobPaths(shared_dir / "runs" / "job-ok").shard(1).done_marker.exists()
+
+
+@pytest.mark.parametrize("fake_lepton", [{"queue_jobs": ("stuck",)}], indirect=True)
+def test_a_shard_that_stays_queueing_is_stopped_after_the_queue_timeout(
+    lepton_cfg: Make, fake_lepton: FakeLepton
+) -> None:
+    cfg = lepton_cfg(job_queue_timeout_s=1.0)
+    compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)
+    job = compute.submit(JobRequest(name="stuck", command=[compute.job_runtime().python, "-c", "print(1)"]))
+    assert compute.probe(job).status is JobStatus.PENDING
+    t0 = time.monotonic()
+    assert compute.wait(job, poll_s=0.1) is JobStatus.FAILED
+    assert time.monotonic() - t0 < 10
+    probe = compute.probe(job)
+    assert probe.status is JobStatus.CANCELLED  # it was stopped, so it holds no queue place
+    (jid,) = job.meta["jobs"]
+    assert fake_lepton.jobs[jid].stopped

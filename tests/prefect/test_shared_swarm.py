@@ -1,0 +1,135 @@
+"""Two concurrent runs on one swarm, through the real worker: one bring-up, one stop, after both.
+
+Each run holds a lease on the swarm; the first brings it up, the second waits for it and shares
+it; whichever ends first only releases its lease, the last one stops the swarm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from helpers import job_options, prompts, stub_swarm, swarm_processes, wait_for
+from stack import PrefectStack, job_variables
+
+from prefect_swarm.state import StateStore
+
+pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
+
+
+def _run_and_logs(run_id: Any) -> tuple[Any, list[str]]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    async def read() -> tuple[Any, list[str]]:
+        async with get_client() as client:
+            run = await client.read_flow_run(run_id)
+            logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+        return run, [entry.message for entry in logs]
+
+    return asyncio.run(read())
+
+
+def _two_runs(
+    cfg: dict[str, Any], swarm_home: Path, tmp_path: Path, sizes: dict[str, int], **params: Any
+) -> dict[str, Any]:
+    """Start a 'big' (2 shards) and a 'small' run on ``cfg`` at once; wait until both are final."""
+    from prefect.deployments import run_deployment
+
+    runs = {}
+    for label, n in sizes.items():
+        runs[label] = run_deployment(
+            "batch-inference/on-demand",
+            timeout=0,
+            flow_run_name=f"{cfg['name']}-{label}",
+            job_variables=job_variables(swarm_home),
+            parameters={
+                "swarm": cfg,
+                "job": job_options(concurrency=2),
+                "input": str(prompts(tmp_path / f"{label}.parquet", n)),
+                "output": str(tmp_path / f"{label}-out.parquet"),
+                "shards": 2 if label == "big" else 1,
+                **params,
+            },
+        )
+
+    def final(label: str) -> bool:
+        state = _run_and_logs(runs[label].id)[0].state
+        return state is not None and state.is_final()
+
+    wait_for(lambda: all(final(label) for label in runs), 400, step_s=2, what="both runs final")
+    return runs
+
+
+def test_two_runs_share_one_swarm(prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path) -> None:
+    cfg = stub_swarm("shared", latency_ms=40)
+    t0 = time.monotonic()
+    runs = _two_runs(cfg, swarm_home, tmp_path, {"big": 800, "small": 60})
+    took = time.monotonic() - t0
+    done = {label: _run_and_logs(run.id)[0] for label, run in runs.items()}
+    for label, run in done.items():
+        assert run.state.type.value == "COMPLETED", (label, run.state)
+    for label, n in (("big", 800), ("small", 60)):
+        table = pq.read_table(tmp_path / f"{label}-out.parquet")
+        assert table.num_rows == n and set(table.column("status").to_pylist()) == {"ok"}, label
+
+    # the flow processes send their last logs after the run is final
+    def logs() -> dict[str, str]:
+        return {label: "\n".join(_run_and_logs(run.id)[1]) for label, run in runs.items()}
+
+    wait_for(lambda: sum("Swarm 'shared' stopped" in text for text in logs().values()) == 1, 60, what="stop log")
+    text = logs()
+    ups = {label: t.count("Brought up swarm 'shared'") for label, t in text.items()}
+    shares = {label: t.count("Swarm 'shared' is already up") for label, t in text.items()}
+    stops = {label: t.count("Swarm 'shared' stopped") for label, t in text.items()}
+    assert sum(ups.values()) == 1 and sum(shares.values()) == 1, (ups, shares)
+    last = max(done, key=lambda label: done[label].end_time)
+    assert stops[last] == 1 and sum(stops.values()) == 1, (stops, last)
+    first = min(done, key=lambda label: done[label].end_time)
+    assert "stays up: still held by flow-run:" in text[first]
+    rec = StateStore().require_swarm("shared")
+    assert rec.phase == "STOPPED" and StateStore().list_leases("shared") == []
+    assert not swarm_processes(swarm_home, "shared", cfg["port"])
+    print(
+        f"two runs on one swarm: both Completed in {took:.0f} s; brought up by {max(ups, key=ups.__getitem__)}, "
+        f"shared by {max(shares, key=shares.__getitem__)}, stopped once by {last} (ended last)"
+    )
+
+
+def test_exclusive_runs_take_turns(prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path) -> None:
+    cfg = stub_swarm("exclusive", latency_ms=20)
+    runs = _two_runs(cfg, swarm_home, tmp_path, {"big": 200, "small": 40}, sharing="exclusive")
+    done = {label: _run_and_logs(run.id)[0] for label, run in runs.items()}
+    assert all(run.state.type.value == "COMPLETED" for run in done.values()), done
+    for label, n in (("big", 200), ("small", 40)):
+        table = pq.read_table(tmp_path / f"{label}-out.parquet")
+        assert table.num_rows == n and set(table.column("status").to_pylist()) == {"ok"}, label
+
+    def logs() -> dict[str, str]:
+        return {label: "\n".join(_run_and_logs(run.id)[1]) for label, run in runs.items()}
+
+    wait_for(lambda: sum("Swarm 'exclusive' stopped" in t for t in logs().values()) == 2, 60, what="stop logs")
+    text = logs()
+    # one at a time: each run brought the swarm up and stopped it; neither shared the other's
+    assert all("Brought up swarm 'exclusive'" in t and "is already up" not in t for t in text.values())
+    assert all("waiting for the concurrency limit 'swarm:exclusive'" in t for t in text.values())
+    acquired = {label: _acquired_at(run.id) for label, run in runs.items()}
+    first, second = sorted(done, key=lambda label: acquired[label])
+    assert done[first].end_time <= acquired[second], "the second run did not wait for the first"
+    print(f"exclusive: {first} then {second}; the second acquired swarm:exclusive after the first ended")
+
+
+def _acquired_at(run_id: Any) -> Any:
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    async def read() -> Any:
+        async with get_client() as client:
+            logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+        return next(x.timestamp for x in logs if x.message.startswith("Acquired the concurrency limit"))
+
+    return asyncio.run(read())

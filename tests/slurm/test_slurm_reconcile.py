@@ -1,0 +1,250 @@
+"""Keeping a Slurm swarm alive on a shared cluster: reconcile instead of restart, replace dead
+replicas, scale without restarts, safe ports, signals, honest status. Real single-node Slurm,
+stub replicas."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from _slurmkit import LiveSwarm, job_command, make_job, our_jobs, output_ids, stub_config
+
+from prefect_swarm.backends.slurm.client import SlurmClient
+from prefect_swarm.backends.slurm.compute import SlurmCompute
+from prefect_swarm.exceptions import ReadinessError
+from prefect_swarm.interfaces import JobRequest, JobStatus, ReplicaHealth, ServingPhase
+from prefect_swarm.paths import JobPaths
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+MakeSwarm = Callable[..., LiveSwarm]
+
+
+def task_ids(swarm: LiveSwarm) -> list[str | None]:
+    """Slurm task id (``123_0``) serving each replica, from status."""
+    assert swarm.handle is not None
+    return [r.external_id for r in swarm.serving.status(swarm.handle).replicas]
+
+
+def wait_healthy(swarm: LiveSwarm, n: int, timeout_s: float = 90) -> None:
+    assert swarm.handle is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        st = swarm.serving.status(swarm.handle)
+        if st.healthy == n and st.phase is ServingPhase.RUNNING:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"not {n} healthy after {timeout_s}s: {swarm.serving.status(swarm.handle)}")
+
+
+def lb_job_id(swarm: LiveSwarm) -> str:
+    out = subprocess.run(["squeue", "-h", "-n", swarm.serving.names.lb, "-o", "%i"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def no_failed_rows(job_dir: Path) -> None:
+    failed = JobPaths(job_dir).failed_rows
+    assert not failed.exists() or not failed.read_text().strip(), failed.read_text()
+
+
+def test_a_replica_cancelled_mid_job_is_replaced_and_no_row_fails(slurm_swarm: MakeSwarm, tmp_path: Path) -> None:
+    swarm = slurm_swarm(stub_config(replicas=3, engine={"args": ["--latency-ms", "20"]}))
+    handle = swarm.up()
+    before, lb = task_ids(swarm), lb_job_id(swarm)
+    spec = make_job(tmp_path, 1500, concurrency=8, shards=4)
+    compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
+    job = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=4))
+    time.sleep(2)
+    assert compute.probe(job).status is JobStatus.RUNNING
+    SlurmClient().scancel([str(before[1])])
+    assert compute.wait(job, poll_s=0.5) is JobStatus.SUCCEEDED, compute.probe(job)
+    assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(1500)]
+    no_failed_rows(tmp_path / "job")
+    wait_healthy(swarm, 3)  # the LB's reconciler resubmitted task 1 on its own
+    after = task_ids(swarm)
+    assert after[0] == before[0] and after[2] == before[2], (before, after)
+    assert after[1] != before[1] and str(after[1]).endswith("_1"), (before, after)
+    assert lb_job_id(swarm) == lb
+    deadline = time.monotonic() + 15  # the LB follows the head files within its reconcile interval
+    while routed(swarm) != 3 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert routed(swarm) == 3, swarm.paths.upstreams.read_text()
+
+
+def routed(swarm: LiveSwarm) -> int:
+    """Servers in the LB's upstream file."""
+    return len(re.findall(r"^server ", swarm.paths.upstreams.read_text(), re.M))
+
+
+def test_up_of_a_degraded_swarm_resubmits_only_the_missing_task(slurm_swarm: MakeSwarm) -> None:
+    swarm = slurm_swarm(stub_config(replicas=3))
+    swarm.up()
+    before, lb = task_ids(swarm), lb_job_id(swarm)
+    SlurmClient().scancel([str(before[2])])
+    deadline = time.monotonic() + 15
+    while str(before[2]) in our_jobs(swarm.cfg) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    swarm.up()  # reconciles (whoever resubmits first, `up` or the LB's reconciler, nothing is doubled)
+    wait_healthy(swarm, 3)
+    after = task_ids(swarm)
+    assert after[:2] == before[:2] and after[2] != before[2]
+    assert lb_job_id(swarm) == lb
+    assert len(our_jobs(swarm.cfg).splitlines()) == 4, our_jobs(swarm.cfg)  # 3 tasks + the LB
+
+
+def test_scale_up_and_down_keeps_the_running_replicas(slurm_swarm: MakeSwarm, tmp_path: Path) -> None:
+    cfg = stub_config(replicas=2, engine={"args": ["--latency-ms", "40"]})
+    swarm = slurm_swarm(cfg)
+    handle = swarm.up()
+    first, lb = task_ids(swarm), lb_job_id(swarm)
+    spec = make_job(tmp_path, 3000, concurrency=4, shards=2)  # ~15 s of work at 40 ms per request
+    compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
+    job = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=2))
+    error_log = swarm.serving.paths.lb_error_log
+    seen = error_log.stat().st_size  # from here on: what scaling did
+    for n in (4, 2):
+        assert compute.probe(job).status is JobStatus.RUNNING, "scaling happens during the job"
+        swarm.cfg = cfg.model_copy(update={"replicas": n})
+        swarm.up()
+        assert task_ids(swarm)[:2] == first, "the original replicas keep their job ids"
+        assert lb_job_id(swarm) == lb
+        wait_healthy(swarm, n)
+    assert compute.wait(job, poll_s=0.5) is JobStatus.SUCCEEDED, compute.probe(job)
+    assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(3000)]
+    no_failed_rows(tmp_path / "job")
+    scaling = error_log.read_bytes()[seen:].decode(errors="replace")
+    assert "no live upstreams" not in scaling
+    assert "prematurely closed" not in scaling, "a replica was stopped with requests in flight"
+    assert len(our_jobs(swarm.cfg).splitlines()) == 3
+
+
+def nginx_of(swarm: LiveSwarm) -> list[str]:
+    """Processes whose command line names this swarm's nginx.conf."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if str(swarm.serving.paths.nginx_conf) in line and "nginx" in line]
+
+
+@pytest.mark.parametrize("how", ["usr1-full", "plain"])
+def test_no_nginx_outlives_the_lb_job(slurm_swarm: MakeSwarm, how: str) -> None:
+    swarm = slurm_swarm(stub_config(replicas=1))
+    swarm.up()
+    assert nginx_of(swarm)
+    lb = lb_job_id(swarm)
+    if how == "usr1-full":  # the batch shell and every step get USR1 (nginx alone would reopen its logs)
+        subprocess.run(["scancel", "--signal=USR1", "--full", lb], check=True)
+    else:
+        SlurmClient().scancel([lb])
+    deadline = time.monotonic() + 30
+    while (nginx_of(swarm) or lb_job_id(swarm)) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert lb_job_id(swarm) == "", "the LB job ended"
+    assert nginx_of(swarm) == [], "no nginx process left"
+    st = swarm.serving.status(swarm.handle)  # type: ignore[arg-type]
+    assert st.url is None and st.phase is ServingPhase.FAILED, st
+
+
+def test_two_swarms_on_the_same_ports_each_route_only_to_their_own(slurm_swarm: MakeSwarm) -> None:
+    a_cfg = stub_config(replicas=2)
+    b_cfg = stub_config(replicas=2, port=a_cfg.port, backend={"lb_port": a_cfg.backend.lb_port})  # type: ignore[union-attr]
+    a, b = slurm_swarm(a_cfg), slurm_swarm(b_cfg)
+    a.handle = a.serving.create_or_update(a.cfg)
+    b.handle = b.serving.create_or_update(b.cfg)
+    a.serving.wait_ready(a.handle, 120)
+    b.serving.wait_ready(b.handle, 120)
+    ups = {}
+    for s in (a, b):
+        st = s.serving.status(s.handle)  # type: ignore[arg-type]
+        assert st.phase is ServingPhase.RUNNING and st.healthy == 2, st
+        ups[s.cfg.name] = set(re.findall(r"^server (\S+)", s.paths.upstreams.read_text(), re.M))
+        assert len(ups[s.cfg.name]) == 2
+        assert all(r.url and r.health is ReplicaHealth.HEALTHY for r in st.replicas)
+    assert not ups[a.cfg.name] & ups[b.cfg.name], ups
+    urls = {s.cfg.name: s.serving.status(s.handle).url for s in (a, b)}  # type: ignore[arg-type]
+    assert urls[a.cfg.name] != urls[b.cfg.name]
+    body = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]}
+    for s in (a, b):  # requests through each LB are served by its own replicas only (request counters)
+        counts = {u: requests(u) for u in ups[a.cfg.name] | ups[b.cfg.name]}
+        for _ in range(6):
+            assert httpx.post(f"{urls[s.cfg.name]}/v1/chat/completions", json=body, timeout=10).status_code == 200
+        grew = {u for u in counts if requests(u) > counts[u]}
+        assert grew and grew <= ups[s.cfg.name], (s.cfg.name, grew, ups)
+
+
+def requests(addr: str) -> int:
+    return int(httpx.get(f"http://{addr}/stats", timeout=5).json().get("requests", 0))
+
+
+def test_without_its_lb_a_swarm_has_no_endpoint_refuses_jobs_and_up_restores_it(slurm_swarm: MakeSwarm) -> None:
+    swarm = slurm_swarm(stub_config(replicas=2))
+    handle = swarm.up()
+    replicas, lb = task_ids(swarm), lb_job_id(swarm)
+    SlurmClient().scancel([lb])
+    deadline = time.monotonic() + 20
+    while lb_job_id(swarm) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    st = swarm.serving.status(handle)
+    assert st.phase is ServingPhase.FAILED and st.url is None, st
+    assert "load balancer" in st.detail
+    t0 = time.monotonic()
+    with pytest.raises(ReadinessError, match=r"load balancer job .* is not running") as err:
+        SlurmCompute(swarm.cfg, swarm.paths, handle).submit(JobRequest(name="x", command=["true"]))
+    assert time.monotonic() - t0 < 5 and "prefect-swarm up" in str(err.value)
+    swarm.up()  # the LB comes back, the replicas are kept
+    assert task_ids(swarm) == replicas and lb_job_id(swarm) not in ("", lb)
+    wait_healthy(swarm, 2)
+    assert swarm.serving.status(swarm.handle).url  # type: ignore[arg-type]
+
+
+def test_a_partial_last_task_asks_slurm_only_for_the_gpus_it_uses(slurm_swarm: MakeSwarm) -> None:
+    # 3 replicas x 2 GPUs, 4 GPUs per node: task 0 runs 2 replicas (gpu:4), task 1 runs one (gpu:2)
+    swarm = slurm_swarm(stub_config(replicas=3, gpus_per_replica=2, gpus_per_node=4))
+    swarm.handle = swarm.serving.create_or_update(swarm.cfg)
+    out = subprocess.run(
+        ["squeue", "-h", "-r", "-n", swarm.serving.names.replicas, "-o", "%K|%b"], capture_output=True, text=True
+    ).stdout
+    gres = dict(line.split("|", 1) for line in out.split())
+    assert gres["0"].endswith("gpu:4") and gres["1"].endswith("gpu:2"), gres
+
+
+def test_with_an_api_key_lb_and_replicas_refuse_requests_without_it(slurm_swarm: MakeSwarm, tmp_path: Path) -> None:
+    swarm = slurm_swarm(stub_config(replicas=2, api_key="sk-test-key-42"))
+    handle = swarm.up()
+    st = swarm.serving.status(handle)
+    body = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]}
+    for url in [st.url, *(r.url for r in st.replicas)]:
+        assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=10).status_code == 401, url
+    auth = {"Authorization": "Bearer sk-test-key-42"}
+    assert httpx.post(f"{st.url}/v1/chat/completions", json=body, headers=auth, timeout=10).status_code == 200
+    spec = make_job(tmp_path, 200, shards=2)
+    compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
+    job = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=2, detach=False))
+    assert compute.probe(job).status is JobStatus.SUCCEEDED
+    assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(200)]
+    no_failed_rows(tmp_path / "job")
+
+
+def test_cancel_lets_the_steps_flush_and_the_rerun_is_exactly_once(slurm_swarm: MakeSwarm, tmp_path: Path) -> None:
+    swarm = slurm_swarm(stub_config(replicas=1, engine={"args": ["--latency-ms", "50"]}))
+    handle = swarm.up()
+    spec = make_job(tmp_path, 2000, concurrency=4, shards=2, drain_seconds=1)
+    compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
+    job = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=2))
+    parts = tmp_path / "job" / "shards"
+    deadline = time.monotonic() + 30
+    while len(list(parts.glob("*/part-*.parquet"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    compute.cancel(job)
+    probe = compute.probe(job)
+    assert probe.status is JobStatus.CANCELLED and probe.exit_code == 75, probe  # flushed, not killed
+    progress = [json.loads(p.read_text()) for p in parts.glob("*/progress.json")]
+    assert len(progress) == 2 and all(p["state"] != "running" for p in progress), progress
+    assert not (tmp_path / "out.parquet").exists()
+    again = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=2, detach=False))
+    assert compute.probe(again).status is JobStatus.SUCCEEDED
+    assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(2000)]

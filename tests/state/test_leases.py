@@ -1,0 +1,83 @@
+"""Leases: who holds a swarm. One bring-up for concurrent claimers; the last live holder stops it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from prefect_swarm.interfaces import JobStatus, ServingPhase
+from prefect_swarm.state import SCHEMA_VERSION, Claim, JobRecord, LeaseKind, StateStore, SwarmRecord
+from prefect_swarm.swarm import LIVE_PHASES, dead_owners, flow_run_lease, job_lease, keep_lease, process_lease
+
+
+def _rec(name: str = "s", phase: ServingPhase = ServingPhase.PENDING) -> SwarmRecord:
+    return SwarmRecord(name=name, backend="local", config={}, phase=phase, fingerprint="f")
+
+
+def test_schema_has_leases(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    assert store.schema_version == SCHEMA_VERSION >= 4
+    assert store.list_leases() == []
+
+
+def test_concurrent_claims_bring_up_once(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    results: list[Claim] = []
+    lock = threading.Lock()
+
+    def claim(i: int) -> None:
+        got, _ = StateStore(store.path).claim_swarm(_rec(), flow_run_lease(f"run-{i}"), LIVE_PHASES)
+        with lock:
+            results.append(got)
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results).count(Claim.BRING_UP) == 1 and results.count(Claim.ATTACH) == 7
+    assert {x.owner for x in store.list_leases("s")} == {f"flow-run:run-{i}" for i in range(8)}
+
+
+def test_release_stops_only_after_the_last_holder(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    store.claim_swarm(_rec(), flow_run_lease("a"), LIVE_PHASES)
+    store.claim_swarm(_rec(), flow_run_lease("b"), LIVE_PHASES)
+    teardown = process_lease(LeaseKind.TEARDOWN)
+    left = store.release_and_claim_teardown("s", "flow-run:a", set(), teardown)
+    assert [x.owner for x in left] == ["flow-run:b"]
+    assert store.release_and_claim_teardown("s", "flow-run:b", set(), teardown) == []
+    # while it is being stopped, a newcomer waits instead of attaching to a dying swarm
+    assert store.claim_swarm(_rec(), flow_run_lease("c"), LIVE_PHASES) == (Claim.WAIT, None)
+    assert store.clear_leases("s") == 1
+    store.update_swarm("s", phase=ServingPhase.STOPPED)
+    got, rec = store.claim_swarm(_rec(), flow_run_lease("c"), LIVE_PHASES)
+    assert got is Claim.BRING_UP and rec is not None and rec.phase is ServingPhase.PENDING
+
+
+def test_dead_owners(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead_pid = process_lease()
+    dead_pid = type(dead_pid)(**{**dead_pid.__dict__, "swarm": "s", "owner": "pid:x", "pid": gone.pid})
+    alive_pid = process_lease()
+    store.put_job(JobRecord(id="j1", spec={}, status=JobStatus.RUNNING))
+    store.put_job(JobRecord(id="j2", spec={}, status=JobStatus.SUCCEEDED))
+    leases = [
+        dead_pid,
+        alive_pid,
+        job_lease("s", "j1"),
+        job_lease("s", "j2"),
+        keep_lease("s"),
+        flow_run_lease("ended"),
+        flow_run_lease("running"),
+    ]
+    time.sleep(0.01)
+    dead = dead_owners(leases, store, lambda ids: {i for i in ids if i == "ended"})
+    assert dead == {"pid:x", "job:j2", "flow-run:ended"}
+    # Prefect cannot be asked: a flow run's lease counts as live
+    assert "flow-run:ended" not in dead_owners(leases, store, None)
