@@ -223,9 +223,13 @@ class Swarm:
         self._record(ServingPhase.INITIALIZING, handle=self.handle.to_dict())
         return self.handle
 
-    def join(self, lease: LeaseRecord, *, wait_s: float | None = None, poll_s: float = 0.5) -> bool:
+    def join(
+        self, lease: LeaseRecord, *, wait_s: float | None = None, poll_s: float = 0.5, reconcile: bool = False
+    ) -> bool:
         """Hold this swarm with ``lease``; bring it up if it is not live (True), else wait until
         whoever is bringing it up has started it and attach (False). Never brings it up twice.
+        With ``reconcile`` an attached swarm is also reconciled with this config (``prefect-swarm up``
+        again: missing replicas are replaced, a new replica count is applied; healthy ones stay).
 
         A swarm being stopped is waited for, then brought up again. Raise ConfigError if the
         live swarm of this name serves another engine, TimeoutError after ``wait_s``.
@@ -251,6 +255,9 @@ class Swarm:
                 if got is not None:
                     self.handle = ServingHandle.from_dict(got.handle or {})
                     self.flow_run_id, self.keep, self.source = got.flow_run_id, got.keep, got.source
+                    if reconcile:
+                        self.handle = self.backends.serving.create_or_update(self.cfg)
+                        self.store.update_swarm(self.cfg.name, handle=self.handle.to_dict(), config=self.cfg.redacted())
                     return False
                 self.store.release_lease(self.cfg.name, lease.owner)  # it failed: claim again
             if time.monotonic() > deadline:

@@ -72,10 +72,13 @@ def up(
     swarm = make_swarm(cfg, keep=keep, delete_on_exit=not keep)
     log.info("bringing up swarm '%s': %d x %s on %s", cfg.name, cfg.replicas, cfg.model_name, cfg.backend.type)
     ready: ServingStatus | None = None
-    from prefect_swarm.swarm import keep_lease
+    from prefect_swarm.swarm import LIVE_PHASES, keep_lease
 
+    before = swarm.store.get_swarm(cfg.name)
+    joined = before is not None and before.phase in LIVE_PHASES  # someone's live swarm: never ours to stop
     try:
-        swarm.join(keep_lease(cfg.name))  # held until `down`; waits if a run is bringing it up
+        # held until `down`; waits if a run is bringing it up; a live swarm is reconciled, not restarted
+        swarm.join(keep_lease(cfg.name), reconcile=True)
         if no_wait:
             log.info("submitted; `prefect-swarm status %s` shows its progress", cfg.name)
         else:
@@ -84,7 +87,8 @@ def up(
     except ConfigError:
         raise  # refused before anything started: there is nothing to tear down
     except BaseException:
-        _after_failed_up(swarm, keep)
+        if not joined:  # tear down what this command started; a swarm it joined belongs to its users
+            _after_failed_up(swarm, keep)
         raise
     # what wait_ready saw is fresher than a second look (a watchdog may not have written yet)
     show_status(cfg.name, output, history=False, live=ready.to_dict() if ready else None)

@@ -183,3 +183,21 @@ def test_down_leaves_a_swarm_a_live_user_holds_unless_forced(
         _gone(pids)
     finally:
         holder.kill()
+
+
+def test_up_again_reconciles_a_live_swarm_without_restarting_it(
+    run_cli: Callable[..., Any], stub_swarm_config: Callable[..., Path]
+) -> None:
+    """`up` on a live swarm scales it (2 -> 3 -> 2) and keeps the replicas that were healthy."""
+    path = stub_swarm_config("rescale", replicas=2)
+    assert run_cli("up", "-c", str(path), "-o", "json").returncode == 0
+    before = _pids(_wait_status(run_cli, "rescale", healthy=2))
+    grown = _json(run_cli("up", "-c", str(path), "--replicas", "3", "-o", "json"))
+    assert grown["status"]["healthy_replicas"] == 3
+    now = _pids(_wait_status(run_cli, "rescale", healthy=3))
+    assert now[:2] == before and len(now) == 3, (before, now)  # the first two were not restarted
+    shrunk = _json(run_cli("up", "-c", str(path), "--replicas", "2", "-o", "json"))
+    assert shrunk["status"]["healthy_replicas"] == 2
+    assert _pids(_wait_status(run_cli, "rescale", healthy=2)) == before
+    assert not psutil.pid_exists(now[2]) or psutil.Process(now[2]).status() == psutil.STATUS_ZOMBIE
+    assert _json(run_cli("describe", "rescale", "-o", "json"))["config"]["replicas"] == 2
