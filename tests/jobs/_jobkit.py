@@ -86,3 +86,20 @@ def job_argv(spec: Path, shard: int = 0, nshards: int = 1, *extra: str) -> list[
 def requests(stub: StubEngine) -> int:
     """Completion requests the stub has received so far."""
     return int(stub.stats().get("requests", 0))
+
+
+def run_openai_batch(tmp: Path, stub: StubEngine, src: Path) -> list[dict[str, Any]]:
+    """Run an OpenAI Batch JSONL input through the job process against ``stub``; return the output lines."""
+    out = tmp / "out.jsonl"
+    spec = write_spec(
+        tmp,
+        input=str(src),
+        output=str(out),
+        id_column=None,
+        endpoints=[stub.url],
+        output_format="openai-batch",
+        job="chat",
+    )
+    res = run_job(spec)
+    assert res.returncode == 0, res.stderr
+    return [json.loads(x) for x in out.read_text().splitlines()]

@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _jobkit import make_dataset, requests, run_job, write_spec
+from _jobkit import make_dataset, requests, run_job, run_openai_batch, write_spec
 
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.jobs.commit import manifest_verdict
@@ -93,18 +93,7 @@ def test_gzip_jsonl_is_read(tmp_path: Path, stub, name: str) -> None:
     """gzip bytes are read whether the name says .gz or not."""
     src = tmp_path / name
     src.write_bytes(gzip.compress(_jsonl_bytes(30)))
-    spec = write_spec(
-        tmp_path,
-        input=str(src),
-        output=str(tmp_path / "out.jsonl"),
-        id_column=None,
-        endpoints=[stub.url],
-        output_format="openai-batch",
-        job="chat",
-    )
-    res = run_job(spec)
-    assert res.returncode == 0, res.stderr
-    out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    out = run_openai_batch(tmp_path, stub, src)
     assert [o["custom_id"] for o in out] == [f"req-{i}" for i in range(30)]
     assert all(o["response"]["status_code"] == 200 for o in out)
 

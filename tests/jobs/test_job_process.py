@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from _jobkit import job_argv, make_dataset, requests, run_job, write_spec
+from _jobkit import job_argv, make_dataset, requests, run_job, run_openai_batch, write_spec
 
 from prefect_swarm.jobs.commit import commit_output
 from prefect_swarm.jobs.spec import JobSpec
@@ -321,18 +321,7 @@ def test_openai_batch_jsonl_in_and_out(tmp_path: Path, stub) -> None:
         for i in range(30)
     ]
     src.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    spec = write_spec(
-        tmp_path,
-        input=str(src),
-        output=str(tmp_path / "out.jsonl"),
-        id_column=None,
-        endpoints=[stub.url],
-        output_format="openai-batch",
-        job="chat",
-    )
-    res = run_job(spec)
-    assert res.returncode == 0, res.stderr
-    out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    out = run_openai_batch(tmp_path, stub, src)
     assert [o["custom_id"] for o in out] == [f"req-{i}" for i in range(30)]
     assert out[0]["response"]["status_code"] == 200 and out[0]["error"] is None
     assert out[0]["response"]["body"]["choices"][0]["message"]["content"].startswith("stub-")
