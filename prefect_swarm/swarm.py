@@ -107,8 +107,9 @@ def _pid_alive(pid: int | None) -> bool:
 def dead_owners(
     leases: Iterable[LeaseRecord], store: StateStore, terminal_runs: TerminalRuns | None = None
 ) -> set[str]:
-    """Owners whose leases are dead: a flow run ``terminal_runs`` says has ended; once a lease has
-    expired, a process whose pid is gone on this host or a job no longer active. A KEEP lease,
+    """Owners whose leases are dead: a flow run ``terminal_runs`` says has ended; a process whose
+    pid is gone on this host (a killed flow process that was tearing the swarm down must not block
+    the teardown that follows it); once a lease has expired, a job no longer active. A KEEP lease,
     and anything that cannot be judged, count as live."""
     now, host = time.time(), this_host()
     dead: set[str] = set()
@@ -117,12 +118,13 @@ def dead_owners(
         if lease.kind is LeaseKind.FLOW_RUN:  # Prefect's word is final, expired or not
             runs[lease.owner.removeprefix("flow-run:")] = lease.owner
             continue
+        if lease.kind in (LeaseKind.PROCESS, LeaseKind.TEARDOWN):
+            if lease.host == host and not _pid_alive(lease.pid):  # the process's own word, expired or not
+                dead.add(lease.owner)
+            continue
         if lease.expires_at is None or lease.expires_at > now:
             continue
-        if lease.kind in (LeaseKind.PROCESS, LeaseKind.TEARDOWN):
-            if lease.host == host and not _pid_alive(lease.pid):
-                dead.add(lease.owner)
-        elif lease.kind is LeaseKind.JOB:
+        if lease.kind is LeaseKind.JOB:
             job = store.get_job(lease.owner.removeprefix("job:"))
             if job is None or job.status not in (JobStatus.PENDING, JobStatus.RUNNING):
                 dead.add(lease.owner)
