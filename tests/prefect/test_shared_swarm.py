@@ -104,7 +104,8 @@ def test_exclusive_runs_take_turns(prefect_stack: PrefectStack, swarm_home: Path
     cfg = stub_swarm("exclusive", latency_ms=20)
     runs = _two_runs(cfg, swarm_home, tmp_path, {"big": 200, "small": 40}, sharing="exclusive")
     done = {label: _run_and_logs(run.id)[0] for label, run in runs.items()}
-    assert all(run.state.type.value == "COMPLETED" for run in done.values()), done
+    states = {label: (run.state.name, run.state.message) for label, run in done.items()}
+    assert all(run.state.type.value == "COMPLETED" for run in done.values()), states
     for label, n in (("big", 200), ("small", 40)):
         table = pq.read_table(tmp_path / f"{label}-out.parquet")
         assert table.num_rows == n and set(table.column("status").to_pylist()) == {"ok"}, label
