@@ -209,6 +209,12 @@ class LeptonConfig(StrictModel):
         description="Path inside a mount where jobs write ledgers and output; must lie under a mount_path.",
     )
     ready_poll_s: Seconds = Field(default=5.0, description="Seconds between deployment state polls.")
+    queue_timeout_s: float | None = Field(
+        default=900.0,
+        gt=0,
+        description="Seconds the endpoint may stay queued (every replica waiting for capacity) before "
+        "`up` gives up with a capacity error and tears it down; null waits until ready_timeout_s.",
+    )
     job_queue_timeout_s: float | None = Field(
         default=1800.0,
         gt=0,

@@ -10,8 +10,9 @@
 Stdlib only (http.server). It serves the routes leptonai 0.47.1's ``APIClient`` uses, at the root
 and under ``/api/v2/workspaces/<ws>`` (the gateway layout): ``/workspace``, ``/deployments``
 (create, get, PATCH, delete, readiness, replicas, replica log, events), ``/jobs`` (create, get,
-PATCH ``stopped``, delete, paged list with label query, replicas, log, events) and
-``/usersecrets``. Bearer auth on every route; a wrong workspace id in the path is a 404.
+PATCH ``stopped``, delete, paged list with label query, replicas, log, events), ``/usersecrets``,
+``/shapes``, ``/dedicated-node-groups`` and ``/imagepullsecrets``. Bearer auth on every route; a
+wrong workspace id in the path is a 404.
 
 Workloads are real processes:
 
@@ -26,7 +27,9 @@ Workloads are real processes:
 - a job's container command runs as given, inside a job root that stands for its image: its
   ``PATH`` is only ``<root>/bin``, which holds ``python3`` (a shim that runs the interpreter the
   image maps to: ``images[image]``, by default ``python``) and a few shell tools, nothing of the
-  worker's venv; no ``PYTHONPATH``; the working directory is the root. A command whose program the
+  worker's venv; the env is what the image sets (``PATH``, ``HOME``, a ``TMPDIR`` of its own inside
+  the root) plus the spec's, nothing inherited from this process (no ``PYTHONPATH``, ``LANG``...);
+  the working directory is an empty folder of its own. A command whose program the
   image lacks (``python``, an absolute path outside the image and the mounts) fails with exit code
   127, as the container runtime would; so does a job of an image ``images`` does not list. The
   spec's env (secret refs resolved) is passed; mounts are taken as local paths. ``Starting`` (first
@@ -48,7 +51,11 @@ name contains one of these stay ``Queueing``, never scheduled), ``archive_after_
 reads ``Archived`` with no counts this long after it finished, and 404 after twice that),
 :meth:`FakeLepton.expire_token` (the token stops working, as Lepton tokens do after a day). A job
 whose env names a secret the workspace lacks fails to start; a reserved or malformed env name is a 400;
-so is a resource shape outside ``shapes`` (served at ``GET /shapes``). ``restart_crashed``: a
+so is a resource shape outside ``shapes`` (served at ``GET /shapes``), a node group id outside
+``node_groups`` (id -> name, served with their volumes at ``GET /dedicated-node-groups``) and an
+image-pull secret outside ``image_pull_secrets`` (``GET /imagepullsecrets``). ``queue_deployments``
+(deployments whose name contains one of these are never scheduled: ``Not Ready``, readiness
+``NoCapacity``, replicas without a node). ``restart_crashed``: a
 deployment whose engine exits is restarted, as the platform does, its state ``Not Ready`` and each
 crash listed at ``GET /deployments/<n>/termination``, instead of turning ``Error``.
 """
@@ -166,6 +173,9 @@ class FakeLepton:
         archive_after_s: float | None = None,
         shapes: tuple[str, ...] | None = None,
         restart_crashed: bool = False,
+        node_groups: Mapping[str, str] | None = None,
+        image_pull_secrets: tuple[str, ...] = (),
+        queue_deployments: tuple[str, ...] = (),
     ) -> None:
         self.token = token or "fake-lepton-" + secrets.token_hex(12)
         self.workspace_id = workspace_id
@@ -181,6 +191,9 @@ class FakeLepton:
         self.archive_after_s = archive_after_s
         self.shapes = tuple(shapes) if shapes is not None else SHAPES
         self.restart_crashed = restart_crashed
+        self.node_groups: dict[str, str] = dict(node_groups) if node_groups is not None else dict(NODE_GROUPS)
+        self.image_pull_secrets = tuple(image_pull_secrets)
+        self.queue_deployments = tuple(queue_deployments)
         self.volumes: dict[str, Path | None] = (
             {name: None if root is None else Path(root) for name, root in volumes.items()}
             if volumes is not None
@@ -329,6 +342,11 @@ class FakeLepton:
                 r"^GET /shapes$",
                 lambda **kw: (200, [{"metadata": {"id": s, "name": s}, "spec": {"name": s}} for s in self.shapes]),
             ),
+            (r"^GET /dedicated-node-groups$", lambda **kw: (200, self._node_groups_json())),
+            (
+                r"^GET /imagepullsecrets$",
+                lambda **kw: (200, [{"metadata": {"name": n}, "spec": {}} for n in self.image_pull_secrets]),
+            ),
             (r"^GET /usersecrets$", lambda **kw: (200, [{"name": k} for k in sorted(self.secrets)])),
             (r"^POST /usersecrets$", self._create_secrets),
             (r"^DELETE /usersecrets/([^/]+)$", self._delete_secret),
@@ -337,10 +355,7 @@ class FakeLepton:
     def _workload_routes(self, kind: str) -> dict[str, Callable[..., Reply]]:
         """``VERB /rest`` -> handler(name, workload) of one existing deployment or job."""
         shared: dict[str, Callable[..., Reply]] = {
-            "GET /replicas": lambda n, w, **kw: (
-                200,
-                [{"id": f"{n}-replica-0", "metadata": {"id": f"{n}-replica-0", "name": f"{n}-replica-0"}}],
-            ),
+            "GET /replicas": lambda n, w, **kw: (200, self._replicas_json(n, w)),
             "GET /replicas/*/log": lambda n, w, **kw: (
                 200,
                 w.log_path.read_text(errors="replace") if w.log_path.exists() else "",
@@ -366,6 +381,24 @@ class FakeLepton:
             own = {"GET /": self._get_job, "PATCH /": self._patch_job, "DELETE /": self._delete_job}
         return {**shared, **own}
 
+    def _replicas_json(self, name: str, w: _Workload) -> list[dict[str, Any]]:
+        """A workload's replicas; one not scheduled (queued for capacity) has no node."""
+        rid = f"{name}-replica-0"
+        status = {} if w.extra.get("queued") else {"node": {"name": "node-0", "id": "node-0"}}
+        return [{"id": rid, "metadata": {"id": rid, "name": rid}, "status": status}]
+
+    def _node_groups_json(self) -> list[dict[str, Any]]:
+        """The node groups, each holding every named volume (``node-<type>:<name>``) of the workspace."""
+        volumes = []
+        for source in sorted(self.volumes):
+            kind, sep, name = source.partition(":")
+            if kind.startswith("node-") and sep and name:
+                volumes.append({"from": kind.removeprefix("node-"), "name": name, "size_in_gb": 1024})
+        return [
+            {"metadata": {"id": ng, "name": name}, "spec": {"volumes": volumes}, "status": {"ready_nodes": 1}}
+            for ng, name in sorted(self.node_groups.items())
+        ]
+
     def _workspace_info(self) -> dict[str, Any]:
         zero = {"cpu": 0.0, "memory": 0, "accelerator_num": 0.0}
         return {
@@ -381,7 +414,7 @@ class FakeLepton:
                 "num_jobs": len(self.jobs),
                 "num_pods": 0,
                 "num_secrets": len(self.secrets),
-                "num_image_pull_secrets": 0,
+                "num_image_pull_secrets": len(self.image_pull_secrets),
             },
             "resource_quota": {"limit": zero, "used": zero},
             # true: the SDK sends endpoints to /endpoints in the new (HTTPEndpoint) shape
@@ -419,6 +452,9 @@ class FakeLepton:
 
     def _start_deployment(self, w: _Workload) -> None:
         name = w.body["metadata"]["name"]
+        if any(s in name for s in self.queue_deployments):
+            w.extra["queued"] = True  # no capacity for its shape: its replicas wait unscheduled
+            return
         if any(s in name for s in self.fail_deployments):
             w.extra["error"] = "injected failure: the container exited with code 1"
             return
@@ -427,7 +463,8 @@ class FakeLepton:
         command = container.get("command") or []
         w.port = _free_port()
         key = self._endpoint_token(spec)
-        env = self._env(spec)
+        # the engine runs on this machine in place of the endpoint image: it keeps the host's basics
+        env = self._env(spec, {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ})
         if self.run_endpoint_commands:  # as given, on a loopback port instead of the container port
             ports = {str(p.get("container_port")) for p in container.get("ports") or []}
             argv = [str(w.port) if a in ports else "127.0.0.1" if a == "0.0.0.0" else a for a in command]
@@ -471,6 +508,8 @@ class FakeLepton:
     def _dep_state(self, w: _Workload) -> str:
         if w.forced:
             return w.forced
+        if w.extra.get("queued"):
+            return "Not Ready"
         if self.restart_crashed and (w.extra.get("error") or not w.alive()):
             self._record_crash(w)
             return "Not Ready"  # the platform restarts it (with back-off): the state never says Error
@@ -591,6 +630,9 @@ class FakeLepton:
         state = self._dep_state(w)
         reason = {"Ready": "Ready", "Error": "SystemError"}.get(state, "InProgress")
         message = w.extra.get("error") or ("" if reason == "Ready" else f"deployment is {state}")
+        if w.extra.get("queued") and not w.forced:
+            shape = (w.body["spec"].get("resource_requirement") or {}).get("resource_shape")
+            reason, message = "NoCapacity", f"no node has capacity for resource shape {shape}; queued"
         n = int(((w.body["spec"].get("resource_requirement") or {}).get("min_replicas")) or 1)
         item = {"reason": reason, "message": message, "creationTimestamp": "2026-01-01T00:00:00Z"}
         return 200, {f"{name}-replica-{i}": [item] for i in range(n)}
@@ -648,8 +690,14 @@ class FakeLepton:
             w.log_path.write_text(f"{exc}\n")
             w.extra["exit"] = 127
             return
-        env = {**env, "PATH": str(image / "bin"), "HOME": str(image / "root")}
-        w.proc = self._spawn(argv, env, w.log_path, cwd=image)
+        # what the image sets, under the spec's env; no variable of the worker's environment
+        jid = w.body["metadata"]["id"]
+        tmp, cwd = image / "tmp" / jid, image / "work" / jid  # this job's own /tmp and empty working dir
+        tmp.mkdir(parents=True, exist_ok=True)
+        cwd.mkdir(parents=True, exist_ok=True)
+        env = {"PATH": str(image / "bin"), "HOME": str(image / "root"), "TMPDIR": str(tmp), **env}
+        w.extra["env"] = env
+        w.proc = self._spawn(argv, env, w.log_path, cwd=cwd)
 
     def _spec_problem(self, spec: dict[str, Any]) -> str | None:
         """What the API refuses in a spec: an unknown volume, a relative mount path, public access
@@ -657,6 +705,13 @@ class FakeLepton:
         shape = spec.get("resource_shape") or (spec.get("resource_requirement") or {}).get("resource_shape")
         if shape and shape not in self.shapes:
             return f"resource_shape: unknown shape {shape!r}"
+        affinity = spec.get("affinity") or (spec.get("resource_requirement") or {}).get("affinity") or {}
+        for ng in affinity.get("allowed_dedicated_node_groups") or []:
+            if ng not in self.node_groups:
+                return f"affinity.allowed_dedicated_node_groups: unknown node group id {ng!r}"
+        for secret in spec.get("image_pull_secrets") or []:
+            if secret not in self.image_pull_secrets:
+                return f"image_pull_secrets: unknown image pull secret {secret!r}"
         if spec.get("allow_unauthenticated_access") is True and spec.get("api_tokens"):
             return "allow_unauthenticated_access=true cannot be combined with api_tokens"
         for var in spec.get("envs") or []:
@@ -789,9 +844,10 @@ class FakeLepton:
         refs = {(var.get("value_from") or {}).get("secret_name_ref") for var in spec.get("envs") or []}
         return {ref for ref in refs if ref and ref not in self.secrets}
 
-    def _env(self, spec: dict[str, Any]) -> dict[str, str]:
-        """A container's env: a minimal base, then the spec's values and resolved secret refs."""
-        env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
+    def _env(self, spec: dict[str, Any], base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """A container's env: ``base`` (what the image sets), then the spec's values and resolved
+        secret refs. Nothing of this process's environment unless ``base`` holds it."""
+        env = dict(base or {})
         for var in spec.get("envs") or []:
             ref = (var.get("value_from") or {}).get("secret_name_ref")
             env[var["name"]] = self.secrets.get(ref, "") if ref else str(var.get("value") or "")
@@ -825,6 +881,8 @@ SHAPES = (
     "gpu.8xh100-sxm",
 )
 """Resource shapes the fake workspace has unless ``shapes`` says otherwise (from the SDK's list)."""
+NODE_GROUPS = {"ng-7f3a9c": "default-pool"}
+"""The fake's node groups unless ``node_groups`` says otherwise (id -> name; the API takes ids)."""
 DEFAULT_VOLUME = "node-nfs:lepton-shared-fs"
 """The volume a workspace has unless ``volumes`` says otherwise."""
 

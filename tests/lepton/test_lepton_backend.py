@@ -70,6 +70,7 @@ def test_create_or_update_reconciles(lepton_cfg: Make, fake_lepton: FakeLepton) 
 
 
 def test_deployment_spec_carries_config(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
+    fake_lepton.node_groups, fake_lepton.image_pull_secrets = {"ng-1": "h100-pool"}, ("regcred",)
     cfg = lepton_cfg(node_groups=["ng-1"], image_pull_secrets=["regcred"], resource_shape="gpu.2xh100-sxm")
     srv = serving(cfg)
     h = srv.create_or_update(cfg)

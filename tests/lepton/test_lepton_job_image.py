@@ -90,3 +90,25 @@ def test_job_setup_runs_before_each_job_process(lepton_cfg: Make, fake_lepton: F
     job = compute.submit(JobRequest(name="setup", command=[compute.job_runtime().python, "-c", code]))
     assert compute.wait(job, poll_s=0.1) is JobStatus.SUCCEEDED
     assert "setup=installed" in compute.logs(job)
+
+
+def test_a_job_inherits_nothing_from_the_worker(
+    lepton_cfg: Make, fake_lepton: FakeLepton, monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    monkeypatch.setenv("LANG", "xx_YY.UTF-8")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("WORKER_ONLY", "1")
+    compute = _compute(lepton_cfg())
+    code = (
+        "import os, tempfile; e = os.environ; print('CWD_EMPTY=' + str(os.listdir('.') == [])); "
+        "print('KEYS=' + ','.join(sorted(k for k in e if not k.startswith('PREFECT_SWARM_')))); "
+        "print('TMP=' + tempfile.gettempdir()); print('HOME=' + e['HOME'])"
+    )
+    job = compute.submit(JobRequest(name="env", command=[compute.job_runtime().python, "-c", code]))
+    assert compute.wait(job, poll_s=0.1) is JobStatus.SUCCEEDED
+    out = dict(line.split("] ", 1)[1].split("=", 1) for line in compute.logs(job).splitlines() if "=" in line)
+    keys = set(out["KEYS"].split(","))
+    assert {"PATH", "HOME", "TMPDIR"} <= keys and not keys & {"LANG", "WORKER_ONLY", "PYTHONPATH", "VIRTUAL_ENV"}
+    assert out["CWD_EMPTY"] == "True"
+    for key in ("TMP", "HOME"):  # what the image sets, inside the job root
+        assert out[key].startswith(str(fake_lepton.workdir)) and str(tmp_path) not in out[key]

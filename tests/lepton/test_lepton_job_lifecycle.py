@@ -76,3 +76,15 @@ def test_a_shard_that_stays_queueing_is_stopped_after_the_queue_timeout(
     assert probe.status is JobStatus.CANCELLED  # it was stopped, so it holds no queue place
     (jid,) = job.meta["jobs"]
     assert fake_lepton.jobs[jid].stopped
+
+
+def test_a_job_pending_a_retry_is_not_read_as_failed(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
+    cfg = lepton_cfg()
+    compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)
+    job = compute.submit(JobRequest(name="retry", command=[compute.job_runtime().python, "-c", "print(1)"]))
+    (jid,) = job.meta["jobs"]
+    fake_lepton.force_state(jid, "PendingRetry")  # a worker failed; the platform will run it again
+    probe = compute.probe(job)
+    assert probe.status is JobStatus.PENDING and "PendingRetry" in probe.detail
+    fake_lepton.force_state(jid, None)
+    assert compute.wait(job, poll_s=0.1) is JobStatus.SUCCEEDED

@@ -11,7 +11,7 @@ import pytest
 from prefect_swarm.backends.lepton.compute import LeptonCompute
 from prefect_swarm.backends.lepton.serving import LeptonServing
 from prefect_swarm.config import SwarmConfig
-from prefect_swarm.exceptions import BackendError, ConfigError
+from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import JobRequest
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import SwarmPaths
@@ -45,7 +45,7 @@ def test_input_or_output_off_the_mount_is_refused(
 def test_a_volume_the_workspace_lacks_is_refused(lepton_cfg: Make, fake_lepton: FakeLepton, shared_dir: Path) -> None:
     cfg = lepton_cfg(mounts=[{"from": "no-such-volume", "path": "/prefect-swarm", "mount_path": str(shared_dir)}])
     srv = LeptonServing(cfg, SwarmPaths.for_swarm(cfg.name))
-    with pytest.raises(BackendError, match=r"HTTP 400.*unknown volume 'no-such-volume'"):
+    with pytest.raises(ConfigError, match=r"backend.mounts\[0\].from: .*no volume 'no-such-volume'"):
         srv.create_or_update(cfg)
     assert fake_lepton.deployments == {} and fake_lepton.jobs == {}
 
@@ -58,7 +58,7 @@ def test_the_volume_catalog_is_checked_without_the_storage_check(
         mounts=[{"from": "no-such-volume", "path": "/prefect-swarm", "mount_path": str(shared_dir)}],
     )
     srv = LeptonServing(cfg, SwarmPaths.for_swarm(cfg.name))
-    with pytest.raises(BackendError, match=r"HTTP 400.*unknown volume"):
+    with pytest.raises(ConfigError, match=r"backend.mounts\[0\].from: .*no volume 'no-such-volume'"):
         srv.create_or_update(cfg)
     assert fake_lepton.deployments == {}
 

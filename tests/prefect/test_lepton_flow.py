@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,10 +59,35 @@ def _fake(latency_ms: float = 0, **knobs: Any) -> Any:
     return FakeLepton(endpoint_command=engine_command(host="127.0.0.1", latency_ms=latency_ms), **knobs)
 
 
+def _image_python(folder: Path) -> str:
+    """The job image's interpreter: another Python than the worker's (the system's, when it is of
+    the same minor version), given prefect-swarm and its dependencies as an image would have them."""
+    import subprocess
+    import sysconfig
+
+    other = shutil.which("python3", path="/usr/bin:/bin")
+    same_minor = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if other and os.path.realpath(other) != os.path.realpath(sys.executable):
+        probe = subprocess.run([other, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True)
+        other = other if probe.stdout.decode().strip() == same_minor else None
+    else:
+        other = None
+    import prefect_swarm
+
+    paths = sysconfig.get_paths()
+    libs = dict.fromkeys([str(Path(prefect_swarm.__file__).parents[1]), paths["purelib"], paths["platlib"]])
+    script = folder / "image-python3"
+    script.write_text(f'#!/bin/sh\nPYTHONPATH={":".join(libs)} exec {other or sys.executable} "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
 @pytest.fixture(params=[False, True], ids=["legacy-api", "new-endpoint-api"])
-def fake(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A fake workspace whose endpoint answers at once, on the legacy and on the new Endpoint API."""
-    with _fake(new_deployment_api=request.param) as f:
+def fake(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A fake workspace whose endpoint answers at once, on the legacy and on the new Endpoint API;
+    its job image runs another interpreter than the worker's."""
+    python = _image_python(tmp_path_factory.mktemp("image"))
+    with _fake(new_deployment_api=request.param, images={"vllm/vllm-openai:latest": python}) as f:
         yield f
 
 

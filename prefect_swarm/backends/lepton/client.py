@@ -272,6 +272,62 @@ class LeptonClient:
                 )
 
 
+def image_pull_secret_names(api: Any) -> list[str]:
+    """Names of the workspace's image-pull secrets (``GET /imagepullsecrets``). leptonai 0.47.1 has
+    no API object for this route, so it is read the SDK's documented way: an ``APIResourse``."""
+    from leptonai.api.v2.api_resource import APIResourse
+
+    class ImagePullSecretAPI(APIResourse):
+        def list_names(self) -> list[str]:
+            items = self.ensure_json(self._get("/imagepullsecrets")) or []
+            return [str((it.get("metadata") or {}).get("name") or it.get("name") or "") for it in items]
+
+    return ImagePullSecretAPI(api).list_names()
+
+
+def check_catalogs(client: LeptonClient) -> None:
+    """Refuse ``backend.node_groups``, mount volumes and ``image_pull_secrets`` the workspace does
+    not have, naming the field and what the workspace has, before anything is created. A catalog
+    whose route the workspace does not serve (404) is left to the create call."""
+    b = client.cfg
+    where = f"workspace '{b.workspace_id}'"
+    groups = client.call("list node groups", lambda api: api.nodegroup.list_all(), missing_ok=True)
+    if groups is not None:
+        ids = {str(g.metadata.id_): str(g.metadata.name or g.metadata.id_) for g in groups}
+        listed = ", ".join(f"{name} (id {gid})" for gid, name in sorted(ids.items())) or "none"
+        for ng in b.node_groups:
+            if ng in ids:
+                continue
+            by_name = [gid for gid, name in ids.items() if name == ng]
+            if by_name:
+                raise ConfigError(
+                    f"backend.node_groups: '{ng}' is the name of node group '{by_name[0]}' in {where}; "
+                    f"the API takes ids: use '{by_name[0]}'."
+                )
+            raise ConfigError(f"backend.node_groups: {where} has no node group '{ng}'; it has: {listed}.")
+        usable = [g for g in groups if not b.node_groups or str(g.metadata.id_) in b.node_groups]
+        found = {(str(getattr(v.from_, "value", v.from_)), v.name) for g in usable for v in (g.spec.volumes or [])}
+        volumes = {"node-local"} | {f"node-{kind}:{name}" for kind, name in found}
+        for i, m in enumerate(b.mounts):
+            _kind, _sep, name = m.from_.removeprefix("node-").partition(":")
+            if m.from_ not in volumes and ("UNK", name) not in found:  # a volume type newer than the SDK
+                raise ConfigError(
+                    f"backend.mounts[{i}].from: {where} has no volume '{m.from_}' on "
+                    + ("backend.node_groups" if b.node_groups else "its node groups")
+                    + f"; it has: {', '.join(sorted(volumes))}."
+                )
+    if b.image_pull_secrets:
+        names = client.call("list image pull secrets", image_pull_secret_names, missing_ok=True)
+        if names is not None:
+            for secret in b.image_pull_secrets:
+                if secret not in names:
+                    raise ConfigError(
+                        f"backend.image_pull_secrets: {where} has no image pull secret '{secret}'; it has: "
+                        f"{', '.join(sorted(names)) or 'none'}. Create it in the dashboard (Settings -> "
+                        "Registries) or fix the name."
+                    )
+
+
 def _outcome_summary(state: RetryCallState) -> str:
     exc = state.outcome.exception() if state.outcome else None
     status = _status_of(exc) if exc else None

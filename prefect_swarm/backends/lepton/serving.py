@@ -18,6 +18,7 @@ from prefect_swarm.backends.lepton.client import (
     LABEL_SWARM,
     LeptonClient,
     affinity,
+    check_catalogs,
     env_vars,
     import_sdk,
     mounts,
@@ -59,6 +60,8 @@ FATAL_REASONS = frozenset({"ConfigError"})
 DELETE_WAIT_S = 60.0
 CRASH_LOOP_RESTARTS = 3
 """Exits of one replica after which readiness gives up rather than wait for ``ready_timeout_s``."""
+_UNSCHEDULED = "Queueing: no node has taken the replica yet"
+"""A replica's detail on the new Endpoint API while it is not scheduled (read as queued)."""
 _NO_READINESS = object()
 """What the readiness read returns when the workspace's API has no readiness route."""
 
@@ -104,13 +107,18 @@ class LeptonServing:
         """Refuse a config this backend cannot run (no SDK, no shared mount). Needs no token, calls nothing."""
         validate_lepton(cfg.backend)  # type: ignore[arg-type]
         import_sdk()
-        from leptonai.api.v2.spec_utils import validate_environment_variable_name
+        from leptonai.api.v2.spec_utils import make_mounts_from_strings, validate_environment_variable_name
 
         for name in engine_env(cfg):  # the platform refuses these; the SDK checks them for jobs only
             try:
                 validate_environment_variable_name(name)
             except ValueError as exc:
                 raise ConfigError(f"env / engine.env: {name!r} cannot be used on Lepton: {exc}") from None
+        for i, m in enumerate(cfg.backend.mounts):  # type: ignore[union-attr]
+            try:  # the SDK's own check of a volume name (node-local, or node-<type>:<name>)
+                make_mounts_from_strings([f"{m.path}:{m.mount_path}:{m.from_}"])
+            except ValueError as exc:
+                raise ConfigError(f"backend.mounts[{i}].from: {exc}") from None
 
     def plan(self) -> dict[str, str]:
         """The deployment spec ``up`` sends and the template of a job's spec, as JSON; secrets masked."""
@@ -139,6 +147,7 @@ class LeptonServing:
             existing = None
         spec = self._spec(cfg, labels=not self._new_api())
         self._check_shapes()
+        check_catalogs(self.client)
         self._check_token_secret()
         compute = LeptonCompute(cfg, self.paths, None)
         if existing is None and self.backend.storage_check_timeout_s is not None:
@@ -155,11 +164,17 @@ class LeptonServing:
         return self._handle(name, dep)
 
     def wait_ready(self, handle: ServingHandle, timeout_s: float) -> ServingStatus:
-        """Poll the deployment until Ready and one chat completion answers through the endpoint."""
+        """Poll the deployment until Ready and one chat completion answers through the endpoint.
+        CapacityError once every replica has waited for capacity ``backend.queue_timeout_s``."""
         deadline = time.monotonic() + timeout_s
         last = "no status yet"
+        queued_since: float | None = None
         while True:
             st = self.status(handle)
+            queued_since = (queued_since or time.monotonic()) if st.phase is ServingPhase.PENDING else None
+            limit = self.backend.queue_timeout_s
+            if queued_since is not None and limit is not None and time.monotonic() - queued_since >= limit:
+                raise self._queued(handle, limit, st)
             if st.phase is ServingPhase.FAILED or st.phase is ServingPhase.STOPPED:
                 raise self._not_ready(handle, f"deployment is {st.detail}")
             if _fatal(st):
@@ -175,11 +190,7 @@ class LeptonServing:
                 last = st.detail
             if time.monotonic() >= deadline:
                 if st.phase is ServingPhase.PENDING:
-                    raise CapacityError(
-                        f"Lepton deployment '{handle.name}' stayed queued for {timeout_s:.0f}s "
-                        f"(workspace '{self.backend.workspace_id}'): {st.detail}. Try another resource_shape "
-                        "or node group, or retry later."
-                    )
+                    raise self._queued(handle, timeout_s, st)
                 raise self._not_ready(handle, f"not ready after {timeout_s:.0f}s; last: {last}")
             time.sleep(min(self.backend.ready_poll_s, max(0.0, deadline - time.monotonic())))
 
@@ -213,6 +224,14 @@ class LeptonServing:
         self.client.delete_secrets(secret_prefix(name))
 
     # ---------------------------------------------------------------- internals
+    def _queued(self, handle: ServingHandle, waited_s: float, st: ServingStatus) -> CapacityError:
+        b = self.backend
+        return CapacityError(
+            f"Lepton deployment '{handle.name}' stayed queued for capacity for {waited_s:.0f}s "
+            f"(workspace '{b.workspace_id}', resource_shape {b.resource_shape}): {st.detail}. Try another "
+            "resource_shape or node group, retry later, or raise backend.queue_timeout_s."
+        )
+
     def _crash_loop(self, name: str) -> str | None:
         """What a replica that keeps crashing said (Lepton restarts it, so the state never turns
         Error); None while no replica crashed CRASH_LOOP_RESTARTS times, or the API cannot tell."""
@@ -341,7 +360,13 @@ class LeptonServing:
             )
             health = ReplicaHealth.HEALTHY if state == "Ready" else ReplicaHealth.UNHEALTHY
             return tuple(
-                ReplicaStatus(index=i, health=health, external_id=rep.id_)
+                ReplicaStatus(
+                    index=i,
+                    health=health,
+                    external_id=rep.id_,
+                    # a replica no node took is waiting for capacity (this API has no reason for it)
+                    detail="" if state == "Ready" or (rep.status and rep.status.node) else _UNSCHEDULED,
+                )
                 for i, rep in enumerate(sorted(reps or [], key=lambda r: str(r.id_)))
             )
         out = []
