@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from prefect.blocks.core import Block
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.fields import ComputedFieldInfo, FieldInfo
 
 from prefect_swarm.config import LeptonConfig, LocalConfig, SlurmConfig, SwarmConfig
 
@@ -27,6 +28,40 @@ DOCS_URL = "https://docs.prefect.io/v3/concepts/blocks"
 
 LOGO = Path(__file__).with_name("logo.png")
 """The block logo (a 128 px square PNG), shipped as package data."""
+
+
+_TITLE_WORDS = {
+    "api": "API",
+    "cpu": "CPU",
+    "cpus": "CPUs",
+    "gpu": "GPU",
+    "gpus": "GPUs",
+    "env": "environment",
+    "gres": "GRES",
+    "mem": "memory",
+    "hf": "HF",
+    "id": "ID",
+    "ids": "IDs",
+    "lb": "LB",
+    "qos": "QoS",
+    "url": "URL",
+    "urls": "URLs",
+    "s": "(s)",
+    "ms": "(ms)",
+    "mb": "(MB)",
+    "gb": "(GB)",
+}
+"""How a word of a field name reads in a title (units in parentheses, acronyms upper case)."""
+
+
+def field_title(name: str, info: FieldInfo | ComputedFieldInfo | None = None) -> str:
+    """The form label of field ``name``: ``gpus_per_replica`` -> "GPUs per replica",
+    ``startup_timeout_s`` -> "Startup timeout (s)" (Prefect's default would be "Gpus Per Replica")."""
+    words = [_TITLE_WORDS.get(w, w) for w in name.split("_") if w]
+    if not words:
+        return name
+    words[0] = words[0][:1].upper() + words[0][1:]
+    return " ".join(words)
 
 
 def _drop_block_slug(cls: type, data: Any) -> Any:
@@ -45,6 +80,7 @@ class _SwarmBlock(Block):
     """What every prefect-swarm block adds to its config model (``config_model``)."""
 
     config_model: ClassVar[type[BaseModel]]
+    model_config = ConfigDict(field_title_generator=field_title)
     _documentation_url = DOCS_URL  # type: ignore[assignment]  # Block declares HttpUrl; a str URL works
 
     _strip = model_validator(mode="before")(_drop_block_slug)

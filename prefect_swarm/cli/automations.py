@@ -3,8 +3,11 @@
 A SIGKILLed (or OOM-killed, or node-lost) flow process sends nothing; without this automation its
 run stays Running forever and the reaper, which trusts only terminal states, cannot reap its swarm.
 Self-hosted Prefect has no built-in zombie detection, so this creates the automation from the
-Prefect docs ("detect zombie flows"): a flow run whose heartbeats stop for ``--within`` seconds is
-marked Crashed, and the Crashed event triggers the reaper. Heartbeats must be on in the flow
+Prefect docs ("detect zombie flows"), scoped to this package: a flow run tagged ``prefect-swarm``
+(every deployment in ``deployments/prefect.yaml`` carries the tag, and its runs inherit it) whose
+heartbeats stop for ``--within`` seconds is marked Crashed, and the Crashed event triggers the
+reaper. Other flows of the workspace are never touched, and a run that already ended keeps its
+state (the change is not forced). Heartbeats must be on in the flow
 process: ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` (>= 30 s; ``deployments/prefect.yaml`` sets 30),
 well below ``--within``.
 
@@ -25,11 +28,17 @@ from prefect_swarm.exceptions import BackendError
 ZOMBIE_AUTOMATION = "prefect-swarm-crash-zombie-flows"
 """Name of the automation; installing again replaces it."""
 
+SCOPE_TAG = "prefect-swarm"
+"""The tag every deployment in ``deployments/prefect.yaml`` carries (its runs inherit it): the
+zombie automation watches only flow runs with it, never the rest of the workspace."""
+
 automations_app = typer.Typer(help="Prefect automations prefect-swarm relies on.", no_args_is_help=True)
 
 
 def zombie_automation(within_s: float = 90.0) -> Any:
-    """The automation object (not yet created): no heartbeat for ``within_s`` -> Crashed."""
+    """The automation object (not yet created): a flow run tagged ``prefect-swarm`` with no
+    heartbeat for ``within_s`` -> Crashed. Not forced: a run that already ended (a last heartbeat
+    can arrive after its Completed event) keeps its state, the server refuses the change."""
     from prefect.automations import Automation
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
@@ -39,12 +48,15 @@ def zombie_automation(within_s: float = 90.0) -> Any:
     ends = ("Completed", "Failed", "Cancelled", "Crashed")
     return Automation(
         name=ZOMBIE_AUTOMATION,
-        description="Marks flow runs Crashed when their heartbeats stop (prefect-swarm); the reaper then "
+        description=f"Marks flow runs tagged {SCOPE_TAG!r} Crashed when their heartbeats stop; the reaper then "
         "stops their swarms.",
         trigger=EventTrigger(
             after={"prefect.flow-run.heartbeat"},
             expect={"prefect.flow-run.heartbeat", *(f"prefect.flow-run.{s}" for s in ends)},
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+            match_related=ResourceSpecification(
+                {"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{SCOPE_TAG}"}
+            ),
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,
@@ -54,6 +66,7 @@ def zombie_automation(within_s: float = 90.0) -> Any:
             ChangeFlowRunState(  # type: ignore[call-arg]  # name/force have defaults at runtime
                 state=StateType.CRASHED,
                 message="no heartbeat: marked Crashed by the prefect-swarm zombie automation",
+                force=False,
             )
         ],
     )

@@ -45,7 +45,8 @@ def batch_inference(
     stopped when no other run or job holds it.
 
     Args:
-        swarm: a SwarmSpec block name, a YAML config path, or an inline config (mapping).
+        swarm: a saved SwarmSpec block (the run form's picker) or its name, a YAML config path,
+            or an inline config (mapping).
         job: a job kind ('chat', 'completion', 'embedding', 'module:Class') or JobOptions.
         input: parquet file/folder or OpenAI Batch JSONL.
         output: output file (one row per input row).

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from prefect_swarm.tasks._common import signal_stop
+from prefect_swarm.tasks.reaper import crash_task_runs
 from prefect_swarm.tasks.swarm import teardown_flow_run
 
 log = logging.getLogger("prefect_swarm.flows")
@@ -37,12 +38,17 @@ def _swarm_home_of(flow_run: Any) -> Iterator[None]:
 
 
 def teardown_hook(flow: Any, flow_run: Any, state: Any) -> None:
-    """``on_cancellation`` / ``on_crashed``: stop shard polling, cancel jobs, stop owned swarms."""
+    """``on_cancellation`` / ``on_crashed``: stop shard polling, cancel jobs, stop owned swarms; on a
+    crash, mark the run's unfinished task runs Crashed."""
     from prefect.logging.loggers import flow_run_logger
 
     run_id = str(flow_run.id)
     signal_stop(run_id)
     run_log = flow_run_logger(flow_run, flow)  # the run's own logs, also from the worker process
+    if state.is_crashed():  # a dead flow process reported nothing for its task runs
+        crashed = crash_task_runs(run_id, why=f"flow run {run_id} crashed ({state.message or state.name})")
+        if crashed:
+            run_log.warning("marked task runs Crashed: %s", ", ".join(crashed))
     try:
         with _swarm_home_of(flow_run):
             stopped = teardown_flow_run(run_id, log=run_log)

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from prefect_swarm.blocks import SwarmSpec
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.swarm import engine_fingerprint
@@ -88,7 +89,11 @@ def job_spec(
 
 # Flow parameter types shared by the flows: constraints the UI form shows and the API enforces when
 # a run is created (a bad value is refused there, in one line). Descriptions: the flows' docstrings.
-SwarmArg = str | dict[str, Any]
+SwarmArg = SwarmSpec | str | dict[str, Any]
+"""A saved SwarmSpec block (the UI's run form offers a block picker; the API passes
+``{"$ref": {"block_document_id": ...}}``, which Prefect loads into the block), its name
+(``swarm-spec/NAME`` or ``NAME``) or a YAML path, or an inline config (a mapping: it stays a
+mapping, pydantic's smart union picks the exact type)."""
 JobArg = JobOptions | str
 InputArg = Annotated[str, Field(min_length=1)]
 OutputArg = Annotated[str, Field(min_length=1)]

@@ -33,7 +33,8 @@ def swarm_up(
     If it never becomes ready it is torn down before the flow fails.
 
     Args:
-        swarm: a SwarmSpec block name, a YAML config path, or an inline config (mapping).
+        swarm: a saved SwarmSpec block (the run form's picker) or its name, a YAML config path,
+            or an inline config (mapping).
         reuse: share a live kept swarm serving the same engine under another name.
     """
     cfg = resolve_swarm(swarm)

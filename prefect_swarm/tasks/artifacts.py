@@ -6,11 +6,13 @@ redacted swarm config.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from prefect_swarm.config import SwarmConfig
+from prefect_swarm.jobs.spec import JobSpec
 
 
 def summary_row(
@@ -51,17 +53,26 @@ def summary_row(
     }
 
 
-def _key(job_id: str | None, what: str) -> str:
-    raw = f"{job_id or 'job'}-{what}".lower()
+def artifact_key(base: str | None, what: str) -> str:
+    """An artifact key (lower case, letters, digits and dashes, at most 100 characters)."""
+    raw = f"{base or 'job'}-{what}".lower()
     return "".join(c if c.isalnum() or c == "-" else "-" for c in raw)[:100]
 
 
+def artifact_base(spec: JobSpec) -> str:
+    """What a job's artifact keys start with: ``<swarm>-<output file stem>``, no hash, so every run
+    of the same job (and a rerun after an engine change) adds to the same collections."""
+    return f"{spec.swarm or 'job'}-{Path(spec.output).stem}"
+
+
 def publish_summary(
-    job_id: str | None, row: dict[str, Any], shard_results: list[dict[str, Any]], manifest: dict[str, Any]
+    spec: JobSpec, row: dict[str, Any], shard_results: list[dict[str, Any]], manifest: dict[str, Any]
 ) -> None:
     """Summary table, per-shard table, and a report naming the output and failed-rows files by
-    path (a browser cannot open a ``file://`` link to the worker's disk)."""
-    create_table_artifact(key=_key(job_id, "summary"), table=[row], description=f"job {job_id}: run summary")
+    path (a browser cannot open a ``file://`` link to the worker's disk); keys
+    ``<swarm>-<output>-{summary,shards,output,report}`` (:func:`artifact_base`)."""
+    job_id, base = spec.job_id, artifact_base(spec)
+    create_table_artifact(key=artifact_key(base, "summary"), table=[row], description=f"job {job_id}: run summary")
     shards = [
         {
             k: r.get(k)
@@ -79,23 +90,24 @@ def publish_summary(
         for r in shard_results
     ]
     if shards:
-        create_table_artifact(key=_key(job_id, "shards"), table=shards, description=f"job {job_id}: shards")
+        create_table_artifact(key=artifact_key(base, "shards"), table=shards, description=f"job {job_id}: shards")
     if manifest.get("output"):
         lines = [f"Output: `{manifest.get('output')}` ({manifest.get('rows', 0)} rows)"]
         if int(manifest.get("failed") or 0) and manifest.get("failed_rows"):
             lines.append(f"Failed rows (JSONL: id, error): `{manifest.get('failed_rows')}`")
         create_markdown_artifact(
-            key=_key(job_id, "output"), markdown="\n\n".join(lines), description=f"job {job_id}: output"
+            key=artifact_key(base, "output"), markdown="\n\n".join(lines), description=f"job {job_id}: output"
         )
     create_markdown_artifact(
-        key=_key(job_id, "report"),
+        key=artifact_key(base, "report"),
         markdown=_markdown(job_id, row, manifest),
         description=f"job {job_id}: report",
     )
 
 
-def publish_all_cached(job_id: str | None, manifest: dict[str, Any]) -> None:
+def publish_all_cached(spec: JobSpec, manifest: dict[str, Any]) -> None:
     """A rerun with nothing to do: leave the summary of the run that did the work, say so once."""
+    job_id = spec.job_id
     create_markdown_artifact(
         markdown=f"# Job `{job_id}`\n\n0 rows sent, all cached: the output `{manifest.get('output')}` "
         f"({manifest.get('rows', 0)} rows) was already committed.",

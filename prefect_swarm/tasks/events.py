@@ -3,7 +3,9 @@
 ``prefect-swarm.swarm.{up,ready,down,reaped}`` on resource ``prefect-swarm.swarm.<name>`` and
 ``prefect-swarm.job.{shard.completed,shard.failed,committed}`` on ``prefect-swarm.job.<id>``,
 each related to the swarm, the SwarmSpec block it came from (when any) and the flow run, with the
-counts in the payload. Emitting never fails a run.
+counts in the payload. Job events with a ``failed`` count also carry the resource label
+``prefect-swarm.failed-rows`` (``"true"`` when it is above 0), so an automation can trigger on
+failed rows (a trigger matches labels, not payload values). Emitting never fails a run.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from prefect_swarm.tasks._common import current_flow_run_id
 log = logging.getLogger("prefect_swarm.tasks.events")
 
 PREFIX = "prefect-swarm"
+
+FAILED_ROWS_LABEL = f"{PREFIX}.failed-rows"
+"""Resource label of job events: ``"true"`` when the event's ``failed`` count is above 0."""
 
 
 def _related(swarm: str | None, source: str | None, flow_run_id: str | None) -> list[dict[str, str]]:
@@ -50,4 +55,6 @@ def swarm_event(
 def job_event(what: str, job_id: str, swarm: str | None, **payload: Any) -> None:
     """Emit ``prefect-swarm.job.<what>`` (shard.completed, shard.failed, committed) for job ``job_id``."""
     resource = {"prefect.resource.id": f"{PREFIX}.job.{job_id}", "prefect.resource.name": job_id}
+    if "failed" in payload:
+        resource[FAILED_ROWS_LABEL] = "true" if int(payload.get("failed") or 0) > 0 else "false"
     _emit(f"{PREFIX}.job.{what}", resource, _related(swarm, None, None), {"job_id": job_id, "swarm": swarm, **payload})

@@ -49,7 +49,7 @@ def results_dir() -> Path:
     return get_settings().home_dir / "prefect-results"
 
 
-@task(name="plan-shards", cache_policy=NO_CACHE)
+@task(name="plan-shards", task_run_name="plan-shards-{swarm_name}", cache_policy=NO_CACHE)
 def plan_shards(spec: JobSpec, swarm_name: str) -> JobPlan:
     """Validate the input (before any GPU is asked for), record the job, read which shards are pending."""
     plan = launch.plan_job(spec, swarm_name, flow_run_id=current_flow_run_id())
@@ -184,7 +184,13 @@ def run_shards(plan: JobPlan, live: Swarm | None) -> list[dict[str, Any]]:
     return [{**f.result(), "how": "skipped"} if i in plan.done else f.result() for i, f in enumerate(futures)]
 
 
-@task(name="commit-output", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(
+    name="commit-output",
+    task_run_name="commit-output-{spec.job_id}",
+    cache_policy=NO_CACHE,
+    retries=1,
+    retry_delay_seconds=2,
+)
 def commit_output(spec: JobSpec) -> dict[str, Any]:
     """Merge the shard ledgers into the output (cheap when already committed); return the manifest."""
     assert spec.job_id is not None
@@ -230,10 +236,10 @@ def run_and_commit(
     )
     log = get_run_logger()
     if plan.pending:
-        publish_summary(plan.spec.job_id, row, results, manifest)
+        publish_summary(plan.spec, row, results, manifest)
         log.info("Job %s: %s", plan.spec.job_id, row)
     else:
-        publish_all_cached(plan.spec.job_id, manifest)
+        publish_all_cached(plan.spec, manifest)
         log.info(
             "Job %s: 0 rows sent, all cached (%s rows committed in %s).",
             plan.spec.job_id,

@@ -137,6 +137,8 @@ def reap_orphans(store: StateStore | None = None, *, dry_run: bool = False, logg
                 if {x.owner for x in leases} - dead:
                     continue
                 why = "its lease holders are gone: " + ", ".join(sorted(dead))
+                if not dry_run:
+                    _crash_dead_runs(dead, say)
             else:
                 state = flow_run_states([str(rec.flow_run_id)]).get(str(rec.flow_run_id))
                 if state not in TERMINAL:
@@ -153,6 +155,38 @@ def reap_orphans(store: StateStore | None = None, *, dry_run: bool = False, logg
     except PrefectUnavailable as exc:
         say.warning("orphan reaper did nothing more: %s", exc)
     return reaped
+
+
+def crash_task_runs(flow_run_id: str, *, why: str) -> list[str]:
+    """Mark every task run of flow run ``flow_run_id`` that is not in a final state Crashed, through
+    the API; return their names. A SIGKILLed flow process reports nothing for its tasks, so without
+    this its shard task runs stay Running in the UI forever. Never raises: the UI's state is all
+    this changes."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.states import Crashed
+
+    try:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(flow_run_id)]))
+            )
+            open_runs = [t for t in runs if t.state is not None and not t.state.is_final()]
+            for run in open_runs:
+                client.set_task_run_state(run.id, Crashed(message=why), force=True)
+    except Exception as exc:
+        log.warning("could not mark the task runs of flow run %s Crashed: %s", flow_run_id, exc)
+        return []
+    return [t.name for t in open_runs]
+
+
+def _crash_dead_runs(owners: set[str], say: Any) -> None:
+    for owner in sorted(owners):
+        if owner.startswith("flow-run:"):
+            run_id = owner.removeprefix("flow-run:")
+            names = crash_task_runs(run_id, why=f"flow run {run_id} ended without finishing this task run")
+            if names:
+                say.warning("flow run %s ended; marked its task runs Crashed: %s", run_id, ", ".join(names))
 
 
 def _stop(rec: SwarmRecord, store: StateStore, owners: list[str], say: Any) -> bool:

@@ -44,11 +44,21 @@ SWARM_SPEC_SLUG = "swarm-spec"
 """Block type slug of :class:`prefect_swarm.blocks.SwarmSpec` (kept here: blocks are imported lazily)."""
 
 SwarmParam = str | dict[str, Any] | SwarmConfig
-"""What a flow's ``swarm`` parameter may be: a SwarmSpec block name, a YAML path, or an inline config."""
+"""What a flow's ``swarm`` parameter may be: a SwarmSpec block (a SwarmConfig subclass) or its
+name, a YAML path, or an inline config."""
+
+
+def _as_block(swarm: SwarmParam) -> Any:
+    from prefect_swarm.blocks import SwarmSpec
+
+    return swarm if isinstance(swarm, SwarmSpec) else None
 
 
 def resolve_swarm(swarm: SwarmParam) -> SwarmConfig:
     """Turn a ``swarm`` parameter into a SwarmConfig (secrets from the block or the environment)."""
+    block = _as_block(swarm)
+    if block is not None:
+        return block.to_config()
     if isinstance(swarm, SwarmConfig):
         return swarm
     if isinstance(swarm, dict):
@@ -63,8 +73,13 @@ def block_ref(swarm: SwarmParam) -> str | None:
     """The SwarmSpec block a ``swarm`` parameter names (``swarm-spec/NAME``); None for a file or inline config.
 
     Recorded with the swarm (never the secrets themselves), so teardown in another process can
-    reload the block's secrets when its environment lacks them.
+    reload the block's secrets when its environment lacks them. A block object (picked in the UI)
+    gives its saved name; an unsaved one, None.
     """
+    block = _as_block(swarm)
+    if block is not None:
+        name = block._block_document_name
+        return None if name is None or block._is_anonymous else f"{SWARM_SPEC_SLUG}/{name}"
     if not isinstance(swarm, str) or swarm.endswith((".yaml", ".yml")) or Path(swarm).expanduser().is_file():
         return None
     slug, _, doc = swarm.rpartition("/")
@@ -149,7 +164,14 @@ def _adopt_unleased(rec: SwarmRecord, store: StateStore) -> None:
         store.put_lease(keep_lease(rec.name))
 
 
-@task(name="swarm-up", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=retry_on_type)
+@task(
+    name="swarm-up",
+    task_run_name="swarm-up-{cfg.name}",
+    cache_policy=NO_CACHE,
+    retries=1,
+    retry_delay_seconds=5,
+    retry_condition_fn=retry_on_type,
+)
 def swarm_up(cfg: SwarmConfig, keep: bool = False, reuse: bool = True, source: str | None = None) -> Swarm:
     """Hold a lease on swarm ``cfg.name`` and bring it up, or share it when it is live or being
     brought up by another run (waiting for that, never starting it twice). With ``reuse``, a
@@ -206,7 +228,7 @@ def _wall_time(cfg: SwarmConfig) -> str:
     return "backend default"
 
 
-@task(name="wait-ready", cache_policy=NO_CACHE)
+@task(name="wait-ready", task_run_name="wait-ready-{swarm.cfg.name}", cache_policy=NO_CACHE)
 def wait_ready(swarm: Swarm, timeout_s: float | None = None) -> list[str]:
     """Block until every replica answers a chat completion; return the endpoint URL(s)."""
     log = get_run_logger()
@@ -222,7 +244,14 @@ def wait_ready(swarm: Swarm, timeout_s: float | None = None) -> list[str]:
     return swarm.endpoints
 
 
-@task(name="swarm-down", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2, retry_condition_fn=retry_on_type)
+@task(
+    name="swarm-down",
+    task_run_name="swarm-down-{name}",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_on_type,
+)
 def swarm_down(name: str, owner: str | None = None, force: bool = False) -> bool:
     """Release ``owner``'s lease on swarm ``name`` (default: the KEEP lease of `up`/`keep_swarm`)
     and stop the swarm if no live lease is left; with ``force``, stop it whatever holds it.

@@ -75,7 +75,7 @@ class PrefectStack:
         )
 
     def start_server(self, timeout_s: float = 90) -> None:
-        """Start the server and wait for /api/health."""
+        """Start the server (with its UI: tests/prefect/test_ui_browser.py looks at it) and wait for /api/health."""
         self.home.mkdir(parents=True, exist_ok=True)
         self._spawn(
             "server",
@@ -85,7 +85,6 @@ class PrefectStack:
             "127.0.0.1",
             "--port",
             str(self.port),
-            "--no-ui",
             "--analytics-off",
         )
         deadline = time.monotonic() + timeout_s

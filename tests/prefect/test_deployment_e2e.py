@@ -73,6 +73,7 @@ def test_deployment_run_completes_with_artifacts(prefect_stack: PrefectStack, sw
         and ("progress", "") in {(a.type, "") for a in arts}
     )
     summary = next(a for a in arts if a.key and a.key.endswith("-summary") and a.type == "table")
+    assert summary.key == "e2e-out-summary", summary.key  # <swarm>-<output>-summary: no hash, one collection
     rows = json.loads(summary.data) if isinstance(summary.data, str) else summary.data
     assert rows[0]["rows"] == 60 and rows[0]["ok"] == 60
     rec = StateStore().get_swarm("e2e")

@@ -22,15 +22,15 @@ def _requests(port: int) -> int:
     return int(httpx.get(f"http://127.0.0.1:{port}/stats", timeout=5).json().get("requests", 0))
 
 
-def _artifacts(job_id: str, rerun_id: object) -> tuple[dict[str, object], list[str]]:
-    """The latest ``<job>-summary`` row, and the markdown artifacts of the rerun."""
+def _artifacts(key: str, rerun_id: object) -> tuple[dict[str, object], list[str]]:
+    """The latest summary row under ``key``, and the markdown artifacts of the rerun."""
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
     from prefect.client.schemas.sorting import ArtifactSort
 
     with get_client(sync_client=True) as client:
         latest = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{job_id}-summary"])),
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
             sort=ArtifactSort.CREATED_DESC,
         )
         rerun = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[rerun_id])))
@@ -53,7 +53,7 @@ def test_rerun_sends_zero_requests(prefect_api: PrefectStack, tmp_path: Path) ->
     again = state.result()  # persisted: readable from the state, not only as the call's return value
     assert _requests(cfg["port"]) == before, "a rerun of a committed job sent requests"
     assert again["skipped"] == 50 and again["rows"] == 50 and took < 10
-    summary, notes = _artifacts(first["job_id"], state.state_details.flow_run_id)
+    summary, notes = _artifacts("rerun-out-summary", state.state_details.flow_run_id)  # <swarm>-<output>
     assert summary["ok"] == 50 and summary["tokens_this_run"] > 0, "the no-op rerun overwrote the summary"
     assert any("0 rows sent, all cached" in n for n in notes)
     assert StateStore().get_swarm("rerun").updated_at == rec.updated_at  # type: ignore[union-attr]

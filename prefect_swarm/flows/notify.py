@@ -1,0 +1,42 @@
+"""``failed-rows-notice``: the example automation's action (``deployments/prefect.yaml``).
+
+Its deployment triggers on ``prefect-swarm.job.committed`` events whose job resource carries
+``prefect-swarm.failed-rows: "true"``; the run logs a WARNING and leaves an artifact naming the job,
+the counts and the failed-rows file. Replace or extend it (a notification block, a ticket) as needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+
+from prefect_swarm.tasks.artifacts import artifact_key
+
+
+@flow(name="failed-rows-notice")
+def failed_rows_notice(
+    job_id: str, swarm: str = "", output: str = "", rows: int = 0, failed: int = 0, failed_rows: str = ""
+) -> str:
+    """Say that job ``job_id`` committed its output with failed rows.
+
+    Args:
+        job_id: the job (`prefect-swarm job status JOB_ID`).
+        swarm: the swarm it ran on.
+        output: the output file.
+        rows: rows in the output.
+        failed: rows that failed.
+        failed_rows: the JSONL file of the failed rows (id, error).
+    """
+    message = (
+        f"job {job_id} on swarm {swarm or '?'} committed {rows} rows with {failed} failed; failed rows: {failed_rows}"
+    )
+    get_run_logger().warning(message)
+    create_markdown_artifact(
+        key=artifact_key(f"{swarm or 'job'}-{Path(output).stem or job_id}", "failed-rows"),
+        markdown=f"# Job `{job_id}`: {failed} of {rows} rows failed\n\nSwarm: `{swarm}`\n\nFailed rows (JSONL: id, "
+        f"error): `{failed_rows}`\n\n`prefect-swarm job retry {job_id}` resends only those rows.",
+        description=f"job {job_id}: failed rows",
+    )
+    return message

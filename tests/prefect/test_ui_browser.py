@@ -1,0 +1,149 @@
+"""The Prefect UI as a person sees it, in a real headless Chromium (Debian's `chromium`, installed
+by `make setup` / scripts/slurm/ci-up.sh, driven by playwright; no browser download, loopback only):
+the run form offers a block picker for ``swarm`` and refuses ``shards=0`` before submit, and the
+summary artifact shows swarm, model and counts."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import job_options, prompts, stub_swarm
+from stack import PrefectStack
+
+from prefect_swarm.blocks import SwarmSpec
+from prefect_swarm.config import load_config
+
+pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@contextmanager
+def chromium_page(tmp_path: Path) -> Iterator[Any]:
+    """A page of a headless Chromium; a screenshot lands in tmp_path when the test fails. Open it
+    after the Prefect calls a test makes: playwright's sync API runs an event loop in this thread,
+    under which Prefect's sync calls would return coroutines."""
+    from playwright.sync_api import sync_playwright
+
+    assert CHROMIUM.exists(), "no /usr/bin/chromium: `make setup` (scripts/slurm/ci-up.sh) installs Debian's chromium"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        tab = browser.new_page()
+        tab.set_default_timeout(60_000)
+        try:
+            yield tab
+        except BaseException:
+            tab.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+
+
+def _ui(stack: PrefectStack) -> str:
+    return stack.api_url.removesuffix("/api")
+
+
+def _flow_runs(deployment_id: Any) -> int:
+    from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+    return len(runs)
+
+
+def _field(page: Any, label: str) -> Any:
+    return page.locator(".schema-form-property").filter(
+        has=page.locator(".schema-form-property__label", has_text=re.compile(rf"^{label}( \(Optional\))?$"))
+    )
+
+
+def test_run_form_picks_a_block_and_refuses_zero_shards(prefect_stack: PrefectStack, tmp_path: Path) -> None:
+    from prefect import get_client
+
+    SwarmSpec.from_config(load_config(data=stub_swarm("ui-picked"), use_defaults_file=False)).save(
+        "ui-picked", overwrite=True
+    )
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("batch-inference/on-demand")
+    before = _flow_runs(deployment.id)
+    with chromium_page(tmp_path) as page:
+        refused = _run_form(
+            page, f"{_ui(prefect_stack)}/deployments/deployment/{deployment.id}/run", deployment.id, before
+        )
+    assert refused, "the run form submitted shards=0"
+    assert _flow_runs(deployment.id) == before + 1, "the same form with shards=1 created no run"
+    print("swarm: the block picker offers and takes 'ui-picked'; shards=0 refused before submit, shards=1 accepted")
+
+
+def _run_form(page: Any, url: str, deployment_id: Any, before: int) -> bool:
+    """Check the picker; submit shards=0 (return whether the form refused it), then shards=1."""
+    from playwright.sync_api import expect
+
+    page.goto(url)
+    swarm = _field(page, "swarm").first
+    swarm.get_by_role("button", name="SwarmSpec", exact=True).wait_for()
+    picker = swarm.locator(".block-document-input")
+    picker.wait_for()  # the SwarmSpec option of `swarm` is a block picker, not free text
+    picker.locator(".block-documents-select .p-select-button").click()
+    page.keyboard.press("ArrowDown")  # opens the list when the click only focused it
+    option = page.locator(".p-select-option", has_text="ui-picked").first
+    option.wait_for()  # the saved block is offered
+    option.click()
+    expect(picker.locator(".p-select-button__value")).to_contain_text("ui-picked")  # picked
+
+    _field(page, "input").first.locator("textarea, input").first.fill("/data/in.parquet")
+    _field(page, "output").first.locator("textarea, input").first.fill("/data/out.parquet")
+    shards = _field(page, "shards").first.locator("input")
+    submit = page.get_by_role("button", name="Submit", exact=True)
+    shards.fill("0")
+    shards.press("Tab")
+    assert shards.input_value() == "0"
+    submit.click()
+    page.wait_for_timeout(5000)  # a submit that got through would have created the run and left the form
+    refused = _flow_runs(deployment_id) == before and page.url.endswith("/run")
+    shards.fill("1")  # the same form with a valid shard count is accepted: the refusal was about shards
+    shards.press("Tab")
+    submit.click()
+    page.wait_for_url(lambda url: not url.endswith("/run"))
+    return refused
+
+
+def test_summary_artifact_shows_swarm_model_and_counts(prefect_api: PrefectStack, tmp_path: Path) -> None:
+    from prefect_swarm.flows import batch_inference
+
+    inp = prompts(tmp_path / "in.parquet", 24)
+    res = batch_inference(stub_swarm("ui-art"), job_options(), str(inp), str(tmp_path / "answers.parquet"), shards=2)
+    assert res["ok"] == 24
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    with get_client(sync_client=True) as client:
+        latest = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["ui-art-answers-summary"])),
+            sort=ArtifactSort.CREATED_DESC,
+            limit=1,
+        )[0]
+    with chromium_page(tmp_path) as page:
+        page.goto(f"{_ui(prefect_api)}/artifacts/artifact/{latest.id}")
+        table = page.locator("table").first
+        table.wait_for()
+        text = str(table.inner_text())
+    for wanted in ("swarm", "model", "ok", "failed", "ui-art", "stub-model", "24"):
+        assert wanted in text, f"{wanted!r} not in the summary artifact as shown: {text!r}"
+    print(f"summary artifact shows: {' '.join(text.split())[:300]}")
