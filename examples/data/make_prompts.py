@@ -56,11 +56,7 @@ def main() -> None:
         with a.out.with_suffix(".jsonl").open("w") as fh:
             for i, text in zip(ids, texts, strict=True):
                 body = {"model": "MODEL", "messages": [{"role": "user", "content": text}], "max_tokens": 32}
-                fh.write(
-                    json.dumps(
-                        {"custom_id": i, "method": "POST", "url": "/v1/chat/completions", "body": body}
-                    )
-                )
+                fh.write(json.dumps({"custom_id": i, "method": "POST", "url": "/v1/chat/completions", "body": body}))
                 fh.write("\n")
     print(a.out)
 
