@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 JOB_MODULE = "prefect_swarm.jobs.run"
 """The job process every shard runs (``python -m prefect_swarm.jobs.run``)."""
-ACTIVE = frozenset({JobStatus.PENDING, JobStatus.RUNNING})
+ACTIVE = frozenset(s for s in JobStatus if s.active)
 POLL_MIN_S, POLL_MAX_S = 0.1, 2.0
 """Polling steps grow from POLL_MIN_S to POLL_MAX_S: short jobs end fast, a stop is seen in <= 2 s."""
 
@@ -244,6 +244,9 @@ def submit_job(
     assert spec.job_id is not None
     todo = sorted(set(shard_ids)) if shard_ids is not None else plan.pending
     if todo:
+        from prefect_swarm.swarm import job_lease
+
+        store.put_lease(job_lease(swarm.cfg.name, spec.job_id))  # the swarm stays up while the job is active
         submit_shards(swarm, spec, todo, store=store)
     if detach:
         return store.require_job(spec.job_id)

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -71,6 +72,18 @@ def atomic_file(path: Path) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created, with its folder, when missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -33,7 +33,6 @@ from prefect_swarm.interfaces import (
     check_config,
 )
 from prefect_swarm.interfaces.jobenv import API_KEY
-from prefect_swarm.interfaces.types import JobStatus
 from prefect_swarm.paths import SwarmPaths, atomic_write_text
 from prefect_swarm.state import Claim, LeaseKind, LeaseRecord, StateStore, SwarmRecord
 
@@ -126,7 +125,7 @@ def dead_owners(
             continue
         if lease.kind is LeaseKind.JOB:
             job = store.get_job(lease.owner.removeprefix("job:"))
-            if job is None or job.status not in (JobStatus.PENDING, JobStatus.RUNNING):
+            if job is None or not job.status.active:
                 dead.add(lease.owner)
     if runs and terminal_runs is not None:
         dead |= {runs[r] for r in terminal_runs(list(runs)) if r in runs}

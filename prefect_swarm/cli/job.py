@@ -37,7 +37,6 @@ from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import JobStatus
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.state import StateStore
-from prefect_swarm.swarm import job_lease
 
 job_app = typer.Typer(help="Run batch inference jobs against a swarm.", no_args_is_help=True)
 
@@ -117,7 +116,6 @@ def submit(
     )
     attached: list[str] = []
     rec = submit_job(attach(swarm), spec, detach=True, overwrite=overwrite, on_attach=_attached(attached))
-    StateStore().put_lease(job_lease(swarm, rec.id))  # the swarm stays up while the job is active
     if not attached:
         err_console.print(f"submitted job [bold]{rec.id}[/] ({spec.shards} shard(s)) to swarm '{swarm}'")
     if detach:

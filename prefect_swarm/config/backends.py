@@ -10,11 +10,21 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import AfterValidator, Field, SecretStr
 
 from prefect_swarm.config.base import Count, NonNegativeInt, NonNegativeSeconds, Port, Seconds, StrictModel
 
 _SLURM_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
+
+
+def _slurm_time(value: str) -> str:
+    if not _SLURM_TIME.match(value):
+        raise ValueError(f"'{value}' is not a Slurm time (MM, MM:SS, HH:MM:SS or D-HH:MM:SS)")
+    return value
+
+
+SlurmTime = Annotated[str, AfterValidator(_slurm_time)]
+"""A Slurm wall-time (--time): MM, MM:SS, HH:MM:SS or D-HH:MM:SS."""
 
 
 class LocalConfig(StrictModel):
@@ -34,9 +44,8 @@ class LocalConfig(StrictModel):
         description="Seconds after a start before failed health checks count against a replica.",
     )
     health_interval_s: Seconds = Field(default=2.0, description="Seconds between the watchdog's health checks.")
-    wall_time_s: float | None = Field(
+    wall_time_s: Seconds | None = Field(
         default=24 * 3600.0,
-        gt=0,
         description="Wall-time limit of each replica in seconds: the watchdog stops it after this, "
         "so a swarm whose flow died cannot run forever. null disables the limit.",
     )
@@ -81,16 +90,9 @@ class SlurmLBConfig(StrictModel):
     account: str | None = Field(
         default=None, description="Account of the LB job (--account); default: backend.account."
     )
-    time_limit: str | None = Field(
+    time_limit: SlurmTime | None = Field(
         default=None, description="Wall-time limit of the LB job (--time); default: backend.time_limit."
     )
-
-    @field_validator("time_limit")
-    @classmethod
-    def _slurm_time(cls, value: str | None) -> str | None:
-        if value is not None and not _SLURM_TIME.match(value):
-            raise ValueError(f"'{value}' is not a Slurm time (MM, MM:SS, HH:MM:SS or D-HH:MM:SS)")
-        return value
 
 
 class SlurmConfig(StrictModel):
@@ -102,7 +104,7 @@ class SlurmConfig(StrictModel):
     qos: str | None = Field(default=None, description="Quality of service (--qos).")
     reservation: str | None = Field(default=None, description="Reservation to run in (--reservation).")
     constraint: str | None = Field(default=None, description="Node features required (--constraint).")
-    time_limit: str = Field(
+    time_limit: SlurmTime = Field(
         default="24:00:00",
         description="Wall-time limit of each replica and of the LB job (--time), e.g. 04:00:00.",
     )
@@ -147,13 +149,6 @@ class SlurmConfig(StrictModel):
     container: ContainerConfig = Field(
         default_factory=ContainerConfig, description="Container runtime for replicas and job steps."
     )
-
-    @field_validator("time_limit")
-    @classmethod
-    def _slurm_time(cls, value: str) -> str:
-        if not _SLURM_TIME.match(value):
-            raise ValueError(f"'{value}' is not a Slurm time (MM, MM:SS, HH:MM:SS or D-HH:MM:SS)")
-        return value
 
 
 class LeptonMount(StrictModel):
@@ -209,21 +204,18 @@ class LeptonConfig(StrictModel):
         description="Path inside a mount where jobs write ledgers and output; must lie under a mount_path.",
     )
     ready_poll_s: Seconds = Field(default=5.0, description="Seconds between deployment state polls.")
-    queue_timeout_s: float | None = Field(
+    queue_timeout_s: Seconds | None = Field(
         default=900.0,
-        gt=0,
         description="Seconds the endpoint may stay queued (every replica waiting for capacity) before "
         "`up` gives up with a capacity error and tears it down; null waits until ready_timeout_s.",
     )
-    job_queue_timeout_s: float | None = Field(
+    job_queue_timeout_s: Seconds | None = Field(
         default=1800.0,
-        gt=0,
         description="Seconds a batch job may stay Queueing (no capacity) before it is stopped and "
         "reported failed; null waits forever.",
     )
-    storage_check_timeout_s: float | None = Field(
+    storage_check_timeout_s: Seconds | None = Field(
         default=300.0,
-        gt=0,
         description="Before an endpoint is created, a tiny CPU job must read back a file this process "
         "wrote under shared_path (proving both see the same storage) and import prefect_swarm with "
         "job_python, within this many seconds; null skips the check.",

@@ -39,6 +39,11 @@ class JobStatus(enum.StrEnum):
         """True for SUCCEEDED, FAILED and CANCELLED."""
         return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
+    @property
+    def active(self) -> bool:
+        """True for PENDING and RUNNING: the job still has (or will have) processes."""
+        return not self.finished
+
     @classmethod
     def combine(cls, statuses: Iterable[JobStatus]) -> JobStatus:
         """One status for the shards of a job: unfinished while any shard is (so a wait leaves nothing

@@ -25,7 +25,6 @@ committed job succeeded (failed fraction at most ``max_failed_fraction``).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
@@ -33,7 +32,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Generator, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
@@ -50,7 +48,7 @@ from prefect_swarm.jobs.fingerprint import job_fingerprint
 from prefect_swarm.jobs.ledger import latest_positions
 from prefect_swarm.jobs.plan import pending_shards, shard_progress
 from prefect_swarm.jobs.spec import JobSpec
-from prefect_swarm.paths import atomic_file, atomic_write_json, read_json
+from prefect_swarm.paths import atomic_file, atomic_write_json, file_lock, read_json
 
 RESULT_COLUMNS = ["status", "error", "prompt_tokens", "completion_tokens"]
 BUCKET_ROWS = 200_000
@@ -60,17 +58,6 @@ BUCKET_BYTES = 128 * 2**20
 MAX_OPEN_BUCKETS = 256
 """Bucket files written at once; more buckets take more passes over the shard's parts."""
 BUCKET_ENV = "PREFECT_SWARM_COMMIT_BUCKET_ROWS"
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _ledger_signature(spec: JobSpec, fingerprint: str) -> dict[str, Any]:
@@ -93,7 +80,7 @@ def commit_output(spec: JobSpec, *, force: bool = False, bucket_rows: int | None
     shards still pending.
     """
     spec = spec.model_copy(update={"retry_failed": False})
-    with _locked(spec.paths.commit_lock):
+    with file_lock(spec.paths.commit_lock):
         pending = pending_shards(spec)
         if pending:
             raise JobError(

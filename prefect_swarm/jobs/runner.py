@@ -84,10 +84,6 @@ class Item(NamedTuple):
     body: bytes
 
 
-Result = RowResult
-"""What became of one row (the ledger's record)."""
-
-
 @dataclass(slots=True)
 class Endpoint:
     """One base URL, its outstanding requests and its circuit-breaker state."""
@@ -264,7 +260,7 @@ class Runner:
         job: SwarmJob,
         endpoints: list[str],
         cfg: RunnerConfig,
-        on_result: Callable[[Result], None],
+        on_result: Callable[[RowResult], None],
         *,
         api_key: str | None = None,
         on_tick: Callable[[], None] | None = None,
@@ -339,7 +335,7 @@ class Runner:
             if result is not None:
                 on_result(result)
 
-    async def _send(self, session: aiohttp.ClientSession, item: Item) -> Result | None:
+    async def _send(self, session: aiohttp.ClientSession, item: Item) -> RowResult | None:
         """One row: request, retry what is worth retrying, parse. Never raises for a row's fault."""
         cfg, pool, error = self.cfg, self.pool, ""
         attempt = spared = 0  # requests sent; those not counted against the retries (sent elsewhere)
@@ -356,7 +352,7 @@ class Runner:
                     return self._parse(item, data, latency, attempt)
                 error = f"HTTP {status}: {_snippet(data)}"
                 if status not in RETRY_STATUSES:
-                    return Result(item.row, item.rid, STATUS_ERROR, error, status, 0, 0, latency, attempt)
+                    return RowResult(item.row, item.rid, STATUS_ERROR, error, status, 0, 0, latency, attempt)
             elif pool.failed(ep) and pool.in_rotation and spared < 2 * len(pool.endpoints):
                 spared += 1  # the endpoint's fault, and another one is up: send it there now
                 if self.stopped:
@@ -408,7 +404,7 @@ class Runner:
             await self.limit.free()
         return None
 
-    def _give_up(self, item: Item, attempt: int, error: str, status: int = 0, latency: float = 0.0) -> Result:
+    def _give_up(self, item: Item, attempt: int, error: str, status: int = 0, latency: float = 0.0) -> RowResult:
         if self.pool.out_for() > self.cfg.retry_budget_s:
             error = (
                 f"every endpoint was unreachable for {self.pool.out_for():.0f}s (retry budget "
@@ -416,7 +412,7 @@ class Runner:
             )
         else:
             error = f"gave up after {attempt} attempts; last: {error}"
-        return Result(item.row, item.rid, STATUS_ERROR, error, status, 0, 0, latency, attempt)
+        return RowResult(item.row, item.rid, STATUS_ERROR, error, status, 0, 0, latency, attempt)
 
     def _backoff(self, attempt: int, retry_after: str | None) -> float:
         cfg = self.cfg
@@ -426,13 +422,13 @@ class Runner:
                 delay = max(delay, min(cfg.backoff_max_s, float(retry_after)))
         return delay
 
-    def _parse(self, item: Item, data: bytes, latency: float, attempts: int) -> Result:
+    def _parse(self, item: Item, data: bytes, latency: float, attempts: int) -> RowResult:
         try:
             body = fastjson.loads(data)
             outputs = self.job.parse(body)
             pt, ct = self.job.usage(body)
         except Exception as exc:  # a bad answer fails this row, not the shard
-            return Result(
+            return RowResult(
                 item.row,
                 item.rid,
                 STATUS_ERROR,
@@ -444,7 +440,7 @@ class Runner:
                 attempts,
             )
         raw = data.decode() if self.cfg.keep_raw else None
-        return Result(item.row, item.rid, STATUS_OK, None, 200, pt, ct, latency, attempts, outputs, raw)
+        return RowResult(item.row, item.rid, STATUS_OK, None, 200, pt, ct, latency, attempts, outputs, raw)
 
 
 def _snippet(data: bytes, n: int = 300) -> str:

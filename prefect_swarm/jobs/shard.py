@@ -27,7 +27,7 @@ from prefect_swarm.jobs.api import SwarmJob, load_job
 from prefect_swarm.jobs.dataset import InputDataset, check_output_location, shard_range
 from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details
 from prefect_swarm.jobs.ledger import RowResult, ShardLedger, ShardLock
-from prefect_swarm.jobs.runner import Item, Result, Runner, RunnerConfig
+from prefect_swarm.jobs.runner import Item, Runner, RunnerConfig
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
 
@@ -224,7 +224,7 @@ class ShardRun:
         if self.runner:
             self.runner.request_stop()
 
-    def _on_result(self, r: Result) -> None:
+    def _on_result(self, r: RowResult) -> None:
         self.ledger.add(r)
         if self.ledger.buffered >= self.spec.checkpoint_every:
             self._flush()

@@ -174,6 +174,8 @@ class Watchdog:
         self.tail = ""
         self.stop_requested: str | None = None
         self.born = time.time()
+        self.create_time = process_create_time(os.getpid())
+        self.proc_create_time: float | None = None
         self.port: int | None = spec.preferred_port if spec.port_token is None else None
         self.argv, self.url = spec.argv, spec.url
 
@@ -189,9 +191,9 @@ class Watchdog:
                 "port": self.port,
                 "health": self.healthy.value,
                 "pid": pid,
-                "pid_create_time": process_create_time(pid) if pid else None,
+                "pid_create_time": self.proc_create_time if pid else None,
                 "watchdog_pid": os.getpid(),
-                "watchdog_create_time": process_create_time(os.getpid()),
+                "watchdog_create_time": self.create_time,
                 "restarts": self.restarts,
                 "last_exit_code": self.last_exit_code,
                 "started_at": self.started_at or None,
@@ -226,6 +228,7 @@ class Watchdog:
                 start_new_session=True,
             )
         self.started_at = time.time()
+        self.proc_create_time = process_create_time(self.proc.pid)
         self.healthy, self.bad_checks, self.detail = ReplicaHealth.UNKNOWN, 0, "starting"
         self.up_this_start = False
         log.info("replica %d started: pid %d at %s", self.spec.index, self.proc.pid, self.url)

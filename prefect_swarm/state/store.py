@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from prefect_swarm.exceptions import StateError
 from prefect_swarm.interfaces.types import JobStatus, ServingPhase
@@ -174,6 +174,8 @@ class Claim(enum.StrEnum):
     """The swarm is being stopped: nothing was written; ask again shortly."""
 
 
+_R = TypeVar("_R", "SwarmRecord", "JobRecord", "LeaseRecord")
+
 _JSON_COLS = {"config", "handle", "spec", "progress"}
 _ENUM_COLS: dict[str, type[ServingPhase] | type[JobStatus] | type[LeaseKind]] = {
     "phase": ServingPhase,
@@ -292,12 +294,8 @@ class StateStore:
     def put_swarm(self, rec: SwarmRecord) -> SwarmRecord:
         """Insert or replace the record of swarm ``rec.name``."""
         rec = replace(rec, updated_at=time.time())
-        cols = list(SwarmRecord.__dataclass_fields__)
         with self._connect(write=True) as db:
-            db.execute(
-                f"INSERT OR REPLACE INTO swarms ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                [_dump(c, getattr(rec, c)) for c in cols],
-            )
+            self._insert(db, "swarms", rec)
         return rec
 
     def get_swarm(self, name: str) -> SwarmRecord | None:
@@ -318,9 +316,7 @@ class StateStore:
 
     def list_swarms(self) -> list[SwarmRecord]:
         """Every swarm record, oldest first."""
-        with self._connect() as db:
-            rows = db.execute("SELECT * FROM swarms ORDER BY created_at, name").fetchall()
-        return [SwarmRecord(**_load(r)) for r in rows]
+        return self._select(SwarmRecord, "SELECT * FROM swarms ORDER BY created_at, name")
 
     def update_swarm(self, name: str, **fields: Any) -> SwarmRecord:
         """Change some fields of swarm ``name`` atomically; raise StateError if it is gone."""
@@ -333,9 +329,7 @@ class StateStore:
 
     def find_swarms_by_flow_run(self, flow_run_id: str) -> list[SwarmRecord]:
         """Swarms brought up by flow run ``flow_run_id``."""
-        with self._connect() as db:
-            rows = db.execute("SELECT * FROM swarms WHERE flow_run_id = ?", (flow_run_id,)).fetchall()
-        return [SwarmRecord(**_load(r)) for r in rows]
+        return self._select(SwarmRecord, "SELECT * FROM swarms WHERE flow_run_id = ?", (flow_run_id,))
 
     # ------------------------------------------------------------------ leases
     def claim_swarm(
@@ -375,15 +369,11 @@ class StateStore:
         query, args = "SELECT * FROM leases", cast(tuple[str, ...], ())
         if swarm is not None:
             query, args = query + " WHERE swarm = ?", (swarm,)
-        with self._connect() as db:
-            rows = db.execute(query + " ORDER BY created_at, owner", args).fetchall()
-        return [LeaseRecord(**_load(r)) for r in rows]
+        return self._select(LeaseRecord, query + " ORDER BY created_at, owner", args)
 
     def leases_of(self, owner: str) -> list[LeaseRecord]:
         """Every lease ``owner`` holds."""
-        with self._connect() as db:
-            rows = db.execute("SELECT * FROM leases WHERE owner = ? ORDER BY created_at", (owner,)).fetchall()
-        return [LeaseRecord(**_load(r)) for r in rows]
+        return self._select(LeaseRecord, "SELECT * FROM leases WHERE owner = ? ORDER BY created_at", (owner,))
 
     def heartbeat_lease(self, swarm: str, owner: str, ttl_s: float) -> bool:
         """Renew a lease for ``ttl_s`` more seconds; False if it is gone."""
@@ -426,12 +416,8 @@ class StateStore:
     def put_job(self, rec: JobRecord) -> JobRecord:
         """Insert or replace the record of job ``rec.id``."""
         rec = replace(rec, updated_at=time.time())
-        cols = list(JobRecord.__dataclass_fields__)
         with self._connect(write=True) as db:
-            db.execute(
-                f"INSERT OR REPLACE INTO jobs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                [_dump(c, getattr(rec, c)) for c in cols],
-            )
+            self._insert(db, "jobs", rec)
         return rec
 
     def get_job(self, job_id: str) -> JobRecord | None:
@@ -452,9 +438,7 @@ class StateStore:
         query, args = "SELECT * FROM jobs", cast(tuple[str, ...], ())
         if swarm is not None:
             query, args = query + " WHERE swarm = ?", (swarm,)
-        with self._connect() as db:
-            rows = db.execute(query + " ORDER BY created_at, id", args).fetchall()
-        return [JobRecord(**_load(r)) for r in rows]
+        return self._select(JobRecord, query + " ORDER BY created_at, id", args)
 
     def update_job(self, job_id: str, **fields: Any) -> JobRecord:
         """Change some fields of job ``job_id`` atomically; raise StateError if it is gone."""
@@ -478,9 +462,7 @@ class StateStore:
 
     def jobs_of_flow_run(self, flow_run_id: str) -> list[JobRecord]:
         """Jobs submitted by flow run ``flow_run_id``."""
-        with self._connect() as db:
-            rows = db.execute("SELECT * FROM jobs WHERE flow_run_id = ? ORDER BY created_at", (flow_run_id,)).fetchall()
-        return [JobRecord(**_load(r)) for r in rows]
+        return self._select(JobRecord, "SELECT * FROM jobs WHERE flow_run_id = ? ORDER BY created_at", (flow_run_id,))
 
     def delete_job(self, job_id: str) -> bool:
         """Remove the record; True if one was removed."""
@@ -488,6 +470,11 @@ class StateStore:
             return db.execute("DELETE FROM jobs WHERE id = ?", (job_id,)).rowcount > 0
 
     # ------------------------------------------------------------------ shared
+    def _select(self, cls: type[_R], query: str, args: tuple[Any, ...] = ()) -> list[_R]:
+        with self._connect() as db:
+            rows = db.execute(query, args).fetchall()
+        return [cls(**_load(r)) for r in rows]
+
     @staticmethod
     def _insert(db: sqlite3.Connection, table: str, rec: Any) -> None:
         cols = list(type(rec).__dataclass_fields__)

@@ -138,24 +138,25 @@ class _ProgressArtifact:
     def __init__(self, spec: JobSpec, shard: int) -> None:
         self.spec, self.shard, self.last = spec, shard, 0.0
         self.id: Any = create_progress_artifact(
-            progress=self._percent(), description=f"job {spec.job_id} shard {shard}: rows done"
+            progress=self._read()[0], description=f"job {spec.job_id} shard {shard}: rows done"
         )
 
-    def _percent(self) -> float:
-        p = shard_progress(self.spec, self.shard)
-        total = int(p.get("total") or 0)
-        return 100.0 if total == 0 else round(100.0 * int(p.get("done") or 0) / total, 1)
-
-    def _description(self) -> str:
+    def _read(self) -> tuple[float, str]:
+        """The shard's percent done and description, from one read of its ledger progress."""
         p = shard_progress(self.spec, self.shard)
         done, failed, total = int(p.get("done") or 0), int(p.get("failed") or 0), int(p.get("total") or 0)
-        return f"job {self.spec.job_id} shard {self.shard}: {done - failed} ok, {failed} failed of {total} rows"
+        percent = 100.0 if total == 0 else round(100.0 * done / total, 1)
+        return (
+            percent,
+            f"job {self.spec.job_id} shard {self.shard}: {done - failed} ok, {failed} failed of {total} rows",
+        )
 
     def update(self, force: bool = False) -> None:
         now = time.monotonic()
         if force or now - self.last >= ARTIFACT_EVERY_S:
             self.last = now
-            update_progress_artifact(artifact_id=self.id, progress=self._percent(), description=self._description())
+            percent, description = self._read()
+            update_progress_artifact(artifact_id=self.id, progress=percent, description=description)
 
 
 def run_shards(plan: JobPlan, live: Swarm | None) -> list[dict[str, Any]]:

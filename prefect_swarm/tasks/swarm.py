@@ -266,10 +266,10 @@ def swarm_down(name: str, owner: str | None = None, force: bool = False) -> bool
         swarm_event("down", name, source=swarm.source, forced=True, held_by=holders)
         log.info("Swarm '%s' stopped (forced; it was held by: %s).", name, ", ".join(holders) or "nobody")
         return True
-    left = swarm.release(owner or KEEP_OWNER, terminal_runs=terminal_runs, log=log.info)
-    if left:
+    owner = owner or KEEP_OWNER
+    if swarm.release(owner, terminal_runs=terminal_runs, log=log.info):
         return False
-    swarm_event("down", name, source=swarm.source, forced=False, released_by=owner or KEEP_OWNER)
+    swarm_event("down", name, source=swarm.source, forced=False, released_by=owner)
     log.info("Swarm '%s' stopped.", name)
     return True
 

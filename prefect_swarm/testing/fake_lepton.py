@@ -135,6 +135,10 @@ class _Workload:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def min_replicas(self) -> int:
+        """The replicas a deployment's spec asks for (at least one)."""
+        return int((self.body["spec"].get("resource_requirement") or {}).get("min_replicas") or 1)
+
     def stop(self) -> None:
         """Terminate the process group (SIGTERM, then SIGKILL after 5 s)."""
         proc = self.proc
@@ -608,7 +612,7 @@ class FakeLepton:
         """An endpoint as the new API shows it (HTTPEndpoint): no labels, no internal URL."""
         w = self.deployments[name]
         state = self._dep_state(w)
-        n = int(((w.body["spec"].get("resource_requirement") or {}).get("min_replicas")) or 1)
+        n = w.min_replicas()
         status: dict[str, Any] = {
             "state": {"Not Ready": "NotReady"}.get(state, state),
             "external_url": f"http://127.0.0.1:{w.port}" if w.port else f"http://127.0.0.1:9/{name}",
@@ -633,7 +637,7 @@ class FakeLepton:
         if w.extra.get("queued") and not w.forced:
             shape = (w.body["spec"].get("resource_requirement") or {}).get("resource_shape")
             reason, message = "NoCapacity", f"no node has capacity for resource shape {shape}; queued"
-        n = int(((w.body["spec"].get("resource_requirement") or {}).get("min_replicas")) or 1)
+        n = w.min_replicas()
         item = {"reason": reason, "message": message, "creationTimestamp": "2026-01-01T00:00:00Z"}
         return 200, {f"{name}-replica-{i}": [item] for i in range(n)}
 

@@ -328,6 +328,25 @@ def engine_command(host: str = "{host}", **knobs: Any) -> list[str]:
     ]  # fmt: skip
 
 
+def stub_swarm_config(
+    name: str, *, replicas: int = 1, port: int | None = None, backend: dict[str, Any] | None = None, **knobs: Any
+) -> dict[str, Any]:
+    """An inline swarm config: ``replicas`` stub engines (``knobs`` as in :func:`engine_command`) on
+    free ports of the local backend; ``backend`` adds fields to the backend section."""
+    from prefect_swarm.testing.ports import free_port_block
+
+    return {
+        "name": name,
+        "model": "stub-model",
+        "replicas": replicas,
+        "gpus_per_replica": 0,
+        "port": port or free_port_block(replicas),
+        "ready_timeout_s": 60,
+        "engine": {"kind": "command", "command": engine_command(**knobs), "startup_timeout_s": 60},
+        "backend": {"type": "local", **(backend or {})},
+    }
+
+
 class StubEngine:
     """Run the stub engine in a subprocess: ``with StubEngine(port, latency_ms=50) as s: s.url``."""
 

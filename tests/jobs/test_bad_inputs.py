@@ -402,21 +402,9 @@ def stub_swarm() -> Iterator[str]:
     """One stub-engine replica on the local backend; yields the swarm's name."""
     from prefect_swarm.config import SwarmConfig
     from prefect_swarm.swarm import Swarm
-    from prefect_swarm.testing import free_port_block
-    from prefect_swarm.testing.stub_engine import engine_command
+    from prefect_swarm.testing.stub_engine import stub_swarm_config
 
-    cfg = SwarmConfig.model_validate(
-        {
-            "name": "bad-inputs-stub",
-            "model": "stub-model",
-            "replicas": 1,
-            "gpus_per_replica": 0,
-            "port": free_port_block(1),
-            "ready_timeout_s": 60,
-            "engine": {"kind": "command", "command": engine_command(), "startup_timeout_s": 60},
-            "backend": {"type": "local"},
-        }
-    )
+    cfg = SwarmConfig.model_validate(stub_swarm_config("bad-inputs-stub"))
     with Swarm(cfg):
         yield cfg.name
 

@@ -26,26 +26,14 @@ from prefect_swarm.launch import record_job
 from prefect_swarm.paths import JobPaths, read_json
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm
-from prefect_swarm.testing import free_port, free_port_block
-from prefect_swarm.testing.stub_engine import engine_command
+from prefect_swarm.testing import free_port
+from prefect_swarm.testing.stub_engine import stub_swarm_config
 
 SAMPLING = '{"sampling": {"max_tokens": 4}}'
 
 
 def _swarm(name: str = "cli-stub", *, replicas: int = 1, port: int | None = None, **knobs: Any) -> Swarm:
-    cfg = SwarmConfig.model_validate(
-        {
-            "name": name,
-            "model": "stub-model",
-            "replicas": replicas,
-            "gpus_per_replica": 0,
-            "port": port or free_port_block(replicas),
-            "ready_timeout_s": 60,
-            "engine": {"kind": "command", "command": engine_command(**knobs), "startup_timeout_s": 60},
-            "backend": {"type": "local"},
-        }
-    )
-    return Swarm(cfg)
+    return Swarm(SwarmConfig.model_validate(stub_swarm_config(name, replicas=replicas, port=port, **knobs)))
 
 
 def _cli(*args: str) -> Any:

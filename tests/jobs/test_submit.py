@@ -19,26 +19,13 @@ from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.launch import cancel_job, job_status, prepare_job, submit_job, wait_job
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm
-from prefect_swarm.testing import free_port_block
-from prefect_swarm.testing.stub_engine import engine_command
+from prefect_swarm.testing.stub_engine import stub_swarm_config
 
 
 @pytest.fixture
 def swarm() -> Iterator[Swarm]:
     """Two stub-engine replicas on the local backend."""
-    cmd = engine_command(latency_ms=5)
-    cfg = SwarmConfig.model_validate(
-        {
-            "name": "jobs-stub",
-            "model": "stub-model",
-            "replicas": 2,
-            "gpus_per_replica": 0,
-            "port": free_port_block(2),
-            "ready_timeout_s": 60,
-            "engine": {"kind": "command", "command": cmd, "startup_timeout_s": 60},
-            "backend": {"type": "local"},
-        }
-    )
+    cfg = SwarmConfig.model_validate(stub_swarm_config("jobs-stub", replicas=2, latency_ms=5))
     with Swarm(cfg) as s:
         yield s
 

@@ -14,6 +14,7 @@ from prefect_swarm.backends.lepton.serving import LeptonServing
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
 from prefect_swarm.interfaces import JobRequest, JobStatus, ServingPhase
+from prefect_swarm.interfaces.types import ReplicaHealth
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.fake_lepton import FakeLepton
@@ -97,18 +98,23 @@ def test_failed_deployment_raises_with_evidence(lepton_cfg: Make, fake_lepton: F
     srv.delete(h)
 
 
+@pytest.mark.parametrize("fake_lepton", [{}, {"new_deployment_api": True}], indirect=True, ids=["legacy", "new-api"])
 def test_forced_states_map_to_phases(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
     cfg = lepton_cfg()
     srv = serving(cfg)
     h = srv.create_or_update(cfg)
     for state, phase in [
         ("Updating", ServingPhase.INITIALIZING),
+        ("Not Ready", ServingPhase.INITIALIZING),
         ("Stopped", ServingPhase.STOPPED),
         ("Error", ServingPhase.FAILED),
         ("Ready", ServingPhase.RUNNING),
     ]:
         fake_lepton.force_state("lep", state)
-        assert srv.status(h).phase is phase, state
+        st = srv.status(h)
+        assert st.phase is phase, state
+        if state == "Not Ready":
+            assert all(r.health is ReplicaHealth.UNHEALTHY for r in st.replicas)
     srv.delete(h)
 
 

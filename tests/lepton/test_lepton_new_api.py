@@ -49,20 +49,6 @@ def test_up_ready_update_down_on_the_new_endpoint_api(lepton_cfg: Make, fake_lep
     assert fake_lepton.deployments == {} and fake_lepton.running_processes() == []
 
 
-@NEW_API
-def test_status_while_starting_on_the_new_endpoint_api(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
-    cfg = lepton_cfg()
-    srv = serving(cfg)
-    handle = srv.create_or_update(cfg)
-    fake_lepton.force_state("lep", "Not Ready")
-    st = srv.status(handle)
-    assert st.phase is ServingPhase.INITIALIZING
-    assert all(r.health is ReplicaHealth.UNHEALTHY for r in st.replicas)
-    fake_lepton.force_state("lep", "Error")
-    assert srv.status(handle).phase is ServingPhase.FAILED
-    srv.delete(handle)
-
-
 def test_the_legacy_api_keeps_labels_and_readiness(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
     cfg = lepton_cfg()
     srv = serving(cfg)

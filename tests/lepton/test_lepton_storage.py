@@ -42,25 +42,18 @@ def test_input_or_output_off_the_mount_is_refused(
     assert fake_lepton.jobs == {}
 
 
-def test_a_volume_the_workspace_lacks_is_refused(lepton_cfg: Make, fake_lepton: FakeLepton, shared_dir: Path) -> None:
-    cfg = lepton_cfg(mounts=[{"from": "no-such-volume", "path": "/prefect-swarm", "mount_path": str(shared_dir)}])
-    srv = LeptonServing(cfg, SwarmPaths.for_swarm(cfg.name))
-    with pytest.raises(ConfigError, match=r"backend.mounts\[0\].from: .*no volume 'no-such-volume'"):
-        srv.create_or_update(cfg)
-    assert fake_lepton.deployments == {} and fake_lepton.jobs == {}
-
-
-def test_the_volume_catalog_is_checked_without_the_storage_check(
-    lepton_cfg: Make, fake_lepton: FakeLepton, shared_dir: Path
+@pytest.mark.parametrize("check", [{}, {"storage_check_timeout_s": None}], ids=["storage-check", "no-storage-check"])
+def test_a_volume_the_workspace_lacks_is_refused(
+    lepton_cfg: Make, fake_lepton: FakeLepton, shared_dir: Path, check: dict[str, None]
 ) -> None:
+    # the volume catalog is checked with or without the storage check
     cfg = lepton_cfg(
-        storage_check_timeout_s=None,
-        mounts=[{"from": "no-such-volume", "path": "/prefect-swarm", "mount_path": str(shared_dir)}],
+        mounts=[{"from": "no-such-volume", "path": "/prefect-swarm", "mount_path": str(shared_dir)}], **check
     )
     srv = LeptonServing(cfg, SwarmPaths.for_swarm(cfg.name))
     with pytest.raises(ConfigError, match=r"backend.mounts\[0\].from: .*no volume 'no-such-volume'"):
         srv.create_or_update(cfg)
-    assert fake_lepton.deployments == {}
+    assert fake_lepton.deployments == {} and fake_lepton.jobs == {}
 
 
 def test_the_storage_check_runs_before_the_endpoint(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:

@@ -36,39 +36,18 @@ FLAKY = [
     "{port}",
 ]
 
+
+def _stub_after(prelude: str) -> list[str]:
+    """The stub engine's command, run in one ``python -c`` after ``prelude``."""
+    code = f"import sys\n{prelude}\nfrom prefect_swarm.testing.stub_engine import main; main(sys.argv[1:])\n"
+    return ["{python}", "-c", code, *STUB[3:]]  # STUB[:3] is "{python} -m <stub module>"
+
+
 # the engine starts a grandchild (as vLLM starts its engine core) before serving
-FORKING = [
-    "{python}",
-    "-c",
-    (
-        "import subprocess, sys\n"
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
-        "from prefect_swarm.testing.stub_engine import main; main(sys.argv[1:])\n"
-    ),
-    "--host",
-    "{host}",
-    "--port",
-    "{port}",
-    "--model",
-    "{served_model_name}",
-]
+FORKING = _stub_after("import subprocess\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])")
 
 # the stub reads its key from STUB_API_KEY; the engine gets it as PREFECT_SWARM_API_KEY
-KEYED = [
-    "{python}",
-    "-c",
-    (
-        "import os, sys\n"
-        "os.environ['STUB_API_KEY'] = os.environ['PREFECT_SWARM_API_KEY']\n"
-        "from prefect_swarm.testing.stub_engine import main; main(sys.argv[1:])\n"
-    ),
-    "--host",
-    "{host}",
-    "--port",
-    "{port}",
-    "--model",
-    "{served_model_name}",
-]
+KEYED = _stub_after("import os\nos.environ['STUB_API_KEY'] = os.environ['PREFECT_SWARM_API_KEY']")
 
 
 def _pid(swarm: Swarm, i: int = 0) -> int:

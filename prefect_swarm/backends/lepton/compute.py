@@ -330,29 +330,28 @@ class LeptonCompute(ComputeBase):
     def _check_shared(self, command: Sequence[str]) -> None:
         """The job spec, and the input, output and ledger folder it names, must lie on the shared
         mount, or the container could not read or write them."""
-        args = list(command)
+        value = _spec_path(command)
+        if value is None:
+            return
         mounts_ = ", ".join(m.mount_path for m in self.backend.mounts) or "none"
-        for flag, value in itertools.pairwise(args):
-            if flag != "--spec":
-                continue
-            if not under_mount(self.backend, value):
-                raise ConfigError(
-                    f"the job spec {value} is not on the storage Lepton jobs mount (mount_path: {mounts_}); "
-                    f"the job could not read it. Put the job folder under backend.shared_path "
-                    f"({self.backend.shared_path}), e.g. by setting {HOME} there."
-                )
-            if not os.path.exists(value):
-                continue  # written later by the caller; the job reports a missing spec itself
-            from prefect_swarm.jobs.spec import JobSpec
+        if not under_mount(self.backend, value):
+            raise ConfigError(
+                f"the job spec {value} is not on the storage Lepton jobs mount (mount_path: {mounts_}); "
+                f"the job could not read it. Put the job folder under backend.shared_path "
+                f"({self.backend.shared_path}), e.g. by setting {HOME} there."
+            )
+        if not os.path.exists(value):
+            return  # written later by the caller; the job reports a missing spec itself
+        from prefect_swarm.jobs.spec import JobSpec
 
-            spec = JobSpec.load(value)
-            for field, path in (("input", spec.input), ("output", spec.output), ("job_dir", spec.job_dir)):
-                if path and not under_mount(self.backend, os.path.abspath(os.path.expanduser(path))):
-                    raise ConfigError(
-                        f"the job's {field} {path} is not on the storage Lepton jobs mount (mount_path: {mounts_}); "
-                        f"a Lepton job sees only what is mounted. Put the {field} under a mount_path, "
-                        f"e.g. under backend.shared_path ({self.backend.shared_path})."
-                    )
+        spec = JobSpec.load(value)
+        for field, path in (("input", spec.input), ("output", spec.output), ("job_dir", spec.job_dir)):
+            if path and not under_mount(self.backend, os.path.abspath(os.path.expanduser(path))):
+                raise ConfigError(
+                    f"the job's {field} {path} is not on the storage Lepton jobs mount (mount_path: {mounts_}); "
+                    f"a Lepton job sees only what is mounted. Put the {field} under a mount_path, "
+                    f"e.g. under backend.shared_path ({self.backend.shared_path})."
+                )
 
     def _secrets(self, request: JobRequest) -> tuple[dict[str, str], dict[str, str]]:
         """(env name -> Lepton secret name, secret name -> value to store): values go to workspace

@@ -204,7 +204,7 @@ class LeptonServing:
             return ServingStatus(ServingPhase.STOPPED, handle.url, "deployment does not exist")
         state = _state(dep)
         phase = deployment_phase(state, _phase(dep))
-        replicas = self._replicas(handle.name, state) if phase not in (ServingPhase.STOPPED,) else ()
+        replicas = self._replicas(handle.name, state) if phase is not ServingPhase.STOPPED else ()
         if (
             phase is ServingPhase.INITIALIZING
             and replicas

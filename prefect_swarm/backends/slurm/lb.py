@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prefect_swarm.backends.common import host_port
 from prefect_swarm.backends.slurm import members
 from prefect_swarm.backends.slurm.client import SlurmClient, clean_env
 from prefect_swarm.paths import SwarmPaths, atomic_write_text, read_json, read_text
@@ -61,20 +62,22 @@ def read_heads(paths: SwarmPaths) -> dict[int, str]:
 
 def resolve(hostport: str) -> str | None:
     """``host:port`` -> ``ipv4:port``; None when it does not parse or resolve."""
-    host, sep, port = hostport.rpartition(":")
-    if not sep or not port.isdigit():
+    parsed = host_port(hostport)
+    if parsed is None:
         return None
     try:
-        return f"{socket.gethostbyname(host)}:{int(port)}"
+        return f"{socket.gethostbyname(parsed[0])}:{parsed[1]}"
     except OSError:
         return None
 
 
 def accepts(addr: str, timeout_s: float = 2.0) -> bool:
     """True when ``ip:port`` accepts a TCP connection (a busy engine still accepts; a dead one refuses)."""
-    host, _, port = addr.rpartition(":")
+    parsed = host_port(addr)
+    if parsed is None:
+        return False
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
+        with socket.create_connection(parsed, timeout=timeout_s):
             return True
     except OSError:
         return False
@@ -153,11 +156,11 @@ class Reconciler:
 
     def _nginx_up(self) -> bool:
         addr = resolve(self.public or "")
-        if addr is None:
+        parsed = host_port(addr) if addr else None
+        if parsed is None:
             return False
-        host, _, port = addr.rpartition(":")
         try:
-            with socket.create_connection((host, int(port)), timeout=2) as sock:
+            with socket.create_connection(parsed, timeout=2) as sock:
                 sock.sendall(b"GET /nginx-health HTTP/1.0\r\n\r\n")
                 return sock.recv(64).startswith(b"HTTP/1.1 200")
         except OSError:

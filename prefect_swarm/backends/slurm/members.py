@@ -10,15 +10,14 @@ Both ``up`` and the reconciler in the LB job call :func:`replenish`, under ``slu
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from prefect_swarm.backends.slurm.client import QueueEntry, SlurmClient
-from prefect_swarm.paths import SwarmPaths, atomic_write_json, read_json
+from prefect_swarm.paths import SwarmPaths, atomic_write_json, file_lock, read_json
 
 log = logging.getLogger("prefect_swarm.slurm.members")
 
@@ -29,16 +28,9 @@ MAX_RESUBMITS = 5
 """Resubmissions per task index over a swarm's life; past it the task stays missing (status says why)."""
 
 
-@contextmanager
-def locked(paths: SwarmPaths) -> Iterator[None]:
+def locked(paths: SwarmPaths) -> AbstractContextManager[None]:
     """Hold ``slurm.lock`` (exclusive) while reading and changing the replica tasks."""
-    paths.root.mkdir(parents=True, exist_ok=True)
-    with paths.slurm_lock.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return file_lock(paths.slurm_lock)
 
 
 def live_tasks(client: SlurmClient, name: str) -> dict[int, QueueEntry]:

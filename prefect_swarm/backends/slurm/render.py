@@ -99,11 +99,6 @@ def per_task(cfg: SwarmConfig) -> int:
     return min(cfg.effective_replicas_per_node, cfg.replicas)
 
 
-def replica_task(cfg: SwarmConfig, index: int) -> int:
-    """Array task index that runs replica ``index``."""
-    return index // per_task(cfg)
-
-
 # ---------------------------------------------------------------------------------- quoting
 def q(value: object) -> str:
     """Shell-quote one value."""
