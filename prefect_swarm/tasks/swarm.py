@@ -367,9 +367,16 @@ def swarm_use(name: str, sharing: str) -> Iterator[None]:
     from prefect import get_client
     from prefect.concurrency.sync import concurrency
 
+    from prefect.exceptions import ObjectAlreadyExists
+
     limit = f"swarm:{name}"
     with get_client(sync_client=True) as client:
-        client.upsert_global_concurrency_limit_by_name(limit, 1)
+        try:
+            client.upsert_global_concurrency_limit_by_name(limit, 1)
+        except ObjectAlreadyExists:
+            # Prefect's upsert is read-then-create, not atomic: a run started at the same moment
+            # created it between the two. Upsert again, which now finds it and sets the limit.
+            client.upsert_global_concurrency_limit_by_name(limit, 1)
     log = run_logger()
     log.info("Swarm '%s' is used exclusively: waiting for the concurrency limit '%s' (one run at a time).", name, limit)
     with concurrency(limit, occupy=1, strict=True):

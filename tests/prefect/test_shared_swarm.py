@@ -134,3 +134,34 @@ def _acquired_at(run_id: Any) -> Any:
         return next(x.timestamp for x in logs if x.message.startswith("Acquired the concurrency limit"))
 
     return asyncio.run(read())
+
+
+def test_exclusive_limit_created_by_a_run_starting_at_the_same_moment(
+    prefect_api: PrefectStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prefect's upsert reads, then creates: another run may create ``swarm:<name>`` in between
+    (the create answers 409). That run's limit is the one we wait on; we do not fail."""
+    from prefect import get_client
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectNotFound
+
+    from prefect_swarm.tasks.swarm import swarm_use
+
+    read = SyncPrefectClient.read_global_concurrency_limit_by_name
+    raced: list[str] = []
+
+    def read_then_lose_the_race(self: SyncPrefectClient, name: str) -> Any:
+        if not raced:
+            raced.append(name)
+            with get_client(sync_client=True) as other:
+                other.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+            raise ObjectNotFound(http_exc=Exception(name))
+        return read(self, name)
+
+    monkeypatch.setattr(SyncPrefectClient, "read_global_concurrency_limit_by_name", read_then_lose_the_race)
+    with swarm_use("raced", "exclusive"):
+        with get_client(sync_client=True) as client:
+            held = client.read_global_concurrency_limit_by_name("swarm:raced")
+        assert held.limit == 1 and held.active_slots == 1
+    assert raced == ["swarm:raced"]
