@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefect_swarm.config.cost import BudgetGuard, BudgetReached, job_cost, recorded_cost
 from prefect_swarm.exceptions import CapacityError, ConfigError, DatasetError, JobError
 from prefect_swarm.interfaces import ComputeBackend, JobEnv, JobHandle, JobProbe, JobRequest, JobStatus
 from prefect_swarm.jobs.commit import Verdict, commit_output, manifest_current, manifest_verdict
@@ -321,9 +322,16 @@ class ShardWatch:
         """Poll until the process ends; return its last probe. Raises :class:`ShardStopped` (after
         cancelling the process) when ``stop`` is set first."""
         handle = self.handle or self.submit()
+        guard = budget_guard(self.swarm)
+
+        def step() -> None:
+            guard.check()  # BudgetReached: the process is cancelled below (it flushes, exits 75)
+            if on_step is not None:
+                on_step()
+
         try:
             return poll_until_finished(
-                lambda: self.compute.probe(handle), stop=stop, on_step=on_step, what=f"shard {self.shard}"
+                lambda: self.compute.probe(handle), stop=stop, on_step=step, what=f"shard {self.shard}"
             )
         except BaseException:
             self.compute.cancel(handle)
@@ -341,6 +349,17 @@ class ShardWatch:
             raise CapacityError(f"shard {i} of job {spec.job_id} was preempted (exit 75); retrying resumes it.")
         state = status.value if status else "UNKNOWN"
         raise JobError(f"shard {i} of job {spec.job_id} ended {state} (exit {code}).\n{tail}")
+
+
+def budget_guard(swarm: Swarm) -> BudgetGuard:
+    """The budget guard of ``swarm`` (``backend.cost.max_gpu_hours`` / ``max_cost_usd``; see config.cost)."""
+    serving, handle = swarm.backends.serving, swarm.handle
+
+    def usage() -> tuple[float | None, str | None]:
+        used = serving.gpu_usage(handle) if handle else None
+        return (used.gpu_hours, used.shape) if used else (None, None)
+
+    return BudgetGuard(swarm.cfg.name, swarm.cfg.backend.cost, usage)
 
 
 class ShardStopped(Exception):
@@ -474,6 +493,7 @@ def job_status(job_id: str, *, refresh: bool = True, store: StateStore | None = 
     status, committed, manifest = _overall(spec, probes, rec.status)
     verdict = verdict_of(spec, manifest) if committed and manifest else None
     store.update_job(job_id, status=status, progress={k: v for k, v in progress.items() if k != "shards"})
+    swarm_rec = store.get_swarm(rec.swarm) if rec.swarm else None
     return {
         **base,
         "status": status.value,
@@ -484,6 +504,7 @@ def job_status(job_id: str, *, refresh: bool = True, store: StateStore | None = 
         "job_dir": spec.job_dir,
         "progress": progress,
         "manifest": manifest if committed else None,
+        "cost": job_cost(progress, swarm_rec.config if swarm_rec else None),
         "verdict": {**asdict(verdict), "failed_fraction": verdict.failed_fraction, "message": verdict.message()}
         if verdict
         else None,
@@ -505,12 +526,15 @@ def wait_job(
     """
     store = store or StateStore()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    budget = _job_budget(job_id, store)
     while True:
         doc = job_status(job_id, store=store)
         if on_progress:
             on_progress(doc)
         if JobStatus(doc["status"]) not in ACTIVE:
             break
+        if budget is not None:
+            _hold_to_budget(*budget, job_id, store)
         if deadline is not None and time.monotonic() > deadline:
             raise JobError(
                 f"job {job_id} still {doc['status']} after {timeout_s:g}s; it keeps running. "
@@ -521,6 +545,29 @@ def wait_job(
         commit_job(job_id, store=store)
         doc = job_status(job_id, refresh=False, store=store)
     return doc
+
+
+def _job_budget(job_id: str, store: StateStore) -> tuple[Swarm, BudgetGuard] | None:
+    """The job's swarm and its budget guard; None when the swarm has no budget."""
+    rec = store.require_job(job_id)
+    swarm_rec = store.get_swarm(rec.swarm) if rec.swarm else None
+    if swarm_rec is None or not recorded_cost(swarm_rec.config).capped:
+        return None
+    from prefect_swarm.swarm import Swarm
+
+    swarm = Swarm.from_state(swarm_rec.name, store=store)
+    return swarm, budget_guard(swarm)
+
+
+def _hold_to_budget(swarm: Swarm, guard: BudgetGuard, job_id: str, store: StateStore) -> None:
+    """Past the budget: stop the job (its processes flush and exit 75), tear the swarm down, raise
+    BudgetReached; a rerun with a larger budget resumes from the ledger."""
+    try:
+        guard.check()
+    except BudgetReached:
+        cancel_job(job_id, store=store, compute=swarm.compute)
+        swarm.down()
+        raise
 
 
 def commit_job(job_id: str, *, store: StateStore | None = None) -> dict[str, Any]:

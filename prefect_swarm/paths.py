@@ -9,7 +9,9 @@
     replica-<i>.head             host:port once healthy (Slurm); replica-<i>.drain: leaving (scale down)
     watchdog-<i>.log / .pid / .json   watchdog log, pid record, spec (no secrets)
     replicas.sbatch lb.sbatch nginx.conf slurm.json slurm.lock   scripts, wanted/submitted tasks, lock (Slurm)
+    swarm.key                    generated API key, mode 0600 (Slurm without api_key)
     upstreams.conf lb.head lb/ steps/ replicas-<job>_<task>.out lb-<job>.out   the LB's files (Slurm)
+    targets.json                 Prometheus file_sd list of the replicas' /metrics (local, Slurm)
     jobs/<job_id>/               JobPaths
 <home>/jobs/<job_id>/            JobPaths.standalone (a job against no recorded swarm)
 <job_dir>/                       JobPaths (also used for ledgers outside a swarm folder)
@@ -179,6 +181,11 @@ class SwarmPaths(Folder):
     )
     watchdog_spec = _per_replica("watchdog-{i}.json", "JSON spec the watchdog of replica ``i`` runs from (no secrets).")
 
+    @property
+    def metrics_targets(self) -> Path:
+        """Prometheus file_sd list (JSON) of the replica engines' ``/metrics`` (see interfaces.metrics)."""
+        return self.root / "targets.json"
+
     def replica_heads(self) -> dict[int, Path]:
         """Replica index -> head file, for every head file present now."""
         found = (_REPLICA_HEAD.match(p.name) for p in self.root.glob("replica-*.head"))
@@ -224,6 +231,11 @@ class SwarmPaths(Folder):
     def slurm_record(self) -> Path:
         """Job ids and plan hashes of what ``up`` submitted (no secrets)."""
         return self.root / "slurm.json"
+
+    @property
+    def api_key_file(self) -> Path:
+        """The swarm's generated API key (Slurm, no ``api_key`` set), mode 0600; never in state or logs."""
+        return self.root / "swarm.key"
 
     @property
     def slurm_lock(self) -> Path:

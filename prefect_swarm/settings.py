@@ -30,6 +30,11 @@ class Settings(BaseSettings):
     prefect_api_timeout_s: float = Field(
         default=5.0, gt=0, description="Timeout for Prefect API calls made to show run history."
     )
+    result_storage: str | None = Field(
+        default=None,
+        description="Where flows persist their results: a saved Prefect filesystem block's slug "
+        "('local-file-system/NAME', 's3-bucket/NAME'...); default: HOME/prefect-results.",
+    )
 
     @property
     def home_dir(self) -> Path:

@@ -27,6 +27,8 @@ from prefect_swarm.config import LeptonConfig, SwarmConfig
 from prefect_swarm.exceptions import ConfigError, StateError
 from prefect_swarm.interfaces import (
     ComputeBackend,
+    JobHandle,
+    JobStatus,
     ServingHandle,
     ServingPhase,
     ServingStatus,
@@ -108,8 +110,9 @@ def dead_owners(
 ) -> set[str]:
     """Owners whose leases are dead: a flow run ``terminal_runs`` says has ended; a process whose
     pid is gone on this host (a killed flow process that was tearing the swarm down must not block
-    the teardown that follows it); once a lease has expired, a job no longer active. A KEEP lease,
-    and anything that cannot be judged, count as live."""
+    the teardown that follows it); once a lease has expired, a job no longer active or whose
+    processes have all ended (:func:`_job_gone`). A KEEP lease, and anything that cannot be judged,
+    count as live."""
     now, host = time.time(), this_host()
     dead: set[str] = set()
     runs: dict[str, str] = {}
@@ -123,21 +126,50 @@ def dead_owners(
             continue
         if lease.expires_at is None or lease.expires_at > now:
             continue
-        if lease.kind is LeaseKind.JOB:
-            job = store.get_job(lease.owner.removeprefix("job:"))
-            if job is None or not job.status.active:
-                dead.add(lease.owner)
+        if lease.kind is LeaseKind.JOB and _job_gone(lease, store, now):
+            dead.add(lease.owner)
     if runs and terminal_runs is not None:
         dead |= {runs[r] for r in terminal_runs(list(runs)) if r in runs}
     return dead
 
 
+JOB_SUBMIT_GRACE_S = 600.0
+"""Seconds a job whose row still says PENDING (its submitter has not recorded a submission yet)
+holds its lease before its processes are asked about."""
+
+
+def _job_gone(lease: LeaseRecord, store: StateStore, now: float) -> bool:
+    """A job lease's owner is gone: its row is missing or finished, or every process it submitted
+    has ended by the compute backend's own probe (a detached ``job submit`` that nobody asked
+    ``job status`` about since still holds an active row), or it has no submission
+    JOB_SUBMIT_GRACE_S after the lease was taken. A job being submitted (PENDING, within the
+    grace) and anything the backend cannot tell count as live."""
+    job = store.get_job(lease.owner.removeprefix("job:"))
+    if job is None or not job.status.active:
+        return True
+    if job.status is JobStatus.PENDING and now - lease.heartbeat < JOB_SUBMIT_GRACE_S:
+        return False
+    subs = (job.handle or {}).get("submissions") or []
+    if not subs:  # never submitted: its submitter died before it could, once the grace is over
+        return now - lease.heartbeat >= JOB_SUBMIT_GRACE_S
+    if not job.swarm or store.get_swarm(job.swarm) is None:
+        return False
+    try:
+        compute = Swarm.from_state(job.swarm, store).compute
+        probes = [compute.probe(JobHandle.from_dict(sub)) for sub in subs]
+    except Exception:  # cannot tell: live
+        return False
+    return all(p.error is None and p.status is not None and p.status.finished for p in probes)
+
+
 def engine_fingerprint(cfg: SwarmConfig) -> str:
-    """What makes two swarms interchangeable: model, served name, engine and backend (not the name)."""
+    """What makes two swarms interchangeable: model, served name, engine and backend (not the name, nor
+    the backend's price and budget: a larger budget resumes the same checkpoints)."""
     import hashlib
     import json
 
     data = cfg.redacted()
+    data["backend"] = {k: v for k, v in data["backend"].items() if k != "cost"}
     keep = {k: data[k] for k in ("model", "served_model_name", "gpus_per_replica", "engine", "backend")}
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 

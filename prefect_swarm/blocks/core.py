@@ -14,12 +14,14 @@ logo ships beside this module (:data:`LOGO`) for whoever hosts the package's pag
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from prefect.blocks.core import Block
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import ComputedFieldInfo, FieldInfo
+from pydantic.json_schema import GenerateJsonSchema
 
 from prefect_swarm.config import LeptonConfig, LocalConfig, SlurmConfig, SwarmConfig
 
@@ -39,6 +41,7 @@ _TITLE_WORDS = {
     "env": "environment",
     "gres": "GRES",
     "mem": "memory",
+    "nv": "NV",
     "hf": "HF",
     "id": "ID",
     "ids": "IDs",
@@ -64,6 +67,27 @@ def field_title(name: str, info: FieldInfo | ComputedFieldInfo | None = None) ->
     return " ".join(words)
 
 
+def model_title(name: str) -> str:
+    """The form label of a nested config model: ``EngineConfig`` -> "Engine", ``SlurmLBConfig`` ->
+    "Slurm LB", ``LeptonMount`` -> "Lepton mount" (pydantic's default is the class name)."""
+    words = re.findall(r"[A-Z]+(?![a-z])|[A-Z][a-z]*|[a-z]+|\d+", name.removesuffix("Config"))
+    return field_title("_".join(w if w.isupper() and len(w) > 1 else w.lower() for w in words))
+
+
+class _FormTitles(GenerateJsonSchema):
+    """Titles for the fields of nested config models (engine, container, LB, mounts) too: the
+    blocks' ``field_title_generator`` reaches only their own fields."""
+
+    def get_title_from_name(self, name: str) -> str:
+        return field_title(name)
+
+
+def _human_model_titles(schema: dict[str, Any]) -> None:
+    for name, definition in (schema.get("definitions") or {}).items():
+        if "block_type_slug" not in definition and definition.get("title") == name:
+            definition["title"] = model_title(name)
+
+
 def _drop_block_slug(cls: type, data: Any) -> Any:
     # Block.model_dump() adds 'block_type_slug' (to pick a union member on load); the config
     # models forbid unknown keys, so drop it before validation.
@@ -84,6 +108,20 @@ class _SwarmBlock(Block):
     _documentation_url = DOCS_URL  # type: ignore[assignment]  # Block declares HttpUrl; a str URL works
 
     _strip = model_validator(mode="before")(_drop_block_slug)
+
+    @classmethod
+    def model_json_schema(  # type: ignore[override]
+        cls,
+        by_alias: bool = True,
+        ref_template: str = "#/definitions/{model}",
+        schema_generator: type[GenerateJsonSchema] = _FormTitles,
+        mode: Any = "validation",
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """Prefect's block schema, with human titles on nested config models and their fields."""
+        schema = super().model_json_schema(by_alias, ref_template, schema_generator, mode, **kwargs)
+        _human_model_titles(schema)
+        return schema
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:

@@ -1,7 +1,8 @@
 """``prefect-swarm job ...``: submit batch jobs to a swarm, watch them, wait, cancel, retry errors.
 
     prefect-swarm job submit -n SWARM --input IN --output OUT [--shards N] [--job module:Class]
-                             [--job-kwargs JSON] [--max-failed-fraction F] [--detach] [--overwrite]
+                             [--job-kwargs JSON] [--response-schema module:Model|FILE]
+                             [--schema-retries N] [--max-failed-fraction F] [--detach] [--overwrite]
                              [--spec FILE]
     prefect-swarm job status ID [--refresh] [-o json]
     prefect-swarm job wait ID [--timeout S]
@@ -68,6 +69,18 @@ def submit(
         str | None, typer.Option("--job", help="Job class module:Class, or chat|completion|embedding.")
     ] = None,
     job_kwargs: Annotated[str | None, typer.Option("--job-kwargs", help="Job kwargs as a JSON object.")] = None,
+    response_schema: Annotated[
+        str | None,
+        typer.Option(
+            "--response-schema",
+            help="Structured output: a pydantic model 'module:Model' or a JSON Schema file; answers are "
+            "validated and each top-level field becomes a typed column (job kwarg response_schema).",
+        ),
+    ] = None,
+    schema_retries: Annotated[
+        int | None,
+        typer.Option("--schema-retries", min=0, help="Times an answer that breaks the schema is asked again (2)."),
+    ] = None,
     id_column: Annotated[str | None, typer.Option("--id-column", help="Unique id column.")] = None,
     concurrency: Annotated[
         int | None, typer.Option("--concurrency", min=1, help="Requests in flight per shard.")
@@ -79,6 +92,15 @@ def submit(
     detach: Annotated[bool, typer.Option("--detach", help="Return once submitted.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard an existing checkpoint; start over.")] = False,
     job_id: Annotated[str | None, typer.Option("--id", help="Job id (reuse one to resume it).")] = None,
+    resubmit_on_preempt: Annotated[
+        int,
+        typer.Option(
+            "--resubmit-on-preempt",
+            min=0,
+            help="When shards were preempted (Slurm's signal before a time limit or a preemption; they "
+            "flushed their checkpoints), resubmit the job up to N times: the shards resume.",
+        ),
+    ] = 0,
     max_failed_fraction: Annotated[
         float | None,
         typer.Option(
@@ -98,6 +120,9 @@ def submit(
         kwargs = json.loads(job_kwargs) if job_kwargs else None
     except ValueError as exc:
         raise ConfigError(f"--job-kwargs is not JSON: {exc}") from exc
+    structured = {"response_schema": response_schema, "schema_retries": schema_retries}
+    if any(v is not None for v in structured.values()):
+        kwargs = {**(kwargs or {}), **{k: v for k, v in structured.items() if v is not None}}
     spec = _spec_from_args(
         spec_file,
         {
@@ -121,7 +146,25 @@ def submit(
     if detach:
         console.print(rec.id)
         return
+    seen: set[str] = set()
+    for attempt in range(1, resubmit_on_preempt + 1):
+        doc = _wait(rec.id)
+        if not _preempted(doc, seen):
+            _show(doc)
+            return
+        err_console.print(f"job {rec.id}: shard(s) were preempted; resubmitting ({attempt}/{resubmit_on_preempt})")
+        submit_job(attach(swarm), spec.model_copy(update={"job_id": rec.id}), detach=True)
     _wait_and_show(rec.id)
+
+
+def _preempted(doc: dict[str, Any], seen: set[str]) -> bool:
+    """The job stopped unfinished because the scheduler stopped shards of its latest submission
+    (they exited 75 after their flush); ``seen``: ids of earlier submissions, updated."""
+    from prefect_swarm.jobs.shard import EXIT_REQUEUE
+
+    probes = [p for p in doc.get("backend") or [] if str(p.get("id")) not in seen]
+    seen.update(str(p.get("id")) for p in probes)
+    return doc["status"] == JobStatus.FAILED and any(p.get("exit_code") == EXIT_REQUEUE for p in probes)
 
 
 @job_app.command("retry")
@@ -169,6 +212,16 @@ def _attached(log: list[str]) -> Callable[[Any, list[dict[str, Any]]], None]:
 
 
 def _wait_and_show(job_id: str, timeout_s: float | None = None) -> None:
+    _show(_wait(job_id, timeout_s))
+
+
+def _show(doc: dict[str, Any]) -> None:
+    _print_status(doc)
+    if doc["status"] != JobStatus.SUCCEEDED:
+        raise typer.Exit(1)
+
+
+def _wait(job_id: str, timeout_s: float | None = None) -> dict[str, Any]:
     from prefect_swarm.launch import wait_job
 
     if sys.stderr.isatty():
@@ -195,9 +248,7 @@ def _wait_and_show(job_id: str, timeout_s: float | None = None) -> None:
             doc = wait_job(job_id, timeout_s=timeout_s, on_progress=show)
     else:
         doc = wait_job(job_id, timeout_s=timeout_s)
-    _print_status(doc)
-    if doc["status"] != JobStatus.SUCCEEDED:
-        raise typer.Exit(1)
+    return doc
 
 
 @job_app.command("status")

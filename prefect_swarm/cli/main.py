@@ -3,10 +3,12 @@
 Commands::
 
     prefect-swarm up -c FILE [--replicas N] [--name NAME] [--no-wait] [--keep]
+    prefect-swarm scale NAME --replicas N
     prefect-swarm status NAME [-o table|json]
     prefect-swarm list [-o table|json]
     prefect-swarm describe NAME [-o table|json]
     prefect-swarm down NAME | --all [-y]
+    prefect-swarm top NAME [--once] [-o table|json]
     prefect-swarm validate -c FILE [-o table|json]
     prefect-swarm db prune [-y] [--dry-run]
     prefect-swarm job ...            (batch jobs; see `prefect-swarm job --help`)
@@ -39,7 +41,7 @@ from typing import Annotated
 import typer
 
 from prefect_swarm import __version__
-from prefect_swarm.cli import db, swarms, validate
+from prefect_swarm.cli import db, swarms, top, validate
 from prefect_swarm.cli.automations import automations_app
 from prefect_swarm.cli.errors import EXIT_CODES_HELP, SwarmGroup
 from prefect_swarm.cli.history import history_cmd
@@ -76,10 +78,12 @@ def main(
 
 
 app.command("up", epilog=EXIT_CODES_HELP)(swarms.up)
+app.command("scale", epilog=EXIT_CODES_HELP)(swarms.scale)
 app.command("status", epilog=EXIT_CODES_HELP)(swarms.status)
 app.command("list", epilog=EXIT_CODES_HELP)(swarms.list_swarms)
 app.command("describe", epilog=EXIT_CODES_HELP)(swarms.describe)
 app.command("down", epilog=EXIT_CODES_HELP)(swarms.down)
+app.command("top", epilog=EXIT_CODES_HELP)(top.top)
 app.command("validate", epilog=EXIT_CODES_HELP)(validate.validate)
 app.add_typer(db.db_app, name="db")
 

@@ -1,4 +1,4 @@
-"""Swarm commands: ``up``, ``status``, ``list``, ``describe``, ``down``."""
+"""Swarm commands: ``up``, ``scale``, ``status``, ``list``, ``describe``, ``down``."""
 
 from __future__ import annotations
 
@@ -67,8 +67,45 @@ def up(
     ] = None,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
-    """Bring a swarm up and wait until every replica answers a chat completion."""
+    """Bring a swarm up and wait until every replica answers a chat completion.
+
+    On a live swarm ``up`` reconciles: missing replicas are replaced and a new ``--replicas`` count is
+    applied; healthy replicas keep running.
+    """
     cfg = load_config(config, overrides={"replicas": replicas, "name": name})
+    bring_up(cfg, keep=keep, no_wait=no_wait, timeout=timeout, output=output)
+
+
+def scale(
+    name: Annotated[str, typer.Argument(help="Swarm name.")],
+    replicas: Annotated[int, typer.Option("--replicas", min=1, help="The number of replicas wanted.")],
+    no_wait: Annotated[
+        bool, typer.Option("--no-wait", help="Return once submitted; do not wait for readiness.")
+    ] = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", help="Readiness timeout in seconds; default: ready_timeout_s."),
+    ] = None,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """Change the replica count of a live swarm; running replicas keep running.
+
+    The same as `up --replicas N` with the config the swarm was brought up with (so, like `up`, the
+    swarm is then held until `down`).
+    """
+    from prefect_swarm.swarm import LIVE_PHASES
+
+    store = StateStore()
+    rec = store.require_swarm(name)
+    if rec.phase not in LIVE_PHASES:
+        raise StateError(f"swarm '{name}' is {rec.phase}: nothing to scale. `prefect-swarm up -c FILE` brings it up.")
+    current = attach(name, store).cfg
+    cfg = type(current).model_validate({**current.model_dump(by_alias=True), "replicas": replicas})
+    bring_up(cfg, keep=rec.keep, no_wait=no_wait, timeout=timeout, output=output)
+
+
+def bring_up(cfg: SwarmConfig, *, keep: bool, no_wait: bool, timeout: float | None, output: OutputFormat) -> None:
+    """``up`` of ``cfg``: bring it up, or reconcile the live swarm of its name with it; then show its status."""
     swarm = make_swarm(cfg, keep=keep, delete_on_exit=not keep)
     log.info("bringing up swarm '%s': %d x %s on %s", cfg.name, cfg.replicas, cfg.model_name, cfg.backend.type)
     ready: ServingStatus | None = None

@@ -13,9 +13,11 @@ from typing import Any
 from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.output import iso
 from prefect_swarm.interfaces import ServingPhase
+from prefect_swarm.interfaces.usage import GpuUsage
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.settings import get_settings
 from prefect_swarm.state import JobRecord, StateStore, SwarmRecord
+from prefect_swarm.swarm import Swarm
 
 log = logging.getLogger("prefect_swarm.cli")
 
@@ -83,10 +85,27 @@ def live_status(rec: SwarmRecord, store: StateStore) -> dict[str, Any]:
             "detail": "no backend handle recorded (bring-up never submitted)",
         }
     try:
-        return attach(rec.name, store).status().to_dict()
+        swarm = attach(rec.name, store)
+        return {**swarm.status().to_dict(), "cost": cost_view(swarm, store)}
     except Exception as exc:  # a status look must not fail the command: it reports what it could not see
         log.debug("status of %s failed", rec.name, exc_info=True)
         return {**unknown, "detail": f"could not ask the {rec.backend} backend: {type(exc).__name__}: {exc}"}
+
+
+def cost_view(swarm: Swarm, store: StateStore) -> dict[str, Any]:
+    """The swarm's GPU-hours (the backend's best source), priced by ``backend.cost``, per million tokens
+    of its jobs. Never raises: a source that failed gives null figures and the reason."""
+    tokens = sum(
+        int((j.progress or {}).get("prompt_tokens") or 0) + int((j.progress or {}).get("completion_tokens") or 0)
+        for j in store.list_jobs(swarm.cfg.name)
+    )
+    try:
+        usage = swarm.backends.serving.gpu_usage(swarm.handle) if swarm.handle else None
+    except Exception as exc:  # sacct down, API error: the status still prints
+        usage = GpuUsage(None, "n/a", reason=f"{type(exc).__name__}: {exc}".splitlines()[0])
+    usage = usage or GpuUsage(None, "n/a", reason="no backend handle recorded")
+    figures = swarm.cfg.backend.cost.figures(usage.gpu_hours, tokens, usage.shape)
+    return {**figures, "tokens": tokens, "source": usage.source, "gpus": usage.gpus, "reason": usage.reason}
 
 
 def paths_view(rec: SwarmRecord) -> dict[str, Any]:

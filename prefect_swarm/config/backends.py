@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, SecretStr
+from pydantic import AfterValidator, AliasChoices, Field, SecretStr
 
 from prefect_swarm.config.base import Count, NonNegativeInt, NonNegativeSeconds, Port, Seconds, StrictModel
+from prefect_swarm.config.cost import Priced
 
 _SLURM_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
 
@@ -27,7 +28,7 @@ SlurmTime = Annotated[str, AfterValidator(_slurm_time)]
 """A Slurm wall-time (--time): MM, MM:SS, HH:MM:SS or D-HH:MM:SS."""
 
 
-class LocalConfig(StrictModel):
+class LocalConfig(Priced):
     """Replicas are engine processes on this machine, each under a watchdog."""
 
     type: Literal["local"] = Field(default="local", description="Backend discriminator: 'local'.")
@@ -75,6 +76,23 @@ class ContainerConfig(StrictModel):
     extra_args: list[str] = Field(default_factory=list, description="Extra runtime flags, one list item per flag.")
 
 
+DEFAULT_EXPORT: tuple[str, ...] = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "HOME",
+    "USER",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "HF_HOME",
+    "HF_TOKEN",
+)
+"""Variables of the submitting shell a Slurm job gets by default (``backend.export``)."""
+
+
 class SlurmLBConfig(StrictModel):
     """Resources of the Slurm load-balancer job (nginx, the reconciler and, with --overlap, every job
     step run in its allocation). Unset fields fall back to the replicas' settings."""
@@ -95,7 +113,21 @@ class SlurmLBConfig(StrictModel):
     )
 
 
-class SlurmConfig(StrictModel):
+class SlurmJobsConfig(StrictModel):
+    """Batch-job shards as sbatch jobs of their own (one per shard) instead of job steps in the LB
+    job's allocation (``srun --overlap``). Unset fields fall back to the LB job's settings."""
+
+    cpus: Count = Field(default=1, description="CPUs of each shard's job (--cpus-per-task).")
+    mem: str | None = Field(default=None, description="Memory of each shard's job (--mem), e.g. 4G.")
+    partition: str | None = Field(
+        default=None, description="Partition of the shard jobs; default: the LB job's partition."
+    )
+    time_limit: SlurmTime | None = Field(
+        default=None, description="Wall-time limit of each shard's job (--time); default: backend.time_limit."
+    )
+
+
+class SlurmConfig(Priced):
     """Replicas as ``sbatch --array`` tasks, plus one nginx load-balancer job."""
 
     type: Literal["slurm"] = Field(default="slurm", description="Backend discriminator: 'slurm'.")
@@ -118,6 +150,11 @@ class SlurmConfig(StrictModel):
         default=9000, description="Port nginx prefers; when it is taken on the node, the LB picks a free one."
     )
     lb: SlurmLBConfig = Field(default_factory=SlurmLBConfig, description="Resources of the load-balancer job.")
+    jobs: SlurmJobsConfig | None = Field(
+        default=None,
+        description="Run each batch-job shard as an sbatch job of its own with these resources; "
+        "default (unset): shards are job steps in the load balancer's allocation (backend.lb).",
+    )
     nginx_bin: str = Field(default="nginx", description="nginx executable on the compute nodes.")
     proxy_timeout_s: Seconds = Field(
         default=3600.0, description="nginx proxy read/send timeout; at least the job's request timeout."
@@ -131,10 +168,35 @@ class SlurmConfig(StrictModel):
         default=120,
         description="Seconds before the time limit Slurm sends USR1 (--signal) so steps flush.",
     )
-    shared_dir: str | None = Field(
+    run_dir: str | None = Field(
         default=None,
-        description="Folder on a filesystem shared by all nodes for head files, logs and ledgers; "
-        "default: $PREFECT_SWARM_HOME.",
+        validation_alias=AliasChoices("run_dir", "shared_dir"),
+        description="Folder for the swarm's scripts, logs, head and status files and job ledgers "
+        "(<run_dir>/swarms/<name>); it MUST be on a filesystem every node shares (scratch, NFS, "
+        "Lustre), and sbatch runs the jobs in it (--chdir). Default: $PREFECT_SWARM_HOME (then it "
+        "must be shared). 'shared_dir' is accepted as the old name.",
+    )
+    open_endpoint: bool = Field(
+        default=False,
+        description="Serve without an API key. By default a swarm without api_key gets a random key of "
+        "its own (kept in a 0600 file in its run dir, passed to replicas, LB and job steps in the "
+        "environment), so no other user of the cluster can use its replicas; true opts out.",
+    )
+    export: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_EXPORT),
+        description="Environment variables of the submitting shell the replica and LB jobs get "
+        "(sbatch --export=NAME,...); the variables prefect-swarm itself needs (PREFECT_SWARM_*, the "
+        "API key) are always added. Ignored with export_all. Shell functions such as `module` are not "
+        "inherited: start `setup` with `source /etc/profile` to use them.",
+    )
+    export_all: bool = Field(
+        default=False,
+        description="Give the jobs the whole submitting environment (sbatch --export=ALL) instead of 'export'.",
+    )
+    hf_offline: bool = Field(
+        default=True,
+        description="Set HF_HUB_OFFLINE=1 and TRANSFORMERS_OFFLINE=1 for the replicas (compute nodes "
+        "usually have no internet: the model must be in the cache or a local path); false lets them download.",
     )
     setup: list[str] = Field(
         default_factory=list,
@@ -159,7 +221,7 @@ class LeptonMount(StrictModel):
     from_: str = Field(default="node-nfs:lepton-shared-fs", alias="from", description="Storage source name.")
 
 
-class LeptonConfig(StrictModel):
+class LeptonConfig(Priced):
     """An endpoint (deployment) and batch jobs on NVIDIA DGX Cloud Lepton."""
 
     type: Literal["lepton"] = Field(default="lepton", description="Backend discriminator: 'lepton'.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
@@ -12,6 +13,10 @@ from prefect_swarm.config.base import Count, NonNegativeInt, Port, Seconds, Stri
 from prefect_swarm.config.engine import EngineConfig
 
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,35}$")
+
+Sharing = Literal["shared", "exclusive"]
+"""How flow runs use one swarm: ``shared`` (concurrent runs share it, each holding a lease) or
+``exclusive`` (one run at a time: the Prefect global concurrency limit ``swarm:<name>`` of 1)."""
 
 
 class SwarmConfig(StrictModel):
@@ -54,6 +59,12 @@ class SwarmConfig(StrictModel):
     backend: BackendConfig = Field(
         default_factory=LocalConfig,
         description="Where the replicas run: local, slurm or lepton (key 'type').",
+    )
+    sharing: Sharing = Field(
+        default="shared",
+        description="How flow runs use this swarm: 'shared' (concurrent runs share it; the last one to end "
+        "stops it) or 'exclusive' (one run at a time, through the Prefect global concurrency limit "
+        "swarm:NAME of 1). A flow's 'sharing' parameter, when given, overrides it.",
     )
 
     @field_validator("name")

@@ -9,15 +9,16 @@ automation and the reaper (``prefect_swarm.tasks.reaper``).
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow, get_run_logger, tags
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from prefect_swarm.config.swarm import Sharing
 from prefect_swarm.flows.hooks import teardown_hook
 from prefect_swarm.flows.params import InputArg, JobArg, MaxFailedArg, OutputArg, ShardsArg, SwarmArg, job_spec
-from prefect_swarm.tasks._common import label_run, run_stop_event
-from prefect_swarm.tasks.jobs import plan_shards, results_dir, run_and_commit
+from prefect_swarm.tasks._common import flow_result_storage, label_run, run_stop_event
+from prefect_swarm.tasks.jobs import plan_shards, run_and_commit
 from prefect_swarm.tasks.reaper import reap_quietly
 from prefect_swarm.tasks.swarm import block_ref, resolve_swarm, swarm_up, swarm_use, teardown_owned, wait_ready
 
@@ -25,7 +26,7 @@ from prefect_swarm.tasks.swarm import block_ref, resolve_swarm, swarm_up, swarm_
 @flow(
     name="batch-inference",
     persist_result=True,
-    result_storage=results_dir(),  # $PREFECT_SWARM_HOME/prefect-results of the run's process
+    result_storage=flow_result_storage(),  # PREFECT_SWARM_RESULT_STORAGE, else $PREFECT_SWARM_HOME/prefect-results
     task_runner=ThreadPoolTaskRunner(max_workers=64),  # type: ignore[arg-type]
     on_cancellation=[teardown_hook],
     on_crashed=[teardown_hook],
@@ -39,7 +40,7 @@ def batch_inference(
     keep_swarm: bool = False,
     reuse: bool = True,
     max_failed_fraction: MaxFailedArg = None,
-    sharing: Literal["shared", "exclusive"] = "shared",
+    sharing: Sharing | None = None,
 ) -> dict[str, Any]:
     """Run a batch job on a swarm brought up (or shared) for it, then release the swarm: it is
     stopped when no other run or job holds it.
@@ -57,6 +58,7 @@ def batch_inference(
             above it the run is Failed with the counts and the failed-rows file. Default: the job's.
         sharing: 'shared': concurrent runs share the swarm (each holds a lease; the last one stops
             it); 'exclusive': one run at a time (the global concurrency limit swarm:NAME of 1).
+            Default: the swarm config's own 'sharing' field.
     """
     started = time.monotonic()
     cfg = resolve_swarm(swarm)
@@ -64,7 +66,7 @@ def batch_inference(
     plan = plan_shards(job_spec(cfg, job, input, output, shards, max_failed_fraction), cfg.name)
     label_run(cfg.name, plan.spec.job_id)
     up_at = None
-    with tags(f"swarm:{cfg.name}", f"job:{plan.spec.job_id}"), swarm_use(cfg.name, sharing), run_stop_event():
+    with tags(f"swarm:{cfg.name}", f"job:{plan.spec.job_id}"), swarm_use(cfg, sharing), run_stop_event():
         try:
             live = None
             if plan.pending:

@@ -15,8 +15,8 @@ from prefect_swarm.flows.hooks import teardown_hook
 from prefect_swarm.flows.params import InputArg, JobArg, MaxFailedArg, OutputArg, ShardsArg, SwarmArg, job_spec
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import flow_run_lease, flow_run_owner, keep_lease
-from prefect_swarm.tasks._common import current_flow_run_id, label_run, run_stop_event
-from prefect_swarm.tasks.jobs import plan_shards, results_dir, run_and_commit
+from prefect_swarm.tasks._common import current_flow_run_id, flow_result_storage, label_run, run_stop_event
+from prefect_swarm.tasks.jobs import plan_shards, run_and_commit
 from prefect_swarm.tasks.reaper import reap_quietly
 from prefect_swarm.tasks.swarm import block_ref, reattach, resolve_swarm, teardown_flow_run, wait_ready
 from prefect_swarm.tasks.swarm import swarm_down as swarm_down_task
@@ -73,7 +73,7 @@ def swarm_down(
 @flow(
     name="run-job",
     persist_result=True,
-    result_storage=results_dir(),  # $PREFECT_SWARM_HOME/prefect-results of the run's process
+    result_storage=flow_result_storage(),  # PREFECT_SWARM_RESULT_STORAGE, else $PREFECT_SWARM_HOME/prefect-results
     task_runner=ThreadPoolTaskRunner(max_workers=64),  # type: ignore[arg-type]
     on_cancellation=[teardown_hook],
     on_crashed=[teardown_hook],

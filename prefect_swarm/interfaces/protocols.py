@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from prefect_swarm.interfaces.capabilities import Capabilities
 from prefect_swarm.interfaces.jobenv import JobEnv, JobRuntime
+from prefect_swarm.interfaces.metrics import MetricsTargets
 from prefect_swarm.interfaces.types import JobHandle, JobProbe, JobRequest, JobStatus, ServingHandle, ServingStatus
+from prefect_swarm.interfaces.usage import GpuUsage
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
@@ -69,6 +71,17 @@ class ServingBackend(Protocol):
     def delete(self, handle: ServingHandle) -> None:
         """Stop everything this swarm started. Idempotent: deleting what is gone is not an error;
         safe on a half-launched swarm."""
+        ...
+
+    def metrics_targets(self, handle: ServingHandle) -> MetricsTargets:
+        """Where each replica engine's ``/metrics`` is now (the file_sd list the backend keeps in the
+        swarm folder); a backend that cannot tell answers no targets and a ``reason``. Never blocks."""
+        ...
+
+    def gpu_usage(self, handle: ServingHandle) -> GpuUsage:
+        """GPU-hours the swarm has used so far, from the best source the backend has (Slurm accounting,
+        the platform's durations, wall time x GPUs); ``gpu_hours`` None with a ``reason`` when it cannot
+        tell. Also after ``delete`` where the source keeps the figures."""
         ...
 
 

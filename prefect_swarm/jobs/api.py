@@ -26,12 +26,15 @@ import abc
 import importlib
 import inspect
 import json
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
 from prefect_swarm.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from prefect_swarm.jobs.structured import ResponseSchema
 
 BUILTIN_JOBS: dict[str, str] = {
     "chat": "prefect_swarm.jobs.builtin:ChatCompletionJob",
@@ -46,21 +49,70 @@ ColumnKind = str
 string of one), ``json`` (a struct/map or a JSON string), ``number`` or ``any``."""
 
 
+class InvalidAnswer(ValueError):
+    """A 200 answer the job refuses (e.g. it breaks the response schema): the runner asks the engine
+    again, at most :attr:`SwarmJob.answer_retries` times, then the row is an error row with this message."""
+
+
+class RowRefused(ValueError):
+    """Raised by ``request`` for a row that cannot be sent as it is (bad image, ``stream: true``): the row
+    is an error row with this message and no request is sent."""
+
+
 class SwarmJob(abc.ABC):
     """Base class of every job. Subclasses set ``path`` and ``outputs`` and override the hooks.
 
     ``sampling`` (a dict merged into every request) and ``sampling_column`` (a column holding a
-    per-row dict or JSON string, merged over it) are handled here for every subclass.
+    per-row dict or JSON string, merged over it) are handled here for every subclass, and so is
+    ``response_schema`` (structured output, :mod:`prefect_swarm.jobs.structured`) for jobs whose
+    answers are text (an output ``text``): it is sent as ``response_format``, each answer is
+    validated (refused answers are asked again up to ``schema_retries`` times) and the output gets
+    one column per top-level field of the schema, plus ``schema_error``.
     """
 
     path: ClassVar[str] = "/v1/chat/completions"
     """Endpoint path the requests go to (below the base URL)."""
-    outputs: ClassVar[Mapping[str, pa.DataType]] = {}
-    """Output columns this job adds, with their arrow types."""
+    outputs: Mapping[str, pa.DataType] = {}
+    """Output columns this job adds, with their arrow types (an instance may extend them, e.g. with
+    the fields of its response schema)."""
+    answer_retries: int = 0
+    """Times an answer refused with :class:`InvalidAnswer` is asked for again."""
 
-    def __init__(self, sampling: Mapping[str, Any] | None = None, sampling_column: str | None = None) -> None:
+    def __init__(
+        self,
+        sampling: Mapping[str, Any] | None = None,
+        sampling_column: str | None = None,
+        response_schema: str | None = None,
+        schema_retries: int = 2,
+    ) -> None:
         self.sampling: dict[str, Any] = dict(sampling or {})
         self.sampling_column = sampling_column
+        self.response_schema: ResponseSchema | None = None
+        self.response_format: dict[str, Any] | None = None
+        if response_schema:
+            self._use_schema(response_schema, schema_retries)
+
+    def _use_schema(self, ref: str, retries: int) -> None:
+        from prefect_swarm.jobs.structured import SCHEMA_ERROR_COLUMN, ResponseSchema
+
+        name = type(self).__name__
+        if "text" not in self.outputs:
+            raise ConfigError(
+                f"{name}: response_schema needs a job whose answers are text (an output 'text', as chat and "
+                "completion have); this job's outputs are " + ", ".join(self.outputs) + "."
+            )
+        if retries < 0:
+            raise ConfigError(f"{name}: schema_retries must be 0 or more (got {retries}).")
+        schema = ResponseSchema.load(ref)
+        clash = sorted(set(schema.fields) & {*self.outputs, SCHEMA_ERROR_COLUMN})
+        if clash:
+            raise ConfigError(
+                f"response_schema {ref}: field(s) {', '.join(clash)} would collide with the job's output columns "
+                f"of the same name ({', '.join(self.outputs)}, {SCHEMA_ERROR_COLUMN}). Rename the field(s)."
+            )
+        self.response_schema, self.response_format = schema, schema.response_format()
+        self.answer_retries = retries
+        self.outputs = {**self.outputs, **schema.fields, SCHEMA_ERROR_COLUMN: pa.string()}
 
     # ------------------------------------------------------------------ hooks
     def columns(self) -> dict[str, ColumnKind]:
@@ -79,6 +131,35 @@ class SwarmJob(abc.ABC):
         """Endpoint path for ``row`` (default: :attr:`path`)."""
         return self.path
 
+    def rows(self, batch: pa.RecordBatch) -> list[dict[str, Any] | None]:
+        """The rows of one input batch as dicts for :meth:`request`, in batch order; None for a row to
+        drop before any request (it ends ``ok`` with null outputs). Default: every row as it is."""
+        return batch.to_pylist()
+
+    def finish_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """One output batch before it is written (parquet output; default: as it is)."""
+        return batch
+
+    def parser(self) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        """The function the runner applies to each 200 body (default :meth:`parse`); it may raise
+        :class:`InvalidAnswer` to have the row asked again. Chosen once, so a plain job pays nothing."""
+        return self.parse if self.response_schema is None else self._parse_structured
+
+    def _parse_structured(self, body: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`parse`, then the answer text checked against the response schema (InvalidAnswer if not)."""
+        assert self.response_schema is not None
+        outputs = self.parse(body)
+        outputs.update(self.response_schema.validate(outputs.get("text")))
+        return outputs
+
+    def after_invalid(self, outputs: dict[str, Any], error: str) -> dict[str, Any]:
+        """Outputs of an answer accepted after refused ones (``error``: why the last one was refused)."""
+        if self.response_schema is not None:
+            from prefect_swarm.jobs.structured import SCHEMA_ERROR_COLUMN
+
+            return {**outputs, SCHEMA_ERROR_COLUMN: error}
+        return outputs
+
     # ------------------------------------------------------------------ shared
     def all_columns(self) -> dict[str, ColumnKind]:
         """Every input column the job reads (its own plus the sampling column)."""
@@ -90,6 +171,8 @@ class SwarmJob(abc.ABC):
     def body(self, row: dict[str, Any]) -> dict[str, Any]:
         """``request(row)`` with the row's sampling parameters merged in."""
         body = self.request(row)
+        if self.response_format is not None:
+            body.setdefault("response_format", self.response_format)
         if self.sampling_column:
             extra = row.get(self.sampling_column)
             if isinstance(extra, str):

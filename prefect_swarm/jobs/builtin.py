@@ -9,13 +9,19 @@ from typing import Any
 import pyarrow as pa
 
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.jobs.api import SwarmJob
+from prefect_swarm.jobs.api import RowRefused, SwarmJob
+from prefect_swarm.jobs.images import check_messages, image_part
 
 _TEXT_OUTPUTS = {"text": pa.string(), "finish_reason": pa.string()}
 
 
 class ChatCompletionJob(SwarmJob):
     """One chat completion per row, from a messages column, or a prompt column (+ a system prompt).
+
+    Images: a messages column may hold OpenAI multimodal content (text and ``image_url`` parts with
+    an http(s) or data URL); with ``image_column`` (image bytes, or a URL string) the prompt is sent
+    with that image, bytes as a data URL of ``image_mime`` (default: read from the bytes). A bad
+    image is an error row; nothing is sent for it (:mod:`prefect_swarm.jobs.images`).
 
     Outputs ``text`` and ``finish_reason``; token counts go to the standard usage columns.
     """
@@ -30,18 +36,32 @@ class ChatCompletionJob(SwarmJob):
         system_prompt: str | None = None,
         sampling: Mapping[str, Any] | None = None,
         sampling_column: str | None = None,
+        response_schema: str | None = None,
+        schema_retries: int = 2,
+        image_column: str | None = None,
+        image_mime: str | None = None,
     ) -> None:
-        super().__init__(sampling=sampling, sampling_column=sampling_column)
+        super().__init__(sampling, sampling_column, response_schema, schema_retries)
         if messages_column and system_prompt:
             raise ConfigError("ChatCompletionJob: system_prompt goes with prompt_column, not messages_column.")
+        if messages_column and image_column:
+            raise ConfigError(
+                "ChatCompletionJob: image_column goes with prompt_column; with messages_column put the images "
+                "in the messages as image_url parts."
+            )
+        if image_mime and not image_mime.startswith("image/"):
+            raise ConfigError(f"ChatCompletionJob: image_mime {image_mime!r} is not an image type (image/png, ...).")
         self.prompt_column = prompt_column
         self.messages_column = messages_column
+        self.image_column, self.image_mime = image_column, image_mime
         self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
 
     def columns(self) -> dict[str, str]:
-        """The messages column if given, else the prompt column."""
+        """The messages column if given, else the prompt column (and the image column)."""
         if self.messages_column:
             return {self.messages_column: "messages"}
+        if self.image_column:
+            return {self.prompt_column: "string", self.image_column: "any"}
         return {self.prompt_column: "string"}
 
     def request(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -50,6 +70,11 @@ class ChatCompletionJob(SwarmJob):
             messages = row[self.messages_column]
             if isinstance(messages, str):
                 messages = json.loads(messages)
+            check_messages(messages)
+        elif self.image_column:
+            content = [{"type": "text", "text": row[self.prompt_column]}]
+            content.append(image_part(row[self.image_column], self.image_mime))
+            messages = [*self.system, {"role": "user", "content": content}]
         else:
             messages = [*self.system, {"role": "user", "content": row[self.prompt_column]}]
         return {"messages": messages, **self.sampling}
@@ -74,8 +99,10 @@ class CompletionJob(SwarmJob):
         prompt_column: str = "prompt",
         sampling: Mapping[str, Any] | None = None,
         sampling_column: str | None = None,
+        response_schema: str | None = None,
+        schema_retries: int = 2,
     ) -> None:
-        super().__init__(sampling=sampling, sampling_column=sampling_column)
+        super().__init__(sampling, sampling_column, response_schema, schema_retries)
         self.prompt_column = prompt_column
 
     def columns(self) -> dict[str, str]:
@@ -139,10 +166,19 @@ class OpenAIBatchJob(SwarmJob):
         return str(row.get("url") or self.path)
 
     def request(self, row: dict[str, Any]) -> dict[str, Any]:
-        """The line's body (+ the job's sampling defaults where the body lacks them)."""
+        """The line's body (+ the job's sampling defaults where the body lacks them).
+
+        A body asking for ``stream: true`` is refused (an error row, nothing sent): a batch line gets
+        one whole answer, as OpenAI's Batch API requires.
+        """
         body = row["body"]
         if isinstance(body, str):
             body = json.loads(body)
+        if body.get("stream"):
+            raise RowRefused(
+                "'stream': true is not supported in a batch: each line gets one whole response. "
+                "Remove 'stream' from the line's body."
+            )
         return {**self.sampling, **body}
 
     def parse(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -25,12 +25,14 @@ committed job succeeded (failed fraction at most ``max_failed_fraction``).
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,8 @@ from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import atomic_file, atomic_write_json, file_lock, read_json
 
 RESULT_COLUMNS = ["status", "error", "prompt_tokens", "completion_tokens"]
+BATCH_COLUMNS = ["_response", "http_status", "attempts"]
+"""Ledger columns the OpenAI Batch output needs besides the results."""
 BUCKET_ROWS = 200_000
 """Rows of one commit bucket at most (``PREFECT_SWARM_COMMIT_BUCKET_ROWS`` or ``bucket_rows`` overrides)."""
 BUCKET_BYTES = 128 * 2**20
@@ -124,14 +128,16 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
     outputs = [c for c in job.outputs if spec.output_columns is None or c in spec.output_columns]
     keep = spec.input_columns if spec.input_columns is not None else ds.schema.names
     counts = {"rows": 0, "ok": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
-    writer: _Writer = _JsonlWriter() if spec.output_format == "openai-batch" else _ParquetWriter()
+    gz = str(spec.output).endswith(".gz")
+    writer: _Writer = _JsonlWriter(gz) if spec.output_format == "openai-batch" else _ParquetWriter()
     with atomic_file(spec.paths.failed_rows) as failed_tmp, open(failed_tmp, "w") as failed:
         with atomic_file(Path(spec.output).expanduser()) as tmp:
             writer.open(tmp)
+            finish = job.finish_batch if spec.output_format == "parquet" else None
             for i in range(spec.shards):
                 for merged in _merge_shard(spec, ds, i, keep, outputs, bucket_rows):
-                    writer.write(merged)
                     _count(merged, counts, failed)
+                    writer.write(finish(merged) if finish else merged)
             writer.close()
             _as_new_file(tmp)
         _as_new_file(failed_tmp)
@@ -236,9 +242,7 @@ def _merge_shard(
     start, end = shard_range(ds.num_rows, i, spec.shards)
     if start == end:
         return
-    extra = ["_id", *outputs, *RESULT_COLUMNS] + (
-        ["_response", "http_status"] if spec.output_format == "openai-batch" else []
-    )
+    extra = ["_id", *outputs, *RESULT_COLUMNS] + (BATCH_COLUMNS if spec.output_format == "openai-batch" else [])
     cols = keep if keep else None
     buckets = _ledger_in_order(spec, i, extra, start, end, bucket_rows)
     lo = hi = start
@@ -373,7 +377,7 @@ class _ParquetWriter:
         self.writer: pq.ParquetWriter | None = None
 
     def write(self, batch: pa.RecordBatch) -> None:
-        batch = batch.drop_columns([c for c in ("_id", "_response", "http_status") if c in batch.schema.names])
+        batch = batch.drop_columns([c for c in ("_id", *BATCH_COLUMNS) if c in batch.schema.names])
         if self.writer is None:
             self.writer = pq.ParquetWriter(self.path, batch.schema, compression="zstd")
         self.writer.write_batch(batch)
@@ -384,37 +388,62 @@ class _ParquetWriter:
 
 
 class _JsonlWriter:
-    """OpenAI Batch output format: ``{id, custom_id, response: {status_code, request_id, body}, error}``."""
+    """OpenAI Batch output, line for line as OpenAI writes it: ``{id, custom_id, response, error}``.
+
+    - an answered request (200 or an HTTP error such as 400/404) has ``response: {status_code,
+      request_id, body}`` and ``error: null``; an HTTP error's body is the engine's JSON error as it
+      came (shortened as valid JSON past 64 KiB), or ``{"error": {"message": ...}}`` when it was not JSON;
+    - a row with no HTTP answer (refused before sending, e.g. ``stream: true``; a connection error;
+      an answer that could not be parsed or broke the response schema) has ``response: null`` and
+      ``error: {code, message}`` with code ``invalid_request``, ``request_failed`` or ``invalid_response``.
+
+    ``id`` is ``batch_req_<uuid>``, new for each line of each commit (unique per batch run, as
+    OpenAI's); ``request_id`` is the engine's response id for a success, else ``req_<uuid>``. A name
+    ending in ``.gz`` is written gzip-compressed.
+    """
+
+    def __init__(self, gz: bool = False) -> None:
+        self.gz = gz
 
     def open(self, path: Path) -> None:
-        self.fh = open(path, "w")  # noqa: SIM115 - closed in close()
+        self.fh: TextIO = (
+            gzip.open(path, "wt", encoding="utf-8") if self.gz else open(path, "w", encoding="utf-8")  # noqa: SIM115
+        )
 
     def write(self, batch: pa.RecordBatch) -> None:
-        cols = {c: batch.column(c).to_pylist() for c in ("_id", "status", "error", "_response", "http_status")}
+        cols = {c: batch.column(c).to_pylist() for c in ("_id", "status", "error", *BATCH_COLUMNS)}
         lines = []
         for k, cid in enumerate(cols["_id"]):
-            ok = cols["status"][k] == "ok"
-            raw = cols["_response"][k]
-            body = json.loads(raw) if ok and raw else None
-            lines.append(
-                json.dumps(
-                    {
-                        "id": f"batch_req_{cid}",
-                        "custom_id": cid,
-                        "response": {
-                            "status_code": 200,
-                            "request_id": (body or {}).get("id", ""),
-                            "body": body,
-                        }
-                        if ok
-                        else None,
-                        "error": None
-                        if ok
-                        else {"code": str(cols["http_status"][k] or "error"), "message": cols["error"][k]},
-                    }
-                )
+            response, error = batch_line_result(
+                ok=cols["status"][k] == "ok",
+                raw=cols["_response"][k],
+                http_status=int(cols["http_status"][k] or 0),
+                attempts=int(cols["attempts"][k] or 0),
+                error=cols["error"][k],
             )
+            line = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": cid, "response": response, "error": error}
+            lines.append(json.dumps(line, separators=(",", ":")))
         self.fh.write("\n".join(lines) + "\n")
 
     def close(self) -> None:
         self.fh.close()
+
+
+def batch_line_result(
+    *, ok: bool, raw: str | None, http_status: int, attempts: int, error: str | None
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """``(response, error)`` of one OpenAI Batch output line (see :class:`_JsonlWriter`)."""
+    if ok:
+        body = json.loads(raw) if raw else None
+        request_id = (body or {}).get("id") or f"req_{uuid.uuid4().hex}"
+        return {"status_code": 200, "request_id": request_id, "body": body}, None
+    if http_status and http_status != 200:
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            body = {"error": {"message": raw or error, "type": "error", "param": None, "code": http_status}}
+        return {"status_code": http_status, "request_id": f"req_{uuid.uuid4().hex}", "body": body}, None
+    code = "invalid_response" if http_status == 200 else ("request_failed" if attempts else "invalid_request")
+    return None, {"code": code, "message": error}

@@ -216,6 +216,8 @@ class ShardLedger:
         self.started = time.time()
         self.rows_this_run = 0
         self.last_flush = time.monotonic()
+        self.progress_extra: dict[str, Any] = {}
+        """Added to every progress file (the job process's ``metrics_url``)."""
 
     # ------------------------------------------------------------------ open
     def open(self, *, overwrite: bool = False, retry_failed: bool = False) -> None:
@@ -400,6 +402,7 @@ class ShardLedger:
             "rate_rows_s": round(self.rows_this_run / elapsed, 2),
             "started_at": self.started,
             "updated_at": time.time(),
+            **self.progress_extra,
         }
 
     def mark_done(self) -> None:

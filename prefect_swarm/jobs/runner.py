@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import aiohttp
 
 from prefect_swarm.jobs import fastjson
-from prefect_swarm.jobs.api import SwarmJob
+from prefect_swarm.jobs.api import InvalidAnswer, SwarmJob
 from prefect_swarm.jobs.ledger import STATUS_ERROR, STATUS_OK, RowResult
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -98,6 +98,11 @@ class Endpoint:
     """Ejections in a row (each lasts twice as long as the last)."""
     probing: bool = False
     """A half-open probe is in flight."""
+    sent: int = 0
+    conn_errors: int = 0
+    timeouts: int = 0
+    statuses: dict[int, int] = field(default_factory=dict)
+    """Requests sent, connection errors, timeouts, answers per non-200 status (read by jobs.metrics)."""
 
 
 class EndpointPool:
@@ -267,6 +272,9 @@ class Runner:
         tick_s: float = 1.0,
     ) -> None:
         self.job, self.cfg, self.on_result = job, cfg, on_result
+        self.parse_body = job.parser()
+        self.refusals: dict[int, list[str]] = {}
+        """Why the job refused answers of rows still being asked (see :class:`InvalidAnswer`)."""
         self.pool = EndpointPool(
             endpoints, eject_after=cfg.eject_after, eject_base_s=cfg.eject_base_s, eject_max_s=cfg.eject_max_s
         )
@@ -348,11 +356,11 @@ class Runner:
             status, data, retry_after, error, latency = await self._post(session, ep, item)
             if status:
                 pool.answered(ep)
-                if status == 200:
-                    return self._parse(item, data, latency, attempt)
+                result = self._answered(item, status, data, latency, attempt)
+                if result is not None:
+                    return result
+                spared += status == 200  # an answer the job refused: asked again, not counted as a retry
                 error = f"HTTP {status}: {_snippet(data)}"
-                if status not in RETRY_STATUSES:
-                    return RowResult(item.row, item.rid, STATUS_ERROR, error, status, 0, 0, latency, attempt)
             elif pool.failed(ep) and pool.in_rotation and spared < 2 * len(pool.endpoints):
                 spared += 1  # the endpoint's fault, and another one is up: send it there now
                 if self.stopped:
@@ -361,12 +369,23 @@ class Runner:
                     await self.limit.acquire()
                 continue
             if attempt - spared > cfg.max_retries:
-                return self._give_up(item, attempt, error, status, latency)
+                return self._give_up(item, attempt, error, status, latency, data)
             await asyncio.sleep(self._backoff(attempt - spared, retry_after))
             if self.stopped:
                 return None  # a stopping shard redoes this row on resume
             if self.limit is not None:
                 await self.limit.acquire()
+
+    def _answered(self, item: Item, status: int, data: bytes, latency: float, attempt: int) -> RowResult | None:
+        """The row's result from an HTTP answer; None when it is worth asking again (a retryable
+        status, or an answer the job refused with tries left)."""
+        if status == 200:
+            return self._parse(item, data, latency, attempt)
+        if status in RETRY_STATUSES:
+            return None
+        raw = _snippet(data, RAW_ERROR_CHARS) if self.cfg.keep_raw else None
+        error = f"HTTP {status}: {_snippet(data)}"
+        return RowResult(item.row, item.rid, STATUS_ERROR, error, status, 0, 0, latency, attempt, None, raw)
 
     async def _post(
         self, session: aiohttp.ClientSession, ep: Endpoint, item: Item
@@ -375,16 +394,20 @@ class Runner:
         started = time.monotonic()
         status, error, retry_after, data = 0, "", None, b""
         self.requests += 1
+        ep.sent += 1
         try:
             async with session.post(ep.url + item.path, data=item.body) as resp:
                 data = await resp.read()  # a body cut short raises here: not an answer
                 status = resp.status
                 if status != 200:
                     retry_after = resp.headers.get("Retry-After")
+                    ep.statuses[status] = ep.statuses.get(status, 0) + 1
         except TimeoutError:
             error = f"timeout after {self.cfg.request_timeout_s:g}s"
+            ep.timeouts += 1
         except aiohttp.ClientError as exc:
             error = f"connection error: {type(exc).__name__}: {exc}"
+            ep.conn_errors += 1
         finally:
             self.pool.release(ep)
         latency = (time.monotonic() - started) * 1000
@@ -404,7 +427,9 @@ class Runner:
             await self.limit.free()
         return None
 
-    def _give_up(self, item: Item, attempt: int, error: str, status: int = 0, latency: float = 0.0) -> RowResult:
+    def _give_up(
+        self, item: Item, attempt: int, error: str, status: int = 0, latency: float = 0.0, data: bytes = b""
+    ) -> RowResult:
         if self.pool.out_for() > self.cfg.retry_budget_s:
             error = (
                 f"every endpoint was unreachable for {self.pool.out_for():.0f}s (retry budget "
@@ -412,21 +437,37 @@ class Runner:
             )
         else:
             error = f"gave up after {attempt} attempts; last: {error}"
-        return RowResult(item.row, item.rid, STATUS_ERROR, error, status, 0, 0, latency, attempt)
+        raw = _snippet(data, RAW_ERROR_CHARS) if status and self.cfg.keep_raw else None
+        return RowResult(item.row, item.rid, STATUS_ERROR, error, status, 0, 0, latency, attempt, None, raw)
+
+    def _refused_answer(self, item: Item, reason: str, latency: float, attempts: int) -> RowResult | None:
+        """Remember why the job refused the row's answer; an error row once ``answer_retries`` are spent."""
+        reasons = self.refusals.setdefault(item.row, [])
+        reasons.append(reason)
+        if len(reasons) <= self.job.answer_retries:
+            return None
+        del self.refusals[item.row]
+        error = f"answer still invalid after {len(reasons)} tries: {reason}"
+        return RowResult(item.row, item.rid, STATUS_ERROR, error, 200, 0, 0, latency, attempts)
 
     def _backoff(self, attempt: int, retry_after: str | None) -> float:
         cfg = self.cfg
+        if attempt < 1:  # only refused answers so far: ask again at once
+            return 0.0
         delay = random.uniform(0, min(cfg.backoff_max_s, cfg.backoff_base_s * 2 ** (attempt - 1)))
         if retry_after:
             with contextlib.suppress(ValueError):  # an HTTP date: the jittered backoff will do
                 delay = max(delay, min(cfg.backoff_max_s, float(retry_after)))
         return delay
 
-    def _parse(self, item: Item, data: bytes, latency: float, attempts: int) -> RowResult:
+    def _parse(self, item: Item, data: bytes, latency: float, attempts: int) -> RowResult | None:
+        """A 200's row result; None when the job refused the answer and may ask again."""
         try:
             body = fastjson.loads(data)
-            outputs = self.job.parse(body)
+            outputs = self.parse_body(body)
             pt, ct = self.job.usage(body)
+        except InvalidAnswer as exc:
+            return self._refused_answer(item, str(exc), latency, attempts)
         except Exception as exc:  # a bad answer fails this row, not the shard
             return RowResult(
                 item.row,
@@ -439,10 +480,49 @@ class Runner:
                 latency,
                 attempts,
             )
+        if self.refusals and item.row in self.refusals:
+            outputs = self.job.after_invalid(outputs, self.refusals.pop(item.row)[-1])
         raw = data.decode() if self.cfg.keep_raw else None
         return RowResult(item.row, item.rid, STATUS_OK, None, 200, pt, ct, latency, attempts, outputs, raw)
 
 
-def _snippet(data: bytes, n: int = 300) -> str:
+ERROR_CHARS = 2000
+"""Longest error text of a row (an engine's error body, shortened as valid JSON when it is JSON)."""
+RAW_ERROR_CHARS = 65536
+"""Longest error body kept for the OpenAI Batch output (``response.body`` of a failed request)."""
+
+
+def _snippet(data: bytes, n: int = ERROR_CHARS) -> str:
+    """``data`` as text of at most about ``n`` characters; a JSON body stays valid JSON.
+
+    A JSON body longer than ``n`` has its long strings shortened (``...`` marks the cut), never
+    cut in the middle of a value; plain text is cut at ``n`` characters.
+    """
     text = data.decode("utf-8", "replace").strip()
+    if text[:1] in ("{", "["):
+        with contextlib.suppress(ValueError):
+            return shorten_json(fastjson.loads(data), n)
     return text if len(text) <= n else text[:n] + "..."
+
+
+def shorten_json(value: Any, n: int) -> str:
+    """Compact JSON text of ``value`` in about ``n`` characters: long strings shortened, lists cut (valid JSON)."""
+    text = fastjson.dumps(value).decode()
+    limit = max(16, n // 2)
+    while len(text) > n and limit >= 16:
+        text = fastjson.dumps(_shorten(value, limit)).decode()
+        limit //= 2
+    if len(text) > n:  # too many keys or items: keep the start, as a JSON string
+        text = fastjson.dumps({"truncated": text[:n]}).decode()
+    return text
+
+
+def _shorten(value: Any, limit: int) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= limit else value[:limit] + "..."
+    if isinstance(value, dict):
+        return {k: _shorten(v, limit) for k, v in value.items()}
+    if isinstance(value, list):
+        items = [_shorten(v, limit) for v in value[:limit]]
+        return [*items, "..."] if len(value) > limit else items
+    return value

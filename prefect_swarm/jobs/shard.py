@@ -26,7 +26,8 @@ from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import SwarmJob, load_job
 from prefect_swarm.jobs.dataset import InputDataset, check_output_location, shard_range
 from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details
-from prefect_swarm.jobs.ledger import RowResult, ShardLedger, ShardLock
+from prefect_swarm.jobs.ledger import STATUS_OK, RowResult, ShardLedger, ShardLock
+from prefect_swarm.jobs.metrics import ShardMetrics
 from prefect_swarm.jobs.runner import Item, Runner, RunnerConfig
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
@@ -90,7 +91,9 @@ def validate_input(spec: JobSpec, job: SwarmJob | None = None) -> InputDataset:
 class ShardRun:
     """Shard ``shard_id`` of ``nshards`` of ``spec``: owns the ledger, the runner and the signal handlers."""
 
-    def __init__(self, spec: JobSpec, shard_id: int, nshards: int) -> None:
+    def __init__(self, spec: JobSpec, shard_id: int, nshards: int, *, metrics: ShardMetrics | None = None) -> None:
+        """``metrics``: counters already serving (a caller that scrapes them after the run); by default
+        the run serves its own ``/metrics`` on a free port for as long as it runs."""
         self.spec, self.shard_id, self.nshards = spec, shard_id, nshards
         self.job = load_job(spec.job, spec.job_kwargs)
         self.ds = validate_input(spec, self.job)
@@ -108,6 +111,9 @@ class ShardRun:
             keep_raw=spec.output_format == "openai-batch",
         )
         self.runner: Runner | None = None
+        self.metrics = metrics or ShardMetrics(spec.job_id or spec.paths.root.name, shard_id)
+        self.metrics.ledger = self.ledger
+        self._own_metrics = metrics is None
 
     def run(self, *, overwrite: bool = False) -> int:
         """Run the shard; return the exit code (0 done, 75 stopped by a signal).
@@ -118,9 +124,22 @@ class ShardRun:
         lock = ShardLock(self.ledger.paths)
         lock.acquire(f"shard {self.shard_id} of job {self.spec.job_id or self.spec.paths.root.name}")
         try:
+            self._serve_metrics()
             return self._run(overwrite)
         finally:
+            if self._own_metrics:
+                self.metrics.close()
             lock.release()
+
+    def _serve_metrics(self) -> None:
+        """Serve ``/metrics`` (unless the caller does) and publish its URL in the progress file."""
+        if self._own_metrics:
+            try:
+                self.metrics.serve()
+            except OSError as exc:  # metrics are a view: a shard runs without them
+                log.warning("shard %d: could not serve /metrics (%s); running without", self.shard_id, exc)
+        if self.metrics.url:
+            self.ledger.progress_extra["metrics_url"] = self.metrics.url
 
     def _run(self, overwrite: bool) -> int:
         self.ledger.open(overwrite=overwrite, retry_failed=self.spec.retry_failed)
@@ -208,6 +227,7 @@ class ShardRun:
             on_tick=self._on_tick,
             tick_s=min(0.25, spec.checkpoint_seconds / 4),  # a due checkpoint is at most a quarter late
         )
+        self.metrics.runner = runner
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
@@ -226,6 +246,7 @@ class ShardRun:
 
     def _on_result(self, r: RowResult) -> None:
         self.ledger.add(r)
+        self.metrics.observe(r)
         if self.ledger.buffered >= self.spec.checkpoint_every:
             self._flush()
 
@@ -259,11 +280,16 @@ class ShardRun:
             ids = batch.column(spec.id_column).to_pylist() if spec.id_column else None
             nulls = _null_rows(batch, needed)
             prepare = self._prepare
-            for j, row in enumerate(batch.to_pylist()):
+            for j, row in enumerate(job.rows(batch)):
                 idx = first + pending[j]
                 rid = str(ids[j]) if ids is not None else str(idx)
                 if nulls and j in nulls:
-                    ledger.add(RowResult.refused(idx, rid, f"column '{nulls[j]}' is null in this row; no request sent"))
+                    self._refuse(idx, rid, f"column '{nulls[j]}' is null in this row; no request sent")
+                    continue
+                if row is None:  # dropped by the job before any request (DataFrameJob.prepare): not a failure
+                    dropped = RowResult(idx, rid, STATUS_OK)
+                    ledger.add(dropped)
+                    self.metrics.observe(dropped)  # an ok row of the output: counted, so ok + failed == rows
                     continue
                 item = prepare(job, row, idx, rid, model)
                 if item is not None:
@@ -276,8 +302,13 @@ class ShardRun:
                 body["model"] = model
             return Item(idx, rid, job.route(row), fastjson.dumps(body))
         except Exception as exc:  # one bad row is an error row, not a dead shard
-            self.ledger.add(RowResult.refused(idx, rid, f"could not build the request: {type(exc).__name__}: {exc}"))
+            self._refuse(idx, rid, f"could not build the request: {type(exc).__name__}: {exc}")
             return None
+
+    def _refuse(self, idx: int, rid: str, error: str) -> None:
+        """An error row for which no request is sent."""
+        self.ledger.add(RowResult.refused(idx, rid, error))
+        self.metrics.refused()
 
 
 @contextlib.contextmanager

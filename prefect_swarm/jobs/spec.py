@@ -57,7 +57,8 @@ class JobSpec(BaseModel):
     )
     job_kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="JSON keyword arguments for the job class (e.g. prompt_column, system_prompt, sampling).",
+        description="JSON keyword arguments for the job class (e.g. prompt_column, system_prompt, sampling; "
+        "response_schema and schema_retries for structured output; image_column, image_mime for images).",
     )
     concurrency: int = Field(default=64, ge=1, le=65536, description="Most requests in flight per shard.")
     adaptive_concurrency: bool = Field(
@@ -91,7 +92,9 @@ class JobSpec(BaseModel):
     shards: int = Field(default=1, ge=1, description="Number of shards (job processes) the rows are split into.")
     output_format: OutputFormat = Field(
         default="parquet",
-        description="'parquet', or 'openai-batch' for JSONL in the OpenAI Batch output format.",
+        description="'parquet', or 'openai-batch' for JSONL in the OpenAI Batch output format. Inferred "
+        "from the output's name when not given (.jsonl, .jsonl.gz, .ndjson: openai-batch; .parquet: parquet); "
+        "a format that contradicts the name is refused.",
     )
     model: str | None = Field(
         default=None, description="Model name sent in requests; filled at submit (else env MODEL)."
@@ -134,6 +137,20 @@ class JobSpec(BaseModel):
         return value
 
     @model_validator(mode="after")
+    def _output_format_from_name(self) -> JobSpec:
+        named = output_format_of(self.output)
+        if named is None or named == self.output_format:
+            return self
+        if "output_format" in self.model_fields_set:
+            raise ValueError(
+                f"output {self.output}: its name means output_format '{named}', but output_format is "
+                f"'{self.output_format}'. "
+                f"Drop output_format (the name decides), or name the output *{_SUFFIXES[self.output_format]}."
+            )
+        object.__setattr__(self, "output_format", named)
+        return self
+
+    @model_validator(mode="after")
     def _batch_input_defaults(self) -> JobSpec:
         if is_jsonl(self.input):
             if self.job == BUILTIN_CHAT:
@@ -172,4 +189,17 @@ BUILTIN_CHAT = "prefect_swarm.jobs.builtin:ChatCompletionJob"
 
 def is_jsonl(path: str) -> bool:
     """True when ``path`` names a JSONL file (OpenAI Batch format)."""
-    return path.endswith((".jsonl", ".jsonl.gz", ".ndjson"))
+    return path.endswith((".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz"))
+
+
+_SUFFIXES: dict[str, str] = {"parquet": ".parquet", "openai-batch": ".jsonl"}
+
+
+def output_format_of(path: str) -> OutputFormat | None:
+    """The output format an output file name implies: ``openai-batch`` for ``.jsonl``/``.ndjson``
+    (``.gz`` too: written gzip-compressed), ``parquet`` for ``.parquet``/``.pq``; None for other names."""
+    if is_jsonl(path):
+        return "openai-batch"
+    if path.endswith((".parquet", ".pq")):
+        return "parquet"
+    return None

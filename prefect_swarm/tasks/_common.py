@@ -7,9 +7,11 @@ import uuid
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError, JobError
+from prefect_swarm.settings import get_settings
 
 _STOP_LOCK = threading.Lock()
 _STOP_EVENTS: dict[str, threading.Event] = {}
@@ -24,6 +26,32 @@ RETRYABLE: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 """Exceptions a task retries on. ConfigError (and DatasetError) never: the user must fix the input."""
+
+
+def results_dir() -> Path:
+    """Where shard task results (the Prefect cache) are persisted, and flow results by default."""
+    return get_settings().home_dir / "prefect-results"
+
+
+def flow_result_storage() -> str | Path:
+    """Where a flow persists its result: the filesystem block ``PREFECT_SWARM_RESULT_STORAGE`` names
+    (a slug such as ``local-file-system/NAME`` or ``s3-bucket/NAME``: any saved block Prefect can
+    write results to; Prefect loads it when the run starts), else :func:`results_dir`.
+
+    Read when the flow module is imported: a worker's flow run imports it afresh, so the work
+    pool's ``result_storage`` job variable (or an ``env`` entry) applies per deployment or run.
+    Shard caches stay in :func:`results_dir`, beside the ledgers they describe.
+    """
+    slug = (get_settings().result_storage or "").strip()
+    if not slug:
+        return results_dir()
+    kind, _, name = slug.partition("/")
+    if not kind or not name or "/" in name:
+        raise ConfigError(
+            f"PREFECT_SWARM_RESULT_STORAGE={slug!r} is not a block slug: give 'BLOCK-TYPE/NAME' of a saved "
+            "filesystem block, e.g. 'local-file-system/results' or 's3-bucket/results' (`prefect block ls`)."
+        )
+    return slug
 
 
 def stop_event(flow_run_id: str | None = None) -> threading.Event:

@@ -13,6 +13,13 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.jobs.spec import JobSpec
+from prefect_swarm.swarm import engine_fingerprint
+
+INLINE = "inline"
+"""The summary's ``block`` for a swarm that came from a YAML file or an inline config."""
+
+HASH_MAX_BYTES = 512 * 2**20
+"""Output files up to this size get a sha256 in the manifest table; larger ones their size only."""
 
 
 def summary_row(
@@ -25,17 +32,24 @@ def summary_row(
     tokens_before: int = 0,
     flow_run: str | None = None,
     swarm_name: str | None = None,
+    block: str | None = None,
 ) -> dict[str, Any]:
-    """The run's numbers: swarm, model, flow run, rows ok/failed/cached, tokens, tok/s of THIS run
-    (tokens this run produced: the shards' totals less ``tokens_before``, what their ledgers held
-    when the run started), wall time, swarm time, GPU-hours."""
+    """The run's numbers: swarm, the SwarmSpec block it came from (``inline`` for a YAML or inline
+    config), the config fingerprint (:func:`~prefect_swarm.swarm.engine_fingerprint`), model, flow
+    run, rows ok/failed/cached, tokens, tok/s of THIS run (tokens this run produced: the shards'
+    totals less ``tokens_before``, what their ledgers held when the run started), wall time, swarm
+    time, GPU-hours (swarm time x its GPUs), USD and USD per million tokens (``backend.cost``; null
+    without a price)."""
     cached = sum(int(r.get("total") or 0) for r in shard_results if r.get("how") == "skipped")
     ran = [r for r in shard_results if r.get("how") != "skipped"]
     tokens_run = sum(int(r.get("prompt_tokens") or 0) + int(r.get("completion_tokens") or 0) for r in ran)
     tokens_run = max(tokens_run - tokens_before, 0)
     gpus = cfg.replicas * max(cfg.gpus_per_replica, 0)
+    cost = cfg.backend.cost.figures(gpus * swarm_s / 3600.0, tokens_run)
     return {
         "swarm": swarm_name or cfg.name,
+        "block": block or INLINE,
+        "fingerprint": engine_fingerprint(cfg),
         "model": cfg.model_name,
         "flow_run": flow_run,
         "rows": manifest.get("rows", 0),
@@ -50,7 +64,43 @@ def summary_row(
         "wall_s": round(wall_s, 2),
         "swarm_s": round(swarm_s, 2),
         "gpu_hours": round(gpus * swarm_s / 3600.0, 4),
+        "usd": cost["usd"],
+        "usd_per_million_tokens": cost["usd_per_million_tokens"],
     }
+
+
+def manifest_table(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per file the commit wrote: the output and the failed rows (kind, path, rows, bytes,
+    sha256; the hash only up to :data:`HASH_MAX_BYTES`, else empty)."""
+    files = [("output", manifest.get("output"), manifest.get("rows", 0))]
+    if manifest.get("failed_rows"):
+        files.append(("failed rows", manifest.get("failed_rows"), manifest.get("failed", 0)))
+    out = []
+    for kind, path, rows in files:
+        if not path:
+            continue
+        file = Path(str(path)).expanduser()
+        size = file.stat().st_size if file.is_file() else None
+        out.append(
+            {
+                "file": kind,
+                "path": str(path),
+                "rows": rows,
+                "bytes": size,
+                "sha256": _sha256(file) if size is not None and size <= HASH_MAX_BYTES else "",
+            }
+        )
+    return out
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def artifact_key(base: str | None, what: str) -> str:
@@ -68,11 +118,17 @@ def artifact_base(spec: JobSpec) -> str:
 def publish_summary(
     spec: JobSpec, row: dict[str, Any], shard_results: list[dict[str, Any]], manifest: dict[str, Any]
 ) -> None:
-    """Summary table, per-shard table, and a report naming the output and failed-rows files by
-    path (a browser cannot open a ``file://`` link to the worker's disk); keys
-    ``<swarm>-<output>-{summary,shards,output,report}`` (:func:`artifact_base`)."""
+    """Summary table (swarm, block, fingerprint, counts...), the manifest table (:func:`manifest_table`),
+    per-shard table, and a report naming the output and failed-rows files by path (a browser
+    cannot open a ``file://`` link to the worker's disk); keys
+    ``<swarm>-<output>-{summary,manifest,shards,output,report}`` (:func:`artifact_base`)."""
     job_id, base = spec.job_id, artifact_base(spec)
     create_table_artifact(key=artifact_key(base, "summary"), table=[row], description=f"job {job_id}: run summary")
+    files = manifest_table(manifest)
+    if files:
+        create_table_artifact(
+            key=artifact_key(base, "manifest"), table=files, description=f"job {job_id}: files the commit wrote"
+        )
     shards = [
         {
             k: r.get(k)
@@ -116,15 +172,14 @@ def publish_all_cached(spec: JobSpec, manifest: dict[str, Any]) -> None:
 
 
 def _markdown(job_id: str | None, row: dict[str, Any], manifest: dict[str, Any]) -> str:
-    lines = [
-        f"# Job `{job_id}`",
-        "",
-        "| " + " | ".join(row) + " |",
-        "|" + "---|" * len(row),
-        "| " + " | ".join(str(v) for v in row.values()) + " |",
-        "",
-        f"Output: `{manifest.get('output')}`",
-    ]
-    if int(manifest.get("failed") or 0):
-        lines.append(f"Failed rows: `{manifest.get('failed_rows')}`")
+    lines = [f"# Job `{job_id}`", "", *_table([row]), "", "## Files", "", *_table(manifest_table(manifest))]
     return "\n".join(lines)
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    """A Markdown table of ``rows`` (the keys of the first row are the columns)."""
+    if not rows:
+        return []
+    cols = list(rows[0])
+    head = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    return head + ["| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |" for r in rows]

@@ -53,8 +53,23 @@ def swarm_event(
 
 
 def job_event(what: str, job_id: str, swarm: str | None, **payload: Any) -> None:
-    """Emit ``prefect-swarm.job.<what>`` (shard.completed, shard.failed, committed) for job ``job_id``."""
+    """Emit ``prefect-swarm.job.<what>`` (shard.completed, shard.failed, committed) for job ``job_id``.
+
+    ``committed`` also carries the job's ``cost`` (gpu_hours, usd, usd_per_million_tokens: see
+    :func:`~prefect_swarm.config.cost.job_cost`)."""
+    if what == "committed" and "cost" not in payload:
+        payload["cost"] = _job_cost(job_id)
     resource = {"prefect.resource.id": f"{PREFIX}.job.{job_id}", "prefect.resource.name": job_id}
     if "failed" in payload:
         resource[FAILED_ROWS_LABEL] = "true" if int(payload.get("failed") or 0) > 0 else "false"
     _emit(f"{PREFIX}.job.{what}", resource, _related(swarm, None, None), {"job_id": job_id, "swarm": swarm, **payload})
+
+
+def _job_cost(job_id: str) -> dict[str, Any] | None:
+    from prefect_swarm.launch import job_status
+
+    try:
+        return job_status(job_id, refresh=False).get("cost")
+    except Exception as exc:  # a cost that cannot be read leaves the event without it
+        log.warning("could not price job %s: %s", job_id, exc)
+        return None

@@ -26,9 +26,14 @@ from prefect_swarm.jobs.commit import manifest_verdict
 from prefect_swarm.jobs.plan import shard_done, shard_progress
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.launch import JobPlan, ShardStopped, ShardWatch
-from prefect_swarm.settings import get_settings
 from prefect_swarm.swarm import Swarm
-from prefect_swarm.tasks._common import current_flow_run_id, current_task_run_id, retry_on_type, stop_event
+from prefect_swarm.tasks._common import (
+    current_flow_run_id,
+    current_task_run_id,
+    results_dir,
+    retry_on_type,
+    stop_event,
+)
 from prefect_swarm.tasks.artifacts import publish_all_cached, publish_summary, summary_row
 from prefect_swarm.tasks.events import job_event
 
@@ -42,11 +47,6 @@ SHARD_STOP_WAIT_S = 10.0
 
 ARTIFACT_EVERY_S = 3.0
 """Least seconds between two progress-artifact updates (each is an API call)."""
-
-
-def results_dir() -> Path:
-    """Where shard task results (the Prefect cache) are persisted."""
-    return get_settings().home_dir / "prefect-results"
 
 
 @task(name="plan-shards", task_run_name="plan-shards-{swarm_name}", cache_policy=NO_CACHE)
@@ -234,6 +234,7 @@ def run_and_commit(
         swarm_s,
         tokens_before=before,
         flow_run=current_flow_run_id(),
+        block=live.source if live else None,
     )
     log = get_run_logger()
     if plan.pending:

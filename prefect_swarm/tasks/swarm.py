@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +22,7 @@ from prefect.cache_policies import NO_CACHE
 
 from prefect_swarm import launch
 from prefect_swarm.config import SwarmConfig, load_config
+from prefect_swarm.config.swarm import Sharing
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import ServingHandle
 from prefect_swarm.state import LeaseRecord, StateStore, SwarmRecord
@@ -349,24 +351,33 @@ def teardown_owned(keep_swarm: bool) -> None:
         teardown_flow_run(run_id)
 
 
-SHARING = ("shared", "exclusive")
-"""A swarm's sharing policy for flow runs: ``shared`` (runs share it, each holding a lease) or
-``exclusive`` (one run at a time: the Prefect global concurrency limit ``swarm:<name>`` of 1)."""
+SHARING: tuple[str, ...] = typing.get_args(Sharing)
+"""The sharing policies (:data:`prefect_swarm.config.swarm.Sharing`, the ``sharing`` field of the
+swarm config): ``shared`` (runs share it, each holding a lease) or ``exclusive`` (one run at a
+time: the Prefect global concurrency limit ``swarm:<name>`` of 1)."""
+
+
+def effective_sharing(cfg: SwarmConfig, sharing: str | None = None) -> str:
+    """The policy a run uses on swarm ``cfg``: the flow's ``sharing`` parameter when given, else the
+    config's ``sharing`` field."""
+    chosen = cfg.sharing if sharing is None else sharing
+    if chosen not in SHARING:
+        raise ConfigError(f"sharing must be one of {', '.join(SHARING)}, not {chosen!r}.")
+    return chosen
 
 
 @contextmanager
-def swarm_use(name: str, sharing: str) -> Iterator[None]:
-    """With ``exclusive``, hold the global concurrency limit ``swarm:<name>`` (1 slot; created if
-    missing) for the body, so a second run waits for the slot (visible in the UI's Concurrency
-    page); with ``shared``, nothing."""
-    if sharing not in SHARING:
-        raise ConfigError(f"sharing must be one of {', '.join(SHARING)}, not {sharing!r}.")
+def swarm_use(cfg: SwarmConfig, sharing: str | None = None) -> Iterator[None]:
+    """With ``exclusive`` (:func:`effective_sharing`), hold the global concurrency limit
+    ``swarm:<name>`` (1 slot; created if missing) for the body, so a second run waits for the slot
+    (visible in the UI's Concurrency page); with ``shared``, nothing."""
+    name = cfg.name
+    sharing = effective_sharing(cfg, sharing)
     if sharing == "shared":
         yield
         return
     from prefect import get_client
     from prefect.concurrency.sync import concurrency
-
     from prefect.exceptions import ObjectAlreadyExists
 
     limit = f"swarm:{name}"

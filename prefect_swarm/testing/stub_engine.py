@@ -4,7 +4,8 @@
 
 Raw asyncio HTTP/1.1 (keep-alive, Content-Length bodies): ~tens of thousands of requests/s on one core,
 so benchmarks measure the client, not the server. Routes: ``GET /health``, ``GET /v1/models``,
-``GET /stats`` (request counters as JSON), ``POST /v1/chat/completions``, ``/v1/completions``,
+``GET /stats`` (request counters as JSON), ``GET /metrics`` (vLLM-shaped Prometheus text: running and
+waiting requests, KV cache usage, prompt and generation tokens), ``POST /v1/chat/completions``, ``/v1/completions``,
 ``/v1/embeddings``.
 
 Answers are a pure function of the request body (same prompt, same answer; token counts from the
@@ -15,7 +16,15 @@ random stream: ``--error-rate`` (500/503), ``--rate-429`` (429 with Retry-After)
 ``--storm-429-s S --storm-429-period-s P`` (every completion in the first S seconds of each P
 seconds is a 429 with Retry-After), ``--exit-after N`` (the process dies after N completions:
 watchdog tests, a replica dying mid-job), ``--startup-delay-s`` (health is 503 until then),
-``--api-key`` (401 without it).
+``--api-key`` (401 without it), ``--invalid-json-rate`` (the answer to a request with a
+``response_format`` is not valid JSON, or misses a required field: structured-output retries).
+
+Like an engine, it refuses with a 400 and an OpenAI error body (``{"error": {"message", "type",
+"param", "code"}}``): a ``temperature`` outside 0..2, ``max_tokens`` above ``--max-model-len``,
+``stream: true``, and message parts that are not OpenAI's shape (``text``; ``image_url`` with an
+http(s) URL or a ``data:image/...;base64,`` URL whose data decodes). A request with
+``response_format`` ``json_schema`` is answered with JSON that follows the schema (``json_object``:
+a small JSON object); the answer of a request with images says how many it saw (``images=N``).
 
 It is never the only engine a feature is tested with: see the vLLM-marked tests.
 """
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import hashlib
 import json
 import os
@@ -82,6 +92,10 @@ class StubOptions:
     """Bearer token required on every request (401 without it)."""
     seed: int = 0
     """Seed of the fault knobs' random stream."""
+    invalid_json_rate: float = 0.0
+    """Share of answers to a ``response_format`` request that are not valid for it."""
+    max_model_len: int = 4096
+    """``max_tokens`` above this is a 400."""
     started: float = field(default_factory=time.monotonic)
     """When the stub started (``time.monotonic``)."""
 
@@ -92,9 +106,125 @@ def _digest(body: bytes) -> str:
 
 def _prompt_text(req: dict[str, Any]) -> str:
     if "messages" in req:
-        return " ".join(str(m.get("content", "")) for m in req.get("messages") or [])
+        parts = []
+        for m in req.get("messages") or []:
+            content = m.get("content", "")
+            if isinstance(content, list):
+                parts += [str(p.get("text", "")) for p in content if p.get("type") == "text"]
+            else:
+                parts.append(str(content))
+        return " ".join(parts)
     prompt = req.get("prompt", req.get("input", ""))
     return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+
+def _bad_request(message: str, param: str | None) -> bytes:
+    """An OpenAI error body (as vLLM writes one)."""
+    error = {"message": message, "type": "BadRequestError", "param": param, "code": 400}
+    return json.dumps({"error": error, "object": "error"}).encode()
+
+
+def check_request(req: dict[str, Any], max_model_len: int = 4096) -> bytes | None:
+    """The 400 body an engine would answer ``req`` with, or None when it is fine."""
+    temperature = req.get("temperature")
+    if temperature is not None and not (isinstance(temperature, int | float) and 0 <= temperature <= 2):
+        return _bad_request(f"temperature must be in [0, 2], got {temperature!r}.", "temperature")
+    max_tokens = req.get("max_tokens")
+    if isinstance(max_tokens, int) and max_tokens > max_model_len:
+        return _bad_request(
+            f"max_tokens={max_tokens} is more than the model's context length ({max_model_len} tokens).",
+            "max_tokens",
+        )
+    if req.get("stream"):
+        return _bad_request("this stub engine does not stream.", "stream")
+    for m in req.get("messages") or []:
+        if isinstance(m.get("content"), list):
+            for part in m["content"]:
+                problem = _part_problem(part)
+                if problem:
+                    return _bad_request(problem, "messages")
+    return None
+
+
+def _part_problem(part: Any) -> str | None:
+    if not isinstance(part, dict) or part.get("type") not in ("text", "image_url"):
+        return f"a content part must be {{type: text|image_url, ...}}, got {str(part)[:80]}"
+    if part["type"] == "text":
+        return None if isinstance(part.get("text"), str) else "a text part needs 'text'"
+    url = (part.get("image_url") or {}).get("url") if isinstance(part.get("image_url"), dict) else None
+    if not isinstance(url, str):
+        return "an image_url part needs image_url: {url: ...}"
+    if url.startswith(("http://", "https://")):
+        return None
+    head, _, data = url.partition(",")
+    if not (head.startswith("data:image/") and head.endswith(";base64")):
+        return f"image url must be http(s) or data:image/<type>;base64,..., got {url[:40]}"
+    try:
+        base64.b64decode(data, validate=True)
+    except ValueError:
+        return "image data URL is not valid base64"
+    return None
+
+
+def _images(req: dict[str, Any]) -> int:
+    return sum(
+        1
+        for m in req.get("messages") or []
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+        if p.get("type") == "image_url"
+    )
+
+
+def schema_value(schema: dict[str, Any], seed: str, defs: dict[str, Any] | None = None) -> Any:
+    """A value that follows the JSON schema ``schema`` (objects, arrays, scalars, enums, $ref, anyOf)."""
+    defs = defs if defs is not None else schema.get("$defs") or schema.get("definitions") or {}
+    if "$ref" in schema:
+        return schema_value(defs.get(schema["$ref"].rsplit("/", 1)[-1], {}), seed, defs)
+    if "enum" in schema:
+        return schema["enum"][int(seed[:2], 16) % len(schema["enum"])]
+    if "const" in schema:
+        return schema["const"]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if key in schema:
+            options = [o for o in schema[key] if o.get("type") != "null"] or schema[key]
+            return schema_value(options[0], seed, defs)
+    typ = schema.get("type", "object")
+    if isinstance(typ, list):
+        typ = next((t for t in typ if t != "null"), "null")
+    n = int(seed[:4], 16)
+    if typ == "object":
+        props = schema.get("properties") or {}
+        return {k: schema_value(v, _digest((seed + k).encode()), defs) for k, v in props.items()}
+    if typ == "array":
+        count = max(int(schema.get("minItems", 1)), 1)
+        return [schema_value(schema.get("items") or {}, _digest(f"{seed}{i}".encode()), defs) for i in range(count)]
+    lo = schema.get("minimum", 0)
+    span = int(schema.get("maximum", lo + 99) - lo) + 1
+    scalars: dict[str, Any] = {
+        "string": f"s-{seed[:6]}",
+        "integer": int(lo) + n % max(span, 1),
+        "number": float(lo) + (n % max(span, 1)) * 0.5 if span > 1 else float(lo),
+        "boolean": bool(n % 2),
+        "null": None,
+    }
+    return scalars.get(typ, f"s-{seed[:6]}")
+
+
+def structured_content(req: dict[str, Any], h: str) -> str | None:
+    """The JSON text answering a request with ``response_format`` (None without one)."""
+    fmt = req.get("response_format")
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("json_schema", "json_object"):
+        return None
+    if fmt["type"] == "json_object":
+        return json.dumps({"answer": f"stub-{h}"})
+    schema = (fmt.get("json_schema") or {}).get("schema") or {}
+    return json.dumps(schema_value(schema, h))
+
+
+def invalid_content(req: dict[str, Any], roll: float) -> str:
+    """An answer that breaks the request's response_format: not JSON, or JSON lacking what it requires."""
+    return '{"answer": "cut sho' if roll < 0.5 else json.dumps({"unexpected": True})
 
 
 def answer(path: str, req: dict[str, Any], model: str) -> dict[str, Any]:
@@ -116,7 +246,10 @@ def answer(path: str, req: dict[str, Any], model: str) -> dict[str, Any]:
             "data": [{"object": "embedding", "index": 0, "embedding": vec}],
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
         }
-    content = f"stub-{h} " + " ".join(text.split()[:3])
+    content = structured_content(req, h)
+    if content is None:
+        images = _images(req)
+        content = f"stub-{h} " + " ".join(text.split()[:3]) + (f" images={images}" if images else "")
     if path.startswith("/v1/completions"):
         choice: dict[str, Any] = {"index": 0, "text": content, "finish_reason": "length"}
         obj = "text_completion"
@@ -161,6 +294,8 @@ class StubProtocol(asyncio.Protocol):
             self.send(200 if ready else 503, b'{"status":"ok"}' if ready else b'{"status":"loading"}')
         elif path.startswith("/stats"):
             self.send(200, json.dumps(dict(stats)).encode())
+        elif path.startswith("/metrics"):
+            self.send(200, vllm_metrics(opts.model, stats).encode(), content_type="text/plain; version=0.0.4")
         elif path.startswith("/v1/models"):
             self.send(200, json.dumps({"object": "list", "data": [{"id": opts.model, "object": "model"}]}).encode())
         elif method == "POST" and path.startswith(("/v1/chat/completions", "/v1/completions", "/v1/embeddings")):
@@ -168,20 +303,39 @@ class StubProtocol(asyncio.Protocol):
         else:
             self.send(404, b'{"error":{"message":"not found"}}')
 
-    def complete(self, path: str, headers: dict[str, str], body: bytes) -> None:
-        """A completion, subject to the fault knobs."""
-        opts, stats = self.opts, self.stats
-        stats["requests"] += 1
+    def accepted(self, headers: dict[str, str], body: bytes) -> dict[str, Any] | None:
+        """The request, or None once refused (401 bad key, 400 not JSON or invalid, 404 unknown model)."""
+        opts = self.opts
         if opts.api_key and headers.get("authorization") != f"Bearer {opts.api_key}":
             self.send(401, b'{"error":{"message":"invalid api key"}}')
-            return
+            return None
         try:
             req = json.loads(body or b"{}")
         except ValueError:
             self.send(400, b'{"error":{"message":"body is not JSON"}}')
-            return
+            return None
         if req.get("model") not in (None, opts.model):
-            self.send(404, json.dumps({"error": {"message": f"model {req.get('model')} does not exist"}}).encode())
+            error = {
+                "message": f"The model `{req.get('model')}` does not exist.",
+                "type": "NotFoundError",
+                "param": "model",
+                "code": 404,
+            }
+            self.send(404, json.dumps({"error": error, "object": "error"}).encode())
+            return None
+        refusal = check_request(req, opts.max_model_len)
+        if refusal is not None:
+            self.stats["400"] += 1
+            self.send(400, refusal)
+            return None
+        return dict(req)
+
+    def complete(self, path: str, headers: dict[str, str], body: bytes) -> None:
+        """A completion, subject to the fault knobs."""
+        opts, stats = self.opts, self.stats
+        stats["requests"] += 1
+        req = self.accepted(headers, body)
+        if req is None:
             return
         if opts.storm_429_s and (time.monotonic() - opts.started) % opts.storm_429_period_s < opts.storm_429_s:
             stats["429"] += 1
@@ -204,7 +358,13 @@ class StubProtocol(asyncio.Protocol):
             self.send(500 if roll < opts.error_rate / 2 else 503, b'{"error":{"message":"injected failure"}}')
             return
         roll -= opts.error_rate
-        payload = json.dumps(answer(path, req, opts.model)).encode()
+        body_out = answer(path, req, opts.model)
+        if opts.invalid_json_rate and req.get("response_format"):
+            bad = self.rng.random()
+            if bad < opts.invalid_json_rate:
+                stats["invalid_json"] += 1
+                body_out["choices"][0]["message"]["content"] = invalid_content(req, bad / opts.invalid_json_rate)
+        payload = json.dumps(body_out).encode()
         reply: Callable[[int, bytes], None] = self.send
         if roll < opts.truncate_rate:
             stats["truncated"] += 1
@@ -214,12 +374,19 @@ class StubProtocol(asyncio.Protocol):
             reply = self.send_stalled
         else:
             stats["ok"] += 1
+            stats["prompt_tokens"] += body_out["usage"]["prompt_tokens"]
+            stats["generation_tokens"] += body_out["usage"].get("completion_tokens", 0)
         if opts.latency_s:
-            asyncio.get_running_loop().call_later(opts.latency_s, reply, 200, payload)
+            stats["running"] += 1
+            asyncio.get_running_loop().call_later(opts.latency_s, self._reply_later, reply, payload)
         else:
             reply(200, payload)
         if opts.exit_after is not None and stats["ok"] >= opts.exit_after:
             asyncio.get_running_loop().call_later(opts.latency_s + 0.05, os._exit, 3)
+
+    def _reply_later(self, reply: Callable[[int, bytes], None], payload: bytes) -> None:
+        self.stats["running"] -= 1
+        reply(200, payload)
 
     def send_truncated(self, status: int, body: bytes) -> None:
         """Headers and half the body, then the connection is dropped (a replica dying mid-answer)."""
@@ -233,19 +400,52 @@ class StubProtocol(asyncio.Protocol):
             self.t.write(self._head(status, len(body)) + body[: len(body) // 2])
 
     @staticmethod
-    def _head(status: int, length: int, extra: str = "") -> bytes:
-        return b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n" % (
+    def _head(status: int, length: int, extra: str = "", content_type: str = "application/json") -> bytes:
+        return b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (
             status,
             _REASONS.get(status, b"Status"),
+            content_type.encode(),
             length,
             extra.encode(),
         )
 
-    def send(self, status: int, body: bytes, extra: str = "") -> None:
+    def send(self, status: int, body: bytes, extra: str = "", content_type: str = "application/json") -> None:
         """Write one response (keep-alive)."""
         if self.t.is_closing():
             return
-        self.t.write(self._head(status, len(body), extra) + body)
+        self.t.write(self._head(status, len(body), extra, content_type) + body)
+
+
+def vllm_metrics(model: str, stats: Counter[str]) -> str:
+    """Prometheus text shaped like vLLM's ``/metrics`` (the series `prefect-swarm top` and the dashboard read).
+
+    Requests waiting for their delayed answer count as running; nothing waits; the KV cache usage
+    is the running requests' share of 256 slots.
+    """
+    labels = f'{{engine="0",model_name="{model}"}}'
+    series = [
+        ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", stats["running"]),
+        ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", 0),
+        (
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            min(1.0, stats["running"] / 256),
+        ),
+        ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", stats["prompt_tokens"]),
+        (
+            "vllm:generation_tokens_total",
+            "counter",
+            "Number of generation tokens processed.",
+            stats["generation_tokens"],
+        ),
+        ("vllm:request_success_total", "counter", "Count of successfully processed requests.", stats["ok"]),
+    ]
+    out = []
+    for name, kind, doc, value in series:
+        family = name.removesuffix("_total") if kind == "counter" else name
+        out.append(f"# HELP {family} {doc}\n# TYPE {family} {kind}\n{name}{labels} {float(value)}\n")
+    return "".join(out)
 
 
 async def serve(host: str, port: int, opts: StubOptions) -> None:
@@ -281,6 +481,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
     ap.add_argument("--startup-delay-s", type=float, default=0.0)
     ap.add_argument("--api-key", default=os.environ.get(API_KEY) or os.environ.get("STUB_API_KEY"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--invalid-json-rate", type=float, default=0.0, help="share of response_format answers that break it"
+    )
+    ap.add_argument("--max-model-len", type=int, default=4096, help="max_tokens above this is a 400")
     a, _unknown = ap.parse_known_args(argv)  # tolerate vLLM-style extra flags
     opts = StubOptions(
         model=a.model,
@@ -297,6 +501,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
         startup_delay_s=a.startup_delay_s,
         api_key=a.api_key,
         seed=a.seed,
+        invalid_json_rate=a.invalid_json_rate,
+        max_model_len=a.max_model_len,
     )
     return a.host, a.port, opts
 

@@ -25,6 +25,8 @@ def slurm_backend() -> dict[str, Any]:
         "lb_port": free_port_block(1),
         "queue_timeout_s": 60,
         "time_limit": "30:00",
+        # the suite's clients send no key; the closed endpoint (the default) is tested in tests/slurm
+        "open_endpoint": True,
     }
 
 

@@ -23,6 +23,8 @@ from prefect_swarm.testing import free_port
 REPO = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")
 POOL = "swarm-pool"
+POOL_TEMPLATE = "deployments/process-pool.json"
+"""The pool's base job template: Prefect's process template plus ``swarm_home`` and ``result_storage``."""
 
 
 @dataclass
@@ -101,7 +103,7 @@ class PrefectStack:
 
     def deploy(self) -> None:
         """Work pool, blocks, deployments, zombie automation (40 s: heartbeats every 30 s)."""
-        self.cli("work-pool", "create", POOL, "--type", "process")
+        self.cli("work-pool", "create", POOL, "--type", "process", "--base-job-template", POOL_TEMPLATE)
         self.cli("block", "register", "-m", "prefect_swarm.blocks")
         self.cli("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
         subprocess.run(

@@ -76,6 +76,7 @@ def test_deployment_run_completes_with_artifacts(prefect_stack: PrefectStack, sw
     assert summary.key == "e2e-out-summary", summary.key  # <swarm>-<output>-summary: no hash, one collection
     rows = json.loads(summary.data) if isinstance(summary.data, str) else summary.data
     assert rows[0]["rows"] == 60 and rows[0]["ok"] == 60
+    assert rows[0]["block"] == "inline"  # an inline config, not a SwarmSpec block
     rec = StateStore().get_swarm("e2e")
     assert rec is not None and rec.phase == "STOPPED" and rec.flow_run_id == str(run.id)
     jobs = StateStore().list_jobs("e2e")

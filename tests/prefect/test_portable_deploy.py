@@ -31,13 +31,17 @@ def test_worker_in_an_empty_folder_runs_the_deployment(
     deployer = tmp_path / "deployer"
     deployer.mkdir()
     (deployer / "prefect.yaml").write_text(yaml.safe_dump(spec))
+    shutil.copy(REPO / "deployments" / "process-pool.json", deployer)
     env = prefect_stack.env
 
     def prefect(*args: str, cwd: Path) -> None:
         out = subprocess.run([PREFECT, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stdout + out.stderr
 
-    prefect("work-pool", "create", "portable-pool", "--type", "process", cwd=deployer)
+    prefect(
+        "work-pool", "create", "portable-pool", "--type", "process", "--base-job-template", "process-pool.json",
+        cwd=deployer,
+    )  # fmt: skip
     prefect("--no-prompt", "deploy", "--prefect-file", "prefect.yaml", "--all", cwd=deployer)
     shutil.rmtree(deployer)
 

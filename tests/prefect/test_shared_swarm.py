@@ -101,8 +101,9 @@ def test_two_runs_share_one_swarm(prefect_stack: PrefectStack, swarm_home: Path,
 
 
 def test_exclusive_runs_take_turns(prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path) -> None:
-    cfg = stub_swarm("exclusive", latency_ms=20)
-    runs = _two_runs(cfg, swarm_home, tmp_path, {"big": 200, "small": 40}, sharing="exclusive")
+    """``sharing: exclusive`` in the swarm config (no flow parameter): the runs take turns."""
+    cfg = {**stub_swarm("exclusive", latency_ms=20), "sharing": "exclusive"}
+    runs = _two_runs(cfg, swarm_home, tmp_path, {"big": 200, "small": 40})
     done = {label: _run_and_logs(run.id)[0] for label, run in runs.items()}
     states = {label: (run.state.name, run.state.message) for label, run in done.items()}
     assert all(run.state.type.value == "COMPLETED" for run in done.values()), states
@@ -146,6 +147,7 @@ def test_exclusive_limit_created_by_a_run_starting_at_the_same_moment(
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.exceptions import ObjectNotFound
 
+    from prefect_swarm.config import SwarmConfig
     from prefect_swarm.tasks.swarm import swarm_use
 
     read = SyncPrefectClient.read_global_concurrency_limit_by_name
@@ -160,8 +162,37 @@ def test_exclusive_limit_created_by_a_run_starting_at_the_same_moment(
         return read(self, name)
 
     monkeypatch.setattr(SyncPrefectClient, "read_global_concurrency_limit_by_name", read_then_lose_the_race)
-    with swarm_use("raced", "exclusive"):
+    with swarm_use(SwarmConfig(name="raced", model="m"), "exclusive"):
         with get_client(sync_client=True) as client:
             held = client.read_global_concurrency_limit_by_name("swarm:raced")
         assert held.limit == 1 and held.active_slots == 1
     assert raced == ["swarm:raced"]
+
+
+def test_sharing_is_a_config_field_the_flow_parameter_overrides(prefect_api: PrefectStack) -> None:
+    """The config's ``sharing`` decides unless the flow's ``sharing`` parameter is given."""
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    from prefect_swarm.blocks import SwarmSpec
+    from prefect_swarm.config import load_config
+    from prefect_swarm.tasks.swarm import swarm_use
+
+    cfg = load_config(data={**stub_swarm("solo"), "sharing": "exclusive"}, use_defaults_file=False)
+    assert SwarmSpec.from_config(cfg).to_config().sharing == "exclusive"  # the block form has it too
+    with get_client(sync_client=True) as client:
+        with swarm_use(cfg.model_copy(update={"name": "by-param"}), "shared"), pytest.raises(ObjectNotFound):
+            client.read_global_concurrency_limit_by_name("swarm:by-param")  # the parameter wins
+        with swarm_use(cfg):  # no parameter: the config's exclusive
+            held = client.read_global_concurrency_limit_by_name("swarm:solo")
+            assert held.limit == 1 and held.active_slots == 1
+        assert client.read_global_concurrency_limit_by_name("swarm:solo").active_slots == 0
+
+
+def test_bad_sharing_names_the_field() -> None:
+    from prefect_swarm.config import load_config
+    from prefect_swarm.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match="sharing") as err:
+        load_config(data={**stub_swarm("bad"), "sharing": "solo"}, use_defaults_file=False)
+    assert "shared" in str(err.value) and "exclusive" in str(err.value)

@@ -12,7 +12,7 @@ import pytest
 from helpers import job_options, prompts, stub_swarm
 from stack import PrefectStack, job_variables
 
-from prefect_swarm.blocks import LocalBackend, SlurmBackend, SwarmSpec
+from prefect_swarm.blocks import LeptonBackend, LocalBackend, SlurmBackend, SwarmSpec
 from prefect_swarm.config import load_config
 
 
@@ -24,6 +24,27 @@ def test_block_fields_have_titles() -> None:
     slurm = SlurmBackend.model_json_schema()["properties"]
     assert slurm["cpus_per_replica"]["title"] == "CPUs per replica" and slurm["qos"]["title"] == "QoS"
     assert all(p.get("title") for p in LocalBackend.model_json_schema()["properties"].values())
+
+
+def test_nested_config_models_have_titles_in_block_forms() -> None:
+    """The engine, container, LB and mount sub-forms label their fields (and themselves) like the
+    top-level fields, not with pydantic's "Health Path" / "EngineConfig"."""
+    spec = SwarmSpec.model_json_schema()["definitions"]
+    engine = spec["EngineConfig"]
+    assert engine["title"] == "Engine"
+    assert engine["properties"]["health_path"]["title"] == "Health path"
+    assert engine["properties"]["startup_timeout_s"]["title"] == "Startup timeout (s)"
+    assert engine["properties"]["env"]["title"] == "Environment"
+    slurm = SlurmBackend.model_json_schema()["definitions"]
+    assert slurm["SlurmLBConfig"]["title"] == "Slurm LB" and slurm["ContainerConfig"]["title"] == "Container"
+    assert slurm["SlurmLBConfig"]["properties"]["cpus"]["title"] == "CPUs"
+    assert slurm["ContainerConfig"]["properties"]["extra_args"]["title"] == "Extra args"
+    lepton = LeptonBackend.model_json_schema()["definitions"]["LeptonMount"]
+    assert lepton["title"] == "Lepton mount" and lepton["properties"]["mount_path"]["title"] == "Mount path"
+    for block in (SwarmSpec, SlurmBackend, LeptonBackend):
+        for name, definition in block.model_json_schema()["definitions"].items():
+            for field, prop in definition.get("properties", {}).items():
+                assert prop.get("title") and "_" not in prop["title"], (block.__name__, name, field)
 
 
 def _deployment(name: str) -> Any:

@@ -59,7 +59,7 @@ def golden_cfg(runtime: str = "none", **backend: Any) -> SwarmConfig:
                 "time_limit": "04:00:00",
                 "cpus_per_replica": 8,
                 "mem_per_replica": "64G",
-                "shared_dir": "/shared/psw",
+                "run_dir": "/shared/psw",
                 "job_python": "/opt/venv/bin/python",
                 "requeue": True,
                 "signal_seconds": 300,
@@ -148,7 +148,7 @@ def test_a_replica_larger_than_a_node_is_refused_by_validate(tmp_path: Path) -> 
 
 
 def test_render_plan_is_pure_and_submits_nothing(tmp_path: Path) -> None:
-    cfg = golden_cfg(shared_dir=str(tmp_path / "shared"))
+    cfg = golden_cfg(run_dir=str(tmp_path / "shared"))
     serving = SlurmServing(cfg, SwarmPaths(tmp_path / "unused"))
     assert serving.plan() == render.render_plan(cfg)
     assert not (tmp_path / "shared").exists() and not (tmp_path / "unused").exists()
@@ -199,7 +199,7 @@ def hostile_cfg(tmp: Path, marker: Path) -> SwarmConfig:
                 "cpus_per_replica": 1,
                 "job_python": str(odd_dir / bad),
                 "nginx_bin": bad,
-                "shared_dir": str(odd_dir),
+                "run_dir": str(odd_dir),
             },
         }
     )
@@ -262,3 +262,82 @@ def test_fake_apptainer_runs_the_rendered_command(tmp_path: Path) -> None:
     assert out.returncode == 0 and out.stdout.strip() == "inside", out.stderr
     assert "--nv -B /data:/data:ro -B /models:/models --writable-tmpfs /images/vllm.sif echo inside" in log.read_text()
     assert shutil.which("apptainer", path=str(bindir))
+
+
+def test_golden_site_files_export_and_offline() -> None:
+    """--chdir (run dir), --open-mode=append and the named --export list in both scripts; the
+    replicas run with HF_HUB_OFFLINE=1 unless hf_offline is false; the user's env wins."""
+    cfg = golden_cfg(run_dir="/scratch/me", export=["PATH", "HF_HOME"])
+    plan = render.render_plan(cfg)
+    check_golden("none/replicas-site.sbatch", plan["replicas.sbatch"])
+    needed = "PREFECT_SWARM_HOME,PREFECT_SWARM_LOG_LEVEL,PREFECT_SWARM_API_KEY,VLLM_API_KEY"
+    for script in ("replicas.sbatch", "lb.sbatch"):
+        text = plan[script]
+        assert "#SBATCH --chdir=/scratch/me/swarms/golden\n" in text and "#SBATCH --open-mode=append\n" in text
+        assert f"#SBATCH --export=PATH,HF_HOME,{needed}\n" in text, script
+    assert json.loads(plan["watchdog-0.json"])["env"]["HF_HUB_OFFLINE"] == "1"
+    everything = render.render_plan(golden_cfg(export_all=True, hf_offline=False))
+    assert (
+        "#SBATCH --export=ALL\n" in everything["replicas.sbatch"]
+        and "#SBATCH --export=ALL\n" in everything["lb.sbatch"]
+    )
+    assert "HF_HUB_OFFLINE" not in everything["watchdog-0.json"]
+    online = golden_cfg().model_copy(update={"env": {"HF_HUB_OFFLINE": "0"}})
+    assert json.loads(render.render_plan(online)["watchdog-0.json"])["env"]["HF_HUB_OFFLINE"] == "0"
+    with pytest.raises(ConfigError, match=r"backend\.export"):
+        render.render_plan(golden_cfg(export=["OK", "NOT-A-NAME"]))
+
+
+def test_shared_dir_is_the_old_name_of_run_dir() -> None:
+    old = golden_cfg().model_dump()
+    old["backend"]["shared_dir"] = old["backend"].pop("run_dir")
+    assert render.swarm_paths(SwarmConfig.model_validate(old)).root == Path("/shared/psw/swarms/golden")
+    cfg = golden_cfg(run_dir="/scratch/x")
+    assert render.swarm_paths(cfg).root == Path("/scratch/x/swarms/golden")
+
+
+def test_a_local_model_path_is_checked_on_the_submit_host(tmp_path: Path) -> None:
+    def check(model: str) -> None:
+        cfg = golden_cfg().model_copy(update={"model": model})
+        SlurmServing(cfg, SwarmPaths(tmp_path / "s")).validate(cfg)
+
+    with pytest.raises(ConfigError, match=r"model '.*nope' \(the engine's model path\) does not exist"):
+        check(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"has no config\.json"):
+        check(str(tmp_path / "empty"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        check(str(tmp_path / "file"))
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    check(str(tmp_path / "empty"))
+    check("Qwen/Qwen2.5-7B-Instruct")  # a hub id is not checked
+
+
+def test_sglang_needs_open_endpoint_when_the_key_is_generated(tmp_path: Path) -> None:
+    cfg = golden_cfg().model_copy(
+        update={"model": "org/m", "engine": golden_cfg().engine.model_copy(update={"kind": "sglang"})}
+    )
+    with pytest.raises(ConfigError, match="open_endpoint"):
+        SlurmServing(cfg, SwarmPaths(tmp_path)).validate(cfg)
+    opened = golden_cfg(open_endpoint=True).model_copy(
+        update={"model": "org/m", "engine": golden_cfg().engine.model_copy(update={"kind": "sglang"})}
+    )
+    SlurmServing(opened, SwarmPaths(tmp_path)).validate(opened)
+
+
+def test_golden_shard_job_in_its_own_allocation() -> None:
+    jobs = {"cpus": 2, "mem": "4G", "partition": "cpu", "time_limit": "02:00:00"}
+    cfg = golden_cfg(jobs=jobs)
+    argv = render.shard_job_argv(
+        cfg,
+        name="psw-golden.job-1-0-abc",
+        log=Path("/shared/psw/swarms/golden/jobs/job-1/logs/shard-00000.log"),
+        workdir=Path("/shared/psw/swarms/golden/jobs/job-1"),
+        command=["/opt/venv/bin/python", "-m", "prefect_swarm.jobs.run", "--spec", "/x/spec.json"],
+    )
+    check_golden("none/shard-job.argv", "\n".join(argv) + "\n")
+    assert "--partition=cpu" in argv and "--signal=B:USR1@300" in argv and "--open-mode=append" in argv
+    assert argv[-1] == "--wrap=exec /opt/venv/bin/python -m prefect_swarm.jobs.run --spec /x/spec.json"
+    with pytest.raises(ConfigError, match=r"backend\.jobs"):
+        render.shard_job_argv(golden_cfg(), name="n", log=Path("/l"), workdir=Path("/w"), command=["x"])

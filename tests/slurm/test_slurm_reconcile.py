@@ -173,8 +173,10 @@ def test_two_swarms_on_the_same_ports_each_route_only_to_their_own(slurm_swarm: 
     body = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]}
     for s in (a, b):  # requests through each LB are served by its own replicas only (request counters)
         counts = {u: requests(u) for u in ups[a.cfg.name] | ups[b.cfg.name]}
+        auth = {"Authorization": f"Bearer {s.paths.api_key_file.read_text().strip()}"}  # each its own key
         for _ in range(6):
-            assert httpx.post(f"{urls[s.cfg.name]}/v1/chat/completions", json=body, timeout=10).status_code == 200
+            url = f"{urls[s.cfg.name]}/v1/chat/completions"
+            assert httpx.post(url, json=body, headers=auth, timeout=10).status_code == 200
         grew = {u for u in counts if requests(u) > counts[u]}
         assert grew and grew <= ups[s.cfg.name], (s.cfg.name, grew, ups)
 

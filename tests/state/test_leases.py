@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from prefect_swarm.interfaces import JobStatus, ServingPhase
@@ -81,3 +82,42 @@ def test_dead_owners(tmp_path: Path) -> None:
     assert dead == {"pid:x", "job:j2", "flow-run:ended"}
     # Prefect cannot be asked: a flow run's lease counts as live
     assert "flow-run:ended" not in dead_owners(leases, store, None)
+
+
+def test_detached_job_lease_ends_with_its_processes_without_a_status_call(
+    run_cli: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """`job submit --detach` leaves a job lease and a RUNNING row; once the job's processes have
+    ended, `down` (no --force) stops the swarm although nobody asked `job status` since."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+
+    from prefect_swarm.launch import running_submissions
+    from prefect_swarm.testing.stub_engine import stub_swarm_config
+
+    cfg = tmp_path / "swarm.yaml"
+    cfg.write_text(yaml.safe_dump(stub_swarm_config("leased", latency_ms=300)))
+    n = 30
+    pq.write_table(
+        pa.table({"id": [f"r{i}" for i in range(n)], "prompt": [f"hi {i}" for i in range(n)]}), tmp_path / "in.parquet"
+    )
+    assert run_cli("up", "-c", str(cfg), timeout=120).returncode == 0
+    sub = run_cli(
+        "job", "submit", "-n", "leased", "--input", str(tmp_path / "in.parquet"), "--output",
+        str(tmp_path / "out.parquet"), "--id-column", "id", "--id", "jd", "--concurrency", "2", "--detach",
+    )  # fmt: skip
+    assert sub.returncode == 0, sub.stderr
+    store = StateStore()
+    assert {x.owner for x in store.list_leases("leased")} == {"keep", "job:jd"}
+    refused = run_cli("down", "leased", "-y")  # 30 rows, 2 at a time, 300 ms each: still running
+    assert refused.returncode != 0 and "job:jd" in refused.stderr, refused.stdout + refused.stderr
+    deadline = time.monotonic() + 60
+    while running_submissions("jd", store=store):  # the backend's probe; the row is not updated
+        assert time.monotonic() < deadline, "the job did not finish"
+        time.sleep(0.2)
+    assert store.require_job("jd").status is JobStatus.RUNNING  # nobody refreshed it
+    down = run_cli("down", "leased", "-y")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert store.require_swarm("leased").phase is ServingPhase.STOPPED
+    assert store.list_leases("leased") == []

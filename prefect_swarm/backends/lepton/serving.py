@@ -28,8 +28,10 @@ from prefect_swarm.backends.lepton.client import (
 from prefect_swarm.backends.lepton.compute import LeptonCompute
 from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError, PrefectSwarmError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, Capability, JobRequest, ServingHandle
+from prefect_swarm.interfaces.metrics import MetricsTargets
 from prefect_swarm.interfaces.readiness import check_chat
 from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
+from prefect_swarm.interfaces.usage import GpuUsage
 
 if TYPE_CHECKING:
     from prefect_swarm.config import LeptonConfig, SwarmConfig
@@ -222,6 +224,27 @@ class LeptonServing:
         if not self._wait_gone(name):
             log.warning("Lepton deployment '%s' is still being deleted after %.0fs", name, DELETE_WAIT_S)
         self.client.delete_secrets(secret_prefix(name))
+
+    def gpu_usage(self, handle: ServingHandle) -> GpuUsage:
+        """The deployment's age x its replicas x GPUs per replica, priced per ``resource_shape``.
+
+        A deleted deployment has no age left to read: n/a with the reason (the workspace's billing
+        page has it)."""
+        shape, gpus = self.backend.resource_shape, self.cfg.replicas * max(self.cfg.gpus_per_replica, 0)
+        dep = self._get(handle.name)
+        created_ms = getattr(dep.metadata, "created_at", None) if dep is not None else None
+        if not created_ms:
+            why = "the deployment is gone" if dep is None else "the deployment has no creation time"
+            return GpuUsage(None, "n/a", shape=shape, reason=f"{why}; the Lepton workspace's billing has its hours")
+        hours = max(0.0, time.time() - float(created_ms) / 1000) * gpus / 3600.0
+        return GpuUsage(hours, "lepton deployment age", shape=shape, gpus=gpus)
+
+    def metrics_targets(self, handle: ServingHandle) -> MetricsTargets:
+        """None: n/a with the reason (the endpoint's replicas are reached only through Lepton's gateway)."""
+        del handle
+        return MetricsTargets(
+            reason="Lepton routes every request through its gateway: replica engines' /metrics are not reachable"
+        )
 
     # ---------------------------------------------------------------- internals
     def _queued(self, handle: ServingHandle, waited_s: float, st: ServingStatus) -> CapacityError:

@@ -26,8 +26,10 @@ from prefect_swarm.backends.local.processes import ProcRef, spawn, stop
 from prefect_swarm.config import LocalConfig
 from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, Capability, ServingHandle
+from prefect_swarm.interfaces.metrics import MetricsTargets, engine_targets, read_file_sd, write_file_sd
 from prefect_swarm.interfaces.readiness import ProbeResult, check_chat, check_health
 from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
+from prefect_swarm.interfaces.usage import GpuUsage
 from prefect_swarm.paths import atomic_write_json, read_json, read_tail
 from prefect_swarm.sidecar.watchdog import WatchdogSpec
 
@@ -126,6 +128,9 @@ class LocalServing:
             raise
         self._stop_extra(cfg.replicas)
         urls = [self.replica_url(i) for i in range(cfg.replicas)]
+        write_file_sd(
+            self.paths.metrics_targets, engine_targets(cfg.name, enumerate(u.split("://", 1)[1] for u in urls))
+        )
         return ServingHandle(
             name=cfg.name,
             backend=self.backend,
@@ -337,6 +342,20 @@ class LocalServing:
         stop([self._replica_ref(i) for i in indices], grace_s=STOP_GRACE_S)
         for i in indices:
             self.paths.watchdog_pid(i).unlink(missing_ok=True)
+        self.paths.metrics_targets.unlink(missing_ok=True)
+
+    def gpu_usage(self, handle: ServingHandle) -> GpuUsage:
+        """Wall time x GPUs of each replica whose watchdog still runs (a stopped replica's time is not kept)."""
+        per, now, hours = max(self.cfg.gpus_per_replica, 0), time.time(), 0.0
+        live = [ref for ref in (ProcRef.from_dict(w) for w in handle.meta.get("watchdogs", [])) if ref and ref.alive()]
+        for ref in live:
+            hours += max(0.0, now - (ref.create_time or now)) * per / 3600.0
+        return GpuUsage(hours, "wall", gpus=per * len(live))
+
+    def metrics_targets(self, handle: ServingHandle) -> MetricsTargets:
+        """Every replica's engine (written by ``create_or_update``; gone after ``delete``)."""
+        found = read_file_sd(self.paths.metrics_targets)
+        return found if found.targets else MetricsTargets(reason=f"no {self.paths.metrics_targets.name}: is it up?")
 
 
 def _local(cfg: SwarmConfig) -> LocalConfig:

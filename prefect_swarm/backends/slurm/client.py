@@ -123,8 +123,9 @@ class SlurmClient:
         args: Sequence[str] = (),
     ) -> str:
         """Submit ``script`` (``args`` before it, e.g. ``--array=1,3``); returns the job id.
-        ``env`` (secrets too) reaches the job by --export=ALL."""
-        out = self.run(["sbatch", "--parsable", "--export=ALL", *args, str(script)], what=what, env=env)
+        ``env`` (secrets too) is sbatch's environment: the job gets the variables the script's
+        ``#SBATCH --export`` names (``backend.export``), never their values in a file."""
+        out = self.run(["sbatch", "--parsable", *args, str(script)], what=what, env=env)
         job_id = out.strip().split(";")[0]
         if not job_id.isdigit():
             raise BackendError(
@@ -132,11 +133,12 @@ class SlurmClient:
             )
         return job_id
 
-    def scancel(self, ids: Sequence[str], *, signal: str | None = None) -> None:
-        """Cancel (or signal) jobs, tasks or steps. Idempotent: ids already gone are fine."""
+    def scancel(self, ids: Sequence[str], *, signal: str | None = None, full: bool = False) -> None:
+        """Cancel (or signal) jobs, tasks or steps. Idempotent: ids already gone are fine.
+        ``full``: the signal also reaches the batch shell (``--full``), not only the job steps."""
         if not ids:
             return
-        argv = ["scancel", *([f"--signal={signal}"] if signal else []), *ids]
+        argv = ["scancel", *([f"--signal={signal}"] if signal else []), *(["--full"] if full else []), *ids]
         self.run(argv, what="cancel " + ", ".join(ids), ok_gone=True)
 
     # ------------------------------------------------------------------ look
@@ -153,6 +155,11 @@ class SlurmClient:
         if names:
             argv += ["-n", ",".join(names), "-u", self.user]
         out = self.run(argv, what="list jobs", ok_gone=True)
+        return [e for e in (_queue_entry(line) for line in out.splitlines()) if e is not None]
+
+    def user_jobs(self) -> list[QueueEntry]:
+        """Every job of this user in the queue."""
+        out = self.run(["squeue", "-h", "-r", "-u", self.user, "-o", "%i|%A|%F|%K|%j|%T|%r|%N"], what="list jobs")
         return [e for e in (_queue_entry(line) for line in out.splitlines()) if e is not None]
 
     def raw_id(self, task: str) -> str | None:

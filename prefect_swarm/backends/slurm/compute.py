@@ -11,6 +11,10 @@ would send every row to a dead address.
   is "could not tell" (``JobProbe.error``), never "failed".
 * Environment: srun's own process environment with ``--export=ALL`` -- values with commas, quotes
   or newlines arrive intact, and secrets appear in no printed command and no file.
+* With ``backend.jobs`` each shard is an sbatch job of its own instead (``psw-<swarm>.<job>-...``,
+  external id = job ids); the LB job must still run (it is the endpoint).
+* A shard stopped by the scheduler (exit 75 after its flush, or sacct's PREEMPTED) reads FAILED with
+  ``PREEMPTED (resumable)`` and the command that resumes it in the probe's detail.
 * Preemption/walltime: the allocation was submitted with ``--signal=USR1@N`` (no ``B:``), which
   Slurm delivers to every job step, so the job process flushes its ledger before it is killed.
 """
@@ -23,15 +27,17 @@ import shlex
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prefect_swarm.backends.common import LogFollower, head_url, start_logged
-from prefect_swarm.backends.slurm import render
+from prefect_swarm.backends.slurm import identity, render
 from prefect_swarm.backends.slurm.client import AcctEntry, QueueEntry, SlurmClient, clean_env
 from prefect_swarm.exceptions import BackendError, CapacityError, ReadinessError
 from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus, jobenv
 from prefect_swarm.interfaces.types import coerce_job_status
+from prefect_swarm.jobs.shard import EXIT_REQUEUE
 from prefect_swarm.paths import JobPaths
 
 if TYPE_CHECKING:
@@ -65,8 +71,8 @@ class SlurmCompute(ComputeBase):
         serving_handle: ServingHandle | None,
         client: SlurmClient | None = None,
     ) -> None:
-        self.cfg = cfg
         self.paths = render.swarm_paths(cfg, paths)
+        self.cfg = identity.with_key(cfg, self.paths)  # job steps get the swarm's generated key
         self.serving = serving_handle
         self.client = client or SlurmClient()
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -83,8 +89,11 @@ class SlurmCompute(ComputeBase):
 
     # ------------------------------------------------------------------ submit
     def _launch(self, request: JobRequest) -> JobHandle:
-        """Start one step per shard in the swarm's allocation; see the module docstring."""
+        """Start one step per shard in the swarm's allocation (or, with ``backend.jobs``, one sbatch
+        job per shard); see the module docstring."""
         jobid = self._target()
+        if render.slurm_section(self.cfg).jobs is not None:
+            return self._launch_jobs(request)
         token = secrets.token_hex(3)
         names, logs = [], []
         secret = self.job_secret_env(request)
@@ -106,6 +115,39 @@ class SlurmCompute(ComputeBase):
             "nshards": request.nshards,
         }
         return JobHandle(id=",".join(steps), backend="slurm", name=request.name, meta=meta)
+
+    def _launch_jobs(self, request: JobRequest) -> JobHandle:
+        """One sbatch job per shard with ``backend.jobs`` resources (the swarm's LB runs: checked first)."""
+        names = render.job_names(self.cfg)
+        token = secrets.token_hex(3)
+        secret = self.job_secret_env(request)
+        ids, job_names, logs = [], [], []
+        for shard in request.shards():
+            label = shard if request.sharded else "x"
+            name = f"{names.shard_prefix}{request.name}-{label}-{token}"
+            log = self._log_path(request.workdir if request.sharded else None, shard, name)
+            workdir = Path(request.workdir) if request.workdir else self.paths.root
+            argv = render.shard_job_argv(self.cfg, name=name, log=log, workdir=workdir, command=request.argv(shard))
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("ab") as out:
+                out.write(f"# prefect-swarm: {shlex.join(argv)}\n".encode())
+            env = {**self.job_env(request, shard), **secret}
+            out_text = self.client.run(argv, what=f"submit shard {label} of job {request.name}", env=env)
+            job_id = out_text.strip().split(";")[0]
+            if not job_id.isdigit():
+                raise BackendError(f"sbatch printed no job id for shard {label}: {out_text!r}", command=argv[:1])
+            ids.append(job_id)
+            job_names.append(name)
+            logs.append(str(log))
+        meta = {
+            "mode": "jobs",
+            "jobs": ids,
+            "step_names": job_names,
+            "logs": logs,
+            "shards": request.shards() if request.sharded else [],
+            "nshards": request.nshards,
+        }
+        return JobHandle(id=",".join(ids), backend="slurm", name=request.name, meta=meta)
 
     def _target(self) -> str:
         """Raw id of the allocation steps go into: the swarm's LB job (found by its job name).
@@ -198,6 +240,8 @@ class SlurmCompute(ComputeBase):
     def probe(self, handle: JobHandle) -> JobProbe:
         """squeue, then sacct, per step; aggregated over a fan-out. Never blocks."""
         self._reap()
+        if handle.meta.get("mode") == "jobs":
+            return self._preempted(handle, self._probe_jobs(list(handle.meta.get("jobs") or handle.id.split(","))))
         steps = list(handle.meta.get("steps") or handle.id.split(","))
         jobid = str(handle.meta.get("jobid") or steps[0].split(".")[0])
         try:
@@ -210,7 +254,32 @@ class SlurmCompute(ComputeBase):
         except Exception as exc:  # "could not tell" is not "failed"
             return JobProbe(None, error=f"cannot ask Slurm: {exc}")
         cancelled = {s for s in steps if self.paths.step_cancelled(s).exists()}
-        return _aggregate(steps, running, acct, cancelled)
+        return self._preempted(handle, _aggregate(steps, running, acct, cancelled))
+
+    def _probe_jobs(self, ids: list[str]) -> JobProbe:
+        """Shards run as jobs of their own: squeue, then sacct (the job's own line, not its steps)."""
+        try:
+            queued = {e.raw_id: e.state for e in self.client.squeue(ids) if e.state in _QUEUED}
+            rest = [i for i in ids if i not in queued]
+            acct = {e.id: e for e in self.client.sacct(rest) if e.id in rest} if rest else {}
+        except Exception as exc:  # "could not tell" is not "failed"
+            return JobProbe(None, error=f"cannot ask Slurm: {exc}")
+        cancelled = {i for i in ids if self.paths.step_cancelled(i).exists()}
+        pending = {i for i, state in queued.items() if state in _STARTING}
+        return _aggregate(ids, set(queued), acct, cancelled, pending)
+
+    def _preempted(self, handle: JobHandle, probe: JobProbe) -> JobProbe:
+        """A job that ended with shards stopped by Slurm (USR1 before the time limit, preemption:
+        exit 75 after the flush, or sacct's PREEMPTED) is resumable: say so, and how."""
+        if probe.status is not JobStatus.FAILED or not (probe.exit_code == EXIT_REQUEUE or "PREEMPTED" in probe.detail):
+            return probe
+        swarm = self.serving.name if self.serving else self.cfg.name
+        how = (
+            f"PREEMPTED (resumable): the shards flushed their checkpoints; "
+            f"`prefect-swarm job submit -n {swarm} --id {handle.name}` with the same arguments "
+            "(or --resubmit-on-preempt N) resumes them"
+        )
+        return replace(probe, detail=f"{how}; {probe.detail}" if probe.detail else how)
 
     def _follow(self, handle: JobHandle) -> Follow:
         return LogFollower(lambda: [(Path(log).stem, Path(log)) for log in handle.meta.get("logs") or []])
@@ -222,6 +291,9 @@ class SlurmCompute(ComputeBase):
         A step stopped this way reads CANCELLED (a marker under ``steps/`` tells probe, from any
         process, that its non-zero exit was asked for), not FAILED.
         """
+        if handle.meta.get("mode") == "jobs":
+            self._cancel_jobs(list(handle.meta.get("jobs") or handle.id.split(",")))
+            return
         steps = list(handle.meta.get("steps") or handle.id.split(","))
         jobid = str(handle.meta.get("jobid") or steps[0].split(".")[0])
         running = [s for s in steps if s in self.client.steps(jobid)]
@@ -237,6 +309,25 @@ class SlurmCompute(ComputeBase):
             self.client.scancel([s for s in running if s in self.client.steps(jobid)])
         self._reap()
 
+    def _cancel_jobs(self, ids: list[str]) -> None:
+        """TERM the batch shell (the job process itself: it exec'd), KILL what is left after the grace."""
+
+        def live() -> list[str]:
+            return [e.raw_id for e in self.client.squeue(ids) if e.state in _QUEUED]
+
+        running = live()
+        for job_id in running:
+            marker = self.paths.step_cancelled(job_id)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        if not running:
+            return
+        self.client.scancel(running, signal="TERM", full=True)
+        end = time.monotonic() + CANCEL_GRACE_S
+        while time.monotonic() < end and live():
+            time.sleep(0.5)
+        self.client.scancel(live())
+
     def _reap(self) -> None:
         for step_name, proc in list(self._procs.items()):
             if proc.poll() is not None:
@@ -244,20 +335,24 @@ class SlurmCompute(ComputeBase):
 
 
 def _aggregate(
-    steps: list[str], running: set[str], acct: dict[str, AcctEntry], cancelled: set[str] | None = None
+    steps: list[str],
+    running: set[str],
+    acct: dict[str, AcctEntry],
+    cancelled: set[str] | None = None,
+    pending: set[str] | None = None,
 ) -> JobProbe:
     statuses: list[JobStatus] = []
     codes: list[int] = []
     unknown = []
     for step in steps:
         if step in running:
-            statuses.append(JobStatus.RUNNING)
+            statuses.append(JobStatus.PENDING if step in (pending or set()) else JobStatus.RUNNING)
             continue
         entry = acct.get(step)
         if entry is None:
             unknown.append(step)
             continue
-        status = coerce_job_status(entry.state)
+        status = coerce_job_status(entry.state)  # PREEMPTED reads FAILED; the detail keeps the state
         if status is JobStatus.FAILED and step in (cancelled or set()):
             status = JobStatus.CANCELLED  # stopped by cancel(): flushed and exited, as asked
         statuses.append(status)
@@ -265,6 +360,10 @@ def _aggregate(
             codes.append(entry.exit_code)
     if unknown:
         return JobProbe(None, error=f"step(s) {', '.join(unknown)} in neither squeue nor sacct yet")
-    detail = ", ".join(f"{s}={st.value}" for s, st in zip(steps, statuses, strict=True))
+    states = {s: (acct[s].state.split()[0] if s in acct else "") for s in steps}
+    detail = ", ".join(
+        f"{s}={'PREEMPTED' if states[s].startswith('PREEMPTED') else st.value}"
+        for s, st in zip(steps, statuses, strict=True)
+    )
     exit_code = max(codes, default=None) if all(st.finished for st in statuses) else None
     return JobProbe(JobStatus.combine(statuses), exit_code=exit_code, detail=detail)

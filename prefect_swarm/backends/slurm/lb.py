@@ -9,7 +9,8 @@ Runs inside the Slurm LB job next to ``nginx -g 'daemon off;'``. Every ``--inter
 2. drop a replica whose port refuses connections ``STRIKES`` checks in a row (its head file can
    outlive it when the task was SIGKILLed or its node died);
 3. when the set changed: write ``upstreams.conf`` atomically, ``nginx -t``, then ``nginx -s reload``.
-   A config nginx rejects is logged and the running config stays.
+   A config nginx rejects is logged and the running config stays. The same replicas go to
+   ``targets.json``, the Prometheus file_sd list of their engines' ``/metrics``.
 
 Host names are resolved to IPv4 here: nginx would otherwise also try ``::1`` for ``localhost``.
 With no replica alive the upstream holds one placeholder marked ``down`` (an empty upstream block
@@ -41,6 +42,7 @@ from pathlib import Path
 from prefect_swarm.backends.common import host_port
 from prefect_swarm.backends.slurm import members
 from prefect_swarm.backends.slurm.client import SlurmClient, clean_env
+from prefect_swarm.interfaces.metrics import engine_targets, write_file_sd
 from prefect_swarm.paths import SwarmPaths, atomic_write_text, read_json, read_text
 
 log = logging.getLogger("prefect_swarm.lb")
@@ -100,6 +102,8 @@ class Reconciler:
     strikes: dict[str, int] = field(default_factory=dict)
     current: str | None = None
     announced: bool = False
+    engines: dict[int, str] = field(default_factory=dict)
+    """Replica index -> ``ip:port`` of the replicas alive at the last pass (the metrics targets)."""
 
     @property
     def upstreams(self) -> Path:
@@ -108,7 +112,7 @@ class Reconciler:
 
     def alive(self) -> list[str]:
         """Addresses of replicas with a head file that did not refuse ``STRIKES`` checks in a row."""
-        out = []
+        out, self.engines = [], {}
         for index, head in sorted(read_heads(self.paths).items()):
             addr = resolve(head)
             if addr is None:
@@ -117,11 +121,15 @@ class Reconciler:
             self.strikes[addr] = 0 if accepts(addr) else self.strikes.get(addr, 0) + 1
             if self.strikes[addr] < STRIKES:
                 out.append(addr)
+                self.engines[index] = addr
         return out
 
     def step(self, reload: bool = True) -> bool:
         """One pass; True when the upstream file changed."""
         text = render_upstreams(self.alive())
+        targets = engine_targets(self.paths.root.name, self.engines.items())
+        if read_json(self.paths.metrics_targets) != targets.to_file_sd():
+            write_file_sd(self.paths.metrics_targets, targets)
         if self.current is None and self.upstreams.exists():
             self.current = self.upstreams.read_text()
         if text == self.current:

@@ -27,7 +27,7 @@ import jinja2
 from prefect_swarm.backends.engine import engine_argv, engine_env
 from prefect_swarm.config import ContainerConfig, SlurmConfig
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.interfaces.jobenv import HOME
+from prefect_swarm.interfaces.jobenv import API_KEY, HOME, LOG_LEVEL
 from prefect_swarm.paths import SwarmPaths, home_dir
 
 if TYPE_CHECKING:
@@ -46,6 +46,14 @@ JOB_PREFIX = "psw-"
 NGINX_WORKERS = 2
 """nginx worker processes: one proxies tens of thousands of requests/s; two give headroom."""
 
+NEEDED_EXPORT = (HOME, LOG_LEVEL, API_KEY, "VLLM_API_KEY")
+"""Variables of the submitting process every job gets whatever ``backend.export`` says: the home and
+log level, and the API key under the names the engines read (values travel in the sbatch process
+environment, never in a script)."""
+
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+"""Set for the replicas unless ``backend.hf_offline`` is false: compute nodes usually have no internet."""
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
@@ -57,6 +65,9 @@ class JobNames:
 
     replicas: str
     lb: str
+
+    shard_prefix: str
+    """Start of the name of every shard job (``backend.jobs``): ``psw-<swarm>.`` (a swarm name has no dot)."""
 
     def all(self) -> list[str]:
         """Both names."""
@@ -72,14 +83,14 @@ def slurm_section(cfg: SwarmConfig) -> SlurmConfig:
 
 def job_names(cfg: SwarmConfig) -> JobNames:
     """``psw-<swarm>-replicas`` and ``psw-<swarm>-lb``."""
-    return JobNames(f"{JOB_PREFIX}{cfg.name}-replicas", f"{JOB_PREFIX}{cfg.name}-lb")
+    return JobNames(f"{JOB_PREFIX}{cfg.name}-replicas", f"{JOB_PREFIX}{cfg.name}-lb", f"{JOB_PREFIX}{cfg.name}.")
 
 
 def swarm_paths(cfg: SwarmConfig, paths: SwarmPaths | None = None) -> SwarmPaths:
-    """The swarm folder: under ``backend.shared_dir`` when set (every node must see it), else ``paths``."""
-    shared = slurm_section(cfg).shared_dir
-    if shared:
-        return SwarmPaths.for_swarm(cfg.name, Path(shared).expanduser())
+    """The swarm folder (its run dir): under ``backend.run_dir`` when set (every node must see it), else ``paths``."""
+    run_dir = slurm_section(cfg).run_dir
+    if run_dir:
+        return SwarmPaths.for_swarm(cfg.name, Path(run_dir).expanduser())
     return paths or SwarmPaths.for_swarm(cfg.name, home_dir())
 
 
@@ -154,6 +165,25 @@ def _common_options(
     return opts
 
 
+def file_options(cfg: SwarmConfig, paths: SwarmPaths) -> list[str]:
+    """``--chdir`` (the run dir), ``--open-mode=append`` (a requeued task adds to its log instead of
+    truncating it) and ``--export`` (``backend.export`` plus :data:`NEEDED_EXPORT`, or ALL)."""
+    sc = slurm_section(cfg)
+    if sc.export_all:
+        export = "ALL"
+    else:
+        names = list(dict.fromkeys([*sc.export, *NEEDED_EXPORT]))
+        bad = [n for n in names if not _ENV_NAME.match(n)]
+        if bad:
+            raise ConfigError(f"backend.export: {bad} are not environment variable names.")
+        export = ",".join(names)
+    return [
+        f"--chdir={sbatch_value('backend.run_dir', paths.root)}",
+        "--open-mode=append",
+        f"--export={export}",
+    ]
+
+
 def _mem(value: str, times: int, field: str = "backend.mem_per_replica") -> str:
     match = _MEM.match(value.strip())
     if not match:
@@ -173,8 +203,9 @@ def replicas_options(cfg: SwarmConfig, paths: SwarmPaths) -> list[str]:
         "--ntasks=1",
     ]
     cpus, *gpus_mem = task_resources(cfg, n_per)
-    opts += [cpus, f"--output={sbatch_value('backend.shared_dir', paths.batch_output('replicas', '%A_%a'))}"]
+    opts += [cpus, f"--output={sbatch_value('backend.run_dir', paths.batch_output('replicas', '%A_%a'))}"]
     opts += gpus_mem
+    opts += file_options(cfg, paths)
     opts += _common_options(sc, partition=sc.partition, account=sc.account, qos=sc.qos, time_limit=sc.time_limit)
     opts += [sbatch_value("backend.sbatch_args", arg) for arg in sc.sbatch_args]
     return opts
@@ -214,10 +245,11 @@ def lb_options(cfg: SwarmConfig, paths: SwarmPaths) -> list[str]:
         "--nodes=1",
         "--ntasks=1",
         f"--cpus-per-task={lb.cpus}",
-        f"--output={sbatch_value('backend.shared_dir', paths.batch_output('lb', '%j'))}",
+        f"--output={sbatch_value('backend.run_dir', paths.batch_output('lb', '%j'))}",
     ]
     if lb.mem:
         opts.append(f"--mem={_mem(lb.mem, 1, 'backend.lb.mem')}")
+    opts += file_options(cfg, paths)
     opts += _common_options(
         sc,
         partition=lb.partition or sc.lb_partition or sc.partition,
@@ -298,7 +330,7 @@ def watchdog_spec(cfg: SwarmConfig, paths: SwarmPaths, index: int) -> dict[str, 
     :data:`PORT_TOKEN`, picked free at each start with ``port + index`` preferred)."""
     sc = slurm_section(cfg)
     argv = [*container_prefix(sc.container), *engine_argv(cfg, host=HOST_TOKEN, port=PORT_TOKEN)]
-    env = engine_env(cfg)
+    env = {**(OFFLINE_ENV if sc.hf_offline else {}), **engine_env(cfg)}  # the user's env wins
     env_lines(env, "env / engine.env")  # validates the names
     return {
         "swarm": cfg.name,
@@ -355,7 +387,7 @@ def _nginx_path(path: Path) -> str:
         raise ConfigError(
             f"swarm folder '{text}' holds a character nginx config cannot take unquoted "
             "(space ; { } quotes # $ \\). "
-            f"Set backend.shared_dir (or {HOME}) to a plainer path."
+            f"Set backend.run_dir (or {HOME}) to a plainer path."
         )
     return text
 
@@ -416,3 +448,48 @@ def step_argv(cfg: SwarmConfig, *, jobid: str, step_name: str, command: Sequence
         *pyxis_flags(sc.container),
     ]
     return [*argv, *container_prefix(sc.container, in_step=True), *command]
+
+
+# ---------------------------------------------------------------------------------- shard jobs
+def shard_job_argv(cfg: SwarmConfig, *, name: str, log: Path, workdir: Path, command: Sequence[str]) -> list[str]:
+    """``sbatch`` argv of one shard run as a job of its own (``backend.jobs``).
+
+    The batch shell ``exec``s the job process (in its container), so ``--signal=B:USR1@N`` reaches
+    it and it flushes its ledger before the time limit. The environment is sbatch's own process
+    environment (``--export=ALL``): secrets appear in no command and no file. The log is appended
+    to (``--open-mode=append``): a requeued shard keeps what it logged before.
+    """
+    sc = slurm_section(cfg)
+    jobs = sc.jobs
+    if jobs is None:
+        raise ConfigError("backend.jobs is not set: shards run as steps in the load balancer's allocation.")
+    argv = [
+        "sbatch",
+        "--parsable",
+        f"--job-name={name}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--cpus-per-task={jobs.cpus}",
+        f"--output={log}",
+        "--open-mode=append",
+        f"--chdir={workdir}",
+        "--export=ALL",
+    ]
+    if jobs.mem:
+        argv.append(f"--mem={_mem(jobs.mem, 1, 'backend.jobs.mem')}")
+    argv.append(f"--time={jobs.time_limit or sc.time_limit}")
+    for flag, value in (
+        ("--partition", jobs.partition or sc.lb.partition or sc.lb_partition or sc.partition),
+        ("--account", sc.lb.account or sc.account),
+        ("--qos", sc.lb.qos or sc.qos),
+        ("--reservation", sc.reservation),
+    ):
+        if value:
+            argv.append(f"{flag}={value}")
+    if sc.signal_seconds:
+        argv.append(f"--signal=B:USR1@{sc.signal_seconds}")
+    argv.append("--requeue" if sc.requeue else "--no-requeue")
+    inner = [*container_prefix(sc.container), *command]
+    if sc.container.runtime == "pyxis":
+        inner = ["srun", "--ntasks=1", "--export=ALL", *pyxis_flags(sc.container), *command]
+    return [*argv, "--wrap=exec " + shlex.join(inner)]

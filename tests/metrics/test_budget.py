@@ -1,0 +1,97 @@
+"""The budget guard: a tiny cap stops the job mid-way and tears the swarm down; a larger cap resumes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from prefect_swarm.config.cost import BudgetGuard, BudgetReached, CostConfig
+from prefect_swarm.testing.stub_engine import stub_swarm_config
+
+
+def test_guard_warns_at_80_percent_then_stops(caplog: pytest.LogCaptureFixture) -> None:
+    used = [0.5]
+    guard = BudgetGuard("s", CostConfig(gpu_hour_usd=10, max_cost_usd=10), lambda: (used[0], None), every_s=0)
+    guard.check()
+    used[0] = 0.85
+    guard.check()
+    assert "85% of its budget used ($8.5 of $10)" in caplog.text
+    used[0] = 1.2
+    with pytest.raises(BudgetReached, match=r"budget reached: \$12 of \$10"):
+        guard.check()
+    hours = BudgetGuard("s", CostConfig(max_gpu_hours=1), lambda: (2.0, None), every_s=0)
+    with pytest.raises(BudgetReached, match="budget reached: 2 of 1 GPU-hours"):
+        hours.check()
+    BudgetGuard("s", CostConfig(), lambda: (99.0, None), every_s=0).check()  # no cap: never stops
+
+
+def test_a_tiny_budget_stops_the_job_and_a_rerun_resumes_it(tmp_path: Path) -> None:
+    n = 4000
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(n)], "prompt": [f"q {i}" for i in range(n)]}), src)
+    out = tmp_path / "out.parquet"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"checkpoint_every": 100, "checkpoint_seconds": 0.5, "concurrency": 4}))
+    job = ["job", "submit", "-n", "capped", "--input", str(src), "--output", str(out), "--id-column", "id"]
+    job += ["--spec", str(spec), "--id", "capped-job"]
+
+    # 2 GPUs, 12 GPU-seconds: about 6 s of wall time, then the guard stops the job (4000 rows take ~20 s)
+    up = _up(tmp_path, max_gpu_hours=12 / 3600)
+    first = _cli(*job)
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert "budget reached:" in first.stderr and "GPU-hours" in first.stderr, first.stderr
+    status = json.loads(_cli("job", "status", "capped-job", "-o", "json").stdout)
+    assert 0 < status["progress"]["done"] < n, status["progress"]
+    assert not out.exists()
+    assert not [p for p in up if psutil.pid_exists(p)], "a replica outlived the budget stop"
+    assert not _job_processes(), "a job process outlived the budget stop"
+
+    _up(tmp_path, max_gpu_hours=1.0)
+    try:
+        second = _cli(*job)
+        assert second.returncode == 0, second.stderr
+        ids = pq.read_table(out, columns=["id"]).column("id").to_pylist()
+        assert sorted(ids) == sorted(f"r{i}" for i in range(n))  # exactly one row per input row
+    finally:
+        _cli("down", "capped", "-y", "--force")
+
+
+def _up(tmp_path: Path, **cost: float) -> list[int]:
+    data = stub_swarm_config("capped", replicas=2, latency_ms=20, backend={"cost": cost})
+    data["gpus_per_replica"] = 1
+    path = tmp_path / "swarm.yaml"
+    path.write_text(yaml.safe_dump(data))
+    up = _cli("up", "-c", str(path), "--keep", "-o", "json")
+    assert up.returncode == 0, up.stderr
+    replicas = json.loads(up.stdout)["status"]["replicas"]
+    pids = [int(r["external_id"]) for r in replicas if r.get("external_id")]
+    assert len(pids) == 2, replicas
+    return pids
+
+
+def _job_processes() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "prefect_swarm.jobs.run" in cmd and "capped-job" in cmd and proc.status() != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "prefect_swarm.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "COLUMNS": "200"},
+    )
