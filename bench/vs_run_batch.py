@@ -11,6 +11,12 @@ other (never at once). Output tokens/s over the whole run, two ways:
   start, input validation, requests, ledger, commit);
 - including readiness: each side from its start (run-batch's process start; the swarm's ``up``).
 
+After the job, a plain aiohttp loop sends the same requests to the same swarm endpoint (the client
+cost floor: no job process, no ledger), which splits the gap between the HTTP path and the job.
+The swarm side also reports ``job_s``: from ``submit_job`` to the commit the last shard makes
+(``committed_at`` in the manifest), i.e. without the caller's status polling (``wait_job`` looks
+every 2 s).
+
 Prints one JSON line per side and the ratios swarm / run-batch (goal >= 0.9 excluding readiness).
 The swarm side is the control-plane path the ``batch_inference`` flow calls (launch.submit_job on a
 Swarm), without a Prefect server.
@@ -19,6 +25,7 @@ Swarm), without a Prefect server.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -93,11 +100,12 @@ def run_batch(src: Path, out: Path, engine: dict[str, Any], model: Path, python:
 
 def swarm_run(
     src: Path, out: Path, engine: dict[str, Any], model: Path, python: Path, concurrency: int
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The same file as a job on a 1-replica local swarm (up, ready, submit, commit, down)."""
     from prefect_swarm.config import SwarmConfig
     from prefect_swarm.jobs.spec import JobSpec
     from prefect_swarm.launch import submit_job
+    from prefect_swarm.paths import read_json
     from prefect_swarm.swarm import Swarm
     from prefect_swarm.testing import free_port_block
 
@@ -106,14 +114,40 @@ def swarm_run(
     cfg["engine"]["python"] = str(python)
     t0 = time.monotonic()
     with Swarm(SwarmConfig.model_validate(cfg)) as swarm:
-        started = time.monotonic()
+        started, started_wall = time.monotonic(), time.time()
         spec = JobSpec(input=str(src), output=str(out), concurrency=concurrency, max_failed_fraction=0.0)
         rec = submit_job(swarm, spec, detach=False)
         end = time.monotonic()
+        plain = asyncio.run(plain_loop(swarm.endpoint, src, concurrency))
     if rec.status != "SUCCEEDED":
         raise SystemExit(f"the swarm job ended {rec.status}")
     tokens, ok = completion_tokens(out)
-    return _figures("swarm (1 replica)", tokens, ok, end - started, end - t0)
+    figures = _figures("swarm (1 replica)", tokens, ok, end - started, end - t0)
+    manifest = read_json(JobSpec.model_validate(rec.spec).paths.manifest) or {}
+    committed = float(manifest.get("committed_at") or 0) - started_wall  # the job's own end (auto-commit)
+    figures.update(job_s=round(committed, 2), tok_s_job=round(tokens / committed, 1) if committed > 0 else None)
+    return figures, plain
+
+
+async def plain_loop(url: str, src: Path, concurrency: int) -> dict[str, Any]:
+    """The same requests from a plain aiohttp loop to the same endpoint (no ledger, no job process)."""
+    import aiohttp
+
+    bodies = iter([json.loads(line)["body"] for line in src.read_text().splitlines()])
+    tokens = 0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+
+        async def worker() -> None:
+            nonlocal tokens
+            for body in bodies:
+                async with session.post(url.rstrip("/") + "/v1/chat/completions", json=body) as resp:
+                    resp.raise_for_status()
+                    tokens += int((await resp.json())["usage"]["completion_tokens"])
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        seconds = time.monotonic() - t0
+    return _figures("plain aiohttp loop, same swarm", tokens, 0, seconds, seconds)
 
 
 def _figures(side: str, tokens: int, ok: int, run_s: float, total_s: float) -> dict[str, Any]:
@@ -144,10 +178,21 @@ def main() -> None:
         src = batch_file(tmp / "batch.jsonl", a.rows, a.max_tokens)
         theirs = run_batch(src, tmp / "run-batch-out.jsonl", engine, a.model, a.vllm_python)
         print(json.dumps(theirs), flush=True)
-        ours = swarm_run(src, tmp / "swarm-out.jsonl", engine, a.model, a.vllm_python, a.concurrency)
+        ours, plain = swarm_run(src, tmp / "swarm-out.jsonl", engine, a.model, a.vllm_python, a.concurrency)
         print(json.dumps(ours), flush=True)
+        print(json.dumps(plain), flush=True)
     ratios = {k: round(ours[k] / theirs[k], 3) for k in ("tok_s_excl_readiness", "tok_s_incl_readiness")}
-    print(json.dumps({"ratio_swarm_over_run_batch": ratios, "rows": a.rows, "max_tokens": a.max_tokens}))
+    plain_ratio = round(plain["tok_s_excl_readiness"] / theirs["tok_s_excl_readiness"], 3)
+    print(
+        json.dumps(
+            {
+                "ratio_swarm_over_run_batch": ratios,
+                "ratio_plain_loop_over_run_batch": plain_ratio,
+                "rows": a.rows,
+                "max_tokens": a.max_tokens,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

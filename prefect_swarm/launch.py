@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Any
 from prefect_swarm.config.cost import BudgetGuard, BudgetReached, job_cost, recorded_cost
 from prefect_swarm.exceptions import CapacityError, ConfigError, DatasetError, JobError
 from prefect_swarm.interfaces import ComputeBackend, JobEnv, JobHandle, JobProbe, JobRequest, JobStatus
+from prefect_swarm.interfaces.jobenv import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE
 from prefect_swarm.jobs.commit import Verdict, commit_output, manifest_current, manifest_verdict
 from prefect_swarm.jobs.fingerprint import job_fingerprint
 from prefect_swarm.jobs.plan import check_resume, job_progress, pending_shards, shard_progress
-from prefect_swarm.jobs.shard import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE, validate_input
+from prefect_swarm.jobs.shard import validate_input
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, SwarmPaths, read_json, read_tail
 from prefect_swarm.state import JobRecord, StateStore
@@ -345,7 +346,7 @@ class ShardWatch:
         tail = shard_log_tail(spec, i)
         if code == EXIT_BAD_INPUT:
             raise DatasetError(f"shard {i} of job {spec.job_id} refused its input (exit 2).\n{tail}")
-        if code == EXIT_REQUEUE:
+        if status is JobStatus.PREEMPTED or code == EXIT_REQUEUE:
             raise CapacityError(f"shard {i} of job {spec.job_id} was preempted (exit 75); retrying resumes it.")
         state = status.value if status else "UNKNOWN"
         raise JobError(f"shard {i} of job {spec.job_id} ended {state} (exit {code}).\n{tail}")
@@ -457,6 +458,10 @@ def _overall(
         return (JobStatus.FAILED if failed else JobStatus.SUCCEEDED), committed, current
     if old is JobStatus.CANCELLED or any(p.get("status") == JobStatus.CANCELLED for p in probes):
         return JobStatus.CANCELLED, committed, current
+    if probes and all(p.get("status") in (JobStatus.PREEMPTED, JobStatus.SUCCEEDED) for p in probes):
+        return JobStatus.PREEMPTED, committed, current  # stopped after the flush: a rerun resumes it
+    if not probes and old is JobStatus.PREEMPTED:
+        return JobStatus.PREEMPTED, committed, current
     return JobStatus.FAILED, committed, current
 
 

@@ -36,11 +36,12 @@ class ExitCode(enum.IntEnum):
     BAD_INPUT = 2  # bad config or argument (ConfigError, usage errors): fix the input
     NOT_FOUND = 3  # no such swarm/job in the state database (StateError)
     NOT_READY = 4  # the swarm did not become ready, or the backend lacks capacity now
+    RESUMABLE = 75  # a job stopped by the scheduler (preemption, time limit) after its flush: rerun it
 
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 runtime/backend failure; 2 bad input or config; "
-    "3 swarm/job not found; 4 not ready or no capacity."
+    "3 swarm/job not found; 4 not ready or no capacity; 75 job preempted (resumable: submit it again)."
 )
 
 

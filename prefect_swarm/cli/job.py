@@ -32,6 +32,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from prefect_swarm.cli.attach import attach
+from prefect_swarm.cli.errors import ExitCode
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
 from prefect_swarm.cli.views import job_view
 from prefect_swarm.exceptions import ConfigError
@@ -62,7 +63,8 @@ def submit(
         str | None, typer.Option("--input", help="Input parquet file/folder or OpenAI Batch JSONL.")
     ] = None,
     output: Annotated[
-        str | None, typer.Option("--output", help="Output file (parquet, or JSONL for openai-batch).")
+        str | None,
+        typer.Option("--output", help="Output file: *.parquet, or *.jsonl / *.jsonl.gz (OpenAI Batch output)."),
     ] = None,
     shards: Annotated[int | None, typer.Option("--shards", min=1, help="Number of shards (processes).")] = None,
     job: Annotated[
@@ -85,7 +87,12 @@ def submit(
     concurrency: Annotated[
         int | None, typer.Option("--concurrency", min=1, help="Requests in flight per shard.")
     ] = None,
-    output_format: Annotated[str | None, typer.Option("--output-format", help="parquet | openai-batch.")] = None,
+    output_format: Annotated[
+        str | None,
+        typer.Option(
+            "--output-format", help="parquet | openai-batch (default: from the --output name; a mismatch is refused)."
+        ),
+    ] = None,
     spec_file: Annotated[
         Path | None, typer.Option("--spec", help="JobSpec JSON to start from (flags override).")
     ] = None,
@@ -159,12 +166,10 @@ def submit(
 
 def _preempted(doc: dict[str, Any], seen: set[str]) -> bool:
     """The job stopped unfinished because the scheduler stopped shards of its latest submission
-    (they exited 75 after their flush); ``seen``: ids of earlier submissions, updated."""
-    from prefect_swarm.jobs.shard import EXIT_REQUEUE
-
+    (they flushed, then exited 75); ``seen``: ids of earlier submissions, updated."""
     probes = [p for p in doc.get("backend") or [] if str(p.get("id")) not in seen]
     seen.update(str(p.get("id")) for p in probes)
-    return doc["status"] == JobStatus.FAILED and any(p.get("exit_code") == EXIT_REQUEUE for p in probes)
+    return doc["status"] == JobStatus.PREEMPTED and any(p.get("status") == JobStatus.PREEMPTED for p in probes)
 
 
 @job_app.command("retry")
@@ -217,6 +222,12 @@ def _wait_and_show(job_id: str, timeout_s: float | None = None) -> None:
 
 def _show(doc: dict[str, Any]) -> None:
     _print_status(doc)
+    if doc["status"] == JobStatus.PREEMPTED:
+        err_console.print(
+            f"job {doc['id']} is PREEMPTED (resumable): its shards flushed their checkpoints. The same "
+            f"`prefect-swarm job submit ... --id {doc['id']}` resumes it (exit {ExitCode.RESUMABLE.value})."
+        )
+        raise typer.Exit(ExitCode.RESUMABLE)
     if doc["status"] != JobStatus.SUCCEEDED:
         raise typer.Exit(1)
 

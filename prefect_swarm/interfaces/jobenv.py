@@ -31,6 +31,11 @@ HOME = "PREFECT_SWARM_HOME"
 """Where state and job folders live (``~/.prefect-swarm`` by default)."""
 LOG_LEVEL = "PREFECT_SWARM_LOG_LEVEL"
 
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REQUEUE = 0, 1, 2, 75
+"""A job process's exit codes: done; failed; refused its input (fix it); stopped by a signal
+(SIGTERM/SIGUSR1: a preemption, a time limit, a cancel) after flushing its checkpoint, so a rerun
+resumes it (75 is EX_TEMPFAIL)."""
+
 
 @dataclass(frozen=True)
 class JobEnv:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from prefect_swarm.interfaces.jobenv import JobEnv
+from prefect_swarm.interfaces.jobenv import EXIT_OK, EXIT_REQUEUE, JobEnv
 
 
 class ServingPhase(enum.StrEnum):
@@ -33,11 +33,13 @@ class JobStatus(enum.StrEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    PREEMPTED = "PREEMPTED"
+    """Stopped by the scheduler (preemption, time limit) after flushing its checkpoint: resumable."""
 
     @property
     def finished(self) -> bool:
-        """True for SUCCEEDED, FAILED and CANCELLED."""
-        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+        """True for SUCCEEDED, FAILED, CANCELLED and PREEMPTED."""
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.PREEMPTED)
 
     @property
     def active(self) -> bool:
@@ -45,11 +47,19 @@ class JobStatus(enum.StrEnum):
         return not self.finished
 
     @classmethod
+    def of_exit(cls, code: int | None) -> JobStatus:
+        """A finished job process's status from its exit code (``jobenv.EXIT_*``): 0 SUCCEEDED, 75
+        (flushed, then stopped by a signal) PREEMPTED, anything else, or no exit code, FAILED."""
+        if code == EXIT_OK:
+            return cls.SUCCEEDED
+        return cls.PREEMPTED if code == EXIT_REQUEUE else cls.FAILED
+
+    @classmethod
     def combine(cls, statuses: Iterable[JobStatus]) -> JobStatus:
         """One status for the shards of a job: unfinished while any shard is (so a wait leaves nothing
-        running; RUNNING before PENDING), then FAILED beats CANCELLED beats SUCCEEDED."""
+        running; RUNNING before PENDING), then FAILED beats PREEMPTED beats CANCELLED beats SUCCEEDED."""
         seen = set(statuses)
-        for status in (cls.RUNNING, cls.PENDING, cls.FAILED, cls.CANCELLED):
+        for status in (cls.RUNNING, cls.PENDING, cls.FAILED, cls.PREEMPTED, cls.CANCELLED):
             if status in seen:
                 return status
         return cls.SUCCEEDED
@@ -106,8 +116,8 @@ _JOB_ALIASES: dict[str, JobStatus] = {
     "bf": JobStatus.FAILED,
     "deadline": JobStatus.FAILED,
     "dl": JobStatus.FAILED,
-    "preempted": JobStatus.FAILED,
-    "pr": JobStatus.FAILED,
+    "preempted": JobStatus.PREEMPTED,
+    "pr": JobStatus.PREEMPTED,
     "revoked": JobStatus.FAILED,
     "ca": JobStatus.CANCELLED,
 }

@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 
 from prefect_swarm.exceptions import ConfigError, FingerprintMismatch
-from prefect_swarm.interfaces.jobenv import JobEnv
-from prefect_swarm.jobs.shard import EXIT_BAD_INPUT, EXIT_FAILED, run_shard
+from prefect_swarm.interfaces.jobenv import EXIT_BAD_INPUT, EXIT_FAILED, JobEnv
+from prefect_swarm.jobs.shard import run_shard
 from prefect_swarm.jobs.spec import JobSpec
 
 log = logging.getLogger("prefect_swarm.jobs")

@@ -5,6 +5,10 @@ iterator, so at most ``concurrency`` requests are in flight. A row is retried (e
 backoff with full jitter, honouring ``Retry-After``) on 429, 5xx, timeouts and connection
 errors; any other 4xx, or an unparsable answer, fails it at once. A row whose retries are spent
 becomes an error row (status ``error`` + reason): nothing a single row does can stop the shard.
+A 200 whose answer the job refuses (:class:`~prefect_swarm.jobs.api.InvalidAnswer`, e.g. it breaks
+the response schema) is asked again at once, up to the job's ``answer_retries`` times (not counted
+against ``max_retries``). An HTTP error's body is kept as valid JSON (long strings shortened, see
+:func:`shorten_json`): in the row's error text, and whole up to 64 KiB for the OpenAI Batch output.
 
 A 200 counts only once its whole body is read: a body cut by a dropped connection, or a timeout
 while reading it, is a connection error and is retried like one.

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import jobenv
-from prefect_swarm.interfaces.jobenv import JobEnv
+from prefect_swarm.interfaces.jobenv import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, JobEnv
 from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import SwarmJob, load_job
 from prefect_swarm.jobs.dataset import InputDataset, check_output_location, shard_range
@@ -34,7 +34,6 @@ from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
 
 log = logging.getLogger("prefect_swarm.jobs")
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REQUEUE = 0, 1, 2, 75
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 

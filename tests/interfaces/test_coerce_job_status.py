@@ -32,7 +32,8 @@ TABLE = [
     ("TIMEOUT", F),
     ("NODE_FAIL", F),
     ("OUT_OF_MEMORY", F),
-    ("PREEMPTED", F),
+    ("PREEMPTED", JobStatus.PREEMPTED),
+    ("PR", JobStatus.PREEMPTED),
     ("REQUEUED", P),
     ("CONFIGURING", P),
     ("COMPLETING", R),
@@ -65,4 +66,4 @@ def test_unknown_values_raise(raw: str | None) -> None:
 
 
 def test_finished() -> None:
-    assert {s for s in JobStatus if s.finished} == {S, F, C}
+    assert {s for s in JobStatus if s.finished} == {S, F, C, JobStatus.PREEMPTED}

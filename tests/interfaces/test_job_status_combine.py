@@ -21,3 +21,18 @@ def test_unfinished_while_any_shard_is_then_failed_beats_cancelled_beats_succeed
 def test_no_shard_is_success_and_any_iterable_will_do() -> None:
     assert JobStatus.combine([]) is S
     assert JobStatus.combine(iter([S, F])) is F
+
+
+def test_preempted_is_finished_beats_cancelled_and_loses_to_failed() -> None:
+    pre = JobStatus.PREEMPTED
+    assert pre.finished and not pre.active
+    assert JobStatus.combine([pre, S]) is pre
+    assert JobStatus.combine([pre, C]) is pre
+    assert JobStatus.combine([pre, F]) is F
+    assert JobStatus.combine([pre, R]) is R
+
+
+def test_a_job_process_exit_code_says_done_preempted_or_failed() -> None:
+    assert JobStatus.of_exit(0) is S
+    assert JobStatus.of_exit(75) is JobStatus.PREEMPTED  # flushed, then stopped by a signal
+    assert JobStatus.of_exit(1) is F and JobStatus.of_exit(2) is F and JobStatus.of_exit(None) is F

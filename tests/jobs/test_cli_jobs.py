@@ -193,3 +193,39 @@ def test_submit_detach_twice_attaches_instead_of_starting_twice(tmp_path: Path) 
         assert res.exit_code == 0, res.output
         assert _requests(swarm) - sent == n
     assert read_json(JobPaths(Path(rec.job_dir or "")).manifest)["ok"] == n
+
+
+def test_a_shard_stopped_by_a_signal_is_preempted_resumable_and_resumes_exactly_once(tmp_path: Path) -> None:
+    """A SIGTERM that is not our cancel (a scheduler's preemption, an OOM-reaper, a time limit): the
+    shard flushes and exits 75; the job reads PREEMPTED, `job wait` exits 75 and says how to resume;
+    the same submit resumes it and every row is answered once."""
+    import os
+    import signal
+    import time
+
+    n = 1500
+    make_dataset(tmp_path / "in.parquet", n)
+    with _swarm(latency_ms=20) as swarm:
+        sent = _requests(swarm)
+        args = ("--id", "pre", "--shards", "1", "--concurrency", "4", "--job-kwargs", SAMPLING)
+        res = _submit(tmp_path, *args, "--detach")
+        assert res.exit_code == 0, res.output
+        shard = StateStore().require_job("pre").handle["submissions"][0]["meta"]["shards"][0]
+        deadline = time.monotonic() + 30
+        while _requests(swarm) - sent < 100 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(shard["pid"], signal.SIGTERM)  # the exit-code wrapper forwards it to the job process
+        res = _cli("job", "wait", "pre")
+        assert res.exit_code == 75, res.output
+        assert "PREEMPTED" in res.output and "resumable" in res.output and "--id pre" in res.output
+        doc = json.loads(_cli("job", "status", "pre", "-o", "json").output)
+        assert doc["status"] == "PREEMPTED" and not doc["committed"], {k: doc[k] for k in ("status", "backend")}
+        done_before = doc["progress"]["done"]
+        assert 0 < done_before < n, doc["progress"]
+        res = _submit(tmp_path, *args)
+        assert res.exit_code == 0, res.output
+        assert _requests(swarm) - sent == n  # resumed: no row sent twice
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert sorted(table.column("id").to_pylist()) == sorted(
+        pq.read_table(tmp_path / "in.parquet").column("id").to_pylist()
+    )

@@ -108,3 +108,25 @@ def test_schema_refusals(tmp_path: Path) -> None:
     assert body["response_format"]["type"] == "json_schema"
     assert body["response_format"]["json_schema"]["schema"] == SCHEMA
     assert "response_format" not in load_job("chat").body({"prompt": "hi"})
+
+
+def test_cli_response_schema_flags(tmp_path: Path) -> None:
+    """`job submit --response-schema FILE --schema-retries N` on a stub swarm: typed columns in the output."""
+    from typer.testing import CliRunner
+
+    from prefect_swarm.cli.job import job_app
+    from prefect_swarm.config import SwarmConfig
+    from prefect_swarm.swarm import Swarm
+    from prefect_swarm.testing.stub_engine import stub_swarm_config
+
+    (tmp_path / "answer.json").write_text(json.dumps(SCHEMA))
+    make_dataset(tmp_path / "in.parquet", 12)
+    argv = ["submit", "-n", "schema-stub", "--input", str(tmp_path / "in.parquet"), "--output"]
+    argv += [str(tmp_path / "out.parquet"), "--id-column", "id", "--response-schema", str(tmp_path / "answer.json")]
+    argv += ["--schema-retries", "1", "--job-kwargs", '{"sampling": {"max_tokens": 64}}']
+    with Swarm(SwarmConfig.model_validate(stub_swarm_config("schema-stub"))):
+        res = CliRunner().invoke(job_app, argv)
+    assert res.exit_code == 0, res.output
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.schema.field("n").type == pa.int64() and table.num_rows == 12
+    assert all(r["status"] == "ok" for r in table.to_pylist())

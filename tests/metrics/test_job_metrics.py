@@ -104,4 +104,5 @@ def _scrape_when_running(progress: Path, proc: subprocess.Popen[str]) -> Samples
         if doc.get("metrics_url") and doc.get("done", 0) > 0:
             return scrape(doc["metrics_url"])
         time.sleep(0.05)
-    raise AssertionError(f"no metrics_url in {progress} while the job ran (exit {proc.poll()})")
+    err = proc.stderr.read() if proc.stderr and proc.poll() is not None else ""
+    raise AssertionError(f"no metrics_url in {progress} while the job ran (exit {proc.poll()}): {err[-2000:]}")

@@ -34,4 +34,5 @@ def test_budget_stops_the_flow_and_the_rerun_resumes(
     assert again["rows"] == n and again["ok"] == n
     ids = pq.read_table(out, columns=["id"]).column("id").to_pylist()
     assert sorted(ids) == [f"r{i:05d}" for i in range(n)]
-    assert 0 < again["tokens_this_run"]
+    resent = again["tokens_this_run"]
+    assert 0 < resent < again["prompt_tokens"] + again["completion_tokens"], "the rerun did not resume"

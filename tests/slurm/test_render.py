@@ -341,3 +341,31 @@ def test_golden_shard_job_in_its_own_allocation() -> None:
     assert argv[-1] == "--wrap=exec /opt/venv/bin/python -m prefect_swarm.jobs.run --spec /x/spec.json"
     with pytest.raises(ConfigError, match=r"backend\.jobs"):
         render.shard_job_argv(golden_cfg(), name="n", log=Path("/l"), workdir=Path("/w"), command=["x"])
+
+
+def test_the_slurm_example_shows_the_lb_and_site_settings() -> None:
+    from prefect_swarm.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "slurm.yaml")
+    sc = render.slurm_section(cfg)
+    assert sc.lb.partition == "cpu" and sc.lb.cpus == 4 and sc.run_dir == "/shared/prefect-swarm"
+    plan = render.render_plan(cfg)
+    assert "#SBATCH --partition=cpu\n" in plan["lb.sbatch"] and "#SBATCH --mem=8G\n" in plan["lb.sbatch"]
+    assert "#SBATCH --chdir=/shared/prefect-swarm/swarms/qwen-7b\n" in plan["replicas.sbatch"]
+
+
+def test_the_generated_key_is_private_stable_and_only_for_closed_swarms(tmp_path: Path) -> None:
+    from prefect_swarm.backends.slurm import identity
+
+    paths = SwarmPaths(tmp_path / "s")
+    cfg = golden_cfg()
+    assert identity.with_key(cfg, paths).api_key is None  # reading never creates it
+    keyed = identity.with_key(cfg, paths, create=True)
+    assert keyed.api_key is not None and stat.S_IMODE(paths.api_key_file.stat().st_mode) == 0o600
+    assert identity.with_key(cfg, paths).api_key == keyed.api_key  # the next process reads the same key
+    assert identity.with_key(golden_cfg(open_endpoint=True), paths).api_key is None
+    own = SwarmConfig.model_validate({**cfg.model_dump(), "api_key": "sk-mine"})
+    assert identity.with_key(own, paths, create=True) is own
+    paths.api_key_file.chmod(0o644)
+    with pytest.raises(ConfigError, match="can be read by other users"):
+        identity.with_key(cfg, paths)

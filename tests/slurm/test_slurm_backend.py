@@ -133,9 +133,9 @@ def test_usr1_reaches_job_steps_and_a_preempted_shard_resumes(slurm_swarm: MakeS
     while not list(shard_dir.glob("part-*.parquet")) and time.monotonic() < deadline:
         time.sleep(0.3)
     SlurmClient().scancel([job.id], signal="USR1")  # what --signal=USR1@N delivers before the time limit
-    assert compute.wait(job, poll_s=0.5) is JobStatus.FAILED
+    assert compute.wait(job, poll_s=0.5) is JobStatus.PREEMPTED
     probe = compute.probe(job)
-    assert probe.exit_code == 75, probe  # the job runner's "requeue": flushed, resumable
+    assert probe.exit_code == 75 and "PREEMPTED (resumable)" in probe.detail, probe  # flushed, resumable
     assert list(shard_dir.glob("part-*.parquet")), "the ledger was flushed"
     assert not (tmp_path / "out.parquet").exists()
     again = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=1, shard_id=0, detach=False))

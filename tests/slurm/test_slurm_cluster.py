@@ -193,7 +193,8 @@ def test_preempted_shards_are_resumable_and_resubmitted_once(
         # the first submission reads resumable, with the command that resumes it
         status = _json(run_cli("job", "status", "pre-1", "--refresh", "-o", "json"))
         first = status["backend"][0]
-        assert first["exit_code"] == 75 and "PREEMPTED (resumable)" in first["detail"], first
+        assert first["status"] == "PREEMPTED" and first["exit_code"] == 75, first
+        assert "PREEMPTED (resumable)" in first["detail"], first
         assert "--id pre-1" in first["detail"]
     finally:
         run_cli("down", cfg.name, "-y", timeout=120)

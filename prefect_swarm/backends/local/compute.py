@@ -178,5 +178,6 @@ def _aggregate(outcomes: list[tuple[int, str, int | None]], cancelled: bool) -> 
     if cancelled:
         return JobProbe(JobStatus.CANCELLED, exit_code=bad[0][2] if bad else 0, detail=detail or "cancelled")
     if bad:
-        return JobProbe(JobStatus.FAILED, exit_code=bad[0][2], detail=detail)
+        status = JobStatus.combine(JobStatus.of_exit(code if state == "done" else None) for _, state, code in bad)
+        return JobProbe(status, exit_code=bad[0][2], detail=detail)
     return JobProbe(JobStatus.SUCCEEDED, exit_code=0, detail=f"{len(outcomes)} shard(s) succeeded")

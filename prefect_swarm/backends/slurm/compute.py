@@ -13,8 +13,8 @@ would send every row to a dead address.
   or newlines arrive intact, and secrets appear in no printed command and no file.
 * With ``backend.jobs`` each shard is an sbatch job of its own instead (``psw-<swarm>.<job>-...``,
   external id = job ids); the LB job must still run (it is the endpoint).
-* A shard stopped by the scheduler (exit 75 after its flush, or sacct's PREEMPTED) reads FAILED with
-  ``PREEMPTED (resumable)`` and the command that resumes it in the probe's detail.
+* A shard stopped by the scheduler (exit 75 after its flush, or sacct's PREEMPTED) reads PREEMPTED,
+  with the command that resumes it in the probe's detail.
 * Preemption/walltime: the allocation was submitted with ``--signal=USR1@N`` (no ``B:``), which
   Slurm delivers to every job step, so the job process flushes its ledger before it is killed.
 """
@@ -37,7 +37,6 @@ from prefect_swarm.backends.slurm.client import AcctEntry, QueueEntry, SlurmClie
 from prefect_swarm.exceptions import BackendError, CapacityError, ReadinessError
 from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus, jobenv
 from prefect_swarm.interfaces.types import coerce_job_status
-from prefect_swarm.jobs.shard import EXIT_REQUEUE
 from prefect_swarm.paths import JobPaths
 
 if TYPE_CHECKING:
@@ -271,7 +270,7 @@ class SlurmCompute(ComputeBase):
     def _preempted(self, handle: JobHandle, probe: JobProbe) -> JobProbe:
         """A job that ended with shards stopped by Slurm (USR1 before the time limit, preemption:
         exit 75 after the flush, or sacct's PREEMPTED) is resumable: say so, and how."""
-        if probe.status is not JobStatus.FAILED or not (probe.exit_code == EXIT_REQUEUE or "PREEMPTED" in probe.detail):
+        if probe.status is not JobStatus.PREEMPTED:
             return probe
         swarm = self.serving.name if self.serving else self.cfg.name
         how = (
@@ -352,18 +351,16 @@ def _aggregate(
         if entry is None:
             unknown.append(step)
             continue
-        status = coerce_job_status(entry.state)  # PREEMPTED reads FAILED; the detail keeps the state
-        if status is JobStatus.FAILED and step in (cancelled or set()):
+        status = coerce_job_status(entry.state)
+        if status is JobStatus.FAILED and entry.exit_code == jobenv.EXIT_REQUEUE:
+            status = JobStatus.PREEMPTED  # flushed, then stopped by Slurm's signal
+        if status in (JobStatus.FAILED, JobStatus.PREEMPTED) and step in (cancelled or set()):
             status = JobStatus.CANCELLED  # stopped by cancel(): flushed and exited, as asked
         statuses.append(status)
         if entry.exit_code is not None:
             codes.append(entry.exit_code)
     if unknown:
         return JobProbe(None, error=f"step(s) {', '.join(unknown)} in neither squeue nor sacct yet")
-    states = {s: (acct[s].state.split()[0] if s in acct else "") for s in steps}
-    detail = ", ".join(
-        f"{s}={'PREEMPTED' if states[s].startswith('PREEMPTED') else st.value}"
-        for s, st in zip(steps, statuses, strict=True)
-    )
+    detail = ", ".join(f"{s}={st.value}" for s, st in zip(steps, statuses, strict=True))
     exit_code = max(codes, default=None) if all(st.finished for st in statuses) else None
     return JobProbe(JobStatus.combine(statuses), exit_code=exit_code, detail=detail)

@@ -50,7 +50,8 @@ def read_key(paths: SwarmPaths) -> str | None:
         if stat.S_IMODE(mode) & 0o077:
             raise ConfigError(
                 f"{path} (the swarm's API key) can be read by other users (mode {stat.S_IMODE(mode):o}). "
-                f"Delete it (`prefect-swarm down` then `up` makes a new one) or `chmod 600 {path}`."
+                f"`prefect-swarm down` the swarm and delete the file (the next `up` makes a new key), or "
+                f"`chmod 600 {path}` if nobody else read it."
             )
         return fh.read().strip() or None
 
