@@ -250,9 +250,10 @@ class SwarmPaths(Folder):
         """Marker (Slurm): job step ``step_id`` (``123.4``) was stopped by a cancel."""
         return self.root / "steps" / f"{step_id}.cancelled"
 
-    def batch_output(self, job: str, pattern: str) -> Path:
-        """sbatch ``--output`` of job ``job`` (``replicas``, ``lb``) with Slurm's filename ``pattern``."""
-        return self.root / f"{job}-{pattern}.out"
+    def batch_output(self, job: str, pattern: str, stream: str = "out") -> Path:
+        """sbatch ``--output`` (``stream="out"``) or ``--error`` (``"err"``) of job ``job``
+        (``replicas``, ``lb``) with Slurm's filename ``pattern``."""
+        return self.root / f"{job}-{pattern}.{stream}"
 
     def job_dir(self, job_id: str) -> Path:
         """Folder of job ``job_id`` run on this swarm."""

@@ -75,8 +75,9 @@ def submit(
         str | None,
         typer.Option(
             "--response-schema",
-            help="Structured output: a pydantic model 'module:Model' or a JSON Schema file; answers are "
-            "validated and each top-level field becomes a typed column (job kwarg response_schema).",
+            help="Structured output: a pydantic model 'module:Model' or a JSON Schema file (both must be "
+            "readable by the job processes); answers are validated and each top-level field becomes a typed "
+            "column (job kwarg response_schema).",
         ),
     ] = None,
     schema_retries: Annotated[
@@ -127,6 +128,8 @@ def submit(
         kwargs = json.loads(job_kwargs) if job_kwargs else None
     except ValueError as exc:
         raise ConfigError(f"--job-kwargs is not JSON: {exc}") from exc
+    if response_schema and Path(response_schema).expanduser().is_file():  # the job processes may run elsewhere
+        response_schema = str(Path(response_schema).expanduser().resolve())
     structured = {"response_schema": response_schema, "schema_retries": schema_retries}
     if any(v is not None for v in structured.values()):
         kwargs = {**(kwargs or {}), **{k: v for k, v in structured.items() if v is not None}}

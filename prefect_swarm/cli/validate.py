@@ -13,7 +13,7 @@ from rich.syntax import Syntax
 
 from prefect_swarm.cli.output import OutputFormat, console, emit_json
 from prefect_swarm.cli.swarms import ConfigOpt, NameOpt, OutputOpt, ReplicasOpt, make_swarm
-from prefect_swarm.config import LeptonConfig, SwarmConfig, load_config
+from prefect_swarm.config import LeptonConfig, SlurmConfig, SwarmConfig, load_config
 
 MASK = "***"
 
@@ -32,6 +32,7 @@ def validate(
     serving = swarm.backends.serving
     caps = serving.capabilities()
     plan = mask_secrets(serving.plan(), cfg)
+    notes = warnings(cfg)
     if output is OutputFormat.json:
         emit_json(
             {
@@ -41,18 +42,31 @@ def validate(
                 "config": cfg.redacted(),
                 "capabilities": caps.to_dict(),
                 "plan": plan,
+                "warnings": notes,
             }
         )
         return
     console.print(
         f"[green]OK[/]: {config} is a valid {cfg.backend.type} swarm '{cfg.name}' ({cfg.replicas} x {cfg.model_name})."
     )
+    for note in notes:
+        console.print(f"[yellow]warning[/]: {note}")
     if show_config:
         console.print(Syntax(yaml.safe_dump(cfg.redacted(), sort_keys=False), "yaml", background_color="default"))
     console.print(f"[bold]would start[/] (rendered by the {cfg.backend.type} backend; nothing was started):")
     for fname, text in plan.items():
         console.print(f"[bold]--- {fname}[/]")
         console.print(text, markup=False)
+
+
+def warnings(cfg: SwarmConfig) -> list[str]:
+    """What is valid but risky in ``cfg``."""
+    if isinstance(cfg.backend, SlurmConfig) and cfg.backend.open_endpoint and cfg.api_key is None:
+        return [
+            "backend.open_endpoint: true serves without an API key: any user of the cluster who can "
+            "reach a node can send requests to this swarm's replicas and LB. Remove it to get a key per swarm."
+        ]
+    return []
 
 
 def mask_secrets(plan: dict[str, str], cfg: SwarmConfig) -> dict[str, str]:

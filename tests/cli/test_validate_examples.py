@@ -63,6 +63,24 @@ def test_the_slurm_plan_is_the_rendered_scripts(run_cli: RunCli, no_credentials:
         and "#SBATCH --array=" in doc["plan"]["replicas.sbatch"]
     )
     assert "upstream" in doc["plan"]["nginx.conf"]
+    for script, stem in (("replicas.sbatch", "replicas-%A_%a"), ("lb.sbatch", "lb-%j")):
+        text = doc["plan"][script]  # a site's tools want stdout and stderr apart
+        assert f"/{stem}.out\n" in text and "#SBATCH --error=" in text and f"/{stem}.err\n" in text
+    assert doc["warnings"] == []
+
+
+def test_an_open_slurm_endpoint_is_valid_with_a_warning(
+    run_cli: RunCli, no_credentials: dict[str, str], tmp_path: Path
+) -> None:
+    config = tmp_path / "open.yaml"
+    text = (EXAMPLE_DIR / "slurm.yaml").read_text().replace("  type: slurm\n", "  type: slurm\n  open_endpoint: true\n")
+    assert "open_endpoint: true" in text
+    config.write_text(text)
+    env = {k: v for k, v in no_credentials.items() if k != "PREFECT_SWARM_API_KEY"}
+    doc = json.loads(run_cli("validate", "-c", str(config), "-o", "json", env=env).stdout)
+    assert doc["valid"] is True and len(doc["warnings"]) == 1 and "open_endpoint" in doc["warnings"][0]
+    shown = run_cli("validate", "-c", str(config), env=env)
+    assert shown.returncode == 0 and "warning" in shown.stdout and "without an API key" in shown.stdout
 
 
 def test_the_lepton_plan_masks_the_endpoint_token(

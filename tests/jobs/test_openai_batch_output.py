@@ -102,3 +102,20 @@ def test_error_text_is_capped_and_stays_valid_json() -> None:
     many = json.dumps([{"k": i} for i in range(5000)]).encode()
     assert json.loads(_snippet(many))  # cut between values, never inside one
     assert _snippet(b"plain text " * 500).endswith("...")
+
+
+def test_retries_spent_on_5xx_and_connection_errors(tmp_path: Path, stub_factory) -> None:
+    """A 5xx whose retries are spent is OpenAI's response (status + the engine's body); no answer is an error."""
+    failing = stub_factory(error_rate=1.0)
+    out = _run(tmp_path, failing, "out.jsonl", max_retries=1, backoff_base_s=0.01, max_failed_fraction=1.0)
+    sent = [o for o in out if o["custom_id"].startswith("ok-")]  # the others are refused (400/404) first
+    assert len(sent) == 3
+    assert all(o["error"] is None and o["response"]["status_code"] in (500, 503) for o in sent)
+    assert all(o["response"]["body"] == {"error": {"message": "injected failure"}} for o in sent)
+    (tmp_path / "job").rename(tmp_path / "job-5xx")
+    failing.stop()  # nothing listens any more: connection errors
+    out = _run(tmp_path, failing, "out2.jsonl", max_retries=0, max_failed_fraction=1.0)
+    assert all(
+        o["response"] is None and o["error"]["code"] == "request_failed" for o in out if o["custom_id"] != "stream"
+    )
+    assert all("connection error" in o["error"]["message"] for o in out if o["custom_id"] != "stream")

@@ -165,6 +165,14 @@ def _common_options(
     return opts
 
 
+def _output_options(paths: SwarmPaths, job: str, pattern: str) -> list[str]:
+    """The batch step's stdout and stderr, in two files a site's tools can tell apart."""
+    return [
+        f"--{option}={sbatch_value('backend.run_dir', paths.batch_output(job, pattern, stream))}"
+        for option, stream in (("output", "out"), ("error", "err"))
+    ]
+
+
 def file_options(cfg: SwarmConfig, paths: SwarmPaths) -> list[str]:
     """``--chdir`` (the run dir), ``--open-mode=append`` (a requeued task adds to its log instead of
     truncating it) and ``--export`` (``backend.export`` plus :data:`NEEDED_EXPORT`, or ALL)."""
@@ -203,7 +211,7 @@ def replicas_options(cfg: SwarmConfig, paths: SwarmPaths) -> list[str]:
         "--ntasks=1",
     ]
     cpus, *gpus_mem = task_resources(cfg, n_per)
-    opts += [cpus, f"--output={sbatch_value('backend.run_dir', paths.batch_output('replicas', '%A_%a'))}"]
+    opts += [cpus, *_output_options(paths, "replicas", "%A_%a")]
     opts += gpus_mem
     opts += file_options(cfg, paths)
     opts += _common_options(sc, partition=sc.partition, account=sc.account, qos=sc.qos, time_limit=sc.time_limit)
@@ -245,7 +253,7 @@ def lb_options(cfg: SwarmConfig, paths: SwarmPaths) -> list[str]:
         "--nodes=1",
         "--ntasks=1",
         f"--cpus-per-task={lb.cpus}",
-        f"--output={sbatch_value('backend.run_dir', paths.batch_output('lb', '%j'))}",
+        *_output_options(paths, "lb", "%j"),
     ]
     if lb.mem:
         opts.append(f"--mem={_mem(lb.mem, 1, 'backend.lb.mem')}")

@@ -354,7 +354,7 @@ class SlurmServing:
         raise ReadinessError(
             f"swarm '{self.cfg.name}' was not ready after {timeout_s:g}s: {last}",
             hint=f"replica logs: {self.paths.root}/replica-<i>.log and watchdog-<i>.log; "
-            f"LB: {self.paths.root}/lb-*.out",
+            f"LB: {self.paths.root}/lb-*.out and lb-*.err",
         )
 
     def _check_queue(self, handle: ServingHandle, jobs: SwarmJobs, waited: float) -> None:
@@ -440,7 +440,7 @@ class SlurmServing:
 
     def _evidence(self) -> str:
         tails = []
-        for path in sorted(self.paths.root.glob("*.out"))[-3:]:
+        for path in sorted([*self.paths.root.glob("*.out"), *self.paths.root.glob("*.err")])[-4:]:
             tails.append(f"--- {path.name}\n{read_tail(path) or '(missing)'}")
         for i in range(min(self.cfg.replicas, 2)):
             log = self.paths.replica_log(i)
