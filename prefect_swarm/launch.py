@@ -525,11 +525,13 @@ def wait_job(
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     store: StateStore | None = None,
 ) -> dict[str, Any]:
-    """Poll until no shard process runs; then commit if every shard is done. Returns the final status.
+    """Poll (in steps growing from ``POLL_MIN_S`` to ``poll_s``) until no shard process runs; then
+    commit if every shard is done. Returns the final status.
 
     Raises JobError on timeout (the job keeps running).
     """
     store = store or StateStore()
+    step = min(POLL_MIN_S, poll_s)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     budget = _job_budget(job_id, store)
     while True:
@@ -545,7 +547,8 @@ def wait_job(
                 f"job {job_id} still {doc['status']} after {timeout_s:g}s; it keeps running. "
                 f"`prefect-swarm job status {job_id}` shows its progress."
             )
-        time.sleep(poll_s)
+        time.sleep(step)
+        step = min(step * 1.5, poll_s)
     if doc["status"] == JobStatus.SUCCEEDED and commit and doc.get("kind") == "batch" and not doc["committed"]:
         commit_job(job_id, store=store)
         doc = job_status(job_id, refresh=False, store=store)

@@ -1,7 +1,7 @@
 """The job fingerprint: what must not change for a checkpoint to be resumed.
 
 Input identity (each file's path, size, mtime), job class and kwargs, model, the swarm's engine
-fingerprint, the id column and the output format. Runner knobs (concurrency, retries, endpoints,
+fingerprint, the id column, the output format and a response schema's content. Runner knobs (concurrency, retries, endpoints,
 timeouts) and commit-only choices (input/output columns) may change between runs.
 """
 
@@ -27,7 +27,19 @@ def fingerprint_details(spec: JobSpec, dataset: InputDataset | None = None) -> d
         "swarm_fingerprint": spec.swarm_fingerprint,
         "id_column": spec.id_column,
         "output_format": spec.output_format,
+        **_schema_details(spec),
     }
+
+
+def _schema_details(spec: JobSpec) -> dict[str, Any]:
+    """The response schema's content (not only its name): an edited schema must not resume a
+    checkpoint whose answers were checked against the old one."""
+    ref = (spec.job_kwargs or {}).get("response_schema")
+    if not ref:
+        return {}
+    from prefect_swarm.jobs.structured import ResponseSchema
+
+    return {"response_schema": hash_details(ResponseSchema.load(str(ref)).schema)}
 
 
 def hash_details(details: dict[str, Any]) -> str:

@@ -130,3 +130,19 @@ def test_cli_response_schema_flags(tmp_path: Path) -> None:
     table = pq.read_table(tmp_path / "out.parquet")
     assert table.schema.field("n").type == pa.int64() and table.num_rows == 12
     assert all(r["status"] == "ok" for r in table.to_pylist())
+
+
+def test_an_edited_schema_changes_the_job_fingerprint(tmp_path: Path) -> None:
+    """A checkpoint checked against one schema must not be resumed under an edited one of the same name."""
+    from prefect_swarm.jobs.fingerprint import job_fingerprint
+    from prefect_swarm.jobs.spec import JobSpec
+
+    make_dataset(tmp_path / "in.parquet", 5)
+    schema_file = tmp_path / "answer.json"
+    schema_file.write_text(json.dumps(SCHEMA))
+    kwargs = {"response_schema": str(schema_file)}
+    spec = JobSpec.model_validate(json.loads(write_spec(tmp_path, job_kwargs=kwargs).read_text()))
+    before = job_fingerprint(spec)
+    assert job_fingerprint(spec) == before
+    schema_file.write_text(json.dumps({**SCHEMA, "required": ["answer"]}))
+    assert job_fingerprint(spec) != before

@@ -3,8 +3,11 @@ process left); the rerun with a larger cap resumes and writes each row exactly o
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pyarrow.parquet as pq
 import pytest
 from helpers import job_options, prompts, stub_swarm, swarm_processes, wait_for
@@ -29,10 +32,31 @@ def test_budget_stops_the_flow_and_the_rerun_resumes(
     wait_for(lambda: not swarm_processes(swarm_home, "budgeted", cfg["port"]), 30, what="no process left")
     assert not out.exists()
 
-    cfg["backend"]["cost"] = {"max_gpu_hours": 1.0}
+    cfg["backend"]["cost"] = {"max_gpu_hours": 1.0, "gpu_hour_usd": 2.0}  # neither changes the checkpoints' key
+    since = datetime.now(UTC) - timedelta(seconds=5)
     again = batch_inference(cfg, opts, str(inp), str(out), shards=1)
     assert again["rows"] == n and again["ok"] == n
     ids = pq.read_table(out, columns=["id"]).column("id").to_pylist()
     assert sorted(ids) == [f"r{i:05d}" for i in range(n)]
     resent = again["tokens_this_run"]
     assert 0 < resent < again["prompt_tokens"] + again["completion_tokens"], "the rerun did not resume"
+    # the run's summary (the artifact's row) and the job.committed event carry the priced figures
+    assert again["gpu_hours"] > 0 and again["usd"] == pytest.approx(2.0 * again["gpu_hours"], abs=1e-3)
+    assert again["usd_per_million_tokens"] == pytest.approx(again["usd"] / resent * 1e6, rel=0.05)
+    committed = _committed_event(prefect_api.api_url, since)
+    cost = committed["payload"]["cost"]
+    assert cost["gpu_hours"] > 0 and cost["usd"] == pytest.approx(2.0 * cost["gpu_hours"], abs=1e-3), cost
+
+
+def _committed_event(api_url: str, since: datetime) -> dict[str, Any]:
+    body = {"filter": {"event": {"name": ["prefect-swarm.job.committed"]}, "occurred": {"since": since.isoformat()}}}
+    found: list[dict[str, Any]] = []
+
+    def read() -> bool:
+        resp = httpx.post(api_url + "/events/filter", json={**body, "limit": 10}, timeout=10)
+        resp.raise_for_status()
+        found[:] = resp.json()["events"]
+        return bool(found)
+
+    wait_for(read, 30, what="the job.committed event")
+    return found[0]
