@@ -1,8 +1,9 @@
 """The job fingerprint: what must not change for a checkpoint to be resumed.
 
 Input identity (each file's path, size, mtime), job class and kwargs, model, the swarm's engine
-fingerprint, the id column, the output format and a response schema's content. Runner knobs (concurrency, retries, endpoints,
-timeouts) and commit-only choices (input/output columns) may change between runs.
+fingerprint, the id column, the output format and a response schema's content. Runner knobs
+(concurrency, retries, endpoints, timeouts) and commit-only choices (input/output columns) may
+change between runs.
 """
 
 from __future__ import annotations
