@@ -22,13 +22,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.config.cost import BudgetGuard, BudgetReached, job_cost, recorded_cost
 from prefect_swarm.exceptions import CapacityError, ConfigError, DatasetError, JobError
 from prefect_swarm.interfaces import ComputeBackend, JobEnv, JobHandle, JobProbe, JobRequest, JobStatus
 from prefect_swarm.interfaces.jobenv import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE
+from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.commit import Verdict, commit_output, manifest_current, manifest_verdict
 from prefect_swarm.jobs.fingerprint import job_fingerprint
 from prefect_swarm.jobs.plan import check_resume, job_progress, pending_shards, shard_progress
@@ -51,7 +51,7 @@ POLL_MIN_S, POLL_MAX_S = 0.1, 2.0
 def job_id_for(swarm_name: str | None, spec: JobSpec, fingerprint: str) -> str:
     """The job id for these parameters: the same output, fingerprint and shard count give the same id,
     so a rerun (from the CLI or a flow) finds its ledger and its record."""
-    key = f"{Path(spec.output).expanduser().resolve()}|{fingerprint}|{spec.shards}"
+    key = f"{storage.parse(spec.output, 'output').uri}|{fingerprint}|{spec.shards}"
     return f"{swarm_name or 'job'}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
 

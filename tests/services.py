@@ -11,6 +11,7 @@ through the root ``conftest.py``).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -58,6 +59,18 @@ def missing_slurm() -> str | None:
     if out.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc", "comp")) for s in out.stdout.split()):
         seen = out.stdout.strip() or out.stderr.strip()
         return f"no Slurm node is up (sinfo: {seen}); run scripts/slurm/start-slurm.sh"
+    return None
+
+
+def missing_two_node_slurm() -> str | None:
+    """Why the two-node test cluster (scripts/slurm/two-node-up.sh) cannot be started here, or None."""
+    if os.geteuid() != 0:
+        return "the two-node Slurm test cluster needs root (network namespaces, a bridge)"
+    for tool in ("ip", "unshare", "nsenter", "slurmctld", "slurmd", "sbatch", "sinfo", "munge"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` not found; run `make slurm` (Slurm, munge) and apt-get install iproute2 util-linux"
+    if importlib.util.find_spec("ray") is None:
+        return "ray not installed; `make venv` installs it (dev extra)"
     return None
 
 

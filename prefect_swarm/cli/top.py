@@ -70,26 +70,25 @@ class TopSampler:
             "metrics_reason": reason,
         }
 
-    def _scrape(self, url: str) -> tuple[Samples, float | None]:
-        """Scrape ``url``; return the samples and seconds since the previous scrape of it (None: first)."""
-        now = time.monotonic()
-        samples = scrape(url)
-        before = self.previous.get(url)
+    def _rate(self, url: str, samples: Samples, name: str) -> float | None:
+        """Per second growth of counter ``name`` since the previous scrape of ``url`` (None: first look);
+        ``samples`` become the previous scrape."""
+        now, before = time.monotonic(), self.previous.get(url)
         self.previous[url] = (now, samples)
-        return samples, (now - before[0]) if before else None
+        value = total(samples, name)
+        old = total(before[1], name) if before else None
+        if before is None or value is None or old is None or now <= before[0]:
+            return None
+        return round(max(0.0, value - old) / (now - before[0]), 1)
 
     def _engine(self, url: str) -> dict[str, Any]:
-        before = self.previous.get(url)
         try:
-            samples, dt = self._scrape(url)
+            samples = scrape(url)
         except OSError as exc:
             return _na(f"{url}: {exc}")
         kv = next((v for v in (total(samples, k) for k in KV_USAGE) if v is not None), None)
         gen = total(samples, GEN_TOKENS)
-        tok_s = None
-        if before is not None and dt and gen is not None:
-            old = total(before[1], GEN_TOKENS)
-            tok_s = None if old is None else round(max(0.0, gen - old) / dt, 1)
+        tok_s = self._rate(url, samples, GEN_TOKENS)
         return {
             "running": total(samples, "vllm:num_requests_running"),
             "waiting": total(samples, "vllm:num_requests_waiting"),
@@ -110,14 +109,11 @@ class TopSampler:
         rate = round(sum(float(p.get("rate_rows_s") or 0) for p in running), 1)
         eta = round((total_rows - done) / rate) if total_rows and rate else None
         inflight: float | None = None
-        for p in running:
+        for url in (p["metrics_url"] for p in running if p.get("metrics_url")):
             with contextlib.suppress(OSError):
-                value = (
-                    total(scrape(p["metrics_url"]), "prefect_swarm_requests_in_flight")
-                    if p.get("metrics_url")
-                    else None
-                )
-                inflight = None if value is None else (inflight or 0) + value
+                value = total(scrape(url), "prefect_swarm_requests_in_flight")
+                if value is not None:
+                    inflight = (inflight or 0) + value
         return {
             "id": rec.id,
             "status": rec.status.value,
@@ -203,12 +199,19 @@ def _keys() -> Iterator[None]:
 
 
 def _quit_pressed(timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` for a key; True when it was ``q``."""
-    if not sys.stdin.isatty():
+    """Wait up to ``timeout_s`` for a key on stdin (a terminal or a pipe); True when it was ``q``."""
+    try:
+        ready, _, _ = select.select([sys.stdin], [], [], timeout_s)
+    except (OSError, ValueError):  # no stdin to read from: Ctrl-C stops the view
         time.sleep(timeout_s)
         return False
-    ready, _, _ = select.select([sys.stdin], [], [], timeout_s)
-    return bool(ready) and sys.stdin.read(1).lower() == "q"
+    if not ready:
+        return False
+    key = sys.stdin.read(1)
+    if not key:  # end of input: nothing more will come
+        time.sleep(timeout_s)
+        return False
+    return key.lower() == "q"
 
 
 def top(

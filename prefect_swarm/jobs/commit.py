@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prefect_swarm.exceptions import JobError
+from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.api import load_job
 from prefect_swarm.jobs.dataset import InputDataset, shard_range
 from prefect_swarm.jobs.fingerprint import job_fingerprint
@@ -96,14 +97,14 @@ def commit_output(spec: JobSpec, *, force: bool = False, bucket_rows: int | None
         fp = job_fingerprint(spec)
         signature = _ledger_signature(spec, fp)
         old = read_json(spec.paths.manifest)
-        if not force and old and old.get("signature") == signature and Path(spec.output).exists():
+        if not force and old and old.get("signature") == signature and storage.parse(spec.output, "output").exists():
             return dict(old)
         return _commit(spec, fp, signature, _bucket_rows(bucket_rows))
 
 
 def manifest_current(spec: JobSpec, manifest: Mapping[str, Any] | None) -> bool:
     """``manifest`` describes the output of the ledger as it is now (no row was rerun since the commit)."""
-    if not manifest or not Path(spec.output).exists():
+    if not manifest or not storage.parse(spec.output, "output").exists():
         return False
     spec = spec.model_copy(update={"retry_failed": False})
     return manifest.get("signature") == _ledger_signature(spec, job_fingerprint(spec))
@@ -130,8 +131,10 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
     counts = {"rows": 0, "ok": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
     gz = str(spec.output).endswith(".gz")
     writer: _Writer = _JsonlWriter(gz) if spec.output_format == "openai-batch" else _ParquetWriter()
+    out = storage.parse(spec.output, "output")
+    storage.remove_stale_temps(out)  # left by a commit killed mid-write (object stores)
     with atomic_file(spec.paths.failed_rows) as failed_tmp, open(failed_tmp, "w") as failed:
-        with atomic_file(Path(spec.output).expanduser()) as tmp:
+        with storage.publish(out) as tmp:
             writer.open(tmp)
             finish = job.finish_batch if spec.output_format == "parquet" else None
             for i in range(spec.shards):
@@ -139,7 +142,8 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
                     _count(merged, counts, failed)
                     writer.write(finish(merged) if finish else merged)
             writer.close()
-            _as_new_file(tmp)
+            if isinstance(tmp, Path):
+                _as_new_file(tmp)
         _as_new_file(failed_tmp)
         if counts["rows"] != ds.num_rows:  # failed.jsonl is then left as it was
             raise JobError(f"commit of {spec.output} produced {counts['rows']} rows for {ds.num_rows} input rows.")
@@ -362,7 +366,7 @@ def _load_bucket(path: Path | None, i: int, extra: list[str], lo: int, hi: int) 
 class _Writer(Protocol):
     """An output format: opened on the temp path, fed record batches in input order, closed."""
 
-    def open(self, path: Path) -> None: ...
+    def open(self, path: Path | pa.NativeFile) -> None: ...
 
     def write(self, batch: pa.RecordBatch) -> None: ...
 
@@ -372,7 +376,7 @@ class _Writer(Protocol):
 class _ParquetWriter:
     """Parquet output: input columns + outputs + status, error, tokens (``_id`` and internals dropped)."""
 
-    def open(self, path: Path) -> None:
+    def open(self, path: Path | pa.NativeFile) -> None:
         self.path = path
         self.writer: pq.ParquetWriter | None = None
 
@@ -405,8 +409,11 @@ class _JsonlWriter:
     def __init__(self, gz: bool = False) -> None:
         self.gz = gz
 
-    def open(self, path: Path) -> None:
-        self.fh: TextIO = (
+    def open(self, path: Path | pa.NativeFile) -> None:
+        if not isinstance(path, Path):  # a stream to an object store (see storage.publish)
+            self.fh: TextIO | _TextSink = _TextSink(path, self.gz)
+            return
+        self.fh = (
             gzip.open(path, "wt", encoding="utf-8") if self.gz else open(path, "w", encoding="utf-8")  # noqa: SIM115
         )
 
@@ -427,6 +434,21 @@ class _JsonlWriter:
 
     def close(self) -> None:
         self.fh.close()
+
+
+class _TextSink:
+    """Text written as UTF-8 to a binary stream (gzip-compressed with ``gz``); closing leaves the stream open."""
+
+    def __init__(self, sink: pa.NativeFile, gz: bool) -> None:
+        self.sink = sink
+        self.gz = gzip.GzipFile(fileobj=sink, mode="wb") if gz else None
+
+    def write(self, text: str) -> None:
+        (self.gz or self.sink).write(text.encode("utf-8"))
+
+    def close(self) -> None:
+        if self.gz is not None:
+            self.gz.close()
 
 
 def batch_line_result(

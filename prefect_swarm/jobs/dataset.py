@@ -27,9 +27,11 @@ from typing import Any, BinaryIO, cast
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from prefect_swarm.exceptions import ConfigError, DatasetError
+from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.spec import is_jsonl
 
 _BATCH_COLUMNS = ("custom_id", "method", "url", "body")
@@ -45,14 +47,17 @@ _READ_ERRORS = (OSError, EOFError, zlib.error)
 """What reading a damaged gzip stream raises (BadGzipFile is an OSError)."""
 
 
-def _magic(path: Path) -> bytes:
+def _magic(path: Path | str, fs: pafs.FileSystem | None = None) -> bytes:
+    if fs is not None:
+        with fs.open_input_stream(str(path), compression=None) as stream:
+            return bytes(stream.read(8))
     with open(path, "rb") as fh:
         return fh.read(8)
 
 
-def _whole_file_compression(path: Path) -> str | None:
+def _whole_file_compression(path: Path | str, fs: pafs.FileSystem | None = None) -> str | None:
     """``gzip``, ``zstd``, ``bzip2``, ``xz`` or ``zip`` when the file's bytes are one of those; else None."""
-    head = _magic(path)
+    head = _magic(path, fs)
     if head.startswith(_GZIP_MAGIC):
         return "gzip"
     return next((name for magic, name in _OTHER_COMPRESSIONS.items() if head.startswith(magic)), None)
@@ -63,6 +68,7 @@ class InputFile:
     """One input file and the global index of its first row."""
 
     path: Path
+    """The file (on an object store: its ``bucket/key`` as a path, read through the dataset's filesystem)."""
     first_row: int
     num_rows: int
 
@@ -78,28 +84,40 @@ class InputDataset:
     """A parquet file/folder or an OpenAI Batch JSONL file, opened for validation and streaming."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path).expanduser()
+        self.location = storage.parse(path, "input")
+        self.fs: pafs.FileSystem | None = self.location.fs if self.location.remote else None
+        """The object store's filesystem (None for a local input: read with plain file calls)."""
+        self.path = Path(self.location.path)
+        self.where = self.location.text if self.fs is not None else str(self.path)
+        """The input as named in messages."""
         self.kind = "jsonl" if is_jsonl(str(path)) else "parquet"
         self.compression: str | None = None
         """``gzip`` for a gzip-compressed JSONL file."""
-        self.files = self._open_jsonl() if self.kind == "jsonl" else self._open_parquet()
+        if self.fs is not None:
+            self.files = self._open_remote()
+        else:
+            self.files = self._open_jsonl() if self.kind == "jsonl" else self._open_parquet()
         self.num_rows = sum(f.num_rows for f in self.files)
         if self.num_rows == 0:
-            raise DatasetError(f"input {self.path} has no rows. Nothing to run: check the file.")
+            raise DatasetError(f"input {self.where} has no rows. Nothing to run: check the file.")
 
     # ------------------------------------------------------------------ open
     def _open_parquet(self) -> list[InputFile]:
         if not self.path.exists():
-            raise DatasetError(f"input {self.path} does not exist.")
+            raise DatasetError(f"input {self.where} does not exist.")
         paths = sorted(self.path.glob("*.parquet")) if self.path.is_dir() else [self.path]
+        return self._parquet_files(paths)
+
+    def _parquet_files(self, paths: list[Path]) -> list[InputFile]:
         if not paths:
-            raise DatasetError(f"input folder {self.path} holds no *.parquet file.")
+            raise DatasetError(f"input folder {self.where} holds no *.parquet file.")
         files, first, schema = [], 0, None
         for p in paths:
             meta = self._meta(p)
             if schema is not None and not meta.schema.to_arrow_schema().equals(schema):
                 raise DatasetError(
-                    f"input file {p} has a different schema from {paths[0]}:\n{meta.schema.to_arrow_schema()}"
+                    f"input file {self._name(p)} has a different schema from {self._name(paths[0])}:\n"
+                    f"{meta.schema.to_arrow_schema()}"
                 )
             schema = meta.schema.to_arrow_schema()
             files.append(InputFile(p, first, meta.num_rows))
@@ -107,31 +125,61 @@ class InputDataset:
         self.schema: pa.Schema = schema.remove_metadata()  # type: ignore[union-attr]
         return files
 
-    @staticmethod
-    def _meta(path: Path) -> pq.FileMetaData:
+    def _open_remote(self) -> list[InputFile]:
+        """The input on an object store: one file, or (parquet) a folder of ``*.parquet`` keys."""
+        assert self.fs is not None
+        info = self.location.info()
+        if info.type == pafs.FileType.NotFound:
+            raise DatasetError(
+                f"input {self.where} does not exist (or the credentials in the environment cannot see it)."
+            )
+        if self.kind == "jsonl":
+            if info.type != pafs.FileType.File:
+                raise DatasetError(f"input {self.where} is not a file: a JSONL input is one file.")
+            self.compression = _whole_file_compression(self.path, self.fs)
+            if self.compression not in (None, "gzip"):
+                raise DatasetError(
+                    f"input {self.where} is {self.compression}-compressed; JSONL inputs are read plain or "
+                    "gzip-compressed (.jsonl.gz). Decompress it, or recompress it with gzip."
+                )
+            self.schema = _BATCH_SCHEMA
+            with self._open_lines() as fh:
+                return [InputFile(self.path, 0, sum(bool(line.strip()) for line in fh))]
+        if info.type == pafs.FileType.Directory:
+            found = self.fs.get_file_info(pafs.FileSelector(self.location.path))
+            paths = sorted(Path(i.path) for i in found if i.is_file and i.path.endswith(".parquet"))
+        else:
+            paths = [self.path]
+        return self._parquet_files(paths)
+
+    def _meta(self, path: Path) -> pq.FileMetaData:
         try:
-            return pq.read_metadata(path)
+            return pq.read_metadata(str(path), filesystem=self.fs) if self.fs is not None else pq.read_metadata(path)
         except (pa.ArrowException, OSError) as exc:
-            packed = _whole_file_compression(path) if path.is_file() else None
+            if self.fs is not None:
+                packed = _whole_file_compression(path, self.fs)
+            else:
+                packed = _whole_file_compression(path) if path.is_file() else None
             if packed:
                 raise DatasetError(
-                    f"input file {path} is a {packed}-compressed file, not a parquet file. Parquet "
+                    f"input file {self._name(path)} is a {packed}-compressed file, not a parquet file. Parquet "
                     "compresses its pages itself: decompress the file (a .parquet file is read "
                     "whatever its page compression), or give a JSONL input a .jsonl or .jsonl.gz name."
                 ) from exc
             raise DatasetError(
-                f"input file {path} is not a readable parquet file ({exc}). Check that it was written completely."
+                f"input file {self._name(path)} is not a readable parquet file ({exc}). "
+                "Check that it was written completely."
             ) from exc
 
     def _open_jsonl(self) -> list[InputFile]:
         if not self.path.exists():
-            raise DatasetError(f"input {self.path} does not exist.")
+            raise DatasetError(f"input {self.where} does not exist.")
         if not self.path.is_file():
-            raise DatasetError(f"input {self.path} is not a file: a JSONL input is one file.")
+            raise DatasetError(f"input {self.where} is not a file: a JSONL input is one file.")
         self.compression = _whole_file_compression(self.path)
         if self.compression not in (None, "gzip"):
             raise DatasetError(
-                f"input {self.path} is {self.compression}-compressed; JSONL inputs are read plain or "
+                f"input {self.where} is {self.compression}-compressed; JSONL inputs are read plain or "
                 "gzip-compressed (.jsonl.gz). Decompress it, or recompress it with gzip."
             )
         n, lineno = 0, 0
@@ -144,15 +192,27 @@ class InputDataset:
         self.schema = _BATCH_SCHEMA
         return [InputFile(self.path, 0, n)]
 
+    def _name(self, path: Path) -> str:
+        """A file of the input as named in messages (``s3://bucket/key`` on an object store)."""
+        return f"{self.location.scheme}://{path}" if self.fs is not None else str(path)
+
+    def _open_parquet_file(self, path: Path) -> pq.ParquetFile:
+        if self.fs is not None:
+            return pq.ParquetFile(self.fs.open_input_file(str(path)))
+        return pq.ParquetFile(path)
+
     def _open_lines(self) -> BinaryIO:
         """The JSONL file's bytes, decompressed when they are gzip."""
+        if self.fs is not None:
+            stream = cast(BinaryIO, self.fs.open_input_stream(str(self.path), compression=None))
+            return cast(BinaryIO, gzip.GzipFile(fileobj=stream)) if self.compression == "gzip" else stream
         if self.compression == "gzip":
             return cast(BinaryIO, gzip.open(self.path, "rb"))
         return open(self.path, "rb")
 
     def _damaged(self, lineno: int, exc: BaseException) -> DatasetError:
         return DatasetError(
-            f"input {self.path}: the gzip stream is damaged at line {lineno} "
+            f"input {self.where}: the gzip stream is damaged at line {lineno} "
             f"({type(exc).__name__}: {exc}). Check that the file was written and copied completely."
         )
 
@@ -160,6 +220,11 @@ class InputDataset:
     def identity(self) -> list[dict[str, Any]]:
         """What identifies this input for fingerprints: each file's path, size and mtime."""
         out = []
+        if self.fs is not None:
+            for f in self.files:
+                info = self.fs.get_file_info(str(f.path))
+                out.append({"path": self._name(f.path), "size": info.size, "mtime_ns": info.mtime_ns})
+            return out
         for f in self.files:
             st = os.stat(f.path)
             out.append({"path": str(f.path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
@@ -172,20 +237,20 @@ class InputDataset:
         for col in [*needed, *([id_column] if id_column else []), *(keep or [])]:
             if col not in names:
                 raise DatasetError(
-                    f"input {self.path}: column '{col}' is missing (columns: {', '.join(names)}). "
+                    f"input {self.where}: column '{col}' is missing (columns: {', '.join(names)}). "
                     "Rename the column or point the job at another one (job_kwargs / id_column)."
                 )
         for col, kind in needed.items():
             typ = self.schema.field(col).type
             if not _kind_ok(kind, typ):
                 raise DatasetError(
-                    f"input {self.path}: column '{col}' has type {typ}, but the job needs {kind} ({_KIND_HELP[kind]})."
+                    f"input {self.where}: column '{col}' has type {typ}, but the job needs {kind} ({_KIND_HELP[kind]})."
                 )
         if id_column:
             typ = self.schema.field(id_column).type
             if not (pa.types.is_integer(typ) or pa.types.is_string(typ) or pa.types.is_large_string(typ)):
                 raise DatasetError(
-                    f"input {self.path}: id column '{id_column}' has type {typ}; use integers or strings."
+                    f"input {self.where}: id column '{id_column}' has type {typ}; use integers or strings."
                 )
 
     def check_has_values(self, columns: list[str]) -> None:
@@ -195,7 +260,7 @@ class InputDataset:
         for col in columns:
             if self.null_count(col) >= self.num_rows:
                 raise DatasetError(
-                    f"input {self.path}: column '{col}' is empty: every one of its {self.num_rows} values "
+                    f"input {self.where}: column '{col}' is empty: every one of its {self.num_rows} values "
                     "is null, so no row has anything to send. Fill the column, or point the job at "
                     "another one (job_kwargs)."
                 )
@@ -204,7 +269,7 @@ class InputDataset:
         """Null values of ``column``: from the files' statistics when they have them, else by a scan."""
         total = 0
         for f in self.files:
-            counted = _stats_null_count(pq.read_metadata(f.path), column)
+            counted = _stats_null_count(self._meta(f.path), column)
             if counted is None:
                 break
             total += counted
@@ -225,7 +290,7 @@ class InputDataset:
         for _, batch in self.iter_range(0, self.num_rows, [id_column], 65536):
             arr = batch.column(0)
             if arr.null_count:
-                raise DatasetError(f"input {self.path}: id column '{id_column}' has empty (null) values.")
+                raise DatasetError(f"input {self.where}: id column '{id_column}' has empty (null) values.")
             hashes[pos : pos + len(arr)] = _id_hashes(arr)
             pos += len(arr)
         hashes.sort()
@@ -244,7 +309,7 @@ class InputDataset:
         if dups:
             example = min(dups, key=str)
             raise DatasetError(
-                f"input {self.path}: id column '{id_column}' has {len(dups)} duplicated values "
+                f"input {self.where}: id column '{id_column}' has {len(dups)} duplicated values "
                 f"(e.g. {example!r}). Ids must be unique: dedupe the input, "
                 "or drop id_column to use row numbers."
             )
@@ -265,7 +330,7 @@ class InputDataset:
     def _iter_parquet(
         self, f: InputFile, lo: int, hi: int, columns: list[str] | None, batch_rows: int
     ) -> Iterator[tuple[int, pa.RecordBatch]]:
-        pf = pq.ParquetFile(f.path)
+        pf = self._open_parquet_file(f.path)
         meta, first = pf.metadata, f.first_row
         for rg in range(meta.num_row_groups):
             rg_rows = meta.row_group(rg).num_rows
@@ -280,7 +345,7 @@ class InputDataset:
                     batch = next(batches, None)
                 except (pa.ArrowException, OSError) as exc:
                     raise DatasetError(
-                        f"input file {f.path}: row group {rg} (rows {rg_lo}..{rg_hi - 1}) cannot be read: "
+                        f"input file {self._name(f.path)}: row group {rg} (rows {rg_lo}..{rg_hi - 1}) cannot be read: "
                         f"{type(exc).__name__}: {exc}. The file is damaged; rewrite it from its source. "
                         "Rows answered before this one are kept in the ledger."
                     ) from exc
@@ -325,10 +390,10 @@ class InputDataset:
         try:
             rec = json.loads(line)
         except ValueError as exc:
-            raise DatasetError(f"input {self.path} line {lineno} is not JSON ({exc}).") from exc
+            raise DatasetError(f"input {self.where} line {lineno} is not JSON ({exc}).") from exc
         if not isinstance(rec, dict) or "custom_id" not in rec or not isinstance(rec.get("body"), dict):
             raise DatasetError(
-                f"input {self.path} line {lineno}: an OpenAI Batch line needs 'custom_id' and a 'body' object."
+                f"input {self.where} line {lineno}: an OpenAI Batch line needs 'custom_id' and a 'body' object."
             )
         return {
             "custom_id": str(rec["custom_id"]),
@@ -360,19 +425,24 @@ def check_output_location(output: str | Path, dataset: InputDataset, job_dir: st
     input inside the output; the output is one of the job folder's own files; the output is an
     existing folder or not a regular file; a parent of the output is a file; the nearest existing
     folder of the output cannot be written (a probe file is created there and removed at once).
-    Returns the output path (``~`` expanded).
+    Returns the output path (``~`` expanded). An output or input on an object store gets the
+    checks that apply there (:func:`_check_remote_output`).
     """
-    out = Path(output).expanduser()
+    loc = storage.parse(output, "output")
+    if loc.remote:
+        return _check_remote_output(loc, dataset)
+    out = Path(loc.path)
     if str(output).endswith(("/", os.sep)):
         raise ConfigError(f"output {output} names a folder; the output is one file: add a file name.")
     real = out.resolve()
-    inputs = {dataset.path.resolve(), *(f.path.resolve() for f in dataset.files)}
+    local_input = dataset.fs is None  # an input on an object store cannot be a local output
+    inputs = {dataset.path.resolve(), *(f.path.resolve() for f in dataset.files)} if local_input else set()
     if real in inputs:
         raise ConfigError(
             f"output {out} is the input ({dataset.path}): the commit would overwrite the input. "
             "Choose another output path."
         )
-    if dataset.path.is_dir() and real.is_relative_to(dataset.path.resolve()):
+    if local_input and dataset.path.is_dir() and real.is_relative_to(dataset.path.resolve()):
         raise ConfigError(
             f"output {out} is inside the input folder {dataset.path}: the next run would read it back as "
             "input. Write the output outside that folder."
@@ -391,6 +461,27 @@ def check_output_location(output: str | Path, dataset: InputDataset, job_dir: st
         raise ConfigError(f"output {out} exists and is not a regular file. Choose another output path.")
     _probe_writable(out)
     return out
+
+
+def _check_remote_output(out: storage.Location, dataset: InputDataset) -> Path:
+    """An output or input on an object store: not the input, not inside the input folder, not a folder."""
+    name = out.uri
+    if out.text.endswith("/"):
+        raise ConfigError(f"output {out.text} names a folder; the output is one file: add a file name.")
+    inputs = {dataset.location.uri, *(dataset._name(f.path) for f in dataset.files)}
+    if name in inputs:
+        raise ConfigError(
+            f"output {out.text} is the input ({dataset.where}): the commit would overwrite the input. "
+            "Choose another output path."
+        )
+    if dataset.kind == "parquet" and name.startswith(dataset.location.uri.rstrip("/") + "/"):
+        raise ConfigError(
+            f"output {out.text} is inside the input folder {dataset.where}: the next run would read it back as "
+            "input. Write the output outside that folder."
+        )
+    if out.remote and out.info().type == pafs.FileType.Directory:
+        raise ConfigError(f"output {out.text} is an existing folder; the output is one file. Give a file path.")
+    return Path(out.path)
 
 
 _JOB_FILES = ("spec.json", "manifest.json", "failed.jsonl", "validated.json", "commit.lock", "launch.json")

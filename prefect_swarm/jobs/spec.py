@@ -151,6 +151,21 @@ class JobSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _locations(self) -> JobSpec:
+        from prefect_swarm.jobs import storage  # pyarrow.fs: only once a spec is built
+
+        try:
+            storage.parse(self.input, "input")
+            storage.parse(self.output, "output")
+            if self.job_dir:
+                job_dir = storage.parse(self.job_dir, "job_dir", remote_ok=False)
+                if "://" in self.job_dir:  # file:///abs/path -> /abs/path; a plain path is kept as given
+                    object.__setattr__(self, "job_dir", job_dir.path)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @model_validator(mode="after")
     def _batch_input_defaults(self) -> JobSpec:
         if is_jsonl(self.input):
             if self.job == BUILTIN_CHAT:

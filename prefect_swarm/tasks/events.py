@@ -66,10 +66,17 @@ def job_event(what: str, job_id: str, swarm: str | None, **payload: Any) -> None
 
 
 def _job_cost(job_id: str) -> dict[str, Any] | None:
-    from prefect_swarm.launch import job_status
+    """The job's cost as `job status` shows it (read-only: ledger progress, recorded swarm config)."""
+    from prefect_swarm.config.cost import job_cost
+    from prefect_swarm.jobs.plan import job_progress
+    from prefect_swarm.jobs.spec import JobSpec
+    from prefect_swarm.state import StateStore
 
     try:
-        return job_status(job_id, refresh=False).get("cost")
+        store = StateStore()
+        rec = store.require_job(job_id)
+        swarm = store.get_swarm(rec.swarm) if rec.swarm else None
+        return job_cost(job_progress(JobSpec.model_validate(rec.spec)), swarm.config if swarm else None)
     except Exception as exc:  # a cost that cannot be read leaves the event without it
         log.warning("could not price job %s: %s", job_id, exc)
         return None

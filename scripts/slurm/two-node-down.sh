@@ -12,6 +12,10 @@ PREFIX="${SLURM_2NODE_PREFIX:-s2n}"
 BRIDGE="$PREFIX-br"
 log() { echo "[two-node-down] $*"; }
 (( EUID == 0 )) || { echo "two-node-down: needs root" >&2; exit 1; }
+if [[ ${SLURM_2NODE_LOCKED:-0} != 1 && -d $DIR ]]; then  # see two-node-up.sh
+  exec 9>"$DIR/.lock"
+  flock -w 120 9 || { echo "two-node-down: another two-node-up/down holds $DIR/.lock" >&2; exit 1; }
+fi
 running() { local st; st="$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" && [[ -n $st && $st != Z ]]; }
 
 stop_machine() { # stop_machine NAME

@@ -18,6 +18,9 @@
 #   spool/<node>/, log/{slurmctld,slurmd-<node>}.log, run/<machine>.pid (PID of each machine's PID 1,
 #   as seen from the root namespace), fakegpu/nvidia[0-1] (symlinks to /dev/null).
 # Clients pick this cluster with SLURM_CONF=$DIR/slurm.conf (this script prints the line).
+# Why namespaces and not `slurmd -N` with a port per node: this Debian build does have
+# MULTIPLE_SLURMD, but such nodes share one hostname, address and process table; a Ray cluster needs
+# an address per node, and `ray stop` on one node must not see (and kill) the other node's Ray.
 #
 # Env knobs (all optional):
 #   SLURM_2NODE_DIR=/var/lib/slurm-2node   config, state, logs, pid files
@@ -67,6 +70,10 @@ machine_up() {
 
 # ------------------------------------------------------------------ config
 mkdir -p "$DIR"/{state,log,run,fakegpu} "${NODES[@]/#/$DIR/spool/}"
+# One up/down at a time (two test sessions may start it at once); down, called from here, skips it.
+exec 9>"$DIR/.lock"
+flock -w 120 9 || die "another two-node-up/down holds $DIR/.lock"
+export SLURM_2NODE_LOCKED=1
 for ((i = 0; i < GPUS; i++)); do ln -sfn /dev/null "$DIR/fakegpu/nvidia$i"; done
 gres_line="Gres=gpu:$GPUS"; gres_types="GresTypes=gpu"
 (( GPUS > 0 )) || { gres_line=""; gres_types=""; }
@@ -132,7 +139,8 @@ if (( changed == 0 )) && machine_up ctl && machine_up node1 && machine_up node2 
   log "already up"; echo "export SLURM_CONF=$SLURM_CONF"; exit 0
 fi
 # Anything half up, or a changed config: start from scratch (the cluster holds no state worth keeping).
-if machine_up ctl || machine_up node1 || machine_up node2 || ip link show "$BRIDGE" >/dev/null 2>&1; then
+if machine_up ctl || machine_up node1 || machine_up node2 || ip link show "$BRIDGE" >/dev/null 2>&1 \
+  || ip netns list | grep -q "^$PREFIX-"; then
   log "restarting (config changed or partly up)"
   SLURM_2NODE_DIR="$DIR" SLURM_2NODE_PREFIX="$PREFIX" "$HERE/two-node-down.sh" >/dev/null
 fi
@@ -164,7 +172,7 @@ start_machine() {
   local m=$1; shift
   setsid nsenter --net="/run/netns/$PREFIX-$m" unshare --uts --mount --pid --fork --mount-proc \
     "$HERE/two-node/node-init.sh" "$m" "$DIR/hosts" "$@" \
-    </dev/null >>"$DIR/log/init-$m.log" 2>&1 &
+    </dev/null >>"$DIR/log/init-$m.log" 2>&1 9>&- &
   local outer=$! child=""
   has_child() { child="$(awk '{print $1}' "/proc/$outer/task/$outer/children" 2>/dev/null)" && [[ -n $child ]]; }
   for _ in $(seq 100); do has_child && break; sleep 0.05; done

@@ -78,6 +78,14 @@ def test_top_once_json_on_a_running_local_swarm(local_swarm: tuple[str, Path], t
         (job,) = doc["jobs"]
         assert job["id"] == job_id and job["total"] == 3000 and 0 < job["done"] < 3000
         assert job["rate_rows_s"] > 0 and job["eta_s"] is not None and job["in_flight"] is not None
+        live = subprocess.run(
+            [sys.executable, "-m", "prefect_swarm.cli.main", "top", name, "--interval", "0.2"],
+            input="q",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert live.returncode == 0 and "replica" in live.stdout, live.stderr  # q quits the live view
     finally:
         _cli("job", "cancel", job_id)
 

@@ -1,0 +1,205 @@
+"""Input, output on an object store (a real S3 API: moto in server mode on loopback).
+
+A kill -9 mid-job and a rerun with input and output on ``s3://`` is exactly once; the output is
+read back with pyarrow and pandas from ``s3://``; a commit killed mid-write publishes nothing;
+bad locations are refused before any request, naming the field.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from _jobkit import job_argv, make_dataset, requests, run_job, write_spec
+
+from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.jobs import storage
+from prefect_swarm.jobs.spec import JobSpec
+from prefect_swarm.paths import JobPaths, read_json
+from prefect_swarm.testing.moto_s3 import MotoS3
+
+BUCKET = "swarm-data"
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[MotoS3]:
+    """One moto S3 server for the module, its bucket created, this process's AWS_* pointed at it."""
+    with MotoS3() as server:
+        server.create_bucket(BUCKET)
+        old = {k: os.environ.get(k) for k in server.env()}
+        os.environ.update(server.env())
+        try:
+            yield server
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def _fs() -> pafs.FileSystem:
+    return storage.parse(f"s3://{BUCKET}/x", "test").fs
+
+
+def _put(local: Path, key: str) -> str:
+    with open(local, "rb") as src, _fs().open_output_stream(f"{BUCKET}/{key}", compression=None) as dst:
+        dst.write(src.read())
+    return f"s3://{BUCKET}/{key}"
+
+
+def _keys(prefix: str) -> list[str]:
+    found = _fs().get_file_info(pafs.FileSelector(f"{BUCKET}/{prefix}", allow_not_found=True, recursive=True))
+    return sorted(i.path for i in found if i.is_file)
+
+
+def test_kill9_and_rerun_on_s3_is_exactly_once(tmp_path: Path, s3: MotoS3, stub, stub_factory) -> None:
+    n, conc, every = 4000, 16, 200
+    make_dataset(tmp_path / "in.parquet", n, row_group=500)
+    src = _put(tmp_path / "in.parquet", "kill/in.parquet")
+    ref = write_spec(tmp_path, "ref", endpoints=[stub.url], concurrency=conc, checkpoint_every=every)
+    assert run_job(ref).returncode == 0
+    slow = stub_factory(latency_ms=10)  # at most 1,600 rows/s at c=16: the job outlasts the kills
+    out = f"s3://{BUCKET}/kill/out.parquet"
+    spec = write_spec(
+        tmp_path,
+        "killed",
+        input=src,
+        output=out,
+        endpoints=[slow.url],
+        concurrency=conc,
+        checkpoint_every=every,
+        checkpoint_seconds=0.3,
+    )
+    shard = JobPaths(tmp_path / "killed").shard(0)
+
+    def in_ledger() -> int:
+        return len({r for p in shard.parts() for r in pq.read_table(p, columns=["_row"]).column("_row").to_pylist()})
+
+    rng, kills, before, lost = random.Random(2), 0, requests(slow), []
+    while kills < 4:
+        run_before, rows_before = requests(slow), in_ledger()
+        proc = subprocess.Popen(job_argv(spec), stderr=subprocess.DEVNULL, env={**os.environ, **s3.env()})
+        time.sleep(rng.uniform(1.0, 1.8))
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+        lost.append((requests(slow) - run_before) - (in_ledger() - rows_before))
+        assert _keys("kill/out") == [], "a killed job published an output"
+    assert kills >= 3 and in_ledger() > 0
+    res = run_job(spec, env=s3.env())
+    assert res.returncode == 0, res.stderr
+    sent = requests(slow) - before
+    assert n <= sent <= n + sum(lost)
+    want = pq.read_table(tmp_path / "ref-out.parquet")
+    got = pq.read_table(f"{BUCKET}/kill/out.parquet", filesystem=_fs())
+    assert got.num_rows == n and len(set(got.column("id").to_pylist())) == n
+    assert got.equals(want)
+    assert pq.read_table(out).equals(want)  # pyarrow and pandas, from the s3:// URI (AWS_* in the environment)
+    frame = pd.read_parquet(out)
+    assert list(frame["id"]) == [f"r{i:06d}" for i in range(n)] and (frame["status"] == "ok").all()
+    assert _keys("kill/") == [f"{BUCKET}/kill/in.parquet", f"{BUCKET}/kill/out.parquet"]  # no temp key left
+    manifest = read_json(JobPaths(tmp_path / "killed").manifest)
+    assert manifest["output"] == out and manifest["rows"] == manifest["ok"] == n
+    # a rerun of a finished job sends nothing and rewrites nothing
+    mtime = _fs().get_file_info(f"{BUCKET}/kill/out.parquet").mtime_ns
+    assert run_job(spec, env=s3.env()).returncode == 0
+    assert requests(slow) - before == sent
+    assert _fs().get_file_info(f"{BUCKET}/kill/out.parquet").mtime_ns == mtime
+
+
+def test_openai_batch_jsonl_gz_from_and_to_s3(tmp_path: Path, s3: MotoS3, stub) -> None:
+    lines = [
+        {
+            "custom_id": f"q{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": f"hello {i}"}], "max_tokens": 4},
+        }
+        for i in range(30)
+    ]
+    local = tmp_path / "batch.jsonl.gz"
+    local.write_bytes(gzip.compress("".join(json.dumps(x) + "\n" for x in lines).encode()))
+    src = _put(local, "batch/in.jsonl.gz")
+    out = f"s3://{BUCKET}/batch/out.jsonl.gz"
+    spec = write_spec(tmp_path, "batch", input=src, output=out, endpoints=[stub.url], id_column=None)
+    res = run_job(spec, env=s3.env())
+    assert res.returncode == 0, res.stderr
+    with _fs().open_input_stream(f"{BUCKET}/batch/out.jsonl.gz", compression=None) as fh:
+        got = [json.loads(x) for x in gzip.decompress(fh.read()).decode().splitlines()]
+    assert [x["custom_id"] for x in got] == [f"q{i}" for i in range(30)]
+    assert all(x["response"]["status_code"] == 200 and x["error"] is None for x in got)
+
+
+def test_commit_killed_mid_write_publishes_nothing(tmp_path: Path, s3: MotoS3) -> None:
+    code = (
+        "import os, pyarrow as pa, pyarrow.parquet as pq\n"
+        "from prefect_swarm.jobs import storage\n"
+        f"loc = storage.parse('s3://{BUCKET}/crash/out.parquet', 'output')\n"
+        "with storage.publish(loc) as sink:\n"
+        "    w = pq.ParquetWriter(sink, pa.schema([('a', pa.int64())]))\n"
+        "    w.write_table(pa.table({'a': list(range(100000))}))\n"
+        "    os.kill(os.getpid(), 9)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, **s3.env()}, timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    loc = storage.parse(f"s3://{BUCKET}/crash/out.parquet", "output")
+    assert not loc.exists()
+    storage.remove_stale_temps(loc)
+    assert _keys("crash/") == []
+    # an error inside the write publishes nothing either, and leaves no temp key
+    with pytest.raises(RuntimeError), storage.publish(loc) as sink:
+        sink.write(b"half")
+        raise RuntimeError("boom")
+    assert _keys("crash/") == []
+    with storage.publish(loc) as sink:
+        pq.write_table(pa.table({"a": [1]}), sink)
+    assert _keys("crash/") == [f"{BUCKET}/crash/out.parquet"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("input", "ftp://host/in.parquet", "scheme 'ftp' is not supported"),
+        ("output", "s3:///out.parquet", "the bucket is missing"),
+        ("output", "s3://AKIAXXX:s3cr3t@bucket/out.parquet", "credentials may not be written into the URI"),
+        ("input", "s3://bucket/in.parquet?secret_key=s3cr3t", "credentials may not be written into the URI"),
+        ("job_dir", "s3://bucket/ledger", "must be on a POSIX filesystem"),
+    ],
+)
+def test_bad_locations_are_refused_before_any_request(tmp_path: Path, stub, field: str, value: str, says: str) -> None:
+    make_dataset(tmp_path / "in.parquet", 10)
+    spec = write_spec(tmp_path, endpoints=[stub.url], **{field: value})
+    before = requests(stub)
+    res = run_job(spec, env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9"})  # nothing is asked of any store
+    assert res.returncode == 2, res.stderr
+    assert says in res.stderr and f"{field} " in res.stderr
+    assert "s3cr3t" not in res.stderr
+    assert requests(stub) == before
+
+
+def test_local_forms_are_the_same_path(tmp_path: Path) -> None:
+    plain = storage.parse(str(tmp_path / "a.parquet"), "output")
+    assert storage.parse(f"file://{tmp_path}/a.parquet", "output") == plain.__class__(
+        f"file://{tmp_path}/a.parquet", "", str(tmp_path / "a.parquet")
+    )
+    assert not plain.remote and plain.uri == str((tmp_path / "a.parquet").resolve())
+    spec = JobSpec(input="in.parquet", output="out.parquet", job_dir=f"file://{tmp_path}/job")
+    assert spec.paths.root == tmp_path / "job"
+    with pytest.raises(ConfigError, match="gs://BUCKET/KEY"):
+        storage.parse("gs://", "output")
