@@ -35,7 +35,7 @@ typecheck: venv
 	$(BIN)/mypy prefect_swarm
 
 unit: venv  ## fast tests: no Slurm, no vLLM, no Prefect server
-	$(BIN)/pytest -q -m "not slurm and not vllm and not prefect_server"
+	$(BIN)/pytest -q -m "not slurm and not slurm_multinode and not vllm and not prefect_server"
 
 test: setup lint typecheck  ## everything; missing services FAIL here instead of skipping
 	PREFECT_SWARM_REQUIRE_SERVICES=1 $(BIN)/pytest -q --durations=25

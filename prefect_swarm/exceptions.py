@@ -8,6 +8,7 @@
     │   └── ReadinessError     the swarm did not become ready (carries the evidence: log tail, reason)
     ├── JobError               a batch job failed
     │   └── FingerprintMismatch  a resume with different settings was refused
+    ├── BudgetReached          a swarm or flow run passed its GPU-hour or cost cap (a rerun with a larger cap resumes)
     └── StateError             the SQLite state is missing a record or is inconsistent
 
 Tasks decide whether to retry by exception type, never by matching message strings.
@@ -78,6 +79,15 @@ class JobError(PrefectSwarmError):
 
 class FingerprintMismatch(JobError):
     """A resume was refused because the job's settings differ from the checkpoint's."""
+
+
+class BudgetReached(PrefectSwarmError):
+    """The running GPU-hours or cost passed the budget (``backend.cost.max_*``, or a flow run's
+    ``max_gpu_hours`` / ``max_cost_usd``): the job was stopped after its flush and the swarm torn down.
+
+    Not a JobError: never retried (a retry would pass the same cap again); a rerun with a larger
+    budget resumes from the checkpoints.
+    """
 
 
 class StateError(PrefectSwarmError):

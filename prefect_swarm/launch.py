@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.config.cost import BudgetGuard, BudgetReached, job_cost, recorded_cost
-from prefect_swarm.exceptions import CapacityError, ConfigError, DatasetError, JobError
+from prefect_swarm.config.cost import BudgetGuard, job_cost, recorded_cost
+from prefect_swarm.exceptions import BudgetReached, CapacityError, ConfigError, DatasetError, JobError
 from prefect_swarm.interfaces import ComputeBackend, JobEnv, JobHandle, JobProbe, JobRequest, JobStatus
 from prefect_swarm.interfaces.jobenv import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE
 from prefect_swarm.jobs import storage

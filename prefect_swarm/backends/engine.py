@@ -9,6 +9,10 @@ Pure functions, shared by every backend that starts engine processes itself (loc
   --host H --port P [--tensor-parallel-size N] *args``
 * ``sglang``:  ``python -m sglang.launch_server --model-path M --served-model-name S --host H
   --port P [--tp-size N] *args``
+* a replica of ``K > 1`` nodes (:func:`nodes_per_replica`): vLLM adds ``--tensor-parallel-size T
+  --pipeline-parallel-size P --distributed-executor-backend ray`` (the backend forms the Ray cluster
+  first); SGLang adds ``--tp-size T [--pp-size P] --nnodes K --node-rank R --dist-init-addr A``
+  (no Ray; every node runs the same argv with its own rank);
 * ``command``: ``engine.command`` with ``{host}``, ``{port}``, ``{model}``, ``{served_model_name}``
   and ``{python}`` substituted in each item (plain text replacement, no shell, other braces kept).
 
@@ -56,17 +60,72 @@ _SERVERS: dict[str, tuple[str, str, str]] = {
 """Engine kind -> (server module, model flag, tensor-parallel flag)."""
 
 
-def engine_argv(cfg: SwarmConfig, *, host: str, port: int | str) -> list[str]:
+_PP_FLAG = {"vllm": "--pipeline-parallel-size", "sglang": "--pp-size"}
+
+
+def nodes_per_replica(cfg: SwarmConfig) -> int:
+    """Nodes one replica spans: ``gpus_per_replica / gpus_per_node`` when a replica needs more GPUs than
+    a node has (then it must be a whole multiple, else ConfigError naming both fields), else 1."""
+    per_node, per_replica = cfg.gpus_per_node, cfg.gpus_per_replica
+    if not per_node or per_replica <= per_node:
+        return 1
+    if per_replica % per_node:
+        raise ConfigError(
+            f"gpus_per_replica ({per_replica}) exceeds gpus_per_node ({per_node}) but is not a multiple of it: "
+            "a replica spanning several nodes uses every GPU of each. Make gpus_per_replica a multiple of "
+            "gpus_per_node, or fit it on one node."
+        )
+    return per_replica // per_node
+
+
+def parallel_sizes(cfg: SwarmConfig) -> tuple[int, int]:
+    """(tensor, pipeline) parallel sizes: ``engine.parallel``, checked against ``gpus_per_replica``;
+    default ``(gpus_per_replica, 1)``."""
+    par = cfg.engine.parallel
+    if par is None:
+        return max(1, cfg.gpus_per_replica), 1
+    if par.tensor * par.pipeline != cfg.gpus_per_replica:
+        raise ConfigError(
+            f"engine.parallel.tensor ({par.tensor}) x engine.parallel.pipeline ({par.pipeline}) = "
+            f"{par.tensor * par.pipeline} must equal gpus_per_replica ({cfg.gpus_per_replica})."
+        )
+    return par.tensor, par.pipeline
+
+
+def uses_ray(cfg: SwarmConfig) -> bool:
+    """A replica spanning several nodes forms a Ray cluster first (vLLM, command); SGLang does not."""
+    return nodes_per_replica(cfg) > 1 and cfg.engine.kind != "sglang"
+
+
+def engine_argv(
+    cfg: SwarmConfig,
+    *,
+    host: str,
+    port: int | str,
+    node_rank: int | str = 0,
+    dist_init_addr: str | None = None,
+) -> list[str]:
     """The engine command line for a replica listening on ``host:port`` (holds no secrets; ``port`` may be
-    a placeholder the replica's watchdog replaces with the port it picks)."""
+    a placeholder the replica's watchdog replaces with the port it picks). ``node_rank`` and
+    ``dist_init_addr`` (``HEAD:PORT``) are used by a multi-node SGLang replica only."""
     eng = cfg.engine
     python = engine_python(cfg)
+    nodes = nodes_per_replica(cfg)
+    tensor, pipeline = parallel_sizes(cfg)
     if eng.kind in _SERVERS:
         module, model_flag, tp_flag = _SERVERS[eng.kind]
         argv = [python, "-m", module, model_flag, cfg.model, "--served-model-name", cfg.model_name,
                 "--host", host, "--port", str(port)]  # fmt: skip
-        if cfg.gpus_per_replica > 1:
-            argv += [tp_flag, str(cfg.gpus_per_replica)]
+        if tensor > 1 or pipeline > 1 or nodes > 1:
+            argv += [tp_flag, str(tensor)]
+        if pipeline > 1 or (nodes > 1 and eng.kind == "vllm"):
+            argv += [_PP_FLAG[eng.kind], str(pipeline)]
+        if nodes > 1 and eng.kind == "vllm":
+            argv += ["--distributed-executor-backend", "ray"]
+        if nodes > 1 and eng.kind == "sglang":
+            if dist_init_addr is None:
+                raise ConfigError("a multi-node SGLang replica needs the head's address (dist_init_addr).")
+            argv += ["--nnodes", str(nodes), "--node-rank", str(node_rank), "--dist-init-addr", dist_init_addr]
     else:
         argv = substitute(
             eng.command or [],
@@ -128,5 +187,8 @@ __all__ = [
     "engine_launch",
     "engine_python",
     "engine_secret_env",
+    "nodes_per_replica",
+    "parallel_sizes",
     "substitute",
+    "uses_ray",
 ]

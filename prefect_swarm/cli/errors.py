@@ -17,6 +17,7 @@ from typer.core import TyperGroup
 
 from prefect_swarm.exceptions import (
     BackendError,
+    BudgetReached,
     CapacityError,
     ConfigError,
     FingerprintMismatch,
@@ -32,7 +33,7 @@ class ExitCode(enum.IntEnum):
     """What a ``prefect-swarm`` exit status means."""
 
     OK = 0
-    FAILURE = 1  # runtime or backend failure (scheduler, API, process), or a declined confirmation
+    FAILURE = 1  # runtime or backend failure (scheduler, API, process), a budget reached, or a declined confirmation
     BAD_INPUT = 2  # bad config or argument (ConfigError, usage errors): fix the input
     NOT_FOUND = 3  # no such swarm/job in the state database (StateError)
     NOT_READY = 4  # the swarm did not become ready, or the backend lacks capacity now
@@ -40,7 +41,7 @@ class ExitCode(enum.IntEnum):
 
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 ok; 1 runtime/backend failure; 2 bad input or config; "
+    "Exit codes: 0 ok; 1 runtime/backend failure or budget reached; 2 bad input or config; "
     "3 swarm/job not found; 4 not ready or no capacity; 75 job preempted (resumable: submit it again)."
 )
 
@@ -53,6 +54,8 @@ def exit_code_for(exc: BaseException) -> ExitCode:
         return ExitCode.BAD_INPUT
     if isinstance(exc, StateError):
         return ExitCode.NOT_FOUND
+    if isinstance(exc, BudgetReached):  # the job flushed and the swarm is down: a larger budget resumes it
+        return ExitCode.FAILURE
     if isinstance(exc, BackendError | PrefectSwarmError):
         return ExitCode.FAILURE
     return ExitCode.FAILURE

@@ -34,7 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.errors import ExitCode
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
-from prefect_swarm.cli.views import job_view
+from prefect_swarm.cli.views import cost_text, job_view
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import JobStatus
 from prefect_swarm.jobs.spec import JobSpec
@@ -294,6 +294,8 @@ def _print_status(doc: dict[str, Any]) -> None:
         f"{p['done']}/{p['total']} rows, {p['failed']} failed, "
         f"{p['prompt_tokens']}+{p['completion_tokens']} tokens"
     )
+    if cost := cost_text(doc.get("cost")):
+        console.print(cost, markup=False)
     console.print(
         table(
             None,

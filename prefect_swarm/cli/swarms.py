@@ -12,7 +12,7 @@ from rich.syntax import Syntax
 
 from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
-from prefect_swarm.cli.views import job_view, live_status, paths_view, prefect_history, record_view
+from prefect_swarm.cli.views import cost_text, job_view, live_status, paths_view, prefect_history, record_view
 from prefect_swarm.config import load_config
 from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError, StateError
 from prefect_swarm.interfaces import ServingPhase, ServingStatus
@@ -181,6 +181,8 @@ def _print_status(doc: dict[str, Any]) -> None:
     )
     if st.get("detail"):
         console.print(f"detail: {st['detail']}")
+    if cost := cost_text(st.get("cost")):
+        console.print(cost, markup=False)
     if st["replicas"]:
         rows = [
             (

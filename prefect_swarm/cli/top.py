@@ -2,7 +2,9 @@
 
 Per replica: health (the backend's status), running and waiting requests, generation tok/s and KV
 cache usage (scraped from the engine's ``/metrics``, found through
-:meth:`ServingBackend.metrics_targets`). Per job: rows done/failed of total, rows/s and ETA
+:meth:`ServingBackend.metrics_targets`). The load balancer (Slurm: nginx): active connections,
+accepted/handled connections and requests, requests/s, from nginx's ``stub_status`` at
+``/nginx-status`` on the swarm's endpoint (templates/nginx.conf.j2). Per job: rows done/failed of total, rows/s and ETA
 (from the shards' progress files), requests in flight (scraped from the job processes' own
 ``/metrics``). What a backend cannot report is ``null`` with the reason (``n/a`` in the table).
 
@@ -13,11 +15,13 @@ the live view refreshes every ``--interval`` seconds until ``q`` (or Ctrl-C).
 from __future__ import annotations
 
 import contextlib
+import re
 import select
 import sys
 import termios
 import time
 import tty
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -36,6 +40,30 @@ GEN_TOKENS = "vllm:generation_tokens_total"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 """vLLM >= 0.10 names the KV cache gauge ``kv_cache_usage_perc``; older ones ``gpu_cache_usage_perc``."""
 
+NGINX_STATUS_PATH = "/nginx-status"
+"""nginx ``stub_status`` location of the LB (prefect_swarm/templates/nginx.conf.j2)."""
+
+NGINX_LB_BACKENDS = frozenset({"slurm"})
+"""Backends whose swarm endpoint is our nginx (the LB job); elsewhere the LB figures are n/a."""
+
+LB_FIELDS = ("active", "accepted", "handled", "requests", "reading", "writing", "waiting")
+
+_STUB_STATUS = re.compile(
+    r"Active connections:\s*(\d+).*?server accepts handled requests\s+(\d+)\s+(\d+)\s+(\d+)"
+    r".*?Reading:\s*(\d+)\s+Writing:\s*(\d+)\s+Waiting:\s*(\d+)",
+    re.S,
+)
+
+
+def parse_stub_status(text: str) -> dict[str, int]:
+    """nginx ``stub_status`` text -> ``{active, accepted, handled, requests, reading, writing, waiting}``.
+
+    Raises ValueError when ``text`` is not a stub_status page."""
+    found = _STUB_STATUS.search(text)
+    if found is None:
+        raise ValueError(f"not an nginx stub_status page: {text[:80]!r}")
+    return dict(zip(LB_FIELDS, (int(g) for g in found.groups()), strict=True))
+
 
 class TopSampler:
     """Looks at one swarm; keeps the previous scrape of each target so that rates can be computed."""
@@ -45,6 +73,7 @@ class TopSampler:
         self.store = store or StateStore()
         self.swarm = attach(name, self.store)
         self.previous: dict[str, tuple[float, Samples]] = {}
+        self.previous_lb: tuple[float, int] | None = None
 
     def view(self) -> dict[str, Any]:
         """The document ``top -o json`` prints (stable keys)."""
@@ -64,6 +93,7 @@ class TopSampler:
         jobs = [self._job(j) for j in self.store.list_jobs(self.name) if j.status.active]
         return {
             "swarm": {"name": rec.name, "backend": rec.backend, "phase": status.phase.value, "detail": status.detail},
+            "lb": self._lb(rec.backend, status.url),
             "replicas": replicas,
             "jobs": jobs,
             "metrics_targets": [t.url for t in targets.targets] if targets else [],
@@ -99,6 +129,25 @@ class TopSampler:
             "metrics_error": None,
         }
 
+    def _lb(self, backend: str, endpoint: str | None) -> dict[str, Any]:
+        """The LB's connection and request counts (nginx stub_status), or n/a with the reason."""
+        if backend not in NGINX_LB_BACKENDS:
+            return _lb_na(f"no nginx load balancer on the {backend} backend")
+        if not endpoint:
+            return _lb_na("the LB is not up (no endpoint yet)")
+        url = endpoint.rstrip("/").removesuffix("/v1") + NGINX_STATUS_PATH
+        try:
+            with urllib.request.urlopen(url, timeout=2.0) as resp:
+                counts = parse_stub_status(resp.read().decode("utf-8", "replace"))
+        except (OSError, ValueError) as exc:
+            return {**_lb_na(f"{url}: {exc}"), "url": url}
+        now, before = time.monotonic(), self.previous_lb
+        self.previous_lb = (now, counts["requests"])
+        rate = None
+        if before is not None and now > before[0]:
+            rate = round(max(0, counts["requests"] - before[1]) / (now - before[0]), 1)
+        return {"url": url, **counts, "requests_s": rate, "error": None}
+
     def _job(self, rec: JobRecord) -> dict[str, Any]:
         paths = JobPaths(Path(rec.job_dir)) if rec.job_dir else None
         shards = [(read_json(paths.shard(i).progress, {}) or {}) if paths else {} for i in range(rec.nshards)]
@@ -126,6 +175,10 @@ class TopSampler:
             "eta_s": eta,
             "in_flight": inflight,
         }
+
+
+def _lb_na(reason: str) -> dict[str, Any]:
+    return {"url": None, **dict.fromkeys(LB_FIELDS), "requests_s": None, "error": reason}
 
 
 def _na(reason: str) -> dict[str, Any]:
@@ -159,6 +212,12 @@ def render(doc: dict[str, Any]) -> Group:
             for r in doc["replicas"]
         ),
     )
+    lb = doc["lb"]
+    lbs = table(
+        "load balancer",
+        ["active", "accepted", "handled", "requests", "req/s", "note"],
+        [[*(_cell(lb[k]) for k in ("active", "accepted", "handled", "requests", "requests_s")), lb["error"] or ""]],
+    )
     jobs = table(
         "jobs",
         ["job", "status", "done", "failed", "total", "rows/s", "ETA", "in flight"],
@@ -176,7 +235,7 @@ def render(doc: dict[str, Any]) -> Group:
             for j in doc["jobs"]
         ),
     )
-    return Group(reps, jobs, "[dim]q to quit[/dim]")
+    return Group(reps, lbs, jobs, "[dim]q to quit[/dim]")
 
 
 def _cell(value: Any) -> str:

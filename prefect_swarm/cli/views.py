@@ -108,6 +108,23 @@ def cost_view(swarm: Swarm, store: StateStore) -> dict[str, Any]:
     return {**figures, "tokens": tokens, "source": usage.source, "gpus": usage.gpus, "reason": usage.reason}
 
 
+def cost_text(cost: dict[str, Any] | None) -> str | None:
+    """One line for the text tables: GPU-hours, and USD (per million tokens) when priced; None without figures."""
+    if not cost:
+        return None
+    hours = cost.get("gpu_hours")
+    if hours is None:
+        return f"cost: n/a ({cost.get('reason') or 'no GPU-hour figure'})"
+    text = f"cost: {hours:.4g} GPU-hours"
+    if cost.get("usd") is not None:
+        text += f", ${cost['usd']:.4g}"
+        if cost.get("usd_per_million_tokens") is not None:
+            text += f" (${cost['usd_per_million_tokens']:.4g}/M tokens)"
+    else:
+        text += " (no price: set backend.cost.gpu_hour_usd)"
+    return text + (f", from {cost['source']}" if cost.get("source") else "")
+
+
 def paths_view(rec: SwarmRecord) -> dict[str, Any]:
     """Files of the swarm on this machine."""
     paths = SwarmPaths.for_swarm(rec.name)

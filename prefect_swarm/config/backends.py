@@ -211,6 +211,12 @@ class SlurmConfig(Priced):
     container: ContainerConfig = Field(
         default_factory=ContainerConfig, description="Container runtime for replicas and job steps."
     )
+    node_tmp: str = Field(
+        default="/tmp",
+        description="Node-local folder for the Ray session files of a replica spanning several nodes "
+        "(gpus_per_replica > gpus_per_node: one Ray cluster per replica, head on its first node); "
+        "keep it short (Ray's socket paths live under it).",
+    )
 
 
 class LeptonMount(StrictModel):

@@ -8,10 +8,11 @@ Every backend config derives from :class:`Priced`, so every backend (and its Pre
 the same ``cost`` section. Without a price, costs are reported as GPU-hours only (``usd`` null).
 
 The budget (``max_gpu_hours``, ``max_cost_usd``) caps the swarm's running GPU-hours (its backend's
-best source): :class:`BudgetGuard` warns once at 80 % and raises :class:`BudgetReached` past the
-cap; whoever waits on a job (``launch``: the CLI's wait loop and the flow's shard watch) then stops
-the job (SIGTERM: it flushes and exits 75) and tears the swarm down. A rerun with a larger cap
-resumes from the ledger.
+best source): :class:`BudgetGuard` warns once at 80 % and raises
+:class:`~prefect_swarm.exceptions.BudgetReached` past the cap (a flow run's own ``max_gpu_hours`` /
+``max_cost_usd`` tighten it for that run: :meth:`CostConfig.tightened`); whoever waits on a job
+(``launch``: the CLI's wait loop and the flow's shard watch) then stops the job (SIGTERM: it flushes
+and exits 75) and tears the swarm down. A rerun with a larger cap resumes from the ledger.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from prefect_swarm.config.base import StrictModel
-from prefect_swarm.exceptions import PrefectSwarmError
+from prefect_swarm.exceptions import BudgetReached, ConfigError
 
 log = logging.getLogger("prefect_swarm.cost")
 
@@ -80,14 +81,30 @@ class CostConfig(StrictModel):
             found.append((share, f"${usd:.4g} of ${self.max_cost_usd:g}"))
         return max(found) if found else None
 
+    def tightened(self, max_gpu_hours: float | None = None, max_cost_usd: float | None = None) -> CostConfig:
+        """This price with a run's own caps (a flow run's ``max_gpu_hours`` / ``max_cost_usd``): for
+        each cap the lower of the two wins; None leaves the swarm's. A cost cap needs a price."""
+        if max_cost_usd is not None and self.gpu_hour_usd is None and not self.per_shape:
+            raise ConfigError(
+                f"max_cost_usd={max_cost_usd:g} needs a price: set backend.cost.gpu_hour_usd (or per_shape) "
+                "in the swarm config, or cap the run by max_gpu_hours instead."
+            )
+        return self.model_copy(
+            update={
+                "max_gpu_hours": _lower(self.max_gpu_hours, max_gpu_hours),
+                "max_cost_usd": _lower(self.max_cost_usd, max_cost_usd),
+            }
+        )
+
     @property
     def capped(self) -> bool:
         """A budget is set."""
         return self.max_gpu_hours is not None or self.max_cost_usd is not None
 
 
-class BudgetReached(PrefectSwarmError):
-    """The swarm's running GPU-hours or cost passed its budget (``backend.cost.max_*``); never retried."""
+def _lower(a: float | None, b: float | None) -> float | None:
+    """The tighter of two caps (None: no cap)."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 class BudgetGuard:
@@ -159,7 +176,6 @@ def job_cost(progress: Mapping[str, Any], swarm_config: Mapping[str, Any] | None
 
 __all__ = [
     "BudgetGuard",
-    "BudgetReached",
     "CostConfig",
     "Priced",
     "job_cost",

@@ -7,9 +7,20 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from prefect_swarm.config.base import Seconds, StrictModel
+from prefect_swarm.config.base import Count, Seconds, StrictModel
 
 EngineKind = Literal["vllm", "sglang", "command"]
+
+
+class ParallelConfig(StrictModel):
+    """How a replica's model is split over its GPUs: tensor x pipeline must equal ``gpus_per_replica``."""
+
+    tensor: Count = Field(
+        default=1, description="Tensor-parallel size (vLLM --tensor-parallel-size, SGLang --tp-size)."
+    )
+    pipeline: Count = Field(
+        default=1, description="Pipeline-parallel size (vLLM --pipeline-parallel-size, SGLang --pp-size)."
+    )
 
 
 class EngineConfig(StrictModel):
@@ -36,6 +47,12 @@ class EngineConfig(StrictModel):
     )
     env: dict[str, str] = Field(
         default_factory=dict, description="Environment variables set for the engine process only."
+    )
+    parallel: ParallelConfig | None = Field(
+        default=None,
+        description="Tensor and pipeline parallel sizes, {tensor: T, pipeline: P} with T x P = gpus_per_replica; "
+        "default: tensor = gpus_per_replica, pipeline 1. A replica spanning several nodes (gpus_per_replica > "
+        "gpus_per_node) usually sets tensor = gpus_per_node and pipeline = the number of nodes.",
     )
     health_path: str = Field(default="/health", description="HTTP path that returns 200 once the engine is up.")
     startup_timeout_s: Seconds = Field(

@@ -16,7 +16,18 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from prefect_swarm.config.swarm import Sharing
 from prefect_swarm.flows.hooks import teardown_hook
-from prefect_swarm.flows.params import InputArg, JobArg, MaxFailedArg, OutputArg, ShardsArg, SwarmArg, job_spec
+from prefect_swarm.flows.params import (
+    InputArg,
+    JobArg,
+    MaxCostArg,
+    MaxFailedArg,
+    MaxGpuHoursArg,
+    OutputArg,
+    ShardsArg,
+    SwarmArg,
+    job_spec,
+    with_budget,
+)
 from prefect_swarm.tasks._common import flow_result_storage, label_run, run_stop_event
 from prefect_swarm.tasks.jobs import plan_shards, run_and_commit
 from prefect_swarm.tasks.reaper import reap_quietly
@@ -41,6 +52,8 @@ def batch_inference(
     reuse: bool = True,
     max_failed_fraction: MaxFailedArg = None,
     sharing: Sharing | None = None,
+    max_gpu_hours: MaxGpuHoursArg = None,
+    max_cost_usd: MaxCostArg = None,
 ) -> dict[str, Any]:
     """Run a batch job on a swarm brought up (or shared) for it, then release the swarm: it is
     stopped when no other run or job holds it.
@@ -59,9 +72,14 @@ def batch_inference(
         sharing: 'shared': concurrent runs share the swarm (each holds a lease; the last one stops
             it); 'exclusive': one run at a time (the global concurrency limit swarm:NAME of 1).
             Default: the swarm config's own 'sharing' field.
+        max_gpu_hours: budget of this run in GPU-hours of the swarm; with the swarm's own
+            backend.cost.max_gpu_hours the lower wins. Past it the shards are stopped (they flush),
+            the swarm is torn down and the run ends Failed with "budget reached: X of Y"; a rerun
+            with a larger budget resumes.
+        max_cost_usd: the same in USD (needs a price in the swarm's backend.cost).
     """
     started = time.monotonic()
-    cfg = resolve_swarm(swarm)
+    cfg = with_budget(resolve_swarm(swarm), max_gpu_hours, max_cost_usd)
     reap_quietly()
     plan = plan_shards(job_spec(cfg, job, input, output, shards, max_failed_fraction), cfg.name)
     label_run(cfg.name, plan.spec.job_id)

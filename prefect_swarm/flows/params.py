@@ -64,6 +64,15 @@ def job_options(job: JobOptions | str | dict[str, Any] | None) -> JobOptions:
     return JobOptions.model_validate(job)
 
 
+def with_budget(cfg: SwarmConfig, max_gpu_hours: float | None, max_cost_usd: float | None) -> SwarmConfig:
+    """``cfg`` with a flow run's caps on its budget (``backend.cost``; the lower of the swarm's and the
+    run's wins), so the one budget guard of :mod:`prefect_swarm.launch` holds the run to them."""
+    if max_gpu_hours is None and max_cost_usd is None:
+        return cfg
+    cost = cfg.backend.cost.tightened(max_gpu_hours, max_cost_usd)
+    return cfg.model_copy(update={"backend": cfg.backend.model_copy(update={"cost": cost})})
+
+
 def job_spec(
     cfg: SwarmConfig,
     job: JobOptions | str | dict[str, Any],
@@ -99,3 +108,5 @@ InputArg = Annotated[str, Field(min_length=1)]
 OutputArg = Annotated[str, Field(min_length=1)]
 ShardsArg = Annotated[int, Field(ge=1, le=10_000)]
 MaxFailedArg = Annotated[float | None, Field(ge=0.0, le=1.0)]
+MaxGpuHoursArg = Annotated[float | None, Field(gt=0.0)]
+MaxCostArg = Annotated[float | None, Field(ge=0.0)]

@@ -7,6 +7,8 @@ in-flight requests, per-attempt errors, the ledger's totals) is read when a scra
 :meth:`ShardMetrics.collect`. Each process has its own ``CollectorRegistry`` (never the global
 one), served by ``prometheus_client`` on a daemon thread; the URL goes into the shard's
 progress file (``metrics_url``), where `prefect-swarm top` and a Prometheus file_sd list find it.
+``JobSpec.metrics_host`` picks the address (:func:`metrics_address`: loopback for a local swarm, all
+interfaces elsewhere) or turns the server off (null).
 
 Names (labels ``job_id`` and ``shard`` on every series)::
 
@@ -27,8 +29,9 @@ import bisect
 import socket
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -47,6 +50,28 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 """Upper bounds (seconds) of the latency histogram (vLLM's end-to-end buckets, from 5 ms)."""
 
 _BOUNDS_MS = tuple(b * 1000 for b in LATENCY_BUCKETS)
+
+
+AUTO_HOST = "auto"
+"""``JobSpec.metrics_host`` default: loopback when every endpoint is on this machine, else all interfaces."""
+
+_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+
+def metrics_address(setting: str | None, endpoints: Iterable[str]) -> str | None:
+    """The address the job's ``/metrics`` listens on for ``JobSpec.metrics_host`` (None: serve none).
+
+    ``auto``: ``127.0.0.1`` when every endpoint is on this machine (a local swarm: nothing on the
+    network needs the figures), else ``0.0.0.0`` so a scraper on another node (Prometheus, `top` on a
+    login node) reaches it. An empty setting is None too.
+    """
+    if not setting:
+        return None
+    if setting != AUTO_HOST:
+        return setting
+    hosts = {urlsplit(e).hostname or "" for e in endpoints}
+    local = bool(hosts) and all(h in _LOOPBACK_HOSTS or h.startswith("127.") for h in hosts)
+    return "127.0.0.1" if local else "0.0.0.0"
 
 
 class ShardMetrics:
@@ -204,4 +229,4 @@ class _Quiet(WSGIRequestHandler):
         """Say nothing."""
 
 
-__all__ = ["LATENCY_BUCKETS", "ShardMetrics"]
+__all__ = ["AUTO_HOST", "LATENCY_BUCKETS", "ShardMetrics", "metrics_address"]

@@ -27,7 +27,7 @@ from prefect_swarm.jobs.api import SwarmJob, load_job
 from prefect_swarm.jobs.dataset import InputDataset, check_output_location, shard_range
 from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details
 from prefect_swarm.jobs.ledger import STATUS_OK, RowResult, ShardLedger, ShardLock
-from prefect_swarm.jobs.metrics import ShardMetrics
+from prefect_swarm.jobs.metrics import ShardMetrics, metrics_address
 from prefect_swarm.jobs.runner import Item, Runner, RunnerConfig
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
@@ -132,9 +132,10 @@ class ShardRun:
 
     def _serve_metrics(self) -> None:
         """Serve ``/metrics`` (unless the caller does) and publish its URL in the progress file."""
-        if self._own_metrics:
+        addr = metrics_address(self.spec.metrics_host, self.spec.endpoints or JobEnv.from_env().endpoints)
+        if self._own_metrics and addr is not None:
             try:
-                self.metrics.serve()
+                self.metrics.serve(addr)
             except OSError as exc:  # metrics are a view: a shard runs without them
                 log.warning("shard %d: could not serve /metrics (%s); running without", self.shard_id, exc)
         if self.metrics.url:

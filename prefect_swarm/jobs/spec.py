@@ -121,6 +121,14 @@ class JobSpec(BaseModel):
         "file. 0 tolerates no failed row, 1 never fails on error rows. Not part of the fingerprint.",
     )
 
+    metrics_host: str | None = Field(
+        default="auto",
+        description="Address the job process serves its /metrics on (a free port, published in the shard's "
+        "progress file): 'auto' is 127.0.0.1 when every endpoint is on this machine (a local swarm) and "
+        "0.0.0.0 otherwise (Slurm, Lepton: a scraper on another node reaches it); an address binds there; "
+        "null serves no /metrics. Not part of the fingerprint.",
+    )
+
     @field_validator("endpoints")
     @classmethod
     def _strip_slash(cls, value: list[str]) -> list[str]:

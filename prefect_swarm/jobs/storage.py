@@ -10,8 +10,8 @@ Credentials never come from the spec: pyarrow's S3 filesystem reads the standard
 (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``AWS_PROFILE`` and
 ``~/.aws``, instance metadata); ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` points it at an
 S3-compatible store (MinIO, moto, ...), ``AWS_REGION``/``AWS_DEFAULT_REGION`` picks the region.
-GCS uses Google's default credentials. A credentials block of the Prefect layer hands them to
-job processes through the same environment variables.
+GCS uses Google's default credentials. Job processes inherit these variables from the environment
+they are started in (a Prefect credentials block would hand them over the same way).
 
 Publish rule (object stores have no rename): an output is written to a unique temporary key
 beside it (``.<name>.<uuid>.tmp``), then server-side copied to its final key in one request (an

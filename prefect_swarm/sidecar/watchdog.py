@@ -17,6 +17,8 @@
   died cannot run forever.
 * SIGTERM/SIGINT/SIGHUP/SIGUSR1 stop the replica's process group (TERM, then KILL after
   ``stop_grace_s``) and exit: a ``scancel --signal=USR1 --full`` leaves no engine behind.
+* With ``peers_file`` set (a replica spanning several nodes), a PID listed there that is gone fails
+  the replica without a restart (the Slurm reconciler replaces the whole allocation).
 * With ``port_token`` set (Slurm), every start picks the port: ``preferred_port`` when it is free,
   else one the kernel hands out, substituted for the token in ``argv`` and ``url`` and published as
   ``port`` in the status file. A health answer counts only while no process outside the replica's
@@ -77,6 +79,10 @@ class WatchdogSpec:
     stop_grace_s: float = 10.0
     port_token: str | None = None
     preferred_port: int | None = None
+    peers_file: str | None = None
+    """Multi-node replica: a file of PIDs (one a line), the steps that run the replica's other nodes
+    (Ray workers or engine ranks). When one is gone the replica fails at once, without a restart: it
+    is replaced as one unit."""
 
     @property
     def paths(self) -> SwarmPaths:
@@ -319,9 +325,34 @@ class Watchdog:
             return float("inf")
         return self.born + self.spec.wall_time_s - time.time()
 
+    def lost_peer(self) -> str | None:
+        """Why the replica lost one of its other nodes (a ``peers_file`` PID is gone), or None."""
+        if not self.spec.peers_file:
+            return None
+        try:
+            pids = [int(word) for word in Path(self.spec.peers_file).read_text().split()]
+        except (OSError, ValueError):
+            return None
+        for rank, pid in enumerate(pids, start=1):
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                state = "gone"
+            if state in ("gone", "Z", "X"):
+                return f"node rank {rank} was lost (its step, pid {pid}, ended)"
+        return None
+
     def step(self) -> bool:
         """One supervision step; False when the watchdog should stop supervising."""
         assert self.proc is not None
+        lost = self.lost_peer()
+        if lost:
+            self.stop_replica()
+            self.failed, self.healthy = True, ReplicaHealth.UNHEALTHY
+            self.detail = f"failed: {lost}; a replica spanning several nodes is replaced as one unit"
+            log.warning("replica %d: %s", self.spec.index, self.detail)
+            self.write_status()
+            return False
         rc = self.proc.poll()
         if rc is not None:
             self.last_exit_code = rc

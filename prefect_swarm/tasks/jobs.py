@@ -10,7 +10,6 @@ pending is always rerun, with ``refresh_cache``), and a retry resumes from the l
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -22,6 +21,7 @@ from prefect.states import Cancelled
 from prefect_swarm import launch
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import ConfigError, JobError
+from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.commit import manifest_verdict
 from prefect_swarm.jobs.plan import shard_done, shard_progress
 from prefect_swarm.jobs.spec import JobSpec
@@ -71,7 +71,7 @@ def shard_cache_key(context: Any, parameters: dict[str, Any]) -> str:
 
     spec = parameters["spec"]
     fp, shard, nshards = parameters["fingerprint"], parameters["shard"], spec.shards
-    out = hashlib.sha256(str(Path(spec.output).expanduser().resolve()).encode()).hexdigest()[:12]
+    out = hashlib.sha256(storage.parse(spec.output, "output").uri.encode()).hexdigest()[:12]
     return f"prefect-swarm-{fp}-out-{out}-shard-{shard}-of-{nshards}"
 
 

@@ -17,7 +17,8 @@ random stream: ``--error-rate`` (500/503), ``--rate-429`` (429 with Retry-After)
 seconds is a 429 with Retry-After), ``--exit-after N`` (the process dies after N completions:
 watchdog tests, a replica dying mid-job), ``--startup-delay-s`` (health is 503 until then),
 ``--api-key`` (401 without it), ``--invalid-json-rate`` (the answer to a request with a
-``response_format`` is not valid JSON, or misses a required field: structured-output retries).
+``response_format`` is not valid JSON, or misses a required field: structured-output retries),
+``--require-ray-nodes K`` (health is 503 until the local Ray cluster has K alive nodes: multi-node tests).
 
 Like an engine, it refuses with a 400 and an OpenAI error body (``{"error": {"message", "type",
 "param", "code"}}``): a ``temperature`` outside 0..2, ``max_tokens`` above ``--max-model-len``,
@@ -41,6 +42,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -96,6 +98,9 @@ class StubOptions:
     """Share of answers to a ``response_format`` request that are not valid for it."""
     max_model_len: int = 4096
     """``max_tokens`` above this is a 400."""
+    require_ray_nodes: int | None = None
+    """``/health`` answers 503 until the local Ray cluster (``ray.init(address="auto")``, so
+    ``RAY_ADDRESS``) reports this many alive nodes: a multi-node test cannot pass without the cluster."""
     started: float = field(default_factory=time.monotonic)
     """When the stub started (``time.monotonic``)."""
 
@@ -291,6 +296,8 @@ class StubProtocol(asyncio.Protocol):
         opts, stats = self.opts, self.stats
         if path.startswith("/health"):
             ready = time.monotonic() - opts.started >= opts.startup_delay_s
+            if ready and opts.require_ray_nodes:
+                ready = RayNodes.alive >= opts.require_ray_nodes
             self.send(200 if ready else 503, b'{"status":"ok"}' if ready else b'{"status":"loading"}')
         elif path.startswith("/stats"):
             self.send(200, json.dumps(dict(stats)).encode())
@@ -448,8 +455,35 @@ def vllm_metrics(model: str, stats: Counter[str]) -> str:
     return "".join(out)
 
 
+class RayNodes:
+    """Alive nodes of the local Ray cluster, counted every second in a daemon thread (``--require-ray-nodes``)."""
+
+    alive = 0
+
+    @classmethod
+    def watch(cls) -> None:
+        """Start counting."""
+        threading.Thread(target=cls._count, name="ray-nodes", daemon=True).start()
+
+    @classmethod
+    def _count(cls) -> None:
+        import ray
+
+        while True:
+            try:
+                if not ray.is_initialized():
+                    ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+                cls.alive = sum(1 for node in ray.nodes() if node["Alive"])
+            except Exception as exc:  # no cluster (yet): not ready
+                cls.alive = 0
+                print(f"stub engine: Ray not reachable: {exc}", file=sys.stderr, flush=True)
+            time.sleep(1.0)
+
+
 async def serve(host: str, port: int, opts: StubOptions) -> None:
     """Serve until cancelled or signalled."""
+    if opts.require_ray_nodes:
+        RayNodes.watch()
     StubProtocol.opts = opts
     StubProtocol.rng = random.Random(opts.seed)
     StubProtocol.stats = Counter()
@@ -485,6 +519,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
         "--invalid-json-rate", type=float, default=0.0, help="share of response_format answers that break it"
     )
     ap.add_argument("--max-model-len", type=int, default=4096, help="max_tokens above this is a 400")
+    ap.add_argument(
+        "--require-ray-nodes", type=int, default=None, help="health is 503 until Ray reports this many alive nodes"
+    )
     a, _unknown = ap.parse_known_args(argv)  # tolerate vLLM-style extra flags
     opts = StubOptions(
         model=a.model,
@@ -503,6 +540,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
         seed=a.seed,
         invalid_json_rate=a.invalid_json_rate,
         max_model_len=a.max_model_len,
+        require_ray_nodes=a.require_ray_nodes,
     )
     return a.host, a.port, opts
 

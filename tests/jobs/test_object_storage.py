@@ -203,3 +203,22 @@ def test_local_forms_are_the_same_path(tmp_path: Path) -> None:
     assert spec.paths.root == tmp_path / "job"
     with pytest.raises(ConfigError, match="gs://BUCKET/KEY"):
         storage.parse("gs://", "output")
+
+
+def test_prepare_job_with_input_and_output_on_s3(tmp_path: Path, s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect_swarm.launch import prepare_job
+
+    make_dataset(tmp_path / "in.parquet", 20)
+    src = _put(tmp_path / "in.parquet", "prep/in.parquet")
+    spec = JobSpec(input=src, output=f"s3://{BUCKET}/prep/out.parquet", job_dir=str(tmp_path / "job"), id_column="id")
+    ids = set()
+    for cwd in (tmp_path, tmp_path / "job"):  # the job id names the output, wherever it is submitted from
+        (tmp_path / "job").mkdir(exist_ok=True)
+        monkeypatch.chdir(cwd)
+        ready = prepare_job(spec)
+        ids.add(ready.job_id)
+    assert len(ids) == 1 and JobSpec.load(tmp_path / "job" / "spec.json").input == src
+    with pytest.raises(ConfigError, match=r"output s3://swarm-data/prep/in.parquet is the input"):
+        prepare_job(spec.model_copy(update={"output": src}))
+    with pytest.raises(ConfigError, match=r"input s3://swarm-data/prep/missing.parquet does not exist"):
+        prepare_job(JobSpec(input=f"s3://{BUCKET}/prep/missing.parquet", output=str(tmp_path / "o.parquet")))

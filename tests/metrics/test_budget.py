@@ -14,7 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from prefect_swarm.config.cost import BudgetGuard, BudgetReached, CostConfig
+from prefect_swarm.cli.errors import ExitCode, exit_code_for
+from prefect_swarm.config.cost import BudgetGuard, CostConfig
+from prefect_swarm.exceptions import BudgetReached, ConfigError, JobError
 from prefect_swarm.testing.stub_engine import stub_swarm_config
 
 
@@ -32,6 +34,19 @@ def test_guard_warns_at_80_percent_then_stops(caplog: pytest.LogCaptureFixture) 
     with pytest.raises(BudgetReached, match="budget reached: 2 of 1 GPU-hours"):
         hours.check()
     BudgetGuard("s", CostConfig(), lambda: (99.0, None), every_s=0).check()  # no cap: never stops
+
+
+def test_a_run_cap_tightens_the_swarm_budget_the_lower_wins() -> None:
+    swarm = CostConfig(gpu_hour_usd=2.0, max_gpu_hours=10.0, max_cost_usd=5.0)
+    run = swarm.tightened(max_gpu_hours=1.0, max_cost_usd=50.0)
+    assert (run.max_gpu_hours, run.max_cost_usd) == (1.0, 5.0)
+    assert swarm.tightened() == swarm
+    assert CostConfig().tightened(max_gpu_hours=2.0).max_gpu_hours == 2.0
+    with pytest.raises(ConfigError, match=r"max_cost_usd=3 needs a price: set backend\.cost\.gpu_hour_usd"):
+        CostConfig().tightened(max_cost_usd=3.0)
+    # one error type, one exit code; not a JobError, so a task never retries into the same cap
+    assert not isinstance(BudgetReached("x"), JobError)
+    assert exit_code_for(BudgetReached("x")) is ExitCode.FAILURE
 
 
 def test_a_tiny_budget_stops_the_job_and_a_rerun_resumes_it(tmp_path: Path) -> None:

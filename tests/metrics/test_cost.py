@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from prefect_swarm.backends.slurm.accounting import gpus_of
+from prefect_swarm.cli.views import cost_text
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.config.cost import CostConfig
 from prefect_swarm.testing.stub_engine import stub_swarm_config
@@ -26,6 +28,15 @@ def test_a_price_turns_gpu_hours_into_dollars() -> None:
     assert cost.figures(1.0, 500_000, shape="gpu.h100-sxm")["usd_per_million_tokens"] == 6.0
     assert CostConfig().figures(2.0, 10) == {"gpu_hours": 2.0, "usd": None, "usd_per_million_tokens": None}
     assert cost.figures(None)["usd"] is None
+
+
+def test_cost_line_of_the_text_tables() -> None:
+    priced = {"gpu_hours": 0.5, "usd": 1.25, "usd_per_million_tokens": 2.5, "source": "sacct"}
+    assert cost_text(priced) == "cost: 0.5 GPU-hours, $1.25 ($2.5/M tokens), from sacct"
+    unpriced = {"gpu_hours": 0.5, "usd": None, "usd_per_million_tokens": None, "source": "wall"}
+    assert cost_text(unpriced) == "cost: 0.5 GPU-hours (no price: set backend.cost.gpu_hour_usd), from wall"
+    assert cost_text({"gpu_hours": None, "reason": "sacct: down"}) == "cost: n/a (sacct: down)"
+    assert cost_text(None) is None
 
 
 def test_every_backend_takes_a_cost_section() -> None:
@@ -69,6 +80,11 @@ def test_local_status_and_job_status_report_cost(tmp_path: Path) -> None:
         assert jc["gpu_hours"] > 0 and jc["usd"] == pytest.approx(jc["gpu_hours"] * 4.0, abs=1e-3), jc
         tokens = doc["progress"]["prompt_tokens"] + doc["progress"]["completion_tokens"]
         assert jc["usd_per_million_tokens"] == pytest.approx(jc["usd"] / tokens * 1e6, rel=0.01)
+        # the text tables carry the same figures
+        text = _cli("status", "priced", "--no-history").stdout
+        assert re.search(r"cost: [0-9.e-]+ GPU-hours, \$[0-9.e-]+ \(\$[0-9.e-]+/M tokens\), from wall", text), text
+        job_text = _cli("job", "status", job["id"]).stdout
+        assert re.search(r"cost: [0-9.e-]+ GPU-hours, \$[0-9.e-]+ .*, from wall", job_text), job_text
     finally:
         _cli("down", "priced", "-y", "--force")
 

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from prefect_swarm.interfaces.metrics import Samples, scrape, total
-from prefect_swarm.jobs.metrics import ShardMetrics
+from prefect_swarm.jobs.metrics import ShardMetrics, metrics_address
 from prefect_swarm.jobs.shard import ShardRun
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.testing import free_port
@@ -89,12 +89,26 @@ def test_job_process_publishes_its_metrics_url(make_spec: Any) -> None:
         )
         try:
             samples = _scrape_when_running(progress, proc)
+            # metrics_host 'auto' with a loopback endpoint (a local swarm): /metrics on loopback only
+            assert json.loads(progress.read_text())["metrics_url"].startswith("http://127.0.0.1:")
             assert (total(samples, "prefect_swarm_rows_total") or 0) > 0
             assert total(samples, "prefect_swarm_requests_in_flight") is not None
         finally:
             proc.terminate()
             _, err = proc.communicate(timeout=30)
         assert proc.returncode in (0, 75), err
+
+
+def test_metrics_host_picks_the_address_or_turns_metrics_off(make_spec: Any) -> None:
+    assert metrics_address("auto", ["http://127.0.0.1:8000", "http://localhost:8001"]) == "127.0.0.1"
+    assert metrics_address("auto", ["http://127.0.0.1:8000", "http://node7:8000"]) == "0.0.0.0"
+    assert metrics_address("10.1.2.3", ["http://127.0.0.1:8000"]) == "10.1.2.3"
+    assert metrics_address(None, ["http://node7:8000"]) is None
+    with StubEngine(free_port(), latency_ms=0) as stub:
+        spec = JobSpec.load(make_spec(40, [stub.url], metrics_host=None))
+        assert ShardRun(spec, 0, 1).run() == 0
+    progress = json.loads(spec.paths.shard(0).progress.read_text())
+    assert progress["done"] == 40 and "metrics_url" not in progress, progress
 
 
 def _scrape_when_running(progress: Path, proc: subprocess.Popen[str]) -> Samples:

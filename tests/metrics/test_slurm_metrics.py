@@ -1,5 +1,6 @@
-"""On Slurm: `top --once -o json` reads each replica's engine through the LB's file_sd list, and the
-swarm's cost in `status -o json` is sacct's elapsed x allocated GPUs."""
+"""On Slurm: `top --once -o json` reads each replica's engine through the LB's file_sd list and the
+LB's own counts from nginx's stub_status, and the swarm's cost in `status -o json` is sacct's elapsed x
+allocated GPUs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -44,8 +46,16 @@ def test_top_and_cost_on_slurm(need_slurm: None, tmp_path: Path) -> None:
     up = _cli("up", "-c", str(path), "--keep", "-o", "json", timeout=240)
     assert up.returncode == 0, up.stderr
     try:
+        endpoint = json.loads(_cli("status", name, "-o", "json").stdout)["status"]["url"]
+        for _ in range(3):  # requests through the LB, which its stub_status counts
+            with urllib.request.urlopen(f"{endpoint}/v1/models", timeout=10) as resp:
+                assert resp.status == 200
         doc = _top_until_both_replicas(name)
         assert doc["swarm"]["backend"] == "slurm" and doc["swarm"]["phase"] == "RUNNING"
+        lb = doc["lb"]
+        assert lb["error"] is None and lb["url"] == f"{endpoint}/nginx-status", lb
+        assert lb["active"] >= 1 and lb["accepted"] >= 1 and lb["handled"] == lb["accepted"], lb
+        assert lb["requests"] >= 3 + 2 and lb["requests_s"] is not None, lb  # ours, then top's two looks
         for r in doc["replicas"]:
             assert r["metrics_error"] is None and r["running"] is not None and r["kv_cache_usage"] is not None, r
         running = json.loads(_cli("status", name, "-o", "json").stdout)["status"]["cost"]

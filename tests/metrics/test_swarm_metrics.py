@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from prefect_swarm.cli.top import parse_stub_status
 from prefect_swarm.interfaces.metrics import read_file_sd, scrape, total
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.swarm import Swarm
@@ -54,6 +55,15 @@ def test_every_replica_is_a_metrics_target(local_swarm: tuple[str, Path]) -> Non
     assert swarm.backends.serving.metrics_targets(swarm.handle).reason
 
 
+def test_nginx_stub_status_page_parses() -> None:
+    page = "Active connections: 3 \nserver accepts handled requests\n 17 16 40 \nReading: 0 Writing: 1 Waiting: 2 \n"
+    assert parse_stub_status(page) == {
+        "active": 3, "accepted": 17, "handled": 16, "requests": 40, "reading": 0, "writing": 1, "waiting": 2,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="not an nginx stub_status page"):
+        parse_stub_status("<html>404</html>")
+
+
 def test_top_once_json_on_a_running_local_swarm(local_swarm: tuple[str, Path], tmp_path: Path) -> None:
     """While a job runs: each replica healthy with its figures, the job with rows, rate and ETA."""
     name, _ = local_swarm
@@ -70,6 +80,7 @@ def test_top_once_json_on_a_running_local_swarm(local_swarm: tuple[str, Path], t
     try:
         doc = _top_with_rows(name)
         assert doc["swarm"]["phase"] == "RUNNING"
+        assert doc["lb"]["active"] is None and doc["lb"]["error"] == "no nginx load balancer on the local backend"
         assert [r["health"] for r in doc["replicas"]] == ["Healthy", "Healthy"]
         for r in doc["replicas"]:
             assert r["metrics_error"] is None, r

@@ -1,5 +1,6 @@
-"""The budget guard in a flow: a tiny cap stops the run mid-job (Failed, the reason in its message, no
-process left); the rerun with a larger cap resumes and writes each row exactly once."""
+"""The budget guard in a flow: a tiny cap (the run's own max_gpu_hours, tighter than the swarm's) stops
+the run mid-job (Failed, the reason in its message, no process left); the rerun with a larger cap
+resumes and writes each row exactly once."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ def test_budget_stops_the_flow_and_the_rerun_resumes(
 ) -> None:
     n = 3000
     inp, out = prompts(tmp_path / "in.parquet", n), tmp_path / "out.parquet"
-    cfg = stub_swarm("budgeted", latency_ms=20, cost={"max_gpu_hours": 8 / 3600})  # 8 GPU-seconds
+    cfg = stub_swarm("budgeted", latency_ms=20, cost={"max_gpu_hours": 1.0})
     cfg["gpus_per_replica"] = 1
     opts = job_options(concurrency=2)
-    state = batch_inference(cfg, opts, str(inp), str(out), shards=1, return_state=True)
+    # the run's own cap (8 GPU-seconds) is tighter than the swarm's hour: it wins
+    state = batch_inference(cfg, opts, str(inp), str(out), shards=1, max_gpu_hours=8 / 3600, return_state=True)
     assert state.is_failed(), state
     assert "budget reached: " in (state.message or ""), state.message
     wait_for(lambda: not swarm_processes(swarm_home, "budgeted", cfg["port"]), 30, what="no process left")
@@ -34,7 +36,7 @@ def test_budget_stops_the_flow_and_the_rerun_resumes(
 
     cfg["backend"]["cost"] = {"max_gpu_hours": 1.0, "gpu_hour_usd": 2.0}  # neither changes the checkpoints' key
     since = datetime.now(UTC) - timedelta(seconds=5)
-    again = batch_inference(cfg, opts, str(inp), str(out), shards=1)
+    again = batch_inference(cfg, opts, str(inp), str(out), shards=1, max_cost_usd=100.0)
     assert again["rows"] == n and again["ok"] == n
     ids = pq.read_table(out, columns=["id"]).column("id").to_pylist()
     assert sorted(ids) == [f"r{i:05d}" for i in range(n)]

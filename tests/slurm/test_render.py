@@ -12,6 +12,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -141,9 +142,109 @@ def test_a_partial_last_task_asks_only_for_what_it_runs(tmp_path: Path) -> None:
     assert SlurmServing(golden_cfg(), SwarmPaths(tmp_path))._task_args() == {}  # 4 replicas fill both tasks
 
 
-def test_a_replica_larger_than_a_node_is_refused_by_validate(tmp_path: Path) -> None:
+def test_a_replica_larger_than_a_node_must_take_whole_nodes(tmp_path: Path) -> None:
     cfg = golden_cfg().model_copy(update={"gpus_per_replica": 5})
-    with pytest.raises(ConfigError, match=r"gpus_per_replica \(5\) exceeds gpus_per_node \(4\)"):
+    with pytest.raises(ConfigError, match=r"gpus_per_replica \(5\) exceeds gpus_per_node \(4\) but is not a multiple"):
+        SlurmServing(cfg, SwarmPaths(tmp_path)).validate(cfg)
+
+
+def multi_node_cfg(runtime: str = "none", kind: str = "vllm", **engine: Any) -> SwarmConfig:
+    """The golden config with replicas of 8 GPUs on 4-GPU nodes: 2 nodes per replica."""
+    cfg = golden_cfg(runtime)
+    data = cfg.model_dump(by_alias=True)
+    data |= {"replicas": 2, "gpus_per_replica": 8}
+    data["engine"] |= {"kind": kind, **engine}
+    return SwarmConfig.model_validate(data)
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+@pytest.mark.parametrize("runtime", ["none", "apptainer"])
+def test_golden_multi_node_plan(runtime: str, kind: str) -> None:
+    parallel = {"parallel": {"tensor": 4, "pipeline": 2}} if kind == "vllm" else {}
+    cfg = multi_node_cfg(runtime, kind, **parallel)
+    plan = render.render_plan(cfg)
+    script, spec = plan["replicas.sbatch"], json.loads(plan["watchdog-1.json"])
+    check_golden(f"multinode-{runtime}/replicas-{kind}.sbatch", script)
+    check_golden(f"multinode-{runtime}/watchdog-1-{kind}.json", plan["watchdog-1.json"])
+    # one array task per replica, each of 2 nodes with every GPU of each node
+    for line in ("--array=0-1", "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:4", "--cpus-per-task=8"):
+        assert f"#SBATCH {line}\n" in script, line
+    assert spec["peers_file"].endswith("/replica-1.peers")
+    argv = spec["argv"]
+    if kind == "vllm":
+        assert "-m ray.scripts.scripts)\n" in script  # the engine interpreter's `ray`
+        assert script.index('"${RAY[@]}" start --head') < script.index("--block' _") < script.index("ray cluster ready")
+        assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
+        assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
+        assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
+    else:
+        assert "ray" not in " ".join(argv) and "ray.scripts" not in script
+        assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == "0"
+        assert argv[argv.index("--dist-init-addr") + 1] == f"{render.HOST_TOKEN}:{render.DIST_PORT_TOKEN}"
+        assert f"--node-rank {render.RANK_TOKEN}" in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_validate_prints_the_ray_start_sequence_and_the_vllm_argv(tmp_path: Path) -> None:
+    """`prefect-swarm validate` of a 2-node-per-replica config shows how each replica's Ray forms."""
+    cfg_file = tmp_path / "swarm.yaml"
+    data = multi_node_cfg(parallel={"tensor": 4, "pipeline": 2}).model_dump(by_alias=True)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    data |= {"model": str(tmp_path / "model")}
+    data["backend"] |= {"run_dir": str(tmp_path / "run")}
+    cfg_file.write_text(json.dumps(data))
+    cli = Path(sys.executable).parent / "prefect-swarm"
+    out = subprocess.run([str(cli), "validate", "-c", str(cfg_file), "-o", "json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr + out.stdout
+    plan = json.loads(out.stdout)["plan"]
+    text = plan["replicas.sbatch"]
+    assert text.index("start --head") < text.index("--block' _") < text.index("ray cluster ready")
+    argv = json.loads(plan["watchdog-0.json"])["argv"]
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
+    assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
+
+
+@pytest.mark.parametrize(
+    ("update", "engine", "message"),
+    [
+        ({"gpus_per_replica": 6}, {}, r"gpus_per_replica \(6\) exceeds gpus_per_node \(4\) but is not a multiple"),
+        (
+            {"gpus_per_replica": 8},
+            {"parallel": {"tensor": 4, "pipeline": 3}},
+            r"engine.parallel.tensor \(4\) x engine.parallel.pipeline \(3\) = 12 must equal gpus_per_replica \(8\)",
+        ),
+        (
+            {"gpus_per_replica": 2},
+            {"parallel": {"tensor": 1}},
+            r"engine.parallel.tensor \(1\) x engine.parallel.pipeline \(1\) = 1 must equal gpus_per_replica \(2\)",
+        ),
+    ],
+)
+def test_impossible_layouts_are_refused_naming_the_fields(
+    update: dict[str, Any], engine: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    data = golden_cfg().model_dump(by_alias=True) | update
+    data["engine"] |= engine
+    cfg = SwarmConfig.model_validate(data)
+    with pytest.raises(ConfigError, match=message):
+        SlurmServing(cfg, SwarmPaths(tmp_path)).validate(cfg)
+
+
+def test_single_node_parallel_sets_both_sizes_without_ray() -> None:
+    data = golden_cfg().model_dump(by_alias=True)
+    data["engine"] |= {"parallel": {"tensor": 1, "pipeline": 2}}
+    plan = render.render_plan(SwarmConfig.model_validate(data))
+    argv = json.loads(plan["watchdog-0.json"])["argv"]
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "1"
+    assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
+    assert "--distributed-executor-backend" not in argv and "ray start" not in plan["replicas.sbatch"]
+    assert "#SBATCH --nodes=1\n" in plan["replicas.sbatch"]
+
+
+def test_multi_node_replicas_refuse_pyxis(tmp_path: Path) -> None:
+    cfg = multi_node_cfg("pyxis")
+    with pytest.raises(ConfigError, match=r"backend.container.runtime 'pyxis'"):
         SlurmServing(cfg, SwarmPaths(tmp_path)).validate(cfg)
 
 

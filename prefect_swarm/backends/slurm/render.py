@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
-from prefect_swarm.backends.engine import engine_argv, engine_env
+from prefect_swarm.backends.engine import (
+    engine_argv,
+    engine_env,
+    engine_python,
+    nodes_per_replica,
+    parallel_sizes,
+    uses_ray,
+)
 from prefect_swarm.config import ContainerConfig, SlurmConfig
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces.jobenv import API_KEY, HOME, LOG_LEVEL
@@ -35,6 +42,15 @@ if TYPE_CHECKING:
 
 HOST_TOKEN = "@PSW_HOST@"
 """Stands for the replica's bind address in watchdog specs; the replica script substitutes it."""
+
+RANK_TOKEN = "@PSW_NODE_RANK@"
+"""Stands for a node's rank in the argv of a multi-node SGLang replica's other nodes."""
+
+DIST_PORT_TOKEN = "@PSW_DIST_PORT@"
+"""Stands for the port of a multi-node SGLang replica's ``--dist-init-addr``; picked free on rank 0."""
+
+RAY_MODULE = "ray.scripts.scripts"
+"""``python -m ray.scripts.scripts`` is the ``ray`` CLI of the engine's interpreter (no PATH lookup)."""
 
 PORT_TOKEN = "@PSW_PORT@"
 """Stands for the replica's port in watchdog specs; the watchdog picks a free one at each start
@@ -100,13 +116,15 @@ def job_python(cfg: SwarmConfig) -> str:
 
 
 def array_tasks(cfg: SwarmConfig) -> int:
-    """Array tasks the replicas need: one per ``replicas_per_node`` replicas."""
-    per = min(cfg.effective_replicas_per_node, cfg.replicas)
-    return -(-cfg.replicas // per)
+    """Array tasks the replicas need: one per ``replicas_per_node`` replicas (one per replica when a
+    replica spans several nodes)."""
+    return -(-cfg.replicas // per_task(cfg))
 
 
 def per_task(cfg: SwarmConfig) -> int:
     """Replicas each array task runs."""
+    if nodes_per_replica(cfg) > 1:
+        return 1
     return min(cfg.effective_replicas_per_node, cfg.replicas)
 
 
@@ -204,11 +222,12 @@ def replicas_options(cfg: SwarmConfig, paths: SwarmPaths) -> list[str]:
     sc = slurm_section(cfg)
     n_per = per_task(cfg)
     check_gpu_layout(cfg)
+    nodes = nodes_per_replica(cfg)
     opts = [
         f"--job-name={job_names(cfg).replicas}",
         f"--array=0-{array_tasks(cfg) - 1}",
-        "--nodes=1",
-        "--ntasks=1",
+        f"--nodes={nodes}",
+        "--ntasks=1" if nodes == 1 else "--ntasks-per-node=1",
     ]
     cpus, *gpus_mem = task_resources(cfg, n_per)
     opts += [cpus, *_output_options(paths, "replicas", "%A_%a")]
@@ -224,23 +243,37 @@ def task_resources(cfg: SwarmConfig, replicas: int) -> list[str]:
 
     The script asks for a full task (``per_task`` replicas); a last task that runs fewer is
     submitted with these on the sbatch command line (they override the script's), so it asks for
-    what it runs: 3 replicas of 2 GPUs on 4-GPU nodes are tasks of ``gpu:4`` and ``gpu:2``.
+    what it runs: 3 replicas of 2 GPUs on 4-GPU nodes are tasks of ``gpu:4`` and ``gpu:2``. A replica
+    spanning several nodes asks for these on each node (every GPU of the node).
     """
     sc = slurm_section(cfg)
     opts = [f"--cpus-per-task={sc.cpus_per_replica * replicas}"]
+    gpus = cfg.gpus_per_replica * replicas
+    if nodes_per_replica(cfg) > 1 and cfg.gpus_per_node:
+        gpus = cfg.gpus_per_node
     if cfg.gpus_per_replica:
-        opts.append(f"--gres={sbatch_value('backend.gres_name', sc.gres_name)}:{cfg.gpus_per_replica * replicas}")
+        opts.append(f"--gres={sbatch_value('backend.gres_name', sc.gres_name)}:{gpus}")
     if sc.mem_per_replica:
         opts.append(f"--mem={_mem(sc.mem_per_replica, replicas)}")
     return opts
 
 
+MULTI_NODE_RUNTIMES = ("none", "apptainer", "singularity")
+"""Container runtimes a replica spanning several nodes can run in (pyxis wraps every command in an srun
+step of its own, which does not nest in the per-node steps)."""
+
+
 def check_gpu_layout(cfg: SwarmConfig) -> None:
-    """ConfigError for a GPU layout no node can hold (a replica spans one node until multi-node replicas exist)."""
-    if cfg.gpus_per_node and cfg.gpus_per_replica > cfg.gpus_per_node:
+    """ConfigError for a GPU layout no allocation can hold: a replica larger than a node must take whole
+    nodes (:func:`nodes_per_replica`), ``engine.parallel`` must multiply to ``gpus_per_replica``."""
+    nodes = nodes_per_replica(cfg)
+    parallel_sizes(cfg)
+    runtime = slurm_section(cfg).container.runtime
+    if nodes > 1 and runtime not in MULTI_NODE_RUNTIMES:
         raise ConfigError(
-            f"gpus_per_replica ({cfg.gpus_per_replica}) exceeds gpus_per_node ({cfg.gpus_per_node}): "
-            "a replica runs on one node. Lower gpus_per_replica (tensor parallel size) or fix gpus_per_node."
+            f"gpus_per_replica ({cfg.gpus_per_replica}) over gpus_per_node ({cfg.gpus_per_node}) makes each "
+            f"replica span {nodes} nodes, which backend.container.runtime '{runtime}' does not support; "
+            f"use one of {', '.join(MULTI_NODE_RUNTIMES)}."
         )
 
 
@@ -337,10 +370,13 @@ def watchdog_spec(cfg: SwarmConfig, paths: SwarmPaths, index: int) -> dict[str, 
     """The watchdog spec of replica ``index`` (JSON; the bind address is :data:`HOST_TOKEN`, the port
     :data:`PORT_TOKEN`, picked free at each start with ``port + index`` preferred)."""
     sc = slurm_section(cfg)
-    argv = [*container_prefix(sc.container), *engine_argv(cfg, host=HOST_TOKEN, port=PORT_TOKEN)]
-    env = {**(OFFLINE_ENV if sc.hf_offline else {}), **engine_env(cfg)}  # the user's env wins
-    env_lines(env, "env / engine.env")  # validates the names
+    argv = [*container_prefix(sc.container), *engine_argv(cfg, host=HOST_TOKEN, port=PORT_TOKEN, **_dist(cfg))]
+    env = _replica_env(cfg)
+    extra: dict[str, object] = {}
+    if nodes_per_replica(cfg) > 1:
+        extra["peers_file"] = str(paths.root / f"replica-{index}.peers")
     return {
+        **extra,
         "swarm": cfg.name,
         "root": str(paths.root),
         "index": index,
@@ -355,11 +391,59 @@ def watchdog_spec(cfg: SwarmConfig, paths: SwarmPaths, index: int) -> dict[str, 
     }
 
 
+def _replica_env(cfg: SwarmConfig) -> dict[str, str]:
+    sc = slurm_section(cfg)
+    env = {**(OFFLINE_ENV if sc.hf_offline else {}), **engine_env(cfg)}  # the user's env wins
+    env_lines(env, "env / engine.env")  # validates the names
+    return env
+
+
+def _dist(cfg: SwarmConfig, rank: int | str = 0) -> dict[str, str]:
+    """engine_argv's multi-node SGLang arguments (rank, head address) as tokens the script fills in."""
+    if nodes_per_replica(cfg) > 1 and cfg.engine.kind == "sglang":
+        return {"node_rank": str(rank), "dist_init_addr": f"{HOST_TOKEN}:{DIST_PORT_TOKEN}"}
+    return {}
+
+
+def _words(argv: Sequence[str]) -> str:
+    """A bash array body: each word shell-quoted."""
+    return " ".join(q(word) for word in argv)
+
+
+def _multi_node(cfg: SwarmConfig) -> dict[str, object]:
+    """Template values of a replica spanning several nodes (empty dict for a single-node replica)."""
+    nodes = nodes_per_replica(cfg)
+    if nodes == 1:
+        return {"nodes": 1}
+    sc = slurm_section(cfg)
+    prefix = container_prefix(sc.container)
+    python = [*prefix, engine_python(cfg)]
+    values: dict[str, object] = {
+        "nodes": nodes,
+        "ray": uses_ray(cfg),
+        "ray_cmd": _words([*python, "-m", RAY_MODULE]),
+        "ray_py": _words(python),
+        "ray_wait_s": int(cfg.engine.startup_timeout_s),
+        "node_tmp": q(sc.node_tmp),
+        "rank_token": RANK_TOKEN,
+        "dist_port_token": DIST_PORT_TOKEN,
+        "port_token": PORT_TOKEN,
+        "peer_argv": "",
+        "peer_env": "",
+    }
+    if not uses_ray(cfg):
+        peer = engine_argv(cfg, host=HOST_TOKEN, port=PORT_TOKEN, **_dist(cfg, RANK_TOKEN))
+        values["peer_argv"] = _words([*prefix, *peer])
+        values["peer_env"] = _words([f"{k}={v}" for k, v in _replica_env(cfg).items()])
+    return values
+
+
 def render_replicas(cfg: SwarmConfig, paths: SwarmPaths) -> str:
     """The replica array job script."""
     sc = slurm_section(cfg)
     return _template(
         "replicas.sbatch.j2",
+        **_multi_node(cfg),
         name=cfg.name,
         replicas=cfg.replicas,
         per_task=per_task(cfg),

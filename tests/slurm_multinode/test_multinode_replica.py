@@ -1,0 +1,192 @@
+"""A replica spanning both nodes of the two-node test Slurm: Ray across the nodes, the stub engine
+on rank 0 (healthy only once Ray reports 2 alive nodes), served through the LB, a sharded job,
+a killed Ray worker (the replica is replaced as one unit), and nothing left on either node after
+`down`.
+
+The prefect-swarm CLI runs on the cluster's controller machine (its network and hostnames, like a
+login node), with SLURM_CONF pointing at the two-node cluster; the test reads the shared files and
+each node's processes from outside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from _twonode import NODES, TwoNodeCluster
+
+from prefect_swarm.config.backends import DEFAULT_EXPORT
+from prefect_swarm.paths import SwarmPaths
+from prefect_swarm.testing.stub_engine import engine_command
+
+pytestmark = [pytest.mark.slurm_multinode, pytest.mark.slow]
+
+CLI = Path(sys.executable).parent / "prefect-swarm"
+LEFTOVER = re.compile(
+    rb"raylet|gcs_server|ray::|ray/_private|ray/dashboard|ray/autoscaler|default_worker|ray\.scripts"
+    rb"|prefect_swarm\.testing\.stub_engine|prefect_swarm\.sidecar\.watchdog"
+)
+"""Command lines of Ray's processes, the engine and its watchdog."""
+
+
+class Controller:
+    """Runs the prefect-swarm CLI inside the controller machine's namespaces."""
+
+    def __init__(self, cluster: TwoNodeCluster, env: dict[str, str]) -> None:
+        self.pid = int((cluster.root / "run" / "ctl.pid").read_text())
+        self.env = env
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        argv = ["nsenter", "-t", str(self.pid), "-n", "-u", "-m", "-p", str(CLI), *args]
+        return subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=timeout)
+
+    def ok(self, *args: str, timeout: float = 300) -> str:
+        out = self.cli(*args, timeout=timeout)
+        assert out.returncode == 0, f"prefect-swarm {' '.join(args)} -> {out.returncode}\n{out.stdout}\n{out.stderr}"
+        return out.stdout
+
+
+def wait_for(what: str, check: Callable[[], object], timeout: float, poll: float = 1.0) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}", pytrace=False)
+        time.sleep(poll)
+
+
+def leftovers(cluster: TwoNodeCluster, node: str) -> list[str]:
+    found = []
+    for pid in cluster.node_pids(node):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if LEFTOVER.search(cmdline):
+            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace")[:160])
+    return found
+
+
+@pytest.fixture
+def swarm_env(two_node_cluster: TwoNodeCluster, tmp_path: Path) -> Iterator[tuple[Controller, str, Path]]:
+    """(controller, swarm name, config file) of a 1-replica x 2-node swarm; `down` on every exit path."""
+    name = f"mn-{uuid.uuid4().hex[:8]}"
+    run_dir = tmp_path / "run"  # the nodes share the file system: every node sees it
+    cfg = {
+        "name": name,
+        "model": "stub-model",
+        "replicas": 1,
+        "gpus_per_replica": 4,
+        "gpus_per_node": 2,
+        "port": 8100,
+        "engine": {
+            "kind": "command",
+            "command": engine_command(),
+            "args": ["--require-ray-nodes", "2"],
+            "startup_timeout_s": 120,
+        },
+        "backend": {
+            "type": "slurm",
+            "cpus_per_replica": 1,
+            "queue_timeout_s": 60,
+            "time_limit": "15:00",
+            "run_dir": str(run_dir),
+            "open_endpoint": True,
+            "export": [*DEFAULT_EXPORT, "SLURM_CONF"],
+        },
+    }
+    cfg_file = tmp_path / "swarm.json"
+    cfg_file.write_text(json.dumps(cfg))
+    env = {
+        **two_node_cluster.env,
+        "PREFECT_SWARM_HOME": str(tmp_path / "home"),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    }
+    ctl = Controller(two_node_cluster, env)
+    try:
+        yield ctl, name, cfg_file
+    finally:
+        ctl.cli("down", name, "-y", "--force", timeout=180)
+
+
+def test_two_node_replica_serves_survives_a_lost_ray_worker_and_leaves_nothing(
+    two_node_cluster: TwoNodeCluster, swarm_env: tuple[Controller, str, Path], tmp_path: Path
+) -> None:
+    ctl, name, cfg_file = swarm_env
+    paths = SwarmPaths.for_swarm(name, tmp_path / "run")
+
+    ctl.ok("up", "-c", str(cfg_file), "--timeout", "240", timeout=300)
+    record = json.loads(paths.slurm_record.read_text())
+    first_task = record["tasks"]["0"]
+    cluster_file = (paths.root / "replica-0.cluster").read_text()
+    assert cluster_file.startswith("ray ") and "nodes node1 node2" in cluster_file, cluster_file
+    assert "ray cluster ready: 2 nodes" in (paths.root / "replica-0.rank-0.log").read_text()
+    assert (paths.root / "replica-0.rank-1.log").exists()
+
+    # served through the LB (addressed by the node's bridge address from out here)
+    def lb_url() -> str:
+        node, port = paths.lb_head.read_text().split()[0].rsplit(":", 1)
+        return f"http://{two_node_cluster.address(node)}:{port}"
+
+    chat = httpx.post(
+        lb_url() + "/v1/chat/completions",
+        json={"model": "stub-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        timeout=30,
+    )
+    assert chat.status_code == 200, chat.text
+
+    # a sharded job, every row exactly once
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids = [f"r{i:03d}" for i in range(40)]
+    pq.write_table(pa.table({"id": ids, "prompt": [f"q {i}" for i in range(40)]}), tmp_path / "in.parquet")
+    out_file = tmp_path / "out.parquet"
+    ctl.ok("job", "submit", "-n", name, "--input", str(tmp_path / "in.parquet"), "--output", str(out_file),
+           "--shards", "2", "--id-column", "id", timeout=240)  # fmt: skip
+    assert sorted(pq.read_table(out_file, columns=["id"]).column("id").to_pylist()) == ids
+
+    # kill the Ray worker on node2: the replica fails as one unit and the reconciler replaces it
+    raylets = [
+        pid
+        for pid in two_node_cluster.node_pids("node2")
+        if b"raylet" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    ]
+    assert raylets, f"no raylet on node2: {leftovers(two_node_cluster, 'node2')}"
+    for pid in raylets:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(
+        "the replica's task to be replaced",
+        lambda: json.loads(paths.slurm_record.read_text())["tasks"].get("0") not in (None, first_task),
+        timeout=120,
+    )
+    assert "node rank 1 was lost" in (paths.root / "watchdog-0.log").read_text()
+
+    def healthy_again() -> bool:
+        try:
+            return bool(paths.replica_head(0).read_text().strip()) and (
+                httpx.get(lb_url() + "/health", timeout=5).status_code == 200
+            )
+        except (OSError, httpx.HTTPError):
+            return False
+
+    wait_for("the replacement replica behind the LB", healthy_again, timeout=240, poll=2)
+    # the job's rows are not lost: its committed output is intact and its record still says so
+    assert sorted(pq.read_table(out_file, columns=["id"]).column("id").to_pylist()) == ids
+    assert "SUCCEEDED" in ctl.ok("job", "list", timeout=60)
+
+    ctl.ok("down", name, "-y", "--force", timeout=180)
+    for node in NODES:
+        wait_for(f"no Ray or engine process on {node}", lambda n=node: not leftovers(two_node_cluster, n), 60)
