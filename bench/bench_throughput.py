@@ -1,10 +1,11 @@
 """(a) rows/s of the job runner / a plain aiohttp loop, same concurrency, against the stub engine.
 
-    python bench/bench_throughput.py [--rows 60000] [--repeat 3] [--scrape-s 1]
+    python bench/bench_throughput.py [--rows 60000] [--repeat 5] [--scrape-s 1]
 
 Server pinned to core 0, client to core 1; runs alternate (plain, ours) so drift hits both.
-The job process always serves its ``/metrics``; with ``--scrape-s S`` a thread of this script also
-reads it every S seconds while the job runs, as Prometheus would.
+The job process always serves its ``/metrics`` (on 127.0.0.1: the stub is on loopback, see
+``JobSpec.metrics_host``); with ``--scrape-s S`` a thread of this script also reads it every S
+seconds while the job runs, as Prometheus would. Each side's figure is the median of ``--repeat`` runs.
 Our rows/s is the job process's own figure (progress.json: rows / seconds from the ledger's
 opening to the last flush: reading, requests, parsing, checkpoints), the baseline's is first
 request to last answer.

@@ -279,7 +279,8 @@ def top(
     interval: Annotated[float, typer.Option("--interval", help="Seconds between looks.", min=0.1)] = 2.0,
     output: Annotated[OutputFormat, typer.Option("--output", "-o")] = OutputFormat.table,
 ) -> None:
-    """Watch a swarm and its jobs: replica health, running/waiting requests, tok/s, KV cache; job rows, rate, ETA."""
+    """Watch a swarm and its jobs: replica health, running/waiting requests, tok/s, KV cache; the LB's
+    connections and requests (Slurm); job rows, rate, ETA."""
     sampler = TopSampler(name)
     if once:
         sampler.view()  # the first scrape: rates need two

@@ -26,6 +26,7 @@ from prefect_swarm.flows.params import (
     ShardsArg,
     SwarmArg,
     job_spec,
+    run_budget,
     with_budget,
 )
 from prefect_swarm.tasks._common import flow_result_storage, label_run, run_stop_event
@@ -79,7 +80,8 @@ def batch_inference(
         max_cost_usd: the same in USD (needs a price in the swarm's backend.cost).
     """
     started = time.monotonic()
-    cfg = with_budget(resolve_swarm(swarm), max_gpu_hours, max_cost_usd)
+    cfg = resolve_swarm(swarm)
+    budget = run_budget(cfg, max_gpu_hours, max_cost_usd)
     reap_quietly()
     plan = plan_shards(job_spec(cfg, job, input, output, shards, max_failed_fraction), cfg.name)
     label_run(cfg.name, plan.spec.job_id)
@@ -88,7 +90,7 @@ def batch_inference(
         try:
             live = None
             if plan.pending:
-                live = swarm_up(cfg, keep=keep_swarm, reuse=reuse, source=block_ref(swarm))
+                live = with_budget(swarm_up(cfg, keep=keep_swarm, reuse=reuse, source=block_ref(swarm)), budget)
                 up_at = time.monotonic()
                 wait_ready(live)
             return run_and_commit(plan, live, cfg, started, up_at, max_failed_fraction)

@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from prefect_swarm.blocks import SwarmSpec
 from prefect_swarm.config import SwarmConfig
+from prefect_swarm.config.cost import CostConfig
 from prefect_swarm.jobs.spec import JobSpec
-from prefect_swarm.swarm import engine_fingerprint
+from prefect_swarm.swarm import Swarm, engine_fingerprint
 
 FLOW_OWNED = frozenset(
     {
@@ -64,13 +65,21 @@ def job_options(job: JobOptions | str | dict[str, Any] | None) -> JobOptions:
     return JobOptions.model_validate(job)
 
 
-def with_budget(cfg: SwarmConfig, max_gpu_hours: float | None, max_cost_usd: float | None) -> SwarmConfig:
-    """``cfg`` with a flow run's caps on its budget (``backend.cost``; the lower of the swarm's and the
-    run's wins), so the one budget guard of :mod:`prefect_swarm.launch` holds the run to them."""
-    if max_gpu_hours is None and max_cost_usd is None:
-        return cfg
-    cost = cfg.backend.cost.tightened(max_gpu_hours, max_cost_usd)
-    return cfg.model_copy(update={"backend": cfg.backend.model_copy(update={"cost": cost})})
+def run_budget(cfg: SwarmConfig, max_gpu_hours: float | None, max_cost_usd: float | None) -> CostConfig:
+    """The budget a flow run holds the swarm to: its ``backend.cost`` with the run's caps (for each cap
+    the lower of the swarm's and the run's wins). A cost cap without a price is refused here, before
+    any GPU is asked for."""
+    return cfg.backend.cost.tightened(max_gpu_hours, max_cost_usd)
+
+
+def with_budget(swarm: Swarm, budget: CostConfig) -> Swarm:
+    """``swarm`` held to ``budget`` for this run: the one budget guard of :mod:`prefect_swarm.launch`
+    (the shard watch) reads its config's ``backend.cost``. Only this run's Swarm object changes: the
+    swarm's record keeps its own budget (a kept or shared swarm is not capped by this run)."""
+    if budget != swarm.cfg.backend.cost:
+        backend = swarm.cfg.backend.model_copy(update={"cost": budget})
+        swarm.cfg = swarm.cfg.model_copy(update={"backend": backend})
+    return swarm
 
 
 def job_spec(

@@ -77,5 +77,10 @@ def check_config(cfg: SwarmConfig, caps: Capabilities) -> None:
         caps.require(
             Capability.MULTI_NODE, f"replicas={cfg.replicas} with replicas_per_node={cfg.effective_replicas_per_node}"
         )
+    if cfg.gpus_per_node and cfg.gpus_per_replica > cfg.gpus_per_node:
+        caps.require(
+            Capability.MULTI_NODE,
+            f"gpus_per_replica={cfg.gpus_per_replica} over gpus_per_node={cfg.gpus_per_node} (replica spans nodes)",
+        )
     if isinstance(cfg.backend, SlurmConfig) and cfg.backend.container.runtime != "none":
         caps.require(Capability.CONTAINERS, f"backend.container.runtime={cfg.backend.container.runtime}")

@@ -17,8 +17,9 @@
   died cannot run forever.
 * SIGTERM/SIGINT/SIGHUP/SIGUSR1 stop the replica's process group (TERM, then KILL after
   ``stop_grace_s``) and exit: a ``scancel --signal=USR1 --full`` leaves no engine behind.
-* With ``peers_file`` set (a replica spanning several nodes), a PID listed there that is gone fails
-  the replica without a restart (the Slurm reconciler replaces the whole allocation).
+* With ``peers_file`` set (a replica spanning several nodes), a PID listed there that is gone stops
+  the replica and the watchdog exits 1 without a restart and without marking it ``failed``: the
+  Slurm reconciler resubmits the task, a new allocation of whole nodes.
 * With ``port_token`` set (Slurm), every start picks the port: ``preferred_port`` when it is free,
   else one the kernel hands out, substituted for the token in ``argv`` and ``url`` and published as
   ``port`` in the status file. A health answer counts only while no process outside the replica's
@@ -81,7 +82,7 @@ class WatchdogSpec:
     preferred_port: int | None = None
     peers_file: str | None = None
     """Multi-node replica: a file of PIDs (one a line), the steps that run the replica's other nodes
-    (Ray workers or engine ranks). When one is gone the replica fails at once, without a restart: it
+    (Ray workers or engine ranks). When one is gone the replica stops at once, without a restart: it
     is replaced as one unit."""
 
     @property
@@ -347,9 +348,11 @@ class Watchdog:
         assert self.proc is not None
         lost = self.lost_peer()
         if lost:
+            # Not ``failed`` (that marks an engine a resubmission would not fix): the LB's reconciler
+            # resubmits the task, a new allocation of whole nodes.
             self.stop_replica()
-            self.failed, self.healthy = True, ReplicaHealth.UNHEALTHY
-            self.detail = f"failed: {lost}; a replica spanning several nodes is replaced as one unit"
+            self.healthy = ReplicaHealth.UNHEALTHY
+            self.detail = f"{lost}; a replica spanning several nodes is replaced as one unit"
             log.warning("replica %d: %s", self.spec.index, self.detail)
             self.write_status()
             return False

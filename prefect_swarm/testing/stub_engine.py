@@ -37,6 +37,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import logging
 import os
 import random
 import signal
@@ -469,14 +470,18 @@ class RayNodes:
     def _count(cls) -> None:
         import ray
 
+        said = ""
         while True:
             try:
                 if not ray.is_initialized():
-                    ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+                    ray.init(address="auto", logging_level=logging.ERROR, log_to_driver=False)
                 cls.alive = sum(1 for node in ray.nodes() if node["Alive"])
+                news = f"stub engine: {cls.alive} alive Ray node(s)"
             except Exception as exc:  # no cluster (yet): not ready
-                cls.alive = 0
-                print(f"stub engine: Ray not reachable: {exc}", file=sys.stderr, flush=True)
+                cls.alive, news = 0, f"stub engine: Ray not reachable: {exc}"
+            if news != said:
+                print(news, file=sys.stderr, flush=True)
+                said = news
             time.sleep(1.0)
 
 

@@ -160,7 +160,7 @@ SCHEMA = {
 
 def test_structured_output_with_guided_decoding(tmp_path: Path, swarm: Swarm) -> None:
     (tmp_path / "verdict.json").write_text(json.dumps(SCHEMA))
-    n = 20
+    n = 50
     pq.write_table(pa.table({"id": [f"q{i}" for i in range(n)], "prompt": [f"Is {i} even?" for i in range(n)]}),
                    tmp_path / "in.parquet")  # fmt: skip
     spec = JobSpec(

@@ -15,6 +15,7 @@ from helpers import job_options, prompts, stub_swarm, swarm_processes, wait_for
 from stack import PrefectStack
 
 from prefect_swarm.flows import batch_inference
+from prefect_swarm.state import StateStore
 
 pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
 
@@ -33,6 +34,8 @@ def test_budget_stops_the_flow_and_the_rerun_resumes(
     assert "budget reached: " in (state.message or ""), state.message
     wait_for(lambda: not swarm_processes(swarm_home, "budgeted", cfg["port"]), 30, what="no process left")
     assert not out.exists()
+    recorded = StateStore().require_swarm("budgeted").config["backend"]["cost"]
+    assert recorded["max_gpu_hours"] == 1.0, recorded  # the run's cap held this run only
 
     cfg["backend"]["cost"] = {"max_gpu_hours": 1.0, "gpu_hour_usd": 2.0}  # neither changes the checkpoints' key
     since = datetime.now(UTC) - timedelta(seconds=5)

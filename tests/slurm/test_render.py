@@ -470,3 +470,14 @@ def test_the_generated_key_is_private_stable_and_only_for_closed_swarms(tmp_path
     paths.api_key_file.chmod(0o644)
     with pytest.raises(ConfigError, match="can be read by other users"):
         identity.with_key(cfg, paths)
+
+
+def test_only_a_multi_node_backend_takes_a_replica_larger_than_a_node(tmp_path: Path) -> None:
+    from prefect_swarm.backends.registry import build_backends
+    from prefect_swarm.interfaces.capabilities import check_config
+
+    local = SwarmConfig.model_validate({"name": "x", "model": "m", "gpus_per_replica": 4, "gpus_per_node": 2})
+    with pytest.raises(ConfigError, match=r"gpus_per_replica=4 over gpus_per_node=2 .*needs multi_node"):
+        check_config(local, build_backends(local, SwarmPaths(tmp_path)).serving.capabilities())
+    slurm = multi_node_cfg()
+    check_config(slurm, SlurmServing(slurm, SwarmPaths(tmp_path)).capabilities())  # Slurm has it

@@ -27,7 +27,8 @@ from _twonode import NODES, TwoNodeCluster
 
 from prefect_swarm.config.backends import DEFAULT_EXPORT
 from prefect_swarm.paths import SwarmPaths
-from prefect_swarm.testing.stub_engine import engine_command
+from prefect_swarm.testing import free_port_block
+from prefect_swarm.testing.stub_engine import StubEngine, engine_command
 
 pytestmark = [pytest.mark.slurm_multinode, pytest.mark.slow]
 
@@ -46,9 +47,16 @@ class Controller:
         self.pid = int((cluster.root / "run" / "ctl.pid").read_text())
         self.env = env
 
+    def argv(self, *args: str) -> list[str]:
+        return ["nsenter", "-t", str(self.pid), "-n", "-u", "-m", "-p", str(CLI), *args]
+
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        argv = ["nsenter", "-t", str(self.pid), "-n", "-u", "-m", "-p", str(CLI), *args]
-        return subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=timeout)
+        return subprocess.run(self.argv(*args), capture_output=True, text=True, env=self.env, timeout=timeout)
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env
+        )
 
     def ok(self, *args: str, timeout: float = 300) -> str:
         out = self.cli(*args, timeout=timeout)
@@ -94,7 +102,7 @@ def swarm_env(two_node_cluster: TwoNodeCluster, tmp_path: Path) -> Iterator[tupl
         "engine": {
             "kind": "command",
             "command": engine_command(),
-            "args": ["--require-ray-nodes", "2"],
+            "args": ["--require-ray-nodes", "2", "--latency-ms", "150"],
             "startup_timeout_s": 120,
         },
         "backend": {
@@ -134,6 +142,7 @@ def test_two_node_replica_serves_survives_a_lost_ray_worker_and_leaves_nothing(
     assert cluster_file.startswith("ray ") and "nodes node1 node2" in cluster_file, cluster_file
     assert "ray cluster ready: 2 nodes" in (paths.root / "replica-0.rank-0.log").read_text()
     assert (paths.root / "replica-0.rank-1.log").exists()
+    assert "stub engine: 2 alive Ray node(s)" in paths.replica_log(0).read_text()  # ready only through Ray
 
     # served through the LB (addressed by the node's bridge address from out here)
     def lb_url() -> str:
@@ -147,18 +156,36 @@ def test_two_node_replica_serves_survives_a_lost_ray_worker_and_leaves_nothing(
     )
     assert chat.status_code == 200, chat.text
 
-    # a sharded job, every row exactly once
+    # a sharded job (2 shards, one request at a time each, 150 ms per answer: ~6 s of work per shard) ...
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    ids = [f"r{i:03d}" for i in range(40)]
-    pq.write_table(pa.table({"id": ids, "prompt": [f"q {i}" for i in range(40)]}), tmp_path / "in.parquet")
+    ids = [f"r{i:03d}" for i in range(80)]
+    pq.write_table(pa.table({"id": ids, "prompt": [f"q {i}" for i in range(80)]}), tmp_path / "in.parquet")
     out_file = tmp_path / "out.parquet"
-    ctl.ok("job", "submit", "-n", name, "--input", str(tmp_path / "in.parquet"), "--output", str(out_file),
-           "--shards", "2", "--id-column", "id", timeout=240)  # fmt: skip
-    assert sorted(pq.read_table(out_file, columns=["id"]).column("id").to_pylist()) == ids
+    spec = {
+        "input": str(tmp_path / "in.parquet"),
+        "output": str(out_file),
+        "id_column": "id",
+        "shards": 2,
+        "concurrency": 1,
+        "max_retries": 200,  # rides out the replacement (no replica for ~20 s): retries at most 1 s apart
+        "backoff_max_s": 1,
+        "checkpoint_every": 5,
+        "checkpoint_seconds": 1,
+        "job_kwargs": {"sampling": {"max_tokens": 4}},
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    # submit waits for the job (a detached submit reads sacct, which the two-node cluster does not run)
+    submit = ctl.start("job", "submit", "-n", name, "--spec", str(tmp_path / "spec.json"), "--id", "mnjob")
 
-    # kill the Ray worker on node2: the replica fails as one unit and the reconciler replaces it
+    def answered() -> int:
+        node, port = paths.replica_head(0).read_text().split()[0].rsplit(":", 1)
+        return int(httpx.get(f"http://{two_node_cluster.address(node)}:{port}/stats", timeout=5).json()["requests"])
+
+    wait_for("the job's first answers", lambda: answered() >= 10, timeout=60, poll=0.5)
+
+    # ... during which the Ray worker on node2 dies: the replica fails as one unit, the reconciler replaces it
     raylets = [
         pid
         for pid in two_node_cluster.node_pids("node2")
@@ -174,19 +201,26 @@ def test_two_node_replica_serves_survives_a_lost_ray_worker_and_leaves_nothing(
     )
     assert "node rank 1 was lost" in (paths.root / "watchdog-0.log").read_text()
 
-    def healthy_again() -> bool:
-        try:
-            return bool(paths.replica_head(0).read_text().strip()) and (
-                httpx.get(lb_url() + "/health", timeout=5).status_code == 200
-            )
-        except (OSError, httpx.HTTPError):
-            return False
-
-    wait_for("the replacement replica behind the LB", healthy_again, timeout=240, poll=2)
-    # the job's rows are not lost: its committed output is intact and its record still says so
+    # the job ends once, every row exactly once: no row was lost with the replica
+    out, err = submit.communicate(timeout=240)
+    assert submit.returncode == 0, f"job submit -> {submit.returncode}\n{out}\n{err}"
     assert sorted(pq.read_table(out_file, columns=["id"]).column("id").to_pylist()) == ids
-    assert "SUCCEEDED" in ctl.ok("job", "list", timeout=60)
+    chat = httpx.post(
+        lb_url() + "/v1/chat/completions",
+        json={"model": "stub-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        timeout=30,
+    )
+    assert chat.status_code == 200, chat.text  # the replacement serves behind the LB
 
     ctl.ok("down", name, "-y", "--force", timeout=180)
     for node in NODES:
         wait_for(f"no Ray or engine process on {node}", lambda n=node: not leftovers(two_node_cluster, n), 60)
+
+
+def test_the_stub_is_not_ready_without_its_ray_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--require-ray-nodes: no Ray cluster at RAY_ADDRESS, so /health stays 503 (the knob the test above relies on)."""
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free_port_block(1)}")
+    with StubEngine(free_port_block(1), require_ray_nodes=2) as stub:
+        for _ in range(6):
+            assert httpx.get(stub.url + "/health", timeout=5).status_code == 503
+            time.sleep(0.5)

@@ -224,7 +224,11 @@ class SlurmCompute(ComputeBase):
             for sid, sname in self.client.steps(jobid).items():
                 if sname == step_name:
                     return sid
-            for entry in self.client.sacct([jobid]):
+            try:
+                acct = self.client.sacct([jobid])
+            except BackendError:  # no accounting (sacct refuses): squeue alone finds the step
+                acct = []
+            for entry in acct:
                 if entry.name == step_name and "." in entry.id:
                     return entry.id
             if proc is not None and proc.poll() is not None and time.monotonic() > deadline - STEP_APPEAR_S + 5:
