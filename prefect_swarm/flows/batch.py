@@ -15,6 +15,7 @@ from prefect import flow, get_run_logger, tags
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from prefect_swarm.config.swarm import Sharing
+from prefect_swarm.exceptions import BudgetReached
 from prefect_swarm.flows.hooks import teardown_hook
 from prefect_swarm.flows.params import (
     InputArg,
@@ -87,14 +88,19 @@ def batch_inference(
     label_run(cfg.name, plan.spec.job_id)
     up_at = None
     with tags(f"swarm:{cfg.name}", f"job:{plan.spec.job_id}"), swarm_use(cfg, sharing), run_stop_event():
+        live, over_budget = None, False
         try:
-            live = None
             if plan.pending:
                 live = with_budget(swarm_up(cfg, keep=keep_swarm, reuse=reuse, source=block_ref(swarm)), budget)
                 up_at = time.monotonic()
                 wait_ready(live)
             return run_and_commit(plan, live, cfg, started, up_at, max_failed_fraction)
+        except BudgetReached:
+            over_budget = True
+            raise
         finally:
             if up_at is not None:
                 get_run_logger().info("Swarm time this run: %.1f s.", time.monotonic() - up_at)
-            teardown_owned(keep_swarm)
+            teardown_owned(keep_swarm and not over_budget)  # the jobs flush first
+            if over_budget and live is not None:
+                live.down()  # the budget is the swarm's: it stops even when kept or held by others

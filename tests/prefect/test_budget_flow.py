@@ -28,11 +28,15 @@ def test_budget_stops_the_flow_and_the_rerun_resumes(
     cfg = stub_swarm("budgeted", latency_ms=20, cost={"max_gpu_hours": 1.0})
     cfg["gpus_per_replica"] = 1
     opts = job_options(concurrency=2)
-    # the run's own cap (8 GPU-seconds) is tighter than the swarm's hour: it wins
-    state = batch_inference(cfg, opts, str(inp), str(out), shards=1, max_gpu_hours=8 / 3600, return_state=True)
+    # the run's own cap (8 GPU-seconds) is tighter than the swarm's hour: it wins; the budget
+    # stops the swarm even though the run asked to keep it
+    state = batch_inference(
+        cfg, opts, str(inp), str(out), shards=1, max_gpu_hours=8 / 3600, keep_swarm=True, return_state=True
+    )
     assert state.is_failed(), state
     assert "budget reached: " in (state.message or ""), state.message
     wait_for(lambda: not swarm_processes(swarm_home, "budgeted", cfg["port"]), 30, what="no process left")
+    assert StateStore().require_swarm("budgeted").phase == "STOPPED"
     assert not out.exists()
     recorded = StateStore().require_swarm("budgeted").config["backend"]["cost"]
     assert recorded["max_gpu_hours"] == 1.0, recorded  # the run's cap held this run only
