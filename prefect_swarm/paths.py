@@ -186,6 +186,11 @@ class SwarmPaths(Folder):
         """Prometheus file_sd list (JSON) of the replica engines' ``/metrics`` (see interfaces.metrics)."""
         return self.root / "targets.json"
 
+    @property
+    def stage_log(self) -> Path:
+        """Log of the model stagers (Slurm: ``prefect_swarm.sidecar.stage`` on every node appends to it)."""
+        return self.root / "stage.log"
+
     def replica_heads(self) -> dict[int, Path]:
         """Replica index -> head file, for every head file present now."""
         found = (_REPLICA_HEAD.match(p.name) for p in self.root.glob("replica-*.head"))

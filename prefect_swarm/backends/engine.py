@@ -114,7 +114,7 @@ def engine_argv(
     tensor, pipeline = parallel_sizes(cfg)
     if eng.kind in _SERVERS:
         module, model_flag, tp_flag = _SERVERS[eng.kind]
-        argv = [python, "-m", module, model_flag, cfg.model, "--served-model-name", cfg.model_name,
+        argv = [python, "-m", module, model_flag, cfg.engine_model, "--served-model-name", cfg.model_name,
                 "--host", host, "--port", str(port)]  # fmt: skip
         if tensor > 1 or pipeline > 1 or nodes > 1:
             argv += [tp_flag, str(tensor)]
@@ -131,7 +131,7 @@ def engine_argv(
             eng.command or [],
             host=host,
             port=port,
-            model=cfg.model,
+            model=cfg.engine_model,
             served_model_name=cfg.model_name,
             python=python,
         )

@@ -10,10 +10,12 @@ Commands::
     prefect-swarm down NAME | --all [-y]
     prefect-swarm top NAME [--once] [-o table|json]
     prefect-swarm validate -c FILE [-o table|json]
+    prefect-swarm exec NAME [--replica i] -- CMD ...
     prefect-swarm db prune [-y] [--dry-run]
     prefect-swarm job ...            (batch jobs; see `prefect-swarm job --help`)
     prefect-swarm history [NAME]
     prefect-swarm automations install [--within 90]
+    prefect-swarm volumes list|rm PATH   (model copies staged on node-local disk)
     prefect-swarm version
 
 Config precedence, lowest first: built-in defaults < ``$PREFECT_SWARM_HOME/defaults.yaml`` <
@@ -44,9 +46,11 @@ from prefect_swarm import __version__
 from prefect_swarm.cli import db, swarms, top, validate
 from prefect_swarm.cli.automations import automations_app
 from prefect_swarm.cli.errors import EXIT_CODES_HELP, SwarmGroup
+from prefect_swarm.cli.exec import exec_cmd
 from prefect_swarm.cli.history import history_cmd
 from prefect_swarm.cli.job import job_app
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, setup_logging
+from prefect_swarm.cli.volumes import volumes_app
 from prefect_swarm.settings import get_settings
 
 log = logging.getLogger("prefect_swarm.cli")
@@ -85,6 +89,7 @@ app.command("describe", epilog=EXIT_CODES_HELP)(swarms.describe)
 app.command("down", epilog=EXIT_CODES_HELP)(swarms.down)
 app.command("top", epilog=EXIT_CODES_HELP)(top.top)
 app.command("validate", epilog=EXIT_CODES_HELP)(validate.validate)
+app.command("exec", epilog=EXIT_CODES_HELP)(exec_cmd)
 app.add_typer(db.db_app, name="db")
 
 
@@ -100,6 +105,7 @@ def version(output: Annotated[OutputFormat, typer.Option("--output", "-o")] = Ou
 app.add_typer(job_app, name="job")
 app.command("history", epilog=EXIT_CODES_HELP)(history_cmd)
 app.add_typer(automations_app, name="automations")
+app.add_typer(volumes_app, name="volumes")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+from pathlib import PurePosixPath
 from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
@@ -17,6 +19,35 @@ _NAME = re.compile(r"^[a-z][a-z0-9-]{0,35}$")
 Sharing = Literal["shared", "exclusive"]
 """How flow runs use one swarm: ``shared`` (concurrent runs share it, each holding a lease) or
 ``exclusive`` (one run at a time: the Prefect global concurrency limit ``swarm:<name>`` of 1)."""
+
+
+STAGING_BACKENDS = ("local", "slurm")
+"""Backends that run ``prefect_swarm.sidecar.stage`` before their engines."""
+
+
+class StageConfig(StrictModel):
+    """Copy the model directory to node-local disk once per node before the engine starts
+    (``prefect_swarm.sidecar.stage``); the engine then loads the staged copy."""
+
+    to: str = Field(
+        min_length=1,
+        description="Folder on each node's local disk that holds staged copies (absolute path, e.g. /local/models).",
+    )
+    from_: str | None = Field(
+        default=None,
+        alias="from",
+        description="Model directory to copy (absolute path every node can read); default: the model value.",
+    )
+
+    @field_validator("to", "from_")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = os.path.expanduser(value) if value.startswith("~") else value
+        if not os.path.isabs(value):
+            raise ValueError(f"'{value}' is not an absolute path; stage.to and stage.from need one.")
+        return value
 
 
 class SwarmConfig(StrictModel):
@@ -60,6 +91,11 @@ class SwarmConfig(StrictModel):
         default_factory=LocalConfig,
         description="Where the replicas run: local, slurm or lepton (key 'type').",
     )
+    stage: StageConfig | None = Field(
+        default=None,
+        description="Stage the model on node-local disk before the engine starts: {to: DIR, from: MODEL_DIR}. "
+        "Each node copies it once (keyed by a size+mtime hash of the files) and the engine loads the copy.",
+    )
     sharing: Sharing = Field(
         default="shared",
         description="How flow runs use this swarm: 'shared' (concurrent runs share it; the last one to end "
@@ -91,6 +127,41 @@ class SwarmConfig(StrictModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _stage_source(self) -> SwarmConfig:
+        if self.stage is not None and self.backend.type not in STAGING_BACKENDS:
+            raise ValueError(
+                f"stage: backend '{self.backend.type}' has no node-local disk prefect-swarm prepares "
+                f"(staging runs on {', '.join(STAGING_BACKENDS)}); remove stage"
+            )
+        if self.stage is not None and self.stage.from_ is None and not os.path.isabs(self.model):
+            raise ValueError(
+                f"stage: model '{self.model}' is not an absolute directory path, so there is nothing to copy; "
+                "set stage.from to the model directory"
+            )
+        return self
+
+    @property
+    def staged_model(self) -> str | None:
+        """Where ``stage`` puts the model on each node: ``<to>/<name of the source>-<8 hex of its path>``
+        (one folder per source path, so two models with the same folder name never share a copy); None
+        without ``stage``."""
+        if self.stage is None:
+            return None
+        return staged_path(self.stage.to, self.stage.from_ or self.model)
+
+    @property
+    def stage_source(self) -> str | None:
+        """The directory ``stage`` copies (``stage.from``, else the model); None without ``stage``."""
+        if self.stage is None:
+            return None
+        return self.stage.from_ or self.model
+
+    @property
+    def engine_model(self) -> str:
+        """The model path the engine is given: the staged copy when ``stage`` is set, else the model."""
+        return self.staged_model or self.model
+
     @property
     def model_name(self) -> str:
         """The name clients put in the request's ``model`` field."""
@@ -112,6 +183,13 @@ class SwarmConfig(StrictModel):
         mistake a mask for the secret itself.
         """
         return _strip_secrets(self)
+
+
+def staged_path(to: str, source: str) -> str:
+    """The staged folder of ``source`` under ``to`` (see :attr:`SwarmConfig.staged_model`)."""
+    source = source.rstrip("/") or "/"
+    digest = hashlib.sha256(source.encode()).hexdigest()[:8]
+    return str(PurePosixPath(to) / f"{PurePosixPath(source).name or 'model'}-{digest}")
 
 
 def _strip_secrets(model: BaseModel) -> dict:

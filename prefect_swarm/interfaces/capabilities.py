@@ -29,6 +29,7 @@ class Capability(str, enum.Enum):
     SHARED_STORAGE = "shared_storage"
     CONTAINERS = "containers"
     WALL_TIME = "wall_time"
+    EXEC = "exec"  # a one-shot command inside a running replica's allocation (`prefect-swarm exec`)
 
 
 @dataclass(frozen=True)

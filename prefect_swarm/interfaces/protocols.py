@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from prefect_swarm.interfaces.capabilities import Capabilities
@@ -82,6 +82,15 @@ class ServingBackend(Protocol):
         """GPU-hours the swarm has used so far, from the best source the backend has (Slurm accounting,
         the platform's durations, wall time x GPUs); ``gpu_hours`` None with a ``reason`` when it cannot
         tell. Also after ``delete`` where the source keeps the figures."""
+        ...
+
+    def exec_command(self, handle: ServingHandle, replica: int, argv: Sequence[str]) -> int:
+        """Run ``argv`` once inside replica ``replica``'s allocation and environment (its GPUs, the API
+        key, ``PORT`` = its engine's port, its working folder); no shell. stdin/stdout/stderr are the
+        caller's; returns the command's exit code. The caller checks ``replica`` against the swarm's
+        replica count. ConfigError when the backend lacks :attr:`Capability.EXEC` (with its reason) or
+        the command cannot start; ReadinessError when the replica is not running. Secrets never reach
+        the command line or a log."""
         ...
 
 

@@ -481,3 +481,37 @@ def test_only_a_multi_node_backend_takes_a_replica_larger_than_a_node(tmp_path: 
         check_config(local, build_backends(local, SwarmPaths(tmp_path)).serving.capabilities())
     slurm = multi_node_cfg()
     check_config(slurm, SlurmServing(slurm, SwarmPaths(tmp_path)).capabilities())  # Slurm has it
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_golden_plan_with_stage(nodes: int) -> None:
+    """``stage`` runs the stager before the engine (on every node of a multi-node replica) and points
+    the engine at the staged copy; the served name stays the configured one."""
+    base = golden_cfg() if nodes == 1 else multi_node_cfg(parallel={"tensor": 4, "pipeline": 2})
+    data = base.model_dump(by_alias=True) | {"stage": {"to": "/local/models"}}
+    cfg = SwarmConfig.model_validate(data)
+    plan = render.render_plan(cfg)
+    script, spec = plan["replicas.sbatch"], json.loads(plan["watchdog-1.json"])
+    check_golden(f"stage/replicas-{nodes}node.sbatch", script)
+    check_golden(f"stage/watchdog-1-{nodes}node.json", plan["watchdog-1.json"])
+    staged = cfg.staged_model
+    assert staged is not None and staged.startswith("/local/models/llama-8b-")
+    argv = spec["argv"]
+    assert argv[argv.index("--model") + 1] == staged and argv[argv.index("--served-model-name") + 1] == "llama"
+    stage_line = f"-m prefect_swarm.sidecar.stage --from /models/llama-8b --to {staged}"
+    assert stage_line in script
+    engine_start = script.index('run_replica "$i" "$slot" &' if nodes == 1 else "sidecar.watchdog --spec")
+    assert script.index(stage_line) < engine_start
+    if nodes > 1:  # every other node stages in a step of its own, before Ray starts
+        assert script.index('on_node "${HOSTS[r]}" "$PYTHON" -m prefect_swarm.sidecar.stage') < script.index(
+            "start --head"
+        )
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_stage_needs_a_model_directory() -> None:
+    data = golden_cfg().model_dump(by_alias=True) | {"model": "meta-llama/Llama-3-8B", "stage": {"to": "/local"}}
+    with pytest.raises(ValueError, match=r"set stage\.from"):
+        SwarmConfig.model_validate(data)
+    with pytest.raises(ValueError, match="absolute path"):
+        SwarmConfig.model_validate(data | {"stage": {"to": "local", "from": "/m"}})

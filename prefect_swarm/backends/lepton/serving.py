@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.engine import engine_argv, engine_env
@@ -102,8 +103,16 @@ class LeptonServing:
                 "from its ledger",
                 Capability.WALL_TIME: "Lepton endpoints have no wall-time limit; the flow's teardown and the "
                 "orphan reaper stop them",
+                Capability.EXEC: "Lepton's API offers no way to run a command inside a deployment replica; "
+                "use the Lepton dashboard's terminal, or `curl` the endpoint from here",
             },
         )
+
+    def exec_command(self, handle: ServingHandle, replica: int, argv: Sequence[str]) -> int:
+        """Refused: ConfigError with the reason Lepton lacks :attr:`Capability.EXEC`; calls nothing."""
+        del handle, replica, argv
+        self.capabilities().require(Capability.EXEC, "prefect-swarm exec")
+        raise AssertionError("unreachable: Lepton lacks the exec capability")
 
     def validate(self, cfg: SwarmConfig) -> None:
         """Refuse a config this backend cannot run (no SDK, no shared mount). Needs no token, calls nothing."""

@@ -15,13 +15,14 @@ import dataclasses
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.backends.engine import engine_launch
+from prefect_swarm.backends.engine import engine_launch, engine_secret_env
 from prefect_swarm.backends.local.processes import ProcRef, spawn, stop
 from prefect_swarm.config import LocalConfig
 from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
@@ -31,6 +32,7 @@ from prefect_swarm.interfaces.readiness import ProbeResult, check_chat, check_he
 from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
 from prefect_swarm.interfaces.usage import GpuUsage
 from prefect_swarm.paths import atomic_write_json, read_json, read_tail
+from prefect_swarm.sidecar.stage import StageError, stage
 from prefect_swarm.sidecar.watchdog import WatchdogSpec
 
 if TYPE_CHECKING:
@@ -117,6 +119,11 @@ class LocalServing:
             self._stop_index(spec.index)
         for spec in stale:  # every port is checked before anything starts
             self._check_port(cfg.port + spec.index)
+        if stale and cfg.stage_source and cfg.staged_model:  # the engines load the staged copy
+            try:
+                stage(Path(cfg.stage_source), Path(cfg.staged_model))
+            except StageError as exc:
+                raise BackendError(str(exc), hint="fix stage.from (or model), or remove `stage`.") from exc
         refs = {spec.index: ref for spec, ref in plan if ref is not None}
         started: list[ProcRef] = []
         try:
@@ -351,6 +358,23 @@ class LocalServing:
         for ref in live:
             hours += max(0.0, now - (ref.create_time or now)) * per / 3600.0
         return GpuUsage(hours, "wall", gpus=per * len(live))
+
+    def exec_command(self, handle: ServingHandle, replica: int, argv: Sequence[str]) -> int:
+        """Run ``argv`` as the engine of replica ``replica`` runs: its environment (``CUDA_VISIBLE_DEVICES``,
+        the swarm's and engine's env, the API key), ``PORT`` = its port, the swarm folder as working dir."""
+        if self._watchdog(replica) is None:
+            raise ReadinessError(
+                f"replica {replica} of swarm '{self.cfg.name}' is not running (its watchdog is gone): "
+                "there is nothing to run a command in.",
+                hint=f"`prefect-swarm status {self.cfg.name}` tells why; `prefect-swarm up` brings it back.",
+            )
+        urls = self._urls(handle)
+        port = urls[replica].rsplit(":", 1)[1] if replica < len(urls) else str(self.cfg.port + replica)
+        env = {**os.environ, **engine_secret_env(self.cfg), **self._replica_env(replica), "PORT": port}
+        try:
+            return subprocess.run(list(argv), env=env, cwd=self.paths.root, check=False).returncode
+        except OSError as exc:  # not found, not executable
+            raise ConfigError(f"cannot run {argv[0]!r} in replica {replica}: {exc.strerror}.") from exc
 
     def metrics_targets(self, handle: ServingHandle) -> MetricsTargets:
         """Every replica's engine (written by ``create_or_update``; gone after ``delete``)."""

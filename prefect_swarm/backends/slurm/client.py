@@ -141,6 +141,24 @@ class SlurmClient:
         argv = ["scancel", *([f"--signal={signal}"] if signal else []), *(["--full"] if full else []), *ids]
         self.run(argv, what="cancel " + ", ".join(ids), ok_gone=True)
 
+    def srun_overlap(
+        self, job_id: str, argv: Sequence[str], *, node: str | None = None, env: Mapping[str, str] | None = None
+    ) -> int:
+        """``srun --jobid=<job_id> --overlap --nodes=1 --ntasks=1 [--nodelist=<node>] ARGV``: one task in
+        the running job's allocation, next to its steps. stdin/stdout/stderr are ours (streamed, never
+        captured); returns the exit code (srun's own, 1, when the job is gone). ``env`` (secrets too)
+        reaches the step through srun's environment, never its command line."""
+        where = [f"--nodelist={node}"] if node else []
+        srun = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", *where, "--", *argv]
+        try:
+            return subprocess.run(srun, env=clean_env(env), check=False).returncode
+        except FileNotFoundError as exc:
+            raise BackendError(
+                "srun not found while trying to run a command in a job.",
+                command=srun,
+                hint="install the Slurm client tools (sbatch, squeue, sacct, scancel, srun) or put them on PATH.",
+            ) from exc
+
     # ------------------------------------------------------------------ look
     def squeue(self, ids: Sequence[str] = (), *, names: Sequence[str] = ()) -> list[QueueEntry]:
         """Jobs/tasks by id and/or by name (names: this user's only). Jobs gone from the queue are absent.

@@ -438,12 +438,25 @@ def _multi_node(cfg: SwarmConfig) -> dict[str, object]:
     return values
 
 
+STAGE_MODULE = "prefect_swarm.sidecar.stage"
+"""Run with the job python on each node of a replica before its engine when ``stage`` is set."""
+
+
+def _stage(cfg: SwarmConfig) -> dict[str, object]:
+    """Template values of ``stage``: the argv (after ``$PYTHON``) that stages the model on a node."""
+    if cfg.stage_source is None or cfg.staged_model is None:
+        return {"stage": ""}
+    return {"stage": _words(["-m", STAGE_MODULE, "--from", cfg.stage_source, "--to", cfg.staged_model])}
+
+
 def render_replicas(cfg: SwarmConfig, paths: SwarmPaths) -> str:
     """The replica array job script."""
     sc = slurm_section(cfg)
     return _template(
         "replicas.sbatch.j2",
         **_multi_node(cfg),
+        **_stage(cfg),
+        stage_log=q(paths.stage_log),
         name=cfg.name,
         replicas=cfg.replicas,
         per_task=per_task(cfg),

@@ -17,12 +17,13 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.backends.common import head_url
-from prefect_swarm.backends.engine import engine_secret_env
+from prefect_swarm.backends.common import head_url, host_port
+from prefect_swarm.backends.engine import engine_env, engine_secret_env
 from prefect_swarm.backends.slurm import accounting, identity, members, render
 from prefect_swarm.backends.slurm.client import QueueEntry, SlurmClient, clean_env
 from prefect_swarm.backends.slurm.lb import resolve
@@ -238,6 +239,25 @@ class SlurmServing:
         ids |= {str(v) for m in (handle.meta, record) for v in (m.get("tasks") or {}).values()}
         hours = accounting.gpu_hours(self.client, sorted(ids), self.sc.gres_name)
         return GpuUsage(hours, "sacct", gpus=self.cfg.replicas * max(self.cfg.gpus_per_replica, 0))
+
+    def exec_command(self, handle: ServingHandle, replica: int, argv: Sequence[str]) -> int:
+        """``srun --jobid=<replica's array task> --overlap`` on the replica's node (its head file; the
+        task's first node while it has none), with the engine's environment, the API key and
+        ``PORT`` = the engine's port, through srun's environment (never its command line)."""
+        task = str(replica // int(handle.meta.get("per_task") or render.per_task(self.cfg)))
+        entry = next((e for e in self._jobs(handle.meta).replicas if e.task_id == task), None)
+        if entry is None or entry.state != "RUNNING":
+            where = f"its task {entry.id} is {entry.state} ({entry.reason})" if entry else "its task is not queued"
+            raise ReadinessError(
+                f"replica {replica} of swarm '{self.cfg.name}' is not running: {where}.",
+                hint=f"`prefect-swarm status {self.cfg.name}` tells more.",
+            )
+        head = read_text(self.paths.replica_head(replica))
+        parsed = host_port(head) if head else None
+        node = parsed[0] if parsed else None
+        port = parsed[1] if parsed else (read_json(self.paths.replica_status(replica), {}) or {}).get("port")
+        env = {**engine_env(self.cfg), **engine_secret_env(self.cfg), **({"PORT": str(port)} if port else {})}
+        return self.client.srun_overlap(entry.raw_id, argv, node=node, env=env)
 
     def metrics_targets(self, handle: ServingHandle) -> MetricsTargets:
         """The replicas the LB reconciler routes to (it keeps ``targets.json`` next to the upstream file)."""
