@@ -31,6 +31,7 @@ from prefect_swarm.interfaces.jobenv import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEU
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.commit import Verdict, commit_output, manifest_current, manifest_verdict
 from prefect_swarm.jobs.fingerprint import job_fingerprint
+from prefect_swarm.jobs.ledger import discard_ledger
 from prefect_swarm.jobs.plan import check_resume, job_progress, pending_shards, shard_progress
 from prefect_swarm.jobs.shard import validate_input
 from prefect_swarm.jobs.spec import JobSpec
@@ -98,6 +99,7 @@ def prepare_job(spec: JobSpec, swarm_name: str | None = None, *, overwrite: bool
     paths = JobPaths(spec.paths.root).ensure()
     if overwrite:
         shutil.rmtree(paths.shards_root(), ignore_errors=True)
+        discard_ledger(spec)  # the checkpoints on an object store (spec.ledger), if any
         for f in (paths.manifest, paths.failed_rows):
             f.unlink(missing_ok=True)
     spec.save()

@@ -33,7 +33,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
@@ -48,7 +48,7 @@ from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.api import load_job
 from prefect_swarm.jobs.dataset import InputDataset, shard_range
 from prefect_swarm.jobs.fingerprint import job_fingerprint
-from prefect_swarm.jobs.ledger import latest_positions
+from prefect_swarm.jobs.ledger import Part, latest_positions, part_size, part_source, shard_store
 from prefect_swarm.jobs.plan import pending_shards, shard_progress
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import atomic_file, atomic_write_json, file_lock, read_json
@@ -66,7 +66,7 @@ BUCKET_ENV = "PREFECT_SWARM_COMMIT_BUCKET_ROWS"
 
 
 def _ledger_signature(spec: JobSpec, fingerprint: str) -> dict[str, Any]:
-    parts = {str(i): [[p.name, p.stat().st_size] for p in spec.paths.shard(i).parts()] for i in range(spec.shards)}
+    parts = {str(i): [[p.name, part_size(p)] for p in shard_store(spec, i).parts()] for i in range(spec.shards)}
     return {
         "fingerprint": fingerprint,
         "parts": parts,
@@ -277,10 +277,10 @@ def _ledger_in_order(
 
     ``bucket`` holds ``extra`` of ledger rows; ``pos[k]`` is the position of row ``lo + k``'s last write.
     """
-    paths = spec.paths.shard(i)
-    parts = paths.parts()
+    store = shard_store(spec, i)
+    parts = store.parts()
     if not parts:
-        raise JobError(f"shard {i} of job {spec.job_id} has no ledger in {paths.root}.")
+        raise JobError(f"shard {i} of job {spec.job_id} has no ledger in {store.where}.")
     columns = ["_row", *extra]  # not latency_ms, attempts, unused outputs
     schema, row_bytes = _parts_schema(parts, columns)
     size = max(1, min(bucket_rows, BUCKET_BYTES // max(row_bytes, 1)))
@@ -296,11 +296,11 @@ def _ledger_in_order(
                     files[b].unlink()
 
 
-def _parts_schema(parts: list[Path], columns: list[str]) -> tuple[pa.Schema, int]:
+def _parts_schema(parts: Sequence[Part], columns: list[str]) -> tuple[pa.Schema, int]:
     """The parts' common schema of ``columns`` (types promoted as when reading the ledger) and bytes per row."""
     schemas, nbytes, nrows = [], 0, 0
     for p in parts:
-        with pq.ParquetFile(p) as pf:
+        with pq.ParquetFile(part_source(p)) as pf:
             meta = pf.metadata
             schemas.append(pf.schema_arrow)
             nrows += meta.num_rows
@@ -318,7 +318,7 @@ def _parts_schema(parts: list[Path], columns: list[str]) -> tuple[pa.Schema, int
 
 
 def _split_parts(
-    parts: list[Path], schema: pa.Schema, tmp: Path, start: int, end: int, size: int, group: range
+    parts: Sequence[Part], schema: pa.Schema, tmp: Path, start: int, end: int, size: int, group: range
 ) -> dict[int, Path]:
     """One pass over the parts, in order: append each row of a bucket in ``group`` to that bucket's file."""
     files: dict[int, Path] = {}
@@ -326,7 +326,7 @@ def _split_parts(
     options = pa.ipc.IpcWriteOptions(compression="lz4")
     try:
         for p in parts:
-            table = pq.read_table(p, columns=schema.names)
+            table = pq.read_table(part_source(p), columns=schema.names)
             if table.schema != schema:
                 table = table.cast(schema)
             rows = table.column("_row").to_numpy()

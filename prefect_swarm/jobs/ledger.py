@@ -16,26 +16,39 @@ fsync, rename, progress) to a writer thread so the event loop keeps serving resp
 on a busy disk took up to 0.5 s); at most ``MAX_PENDING_WRITES`` parts wait for it (the next
 flush then waits), parts are written in order, nothing is written after a failed write, and its
 error is re-raised by every later flush, so no DONE marker can follow a lost part.
+
+Where the ledger lives (:func:`shard_store`): by default in the job folder (:class:`LocalShard`,
+the files above); with the spec's ``ledger`` set, on an object store (:class:`ObjectShard`,
+``<ledger>/<shard>/``): every part is one object written under its final key in one upload (an
+object store shows an upload whole or not at all, so a kill -9 mid-write leaves nothing), the
+progress, fingerprint and DONE marker are objects overwritten whole, parts are found by listing
+the prefix. The shard's lock and logs stay in the job folder either way (see :class:`ShardLock`).
 """
 
 from __future__ import annotations
 
 import fcntl
 import io
+import json
 import os
 import queue
 import threading
 import time
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from prefect_swarm.exceptions import ConfigError, FingerprintMismatch
+from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.fingerprint import describe_changes
+from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import (
     ShardPaths,
     atomic_write_bytes,
@@ -101,12 +114,179 @@ def ledger_schema(outputs: Mapping[str, pa.DataType], keep_raw: bool) -> pa.Sche
     return pa.schema(fields)
 
 
-def read_ledger(paths: ShardPaths, columns: list[str] | None = None) -> pa.Table | None:
+@dataclass(frozen=True)
+class ObjectPart:
+    """A committed part on an object store (what :meth:`ObjectShard.parts` lists)."""
+
+    fs: pafs.FileSystem
+    path: str
+    size: int
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> str:
+        return self.path.rsplit("/", 1)[0]
+
+
+Part = Path | ObjectPart
+"""A committed part file: a local path, or an object."""
+
+
+def part_source(part: Part) -> Path | pa.NativeFile:
+    """What pyarrow reads ``part`` from."""
+    return part if isinstance(part, Path) else part.fs.open_input_file(part.path)
+
+
+def part_size(part: Part) -> int:
+    """Bytes of ``part``."""
+    return part.stat().st_size if isinstance(part, Path) else part.size
+
+
+class LocalShard:
+    """A shard's ledger in the job folder (the default): files written to a temp name and renamed."""
+
+    def __init__(self, paths: ShardPaths) -> None:
+        self.paths = paths
+
+    @property
+    def where(self) -> str:
+        return str(self.paths.root)
+
+    def parts(self) -> list[Path]:
+        return self.paths.parts()
+
+    def next_seq(self) -> int:
+        return self.paths.next_seq()
+
+    def prepare(self) -> None:
+        """Create the folder; remove temp files left by a kill -9 mid-write."""
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        for tmp in self.paths.temp_files():
+            tmp.unlink(missing_ok=True)
+
+    def read_json(self, name: str) -> Any:
+        return read_json(self.paths.root / name)
+
+    def read_text(self, name: str) -> str | None:
+        try:
+            return (self.paths.root / name).read_text()
+        except FileNotFoundError:
+            return None
+
+    def write_json(self, name: str, data: Any) -> None:
+        atomic_write_json(self.paths.root / name, data)
+
+    def write_text(self, name: str, text: str) -> None:
+        atomic_write_text(self.paths.root / name, text)
+
+    def write_part(self, seq: int, data: bytes) -> None:
+        atomic_write_bytes(self.paths.part(seq), data)
+
+    def delete(self, names: list[str]) -> None:
+        for name in names:
+            (self.paths.root / name).unlink(missing_ok=True)
+
+
+class ObjectShard:
+    """A shard's ledger on an object store (``<ledger>/<shard>/``): one object per file, one upload each.
+
+    Names are those of :class:`~prefect_swarm.paths.ShardPaths`; ``paths`` (the shard's folder in the
+    job folder) keeps the lock and logs.
+    """
+
+    def __init__(self, loc: storage.Location, paths: ShardPaths) -> None:
+        self.loc, self.paths, self.fs = loc, paths, loc.fs
+
+    @property
+    def where(self) -> str:
+        return self.loc.uri
+
+    def _key(self, name: str) -> str:
+        return f"{self.loc.path.rstrip('/')}/{name}"
+
+    def parts(self) -> list[ObjectPart]:
+        found = self.fs.get_file_info(pafs.FileSelector(self.loc.path, allow_not_found=True))
+        names = {Path(i.path).name: i for i in found if i.is_file}
+        keep = sorted(n for n in names if Path(n).match(self.paths.parts_glob))
+        return [ObjectPart(self.fs, names[n].path, int(names[n].size or 0)) for n in keep]
+
+    def next_seq(self) -> int:
+        parts = self.parts()
+        return ShardPaths.part_seq(Path(parts[-1].name)) + 1 if parts else 0
+
+    def prepare(self) -> None:
+        """Nothing to do: a killed upload leaves no object (no folders, no temp keys)."""
+
+    def read_text(self, name: str) -> str | None:
+        try:
+            with self.fs.open_input_stream(self._key(name), compression=None) as src:
+                return bytes(src.read()).decode()
+        except FileNotFoundError:
+            return None
+
+    def read_json(self, name: str) -> Any:
+        text = self.read_text(name)
+        try:
+            return json.loads(text) if text is not None else None
+        except ValueError:
+            return None
+
+    def _put(self, name: str, data: bytes) -> None:
+        with self.fs.open_output_stream(self._key(name), compression=None) as sink:
+            sink.write(data)
+
+    def write_json(self, name: str, data: Any) -> None:
+        self._put(name, json.dumps(data, indent=2, sort_keys=True, default=str).encode())
+
+    def write_text(self, name: str, text: str) -> None:
+        self._put(name, text.encode())
+
+    def write_part(self, seq: int, data: bytes) -> None:
+        self._put(self.paths.part(seq).name, data)
+
+    def delete(self, names: list[str]) -> None:
+        for name in names:
+            with suppress(FileNotFoundError):
+                self.fs.delete_file(self._key(name))
+
+
+ShardStore = LocalShard | ObjectShard
+
+
+def shard_store(spec: JobSpec, i: int) -> ShardStore:
+    """Where shard ``i`` of ``spec`` keeps its ledger: the job folder, or ``<spec.ledger>/<shard>/``."""
+    paths = spec.paths.shard(i)
+    if not spec.ledger:
+        return LocalShard(paths)
+    return ObjectShard(storage.parse(spec.ledger, "ledger").child(paths.root.name), paths)
+
+
+def discard_ledger(spec: JobSpec) -> None:
+    """Delete the checkpoint files of every shard on the object store (``--overwrite``; only the
+    ledger's own names, nothing else under the prefix). A local ledger is removed with the job folder."""
+    if not spec.ledger:
+        return
+    for i in range(spec.shards):
+        store = shard_store(spec, i)
+        files = [store.paths.progress, store.paths.fingerprint, store.paths.done_marker]
+        store.delete([*(p.name for p in store.parts()), *(p.name for p in files)])
+
+
+def _store(where: ShardPaths | ShardStore) -> ShardStore:
+    return LocalShard(where) if isinstance(where, ShardPaths) else where
+
+
+def read_ledger(where: ShardPaths | ShardStore, columns: list[str] | None = None) -> pa.Table | None:
     """Every part of a shard as one table, in part order (None when there is none)."""
-    parts = paths.parts()
+    parts = _store(where).parts()
     if not parts:
         return None
-    return pa.concat_tables([pq.read_table(p, columns=columns) for p in parts], promote_options="permissive")
+    return pa.concat_tables(
+        [pq.read_table(part_source(p), columns=columns) for p in parts], promote_options="permissive"
+    )
 
 
 def latest_positions(rows: np.ndarray, start: int, end: int) -> np.ndarray:
@@ -118,11 +298,12 @@ def latest_positions(rows: np.ndarray, start: int, end: int) -> np.ndarray:
     return pos
 
 
-def check_resumable(paths: ShardPaths, stamp: dict[str, Any]) -> None:
-    """Raise FingerprintMismatch when the checkpoint in ``paths`` was written with other settings
+def check_resumable(where: ShardPaths | ShardStore, stamp: dict[str, Any]) -> None:
+    """Raise FingerprintMismatch when the checkpoint in ``where`` was written with other settings
     (``stamp``: fingerprint, details, shard, start, end) than the run about to resume it."""
-    old = read_json(paths.fingerprint)
-    if not old or not paths.parts():
+    store = _store(where)
+    old = store.read_json(store.paths.fingerprint.name)
+    if not old or not store.parts():
         return
     start, end = stamp["start"], stamp["end"]
     same_layout = (old.get("start"), old.get("end")) == (start, end)
@@ -132,7 +313,7 @@ def check_resumable(paths: ShardPaths, stamp: dict[str, Any]) -> None:
     if not same_layout:
         changes += f"\n  shard rows: {old.get('start')}..{old.get('end')} -> {start}..{end}"
     raise FingerprintMismatch(
-        f"refusing to resume shard {stamp['shard']}: its checkpoint in {paths.root} was written with "
+        f"refusing to resume shard {stamp['shard']}: its checkpoint in {store.where} was written with "
         f"different settings:\n{changes}\n"
         "Hint: to discard the checkpoint and start over, submit again with --overwrite "
         "(`prefect-swarm job submit ... --overwrite`, `prefect-swarm job retry ID --overwrite`, or "
@@ -196,8 +377,11 @@ class ShardLedger:
         details: dict[str, Any],
         outputs: Mapping[str, pa.DataType],
         keep_raw: bool = False,
+        store: ShardStore | None = None,
     ) -> None:
+        """``store``: where the ledger lives (default: ``paths``, the shard's folder in the job folder)."""
         self.paths, self.shard, self.nshards = paths, shard, nshards
+        self.store: ShardStore = store or LocalShard(paths)
         self.start, self.end = start, end
         self.fingerprint, self.details = fingerprint, details
         self.outputs = list(outputs)
@@ -223,18 +407,17 @@ class ShardLedger:
     def open(self, *, overwrite: bool = False, retry_failed: bool = False) -> None:
         """Check the fingerprint, load what is done; with ``overwrite`` discard the old ledger first."""
         self.paths.root.mkdir(parents=True, exist_ok=True)
-        for tmp in self.paths.temp_files():  # left by a kill -9 mid-write
-            tmp.unlink(missing_ok=True)
+        self.store.prepare()  # drops temp files left by a kill -9 mid-write
         if overwrite:
             self.discard()
         self._check_fingerprint()
-        atomic_write_json(self.paths.fingerprint, self._stamp())
+        self.store.write_json(self.paths.fingerprint.name, self._stamp())
         self._load(retry_failed)
 
     def discard(self) -> None:
         """Remove every part, the progress, the fingerprint and the DONE marker."""
-        for p in [*self.paths.parts(), self.paths.progress, self.paths.fingerprint, self.paths.done_marker]:
-            p.unlink(missing_ok=True)
+        files = [self.paths.progress, self.paths.fingerprint, self.paths.done_marker]
+        self.store.delete([*(p.name for p in self.store.parts()), *(p.name for p in files)])
 
     def _stamp(self) -> dict[str, Any]:
         return {
@@ -247,11 +430,11 @@ class ShardLedger:
         }
 
     def _check_fingerprint(self) -> None:
-        check_resumable(self.paths, self._stamp())
+        check_resumable(self.store, self._stamp())
 
     def _load(self, retry_failed: bool) -> None:
-        table = read_ledger(self.paths, ["_row", "status", "prompt_tokens", "completion_tokens"])
-        self.seq = self.paths.next_seq()
+        table = read_ledger(self.store, ["_row", "status", "prompt_tokens", "completion_tokens"])
+        self.seq = self.store.next_seq()
         if table is None:
             return
         rows = table.column("_row").to_numpy()
@@ -309,7 +492,7 @@ class ShardLedger:
             self.buf[:0] = rows
             self.seq = self.seq if seq is None else seq
             raise
-        atomic_write_json(self.paths.progress, progress)
+        self.store.write_json(self.paths.progress.name, progress)
 
     def flush_in_background(self, state: str = "running") -> None:
         """Like :meth:`flush`, but the write is queued for the writer thread (parts keep their order).
@@ -343,7 +526,7 @@ class ShardLedger:
                 try:
                     rows, seq, progress = cut
                     self._write_part(rows, seq)
-                    atomic_write_json(self.paths.progress, progress)
+                    self.store.write_json(self.paths.progress.name, progress)
                 except BaseException as exc:  # the part's rows are not on disk
                     self._write_error = exc
 
@@ -360,7 +543,7 @@ class ShardLedger:
         if rows and seq is not None:
             sink = io.BytesIO()
             pq.write_table(self._table(rows), sink, compression="zstd")
-            atomic_write_bytes(self.paths.part(seq), sink.getvalue())
+            self.store.write_part(seq, sink.getvalue())
 
     def _table(self, rows: list[RowResult]) -> pa.Table:
         data: dict[str, Any] = {
@@ -383,7 +566,7 @@ class ShardLedger:
     def write_progress(self, state: str) -> None:
         """Rewrite ``progress.json`` (what `job status` and the Prefect task show)."""
         self.join()
-        atomic_write_json(self.paths.progress, self._progress(state))
+        self.store.write_json(self.paths.progress.name, self._progress(state))
 
     def _progress(self, state: str) -> dict[str, Any]:
         elapsed = max(time.time() - self.started, 1e-9)
@@ -408,4 +591,4 @@ class ShardLedger:
     def mark_done(self) -> None:
         """Write the DONE marker (holding the fingerprint it is valid for)."""
         self.join()
-        atomic_write_text(self.paths.done_marker, self.fingerprint)
+        self.store.write_text(self.paths.done_marker.name, self.fingerprint)

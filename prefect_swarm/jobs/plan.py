@@ -10,9 +10,8 @@ from typing import Any
 
 from prefect_swarm.jobs.dataset import InputDataset, shard_range
 from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details, job_fingerprint
-from prefect_swarm.jobs.ledger import check_resumable
+from prefect_swarm.jobs.ledger import check_resumable, shard_store
 from prefect_swarm.jobs.spec import JobSpec
-from prefect_swarm.paths import read_json
 
 
 def shard_done(spec: JobSpec, i: int, fingerprint: str | None = None) -> bool:
@@ -20,15 +19,12 @@ def shard_done(spec: JobSpec, i: int, fingerprint: str | None = None) -> bool:
 
     With ``retry_failed`` a shard holding error rows is not done.
     """
-    paths = spec.paths.shard(i)
-    try:
-        marker = paths.done_marker.read_text().strip()
-    except FileNotFoundError:
-        return False
-    if marker != (fingerprint or job_fingerprint(spec)):
+    store = shard_store(spec, i)
+    marker = store.read_text(store.paths.done_marker.name)
+    if marker is None or marker.strip() != (fingerprint or job_fingerprint(spec)):
         return False
     if spec.retry_failed:
-        return int((read_json(paths.progress) or {}).get("failed", 1)) == 0
+        return int((store.read_json(store.paths.progress.name) or {}).get("failed", 1)) == 0
     return True
 
 
@@ -40,7 +36,8 @@ def pending_shards(spec: JobSpec) -> list[int]:
 
 def shard_progress(spec: JobSpec, i: int, dataset: InputDataset | None = None) -> dict[str, Any]:
     """Progress of shard ``i``: state, done, failed, total, tokens, rate (``state`` pending if never run)."""
-    data = read_json(spec.paths.shard(i).progress)
+    store = shard_store(spec, i)
+    data = store.read_json(store.paths.progress.name)
     if data:
         return dict(data)
     ds = dataset or InputDataset(spec.input)
@@ -75,7 +72,7 @@ def job_progress(spec: JobSpec) -> dict[str, Any]:
 def check_resume(spec: JobSpec) -> None:
     """Refuse (FingerprintMismatch, with what changed and the --overwrite hint) a job whose existing
     checkpoints were written with other settings, before anything is submitted or rewritten."""
-    if not spec.job_dir or not spec.paths.shards_root().exists():
+    if not spec.job_dir or (not spec.ledger and not spec.paths.shards_root().exists()):
         return
     ds = InputDataset(spec.input)
     details = fingerprint_details(spec, ds)
@@ -83,4 +80,4 @@ def check_resume(spec: JobSpec) -> None:
     for i in range(spec.shards):
         start, end = shard_range(ds.num_rows, i, spec.shards)
         stamp = {"fingerprint": fingerprint, "details": details, "shard": i, "start": start, "end": end}
-        check_resumable(spec.paths.shard(i), stamp)
+        check_resumable(shard_store(spec, i), stamp)

@@ -26,7 +26,7 @@ from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import SwarmJob, load_job
 from prefect_swarm.jobs.dataset import InputDataset, check_output_location, shard_range
 from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details
-from prefect_swarm.jobs.ledger import STATUS_OK, RowResult, ShardLedger, ShardLock
+from prefect_swarm.jobs.ledger import STATUS_OK, RowResult, ShardLedger, ShardLock, shard_store
 from prefect_swarm.jobs.metrics import ShardMetrics, metrics_address
 from prefect_swarm.jobs.runner import Item, Runner, RunnerConfig
 from prefect_swarm.jobs.spec import JobSpec
@@ -108,6 +108,7 @@ class ShardRun:
             details=details,
             outputs=self.job.outputs,
             keep_raw=spec.output_format == "openai-batch",
+            store=shard_store(spec, shard_id),
         )
         self.runner: Runner | None = None
         self.metrics = metrics or ShardMetrics(spec.job_id or spec.paths.root.name, shard_id)

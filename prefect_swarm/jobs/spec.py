@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.paths import JobPaths, atomic_write_text
@@ -37,7 +37,17 @@ class JobSpec(BaseModel):
     )
     job_dir: str | None = Field(
         default=None,
-        description="Ledger folder (spec, shard checkpoints, progress, manifest); filled at prepare time.",
+        description="Job folder (spec, shard checkpoints, progress, manifest, and the process bookkeeping: "
+        "logs, exit files, shard locks); a local or shared POSIX path, filled at prepare time.",
+    )
+    ledger: str | None = Field(
+        default=None,
+        description="Where the shard checkpoints (parts, progress, fingerprint, DONE markers) live when "
+        "not in job_dir: an s3:// or gs:// folder, e.g. s3://bucket/ledgers/my-job (one per job). Each "
+        "part is one object under its final key, written in one upload; a kill -9 loses at most the "
+        "rows since the last checkpoint, as on disk. The shard locks and logs stay in job_dir: one "
+        "process per shard is enforced only among processes that share job_dir's filesystem, so never "
+        "run the same shard from two machines that do not share it. Default: inside job_dir.",
     )
     id_column: str | None = Field(
         default=None,
@@ -169,6 +179,14 @@ class JobSpec(BaseModel):
                 job_dir = storage.parse(self.job_dir, "job_dir", remote_ok=False)
                 if "://" in self.job_dir:  # file:///abs/path -> /abs/path; a plain path is kept as given
                     object.__setattr__(self, "job_dir", job_dir.path)
+            if self.ledger:
+                ledger = storage.parse(self.ledger, "ledger")
+                if not ledger.remote:
+                    raise ConfigError(
+                        f"ledger {self.ledger}: set ledger only for an s3:// or gs:// folder; a local "
+                        "ledger lives in job_dir (drop ledger, or set job_dir)."
+                    )
+                object.__setattr__(self, "ledger", ledger.uri)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
         return self
@@ -203,6 +221,12 @@ class JobSpec(BaseModel):
             return cls.model_validate(json.loads(Path(path).read_text()))
         except FileNotFoundError as exc:
             raise ConfigError(f"job spec {path} does not exist.") from exc
+        except ValidationError as exc:  # without the input values (a URI may hold a credential)
+            found = "\n".join(
+                f"{'.'.join(map(str, e['loc'])) or 'spec'}\n  {e['msg']}"
+                for e in exc.errors(include_url=False, include_input=False)
+            )
+            raise ConfigError(f"job spec {path} is invalid:\n{found}") from exc
         except ValueError as exc:
             raise ConfigError(f"job spec {path} is invalid:\n{exc}") from exc
 

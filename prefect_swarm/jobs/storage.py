@@ -20,9 +20,10 @@ temporary key (removed by the next commit), never a half output under the final 
 job's manifest, written after the output, is read as the truth (see :mod:`prefect_swarm.jobs.commit`).
 Local paths keep their write-to-temp-then-rename (:func:`prefect_swarm.paths.atomic_file`).
 
-The job folder (the ledger: spec, shard parts, progress, locks, logs) stays on a POSIX
-filesystem (local disk, or a shared one for Slurm): its shard lock is an ``flock`` and its logs
-are appended by the compute backend. An ``s3://``/``gs://`` ``job_dir`` is refused with that reason.
+The job folder (spec, manifest, locks, logs, exit files) stays on a POSIX filesystem (local
+disk, or a shared one for Slurm): its shard lock is an ``flock`` and its logs are appended by the
+compute backend. An ``s3://``/``gs://`` ``job_dir`` is refused with that reason; the shards'
+checkpoints go to an object store with the spec's ``ledger`` (see :mod:`prefect_swarm.jobs.ledger`).
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ def parse(text: str | os.PathLike[str], field: str, *, remote_ok: bool = True) -
         raise ConfigError(
             f"{field} {raw}: the job folder (ledger: shard parts, progress, locks, logs) must be on a "
             "POSIX filesystem (local disk, or a shared one on a cluster): its shard lock is an flock. "
-            "Keep job_dir local; input and output may be on the object store."
+            "Keep job_dir local; input, output and the ledger (the shard checkpoints: set ledger) may be "
+            "on the object store."
         )
     return Location(raw, scheme, f"{parts.netloc}/{key}" if key else parts.netloc)
 

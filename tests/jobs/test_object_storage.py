@@ -1,8 +1,8 @@
-"""Input, output on an object store (a real S3 API: moto in server mode on loopback).
+"""Input, output and the ledger on an object store (a real S3 API: moto in server mode on loopback).
 
-A kill -9 mid-job and a rerun with input and output on ``s3://`` is exactly once; the output is
-read back with pyarrow and pandas from ``s3://``; a commit killed mid-write publishes nothing;
-bad locations are refused before any request, naming the field.
+A kill -9 mid-job and a rerun with input, output (and the ledger, ``ledger: s3://...``) on
+``s3://`` is exactly once; the output is read back with pyarrow and pandas from ``s3://``; a
+commit killed mid-write publishes nothing; bad locations are refused before any request, naming the field.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from _jobkit import job_argv, make_dataset, requests, run_job, write_spec
 
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.jobs import storage
+from prefect_swarm.jobs.ledger import read_ledger, shard_store
 from prefect_swarm.jobs.spec import JobSpec
-from prefect_swarm.paths import JobPaths, read_json
+from prefect_swarm.paths import TEMP_SUFFIX, JobPaths, read_json
 from prefect_swarm.testing.moto_s3 import MotoS3
 
 BUCKET = "swarm-data"
@@ -66,14 +67,18 @@ def _keys(prefix: str) -> list[str]:
     return sorted(i.path for i in found if i.is_file)
 
 
-def test_kill9_and_rerun_on_s3_is_exactly_once(tmp_path: Path, s3: MotoS3, stub, stub_factory) -> None:
+@pytest.mark.parametrize("ledger_on_s3", [False, True], ids=["ledger-local", "ledger-s3"])
+def test_kill9_and_rerun_on_s3_is_exactly_once(
+    tmp_path: Path, s3: MotoS3, stub, stub_factory, ledger_on_s3: bool
+) -> None:
     n, conc, every = 4000, 16, 200
+    top = "kill-s3ledger" if ledger_on_s3 else "kill"
     make_dataset(tmp_path / "in.parquet", n, row_group=500)
-    src = _put(tmp_path / "in.parquet", "kill/in.parquet")
+    src = _put(tmp_path / "in.parquet", f"{top}/in.parquet")
     ref = write_spec(tmp_path, "ref", endpoints=[stub.url], concurrency=conc, checkpoint_every=every)
     assert run_job(ref).returncode == 0
     slow = stub_factory(latency_ms=10)  # at most 1,600 rows/s at c=16: the job outlasts the kills
-    out = f"s3://{BUCKET}/kill/out.parquet"
+    out = f"s3://{BUCKET}/{top}/out.parquet"
     spec = write_spec(
         tmp_path,
         "killed",
@@ -83,11 +88,14 @@ def test_kill9_and_rerun_on_s3_is_exactly_once(tmp_path: Path, s3: MotoS3, stub,
         concurrency=conc,
         checkpoint_every=every,
         checkpoint_seconds=0.3,
+        **({"ledger": f"s3://{BUCKET}/{top}/ledger"} if ledger_on_s3 else {}),
     )
     shard = JobPaths(tmp_path / "killed").shard(0)
+    store = shard_store(JobSpec.load(spec), 0)
 
     def in_ledger() -> int:
-        return len({r for p in shard.parts() for r in pq.read_table(p, columns=["_row"]).column("_row").to_pylist()})
+        table = read_ledger(store, ["_row"])
+        return 0 if table is None else len(set(table.column("_row").to_pylist()))
 
     rng, kills, before, lost = random.Random(2), 0, requests(slow), []
     while kills < 4:
@@ -100,27 +108,38 @@ def test_kill9_and_rerun_on_s3_is_exactly_once(tmp_path: Path, s3: MotoS3, stub,
         proc.wait()
         kills += 1
         lost.append((requests(slow) - run_before) - (in_ledger() - rows_before))
-        assert _keys("kill/out") == [], "a killed job published an output"
+        assert _keys(f"{top}/out") == [], "a killed job published an output"
     assert kills >= 3 and in_ledger() > 0
+    if ledger_on_s3:  # the checkpoint is on the store; the job folder keeps only the lock (and logs)
+        parts = [k for k in _keys(f"{top}/ledger/00000/") if k.rsplit("/", 1)[1].startswith("part-")]
+        assert parts and len(parts) == len(store.parts())
+        assert shard.parts() == [] and not shard.progress.exists() and not shard.fingerprint.exists()
     res = run_job(spec, env=s3.env())
     assert res.returncode == 0, res.stderr
     sent = requests(slow) - before
     assert n <= sent <= n + sum(lost)
     want = pq.read_table(tmp_path / "ref-out.parquet")
-    got = pq.read_table(f"{BUCKET}/kill/out.parquet", filesystem=_fs())
+    got = pq.read_table(f"{BUCKET}/{top}/out.parquet", filesystem=_fs())
     assert got.num_rows == n and len(set(got.column("id").to_pylist())) == n
     assert got.equals(want)
     assert pq.read_table(out).equals(want)  # pyarrow and pandas, from the s3:// URI (AWS_* in the environment)
     frame = pd.read_parquet(out)
     assert list(frame["id"]) == [f"r{i:06d}" for i in range(n)] and (frame["status"] == "ok").all()
-    assert _keys("kill/") == [f"{BUCKET}/kill/in.parquet", f"{BUCKET}/kill/out.parquet"]  # no temp key left
+    data_keys = [k for k in _keys(f"{top}/") if "/ledger/" not in k]
+    assert data_keys == [f"{BUCKET}/{top}/in.parquet", f"{BUCKET}/{top}/out.parquet"]  # no temp key left
+    ledger_keys = {k.rsplit("/", 1)[1] for k in _keys(f"{top}/ledger/")}
+    if ledger_on_s3:
+        assert {"DONE", "progress.json", "fingerprint.json"} <= ledger_keys
+        assert not any(k.endswith(TEMP_SUFFIX) for k in ledger_keys) and not shard.done_marker.exists()
+    else:
+        assert ledger_keys == set() and shard.done_marker.exists()
     manifest = read_json(JobPaths(tmp_path / "killed").manifest)
     assert manifest["output"] == out and manifest["rows"] == manifest["ok"] == n
     # a rerun of a finished job sends nothing and rewrites nothing
-    mtime = _fs().get_file_info(f"{BUCKET}/kill/out.parquet").mtime_ns
+    mtime = _fs().get_file_info(f"{BUCKET}/{top}/out.parquet").mtime_ns
     assert run_job(spec, env=s3.env()).returncode == 0
     assert requests(slow) - before == sent
-    assert _fs().get_file_info(f"{BUCKET}/kill/out.parquet").mtime_ns == mtime
+    assert _fs().get_file_info(f"{BUCKET}/{top}/out.parquet").mtime_ns == mtime
 
 
 def test_openai_batch_jsonl_gz_from_and_to_s3(tmp_path: Path, s3: MotoS3, stub) -> None:
@@ -180,6 +199,8 @@ def test_commit_killed_mid_write_publishes_nothing(tmp_path: Path, s3: MotoS3) -
         ("output", "s3://AKIAXXX:s3cr3t@bucket/out.parquet", "credentials may not be written into the URI"),
         ("input", "s3://bucket/in.parquet?secret_key=s3cr3t", "credentials may not be written into the URI"),
         ("job_dir", "s3://bucket/ledger", "must be on a POSIX filesystem"),
+        ("ledger", "ledger-here", "set ledger only for an s3:// or gs:// folder"),
+        ("ledger", "s3://AKIAXXX:s3cr3t@bucket/ledger", "credentials may not be written into the URI"),
     ],
 )
 def test_bad_locations_are_refused_before_any_request(tmp_path: Path, stub, field: str, value: str, says: str) -> None:
@@ -222,3 +243,31 @@ def test_prepare_job_with_input_and_output_on_s3(tmp_path: Path, s3: MotoS3, mon
         prepare_job(spec.model_copy(update={"output": src}))
     with pytest.raises(ConfigError, match=r"input s3://swarm-data/prep/missing.parquet does not exist"):
         prepare_job(JobSpec(input=f"s3://{BUCKET}/prep/missing.parquet", output=str(tmp_path / "o.parquet")))
+
+
+def test_ledger_on_s3_resume_checks_and_overwrite(tmp_path: Path, s3: MotoS3, stub) -> None:
+    n = 60
+    make_dataset(tmp_path / "in.parquet", n)
+    ledger = f"s3://{BUCKET}/ow/ledger"
+    spec = write_spec(tmp_path, "ow", endpoints=[stub.url], checkpoint_every=20, ledger=ledger)
+    before = requests(stub)
+    assert run_job(spec, env=s3.env()).returncode == 0
+    assert requests(stub) - before == n
+    # other settings against the checkpoint on the store: refused, naming it
+    changed = write_spec(
+        tmp_path,
+        "ow",
+        endpoints=[stub.url],
+        checkpoint_every=20,
+        ledger=ledger,
+        job_kwargs={"sampling": {"max_tokens": 9}},
+    )
+    res = run_job(changed, env=s3.env())
+    assert res.returncode != 0 and "refusing to resume" in res.stderr and ledger in res.stderr
+    assert requests(stub) - before == n
+    # --overwrite discards the objects and starts over: every row again, one fresh set of parts
+    res = run_job(changed, 0, 1, "--overwrite", env=s3.env())
+    assert res.returncode == 0, res.stderr
+    assert requests(stub) - before == 2 * n
+    table = read_ledger(shard_store(JobSpec.load(changed), 0), ["_row"])
+    assert table is not None and sorted(table.column("_row").to_pylist()) == list(range(n))

@@ -119,7 +119,7 @@ def _run_form(page: Any, url: str, deployment_id: Any, before: int) -> bool:
     shards.fill("1")  # the same form with a valid shard count is accepted: the refusal was about shards
     shards.press("Tab")
     submit.click()
-    page.wait_for_url(lambda url: not url.endswith("/run"))
+    page.wait_for_url(lambda url: not url.endswith("/run"), timeout=120_000)  # the UI is slow on a loaded machine
     return refused
 
 
