@@ -23,7 +23,6 @@ import time
 import tty
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -33,7 +32,8 @@ from rich.live import Live
 from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, table
 from prefect_swarm.interfaces.metrics import Samples, scrape, total
-from prefect_swarm.paths import JobPaths, read_json
+from prefect_swarm.jobs.plan import recorded_progress
+from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.state import JobRecord, StateStore
 
 GEN_TOKENS = "vllm:generation_tokens_total"
@@ -149,8 +149,8 @@ class TopSampler:
         return {"url": url, **counts, "requests_s": rate, "error": None}
 
     def _job(self, rec: JobRecord) -> dict[str, Any]:
-        paths = JobPaths(Path(rec.job_dir)) if rec.job_dir else None
-        shards = [(read_json(paths.shard(i).progress, {}) or {}) if paths else {} for i in range(rec.nshards)]
+        spec = JobSpec.model_validate(rec.spec) if rec.spec and "input" in rec.spec else None
+        shards = [recorded_progress(spec, i) if spec else {} for i in range(rec.nshards)]
         running = [p for p in shards if p.get("state") == "running"]
         done = sum(int(p.get("done") or 0) for p in shards)
         failed = sum(int(p.get("failed") or 0) for p in shards)

@@ -34,12 +34,23 @@ def pending_shards(spec: JobSpec) -> list[int]:
     return [i for i in range(spec.shards) if not shard_done(spec, i, fp)]
 
 
+def recorded_progress(spec: JobSpec, i: int) -> dict[str, Any]:
+    """Shard ``i``'s progress as its job process last wrote it, wherever the ledger lives ({} before it ran)."""
+    store = shard_store(spec, i)
+    return dict(store.read_json(store.paths.progress.name) or {})
+
+
+def shard_marked_done(spec: JobSpec, i: int) -> bool:
+    """Shard ``i``'s ledger carries its DONE marker (under whichever fingerprint)."""
+    store = shard_store(spec, i)
+    return store.read_text(store.paths.done_marker.name) is not None
+
+
 def shard_progress(spec: JobSpec, i: int, dataset: InputDataset | None = None) -> dict[str, Any]:
     """Progress of shard ``i``: state, done, failed, total, tokens, rate (``state`` pending if never run)."""
-    store = shard_store(spec, i)
-    data = store.read_json(store.paths.progress.name)
+    data = recorded_progress(spec, i)
     if data:
-        return dict(data)
+        return data
     ds = dataset or InputDataset(spec.input)
     start, end = shard_range(ds.num_rows, i, spec.shards)
     return {

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
 
 from prefect_swarm.exceptions import ConfigError, FingerprintMismatch
 from prefect_swarm.interfaces.jobenv import EXIT_BAD_INPUT, EXIT_FAILED, JobEnv
@@ -57,8 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     try:
         spec = JobSpec.load(args.spec)
-        if not spec.job_dir:
-            spec = spec.model_copy(update={"job_dir": str(Path(args.spec).resolve().parent)})
         shard_id = _first(args.shard_id, env.shard_id, 0)
         nshards = _first(args.nshards, env.nshards, spec.shards)
         return run_shard(spec, shard_id, nshards, overwrite=args.overwrite)

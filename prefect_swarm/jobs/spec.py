@@ -216,9 +216,11 @@ class JobSpec(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> JobSpec:
-        """Read a spec file; a bad one raises ConfigError naming the file."""
+        """Read a spec file; a bad one raises ConfigError naming the file. A spec without
+        ``job_dir`` has its own folder as the job folder (as a job process reads it)."""
         try:
-            return cls.model_validate(json.loads(Path(path).read_text()))
+            spec = cls.model_validate(json.loads(Path(path).read_text()))
+            return spec if spec.job_dir else spec.model_copy(update={"job_dir": str(Path(path).resolve().parent)})
         except FileNotFoundError as exc:
             raise ConfigError(f"job spec {path} does not exist.") from exc
         except ValidationError as exc:  # without the input values (a URI may hold a credential)

@@ -35,7 +35,8 @@ from prefect_swarm.backends.lepton.client import (
 from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError
 from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus
 from prefect_swarm.interfaces.jobenv import API_KEY, HOME
-from prefect_swarm.paths import JobPaths
+from prefect_swarm.jobs.plan import shard_marked_done
+from prefect_swarm.jobs.spec import JobSpec
 
 if TYPE_CHECKING:
     from prefect_swarm.config import LeptonConfig, SwarmConfig
@@ -298,9 +299,9 @@ class LeptonCompute(ComputeBase):
 
     # ---------------------------------------------------------------- internals
     def _ledger_done(self, handle: JobHandle, shard: int) -> bool:
-        """True when shard ``shard``'s ledger (next to the spec the job ran) is marked DONE."""
+        """True when shard ``shard``'s ledger (the spec the job ran says where it is) is marked DONE."""
         spec = handle.meta.get("spec")
-        return bool(spec) and JobPaths(Path(str(spec)).parent).shard(shard).done_marker.exists()
+        return bool(spec) and shard_marked_done(JobSpec.load(str(spec)), shard)
 
     def _queued_too_long(self, job: Any) -> bool:
         limit = self.backend.job_queue_timeout_s
@@ -342,8 +343,6 @@ class LeptonCompute(ComputeBase):
             )
         if not os.path.exists(value):
             return  # written later by the caller; the job reports a missing spec itself
-        from prefect_swarm.jobs.spec import JobSpec
-
         spec = JobSpec.load(value)
         for field, path in (("input", spec.input), ("output", spec.output), ("job_dir", spec.job_dir)):
             if path and not under_mount(self.backend, os.path.abspath(os.path.expanduser(path))):
