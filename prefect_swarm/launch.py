@@ -453,7 +453,10 @@ def _overall(
     committed = not pending and manifest_current(spec, manifest)
     current = manifest if committed else None
     running = any(p.get("status") in ACTIVE for p in probes)
-    if running or (not probes and old in ACTIVE and pending):
+    # a backend that could not tell (p["status"] None: a scheduler or API hiccup, sacct lagging or
+    # absent) has not said the processes ended: while shards still have rows, keep waiting
+    untold = pending and any(p.get("status") is None for p in probes)
+    if running or untold or (not probes and old in ACTIVE and pending):
         return JobStatus.RUNNING, committed, current
     if not pending:
         failed = current is not None and not verdict_of(spec, current).succeeded

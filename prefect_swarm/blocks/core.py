@@ -86,6 +86,9 @@ def _human_model_titles(schema: dict[str, Any]) -> None:
     for name, definition in (schema.get("definitions") or {}).items():
         if "block_type_slug" not in definition and definition.get("title") == name:
             definition["title"] = model_title(name)
+        for field, prop in (definition.get("properties") or {}).items():
+            # pydantic leaves the title off a field whose type is an (optional) nested model
+            prop.setdefault("title", field_title(field))
 
 
 def _drop_block_slug(cls: type, data: Any) -> Any:

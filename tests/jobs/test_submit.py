@@ -124,3 +124,20 @@ def test_cli_submit_status_list(tmp_path: Path, swarm: Swarm) -> None:
     assert res.exit_code == 0, res.output
     env = json.loads(out.read_text())
     assert env["MODEL"] == "stub-model" and env["ENDPOINT"].startswith("http://")
+
+
+def test_a_backend_that_cannot_tell_is_not_a_failed_job(tmp_path: Path, stub) -> None:
+    """A probe that could not ask the scheduler (sacct absent or lagging, an API hiccup) says
+    nothing about the processes: while shards still have rows the job stays RUNNING, and once the
+    ledger is complete it is SUCCEEDED whatever the probe says."""
+    from _jobkit import run_job, write_spec
+
+    from prefect_swarm.interfaces import JobStatus
+    from prefect_swarm.launch import _overall
+
+    make_dataset(tmp_path / "in.parquet", 30)
+    spec = JobSpec.load(write_spec(tmp_path, endpoints=[stub.url]))
+    untold = [{"id": "46.0,46.1", "status": None, "error": "cannot ask Slurm: sacct exited 1"}]
+    assert _overall(spec, untold, JobStatus.RUNNING)[0] is JobStatus.RUNNING
+    assert run_job(write_spec(tmp_path, endpoints=[stub.url])).returncode == 0
+    assert _overall(spec, untold, JobStatus.RUNNING)[0] is JobStatus.SUCCEEDED
