@@ -31,6 +31,10 @@ ReplicasOpt = Annotated[
 NameOpt = Annotated[str | None, typer.Option("--name", help="Override the swarm name (highest precedence).")]
 OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="Output format.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+NoWaitOpt = Annotated[bool, typer.Option("--no-wait", help="Return once submitted; do not wait for readiness.")]
+TimeoutOpt = Annotated[
+    float | None, typer.Option("--timeout", help="Readiness timeout in seconds; default: ready_timeout_s.")
+]
 
 
 def make_swarm(cfg: SwarmConfig, **kwargs: Any) -> Swarm:
@@ -50,9 +54,7 @@ def up(
     config: ConfigOpt,
     replicas: ReplicasOpt = None,
     name: NameOpt = None,
-    no_wait: Annotated[
-        bool, typer.Option("--no-wait", help="Return once submitted; do not wait for readiness.")
-    ] = False,
+    no_wait: NoWaitOpt = False,
     keep: Annotated[
         bool,
         typer.Option(
@@ -61,10 +63,7 @@ def up(
             "down; the swarm is also marked keep (the orphan reaper leaves it alone).",
         ),
     ] = False,
-    timeout: Annotated[
-        float | None,
-        typer.Option("--timeout", help="Readiness timeout in seconds; default: ready_timeout_s."),
-    ] = None,
+    timeout: TimeoutOpt = None,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
     """Bring a swarm up and wait until every replica answers a chat completion.
@@ -79,13 +78,8 @@ def up(
 def scale(
     name: Annotated[str, typer.Argument(help="Swarm name.")],
     replicas: Annotated[int, typer.Option("--replicas", min=1, help="The number of replicas wanted.")],
-    no_wait: Annotated[
-        bool, typer.Option("--no-wait", help="Return once submitted; do not wait for readiness.")
-    ] = False,
-    timeout: Annotated[
-        float | None,
-        typer.Option("--timeout", help="Readiness timeout in seconds; default: ready_timeout_s."),
-    ] = None,
+    no_wait: NoWaitOpt = False,
+    timeout: TimeoutOpt = None,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
     """Change the replica count of a live swarm; running replicas keep running.

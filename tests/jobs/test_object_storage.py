@@ -191,16 +191,21 @@ def test_commit_killed_mid_write_publishes_nothing(tmp_path: Path, s3: MotoS3) -
     assert _keys("crash/") == [f"{BUCKET}/crash/out.parquet"]
 
 
+SECRET = "example-secret"
+"""A credential written into a URI: refused, and never echoed."""
+IN_URI = "credentials may not be written into the URI"
+
+
 @pytest.mark.parametrize(
     ("field", "value", "says"),
     [
         ("input", "ftp://host/in.parquet", "scheme 'ftp' is not supported"),
         ("output", "s3:///out.parquet", "the bucket is missing"),
-        ("output", "s3://AKIAXXX:s3cr3t@bucket/out.parquet", "credentials may not be written into the URI"),
-        ("input", "s3://bucket/in.parquet?secret_key=s3cr3t", "credentials may not be written into the URI"),
+        ("output", f"s3://AKIAEXAMPLEKEY:{SECRET}@bucket/out.parquet", IN_URI),
+        ("input", f"s3://bucket/in.parquet?secret_key={SECRET}", IN_URI),
         ("job_dir", "s3://bucket/ledger", "must be on a POSIX filesystem"),
         ("ledger", "ledger-here", "set ledger only for an s3:// or gs:// folder"),
-        ("ledger", "s3://AKIAXXX:s3cr3t@bucket/ledger", "credentials may not be written into the URI"),
+        ("ledger", f"s3://AKIAEXAMPLEKEY:{SECRET}@bucket/ledger", IN_URI),
     ],
 )
 def test_bad_locations_are_refused_before_any_request(tmp_path: Path, stub, field: str, value: str, says: str) -> None:
@@ -210,7 +215,7 @@ def test_bad_locations_are_refused_before_any_request(tmp_path: Path, stub, fiel
     res = run_job(spec, env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9"})  # nothing is asked of any store
     assert res.returncode == 2, res.stderr
     assert says in res.stderr and f"{field} " in res.stderr
-    assert "s3cr3t" not in res.stderr
+    assert SECRET not in res.stderr
     assert requests(stub) == before
 
 
