@@ -9,25 +9,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prefect_swarm.testing import free_port_block
-from prefect_swarm.testing.stub_engine import engine_command
+from prefect_swarm.testing.stub_engine import stub_swarm_config
 
 
 def stub_swarm(
     name: str, *, replicas: int = 1, latency_ms: float = 5, port: int | None = None, **backend: Any
 ) -> dict[str, Any]:
-    """An inline swarm config: ``replicas`` stub engines on the local backend."""
-    command = engine_command(latency_ms=latency_ms)
-    return {
-        "name": name,
-        "model": "stub-model",
-        "replicas": replicas,
-        "gpus_per_replica": 0,
-        "port": port or free_port_block(replicas),
-        "ready_timeout_s": 60,
-        "engine": {"kind": "command", "command": command, "startup_timeout_s": 60},
-        "backend": {"type": "local", "health_interval_s": 0.5, "wall_time_s": 600, **backend},
-    }
+    """An inline swarm config: ``replicas`` stub engines on the local backend (fast health checks,
+    a 10-minute wall-time limit as a safety net)."""
+    backend = {"health_interval_s": 0.5, "wall_time_s": 600, **backend}
+    return stub_swarm_config(name, replicas=replicas, port=port, backend=backend, latency_ms=latency_ms)
 
 
 def prompts(path: Path, n: int = 40) -> Path:
