@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -21,29 +20,11 @@ from prefect_swarm.config import SwarmConfig
 from prefect_swarm.paths import file_lock
 from prefect_swarm.sidecar.stage import MARKER, lock_path, manifest
 from prefect_swarm.swarm import Swarm
+from prefect_swarm.testing.models import make_model_folder, model_checking_engine
 
 runner = CliRunner()
 
-# The engine: a shell that fails unless {model} is a model folder, logs it, then execs the stub.
-CHECKING_ENGINE = [
-    "bash",
-    "-c",
-    'test -f "$1/config.json" || { echo "no model at $1" >&2; exit 7; }; echo "engine model path: $1" >&2; '
-    'shift; exec "$@"',
-    "_",
-    "{model}",
-    *STUB,
-]
-
-
-def make_model(root: Path) -> Path:
-    """A small model folder: config, tokenizer, a 1 MB weights file in a sub-folder."""
-    model = root / "tiny-model"
-    (model / "shards").mkdir(parents=True)
-    (model / "config.json").write_text(json.dumps({"model_type": "stub"}))
-    (model / "tokenizer.json").write_text("{}")
-    (model / "shards" / "weights.bin").write_bytes(os.urandom(1 << 20))
-    return model
+CHECKING_ENGINE = model_checking_engine(STUB)
 
 
 def staged_mtimes(staged: Path) -> dict[str, int]:
@@ -56,7 +37,7 @@ def stage_cli(src: Path, dest: Path) -> subprocess.Popen[str]:
 
 
 def test_concurrent_stagers_copy_once_and_a_changed_source_is_staged_again(tmp_path: Path) -> None:
-    src, dest = make_model(tmp_path), tmp_path / "local" / "tiny"
+    src, dest = make_model_folder(tmp_path), tmp_path / "local" / "tiny"
     (tmp_path / "local").mkdir()
     (tmp_path / "local" / ".tiny.tmp-999").mkdir()  # a killed stager's half copy
     with file_lock(lock_path(dest)):  # all three start while the lock is held, so they really contend
@@ -113,7 +94,7 @@ def stage_log() -> Iterator[Messages]:
 def test_two_replicas_stage_once_second_up_skips_and_volumes_rm_waits_for_down(
     tmp_path: Path, stage_log: Messages, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    model = make_model(tmp_path)
+    model = make_model_folder(tmp_path)
     cfg = stub_config(2, command=CHECKING_ENGINE, model=str(model), stage={"to": str(tmp_path / "node-disk")})
     staged = Path(cfg.staged_model or "")
 

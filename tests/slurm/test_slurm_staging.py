@@ -3,8 +3,6 @@ second ``up`` skips the copy, and the engines are given the staged folder."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import time
@@ -17,21 +15,13 @@ from _slurmkit import STUB_COMMAND, LiveSwarm, stub_config
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.paths import file_lock
 from prefect_swarm.sidecar.stage import lock_path
+from prefect_swarm.testing.models import make_model_folder, model_checking_engine
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 MakeSwarm = Callable[..., LiveSwarm]
 
-# The engine: a shell that fails unless {model} is a model folder, logs it, then execs the stub.
-CHECKING_ENGINE = [
-    "bash",
-    "-c",
-    'test -f "$1/config.json" || { echo "no model at $1" >&2; exit 7; }; echo "engine model path: $1" >&2; '
-    'shift; exec "$@"',
-    "_",
-    "{model}",
-    *STUB_COMMAND,
-]
+CHECKING_ENGINE = model_checking_engine(STUB_COMMAND)
 
 
 def squeue(cfg: SwarmConfig) -> list[str]:
@@ -59,10 +49,7 @@ def staged_mtimes(staged: Path) -> dict[str, int]:
 def test_two_tasks_on_one_node_stage_once_and_a_second_up_skips(
     slurm_swarm: MakeSwarm, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    model = tmp_path / "tiny-model"
-    (model / "shards").mkdir(parents=True)
-    (model / "config.json").write_text(json.dumps({"model_type": "stub"}))
-    (model / "shards" / "weights.bin").write_bytes(os.urandom(4 << 20))
+    model = make_model_folder(tmp_path, weights_mb=4, tokenizer=False)
     cfg = stub_config(
         replicas=2,  # one replica per array task: two tasks stage at once on the one node
         model=str(model),
