@@ -4,6 +4,7 @@ scripts/slurm/two-node-up.sh, as the tests see it."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,3 +53,15 @@ class TwoNodeCluster:
                 except OSError:  # gone meanwhile
                     continue
         return pids
+
+    def processes(self, node: str, pattern: re.Pattern[bytes], width: int = 200) -> list[str]:
+        """Command lines (cut to ``width``) of the processes on ``node`` that match ``pattern``."""
+        found = []
+        for pid in self.node_pids(node):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:  # gone meanwhile
+                continue
+            if pattern.search(cmdline):
+                found.append(cmdline.replace(b"\0", b" ").decode(errors="replace")[:width])
+        return found

@@ -76,15 +76,7 @@ def wait_for(what: str, check: Callable[[], object], timeout: float, poll: float
 
 
 def leftovers(cluster: TwoNodeCluster, node: str) -> list[str]:
-    found = []
-    for pid in cluster.node_pids(node):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if LEFTOVER.search(cmdline):
-            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace")[:160])
-    return found
+    return cluster.processes(node, LEFTOVER, width=160)
 
 
 @pytest.fixture

@@ -36,15 +36,7 @@ def wait_job(cluster: TwoNodeCluster, job_id: str, timeout: float) -> dict[str, 
 
 def ray_processes(cluster: TwoNodeCluster, node: str) -> list[str]:
     """Command lines of the Ray processes running on ``node`` (seen from outside the node)."""
-    found = []
-    for pid in cluster.node_pids(node):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if RAY_PROGRAM.search(cmdline):
-            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace")[:200])
-    return found
+    return cluster.processes(node, RAY_PROGRAM)
 
 
 def test_sinfo_shows_two_idle_nodes(two_node_cluster: TwoNodeCluster) -> None:
