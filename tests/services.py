@@ -40,6 +40,30 @@ VLLM_ARGS = ["--dtype", "float32", "--max-model-len", "2048", "--enforce-eager"]
 """Engine args the vLLM CPU build needs here."""
 
 
+def vllm_swarm_config(name: str, replicas: int = 1, **backend: object) -> dict[str, object]:
+    """An inline local swarm of ``replicas`` vLLM CPU engines serving the tiny model as ``tiny``;
+    ``backend`` adds fields to the local backend section."""
+    from prefect_swarm.testing import free_port_block
+
+    return {
+        "name": name,
+        "model": str(tiny_model()),
+        "served_model_name": "tiny",
+        "replicas": replicas,
+        "gpus_per_replica": 0,
+        "port": free_port_block(replicas),
+        "engine": {
+            "kind": "vllm",
+            "python": str(vllm_python()),
+            "args": VLLM_ARGS,
+            "env": VLLM_ENV,
+            "startup_timeout_s": 400,
+        },
+        "ready_timeout_s": 500,
+        "backend": {"type": "local", **backend},
+    }
+
+
 def missing_vllm() -> str | None:
     """Why the vLLM CPU build cannot be used, or None."""
     if not vllm_python().exists() or not (tiny_model() / "config.json").exists():

@@ -23,7 +23,6 @@ from prefect_swarm.config import SwarmConfig
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.launch import submit_job
 from prefect_swarm.swarm import Swarm
-from prefect_swarm.testing import free_port_block
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -81,25 +80,7 @@ def module_swarm(run_batch_output: dict[str, Any], swarm_home: Path) -> Iterator
     """One vLLM replica of the same model on the local backend, ready (started after run-batch ended)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PREFECT_SWARM_HOME", str(swarm_home))
-        cfg = SwarmConfig.model_validate(
-            {
-                "name": "vllm-batch",
-                "model": str(services.tiny_model()),
-                "served_model_name": "tiny",
-                "replicas": 1,
-                "gpus_per_replica": 0,
-                "port": free_port_block(1),
-                "engine": {
-                    "kind": "vllm",
-                    "python": str(services.vllm_python()),
-                    "args": services.VLLM_ARGS,
-                    "env": services.VLLM_ENV,
-                    "startup_timeout_s": 400,
-                },
-                "ready_timeout_s": 500,
-                "backend": {"type": "local"},
-            }
-        )
+        cfg = SwarmConfig.model_validate(services.vllm_swarm_config("vllm-batch"))
         with Swarm(cfg) as s:  # up and ready; down at the end of the module
             yield s
 

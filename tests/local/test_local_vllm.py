@@ -17,7 +17,6 @@ import services
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.interfaces import ReplicaHealth, ServingPhase
 from prefect_swarm.swarm import Swarm
-from prefect_swarm.testing import free_port_block
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -29,23 +28,7 @@ def vllm_swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PREFECT_SWARM_HOME", str(tmp_path_factory.mktemp("vllm-home")))
         cfg = SwarmConfig.model_validate(
-            {
-                "name": "vllm-pair",
-                "model": str(services.tiny_model()),
-                "served_model_name": "tiny",
-                "replicas": 2,
-                "gpus_per_replica": 0,
-                "port": free_port_block(2),
-                "engine": {
-                    "kind": "vllm",
-                    "python": str(services.vllm_python()),
-                    "args": services.VLLM_ARGS,
-                    "env": services.VLLM_ENV,
-                    "startup_timeout_s": 400,
-                },
-                "ready_timeout_s": 500,
-                "backend": {"type": "local", "health_interval_s": 1.0, "restart_backoff_s": 0.5},
-            }
+            services.vllm_swarm_config("vllm-pair", replicas=2, health_interval_s=1.0, restart_backoff_s=0.5)
         )
         swarm = Swarm(cfg)
         t0 = time.monotonic()
