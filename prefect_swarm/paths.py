@@ -43,17 +43,8 @@ TEMP_SUFFIX = ".tmp"
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to a temp file beside ``path``, fsync, then rename over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(data)
 
 
 @contextmanager

@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.common import LogFollower, head_url, start_logged
 from prefect_swarm.backends.slurm import identity, render
@@ -105,15 +105,7 @@ class SlurmCompute(ComputeBase):
             names.append(step_name)
             logs.append(str(log))
         steps = [self._find_step(jobid, step_name) for step_name in names]
-        meta = {
-            "jobid": jobid,
-            "steps": steps,
-            "step_names": names,
-            "logs": logs,
-            "shards": request.shards() if request.sharded else [],
-            "nshards": request.nshards,
-        }
-        return JobHandle(id=",".join(steps), backend="slurm", name=request.name, meta=meta)
+        return _handle(request, steps, names, logs, jobid=jobid, steps=steps)
 
     def _launch_jobs(self, request: JobRequest) -> JobHandle:
         """One sbatch job per shard with ``backend.jobs`` resources (the swarm's LB runs: checked first)."""
@@ -138,15 +130,7 @@ class SlurmCompute(ComputeBase):
             ids.append(job_id)
             job_names.append(name)
             logs.append(str(log))
-        meta = {
-            "mode": "jobs",
-            "jobs": ids,
-            "step_names": job_names,
-            "logs": logs,
-            "shards": request.shards() if request.sharded else [],
-            "nshards": request.nshards,
-        }
-        return JobHandle(id=",".join(ids), backend="slurm", name=request.name, meta=meta)
+        return _handle(request, ids, job_names, logs, mode="jobs", jobs=ids)
 
     def _target(self) -> str:
         """Raw id of the allocation steps go into: the swarm's LB job (found by its job name).
@@ -368,3 +352,15 @@ def _aggregate(
     detail = ", ".join(f"{s}={st.value}" for s, st in zip(steps, statuses, strict=True))
     exit_code = max(codes, default=None) if all(st.finished for st in statuses) else None
     return JobProbe(JobStatus.combine(statuses), exit_code=exit_code, detail=detail)
+
+
+def _handle(request: JobRequest, ids: list[str], names: list[str], logs: list[str], **where: Any) -> JobHandle:
+    """The handle of a submitted job: its Slurm ids (steps or jobs) and, per shard, name and log."""
+    meta = {
+        **where,
+        "step_names": names,
+        "logs": logs,
+        "shards": request.shards() if request.sharded else [],
+        "nshards": request.nshards,
+    }
+    return JobHandle(id=",".join(ids), backend="slurm", name=request.name, meta=meta)
