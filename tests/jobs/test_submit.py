@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,15 @@ from prefect_swarm.cli.job import job_app
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.jobs.plan import pending_shards
 from prefect_swarm.jobs.spec import JobSpec
-from prefect_swarm.launch import cancel_job, job_status, prepare_job, submit_job, wait_job
+from prefect_swarm.launch import (
+    POLL_MIN_S,
+    PollSchedule,
+    cancel_job,
+    job_status,
+    prepare_job,
+    submit_job,
+    wait_job,
+)
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.stub_engine import stub_swarm_config
@@ -141,3 +150,29 @@ def test_a_backend_that_cannot_tell_is_not_a_failed_job(tmp_path: Path, stub) ->
     assert _overall(spec, untold, JobStatus.RUNNING)[0] is JobStatus.RUNNING
     assert run_job(write_spec(tmp_path, endpoints=[stub.url])).returncode == 0
     assert _overall(spec, untold, JobStatus.RUNNING)[0] is JobStatus.SUCCEEDED
+
+
+def test_poll_schedule_wakes_and_starts_over_when_the_manifest_changes(tmp_path: Path) -> None:
+    """A finished job is seen when its manifest is written, not at the end of a long polling step."""
+    mark = tmp_path / "manifest.json"
+    schedule = PollSchedule(mark, most=600)
+    schedule.step = 600.0  # a step no test would wait out
+    threading.Timer(0.3, mark.write_text, args=("{}",)).start()
+    t0 = time.monotonic()
+    assert schedule.wait() is True
+    assert time.monotonic() - t0 < 60
+    assert schedule.step == POLL_MIN_S  # the steps start over: the processes' exit is seen soon too
+
+
+def test_poll_schedule_ends_on_stop_and_grows_without_a_mark(tmp_path: Path) -> None:
+    stop = threading.Event()
+    schedule = PollSchedule(tmp_path / "manifest.json", most=600, stop=stop)
+    schedule.step = 600.0
+    threading.Timer(0.3, stop.set).start()
+    assert schedule.wait() is False
+    plain = PollSchedule(None, most=0.3)
+    waits = [plain.step]
+    for _ in range(4):
+        assert plain.wait() is True
+        waits.append(plain.step)
+    assert waits == pytest.approx([POLL_MIN_S, 0.15, 0.225, 0.3, 0.3])

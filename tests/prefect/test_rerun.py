@@ -89,3 +89,29 @@ def test_reuse_gate_uses_kept_swarm(prefect_api: PrefectStack, tmp_path: Path) -
     assert store.get_swarm("kept-a").phase == "RUNNING"  # type: ignore[union-attr]  # reused, not torn down
     assert res["ok"] == 20 and _requests(kept["port"]) >= 20
     swarm_down("kept-a")
+
+
+def test_openai_batch_in_and_out_through_the_flow(prefect_api: PrefectStack, tmp_path: Path) -> None:
+    """An OpenAI Batch file through batch_inference: the output's name decides its format (the
+    flow's job options carry no format of their own), and a format that contradicts the name is
+    refused before the swarm is brought up."""
+    src = tmp_path / "batch.jsonl"
+    lines = [
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 8}}
+        for i in range(30)
+    ]  # fmt: skip
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "answers.jsonl"
+    cfg = stub_swarm("batch-flow", latency_ms=2)
+    result = batch_inference(cfg, "openai-batch", str(src), str(out), shards=2)
+    assert result["rows"] == result["ok"] == 30
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [g["custom_id"] for g in got] == [f"c{i}" for i in range(30)]
+    assert all(g["response"]["status_code"] == 200 and g["error"] is None for g in got)
+    state = batch_inference(
+        stub_swarm("batch-flow-bad"), {"job": "openai-batch", "output_format": "parquet"}, str(src),
+        str(tmp_path / "other.jsonl"), return_state=True,
+    )  # fmt: skip
+    assert state.is_failed() and "Drop output_format" in str(state.message)
+    assert StateStore().get_swarm("batch-flow-bad") is None, "a refused job brought a swarm up"
