@@ -158,21 +158,36 @@ def flow_run(src: Path, out: Path, model: Path, python: Path, concurrency: int) 
         raise SystemExit(f"the batch_inference run ended {state.name}: {state.message}")
     run_id = state.state_details.flow_run_id
 
-    async def task_runs() -> tuple[FlowRun, dict[str, Any]]:
+    async def task_runs() -> tuple[FlowRun, dict[str, Any], dict[str, list[Any]]]:
         async with get_client() as client:
             flow = await client.read_flow_run(run_id)
             found = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
-        return flow, {t.name: t for t in found}
+            states = {t.name: await client.read_task_run_states(t.id) for t in found}
+        return flow, {t.name: t for t in found}, states
 
-    flow, runs = asyncio.run(task_runs())
+    flow, runs, states = asyncio.run(task_runs())
     ready = next(t for name, t in runs.items() if name.startswith("wait-ready"))
     commit = next(t for name, t in runs.items() if name.startswith("commit-output"))
     assert flow.start_time and ready.end_time and commit.end_time
     tokens, ok = completion_tokens(out)
     run_s = (commit.end_time - ready.end_time).total_seconds()
-    return _figures(
-        "batch_inference flow (1 replica)", tokens, ok, run_s, (commit.end_time - flow.start_time).total_seconds()
-    )
+    total_s = (commit.end_time - flow.start_time).total_seconds()
+    figures = _figures("batch_inference flow (1 replica)", tokens, ok, run_s, total_s)
+    # where the time went after readiness: each task run's states, in seconds from the end of wait-ready
+    figures["tasks"] = {
+        name: {s.name: round((s.timestamp - ready.end_time).total_seconds(), 2) for s in states[name]}
+        for name, t in sorted(runs.items(), key=lambda kv: kv[1].expected_start_time or ready.end_time)
+        if t.start_time and t.start_time >= ready.end_time
+    }
+    # the job process's own end (its last progress write), on the same clock
+    from prefect_swarm.jobs.plan import recorded_progress
+    from prefect_swarm.jobs.spec import JobSpec
+    from prefect_swarm.launch import list_jobs
+
+    spec = JobSpec.model_validate(list_jobs("vs-run-batch-flow")[0].spec)
+    ended = float(recorded_progress(spec, 0).get("updated_at") or 0)
+    figures["tasks"]["job process ended"] = round(ended - ready.end_time.timestamp(), 2)
+    return figures
 
 
 async def plain_loop(url: str, src: Path, concurrency: int) -> dict[str, Any]:
@@ -186,9 +201,15 @@ async def plain_loop(url: str, src: Path, concurrency: int) -> dict[str, Any]:
         async def worker() -> None:
             nonlocal tokens
             for body in bodies:
-                async with session.post(url.rstrip("/") + "/v1/chat/completions", json=body) as resp:
-                    resp.raise_for_status()
-                    tokens += int((await resp.json())["usage"]["completion_tokens"])
+                for attempt in range(3):  # a keep-alive connection the server closed: send again
+                    try:
+                        async with session.post(url.rstrip("/") + "/v1/chat/completions", json=body) as resp:
+                            resp.raise_for_status()
+                            tokens += int((await resp.json())["usage"]["completion_tokens"])
+                        break
+                    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                        if attempt == 2:
+                            raise
 
         t0 = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(concurrency)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prefect import flow, get_run_logger, tags
+from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from prefect_swarm.config.swarm import Sharing
@@ -85,9 +85,9 @@ def batch_inference(
     budget = run_budget(cfg, max_gpu_hours, max_cost_usd)
     reap_quietly()
     plan = plan_shards(job_spec(cfg, job, input, output, shards, max_failed_fraction), cfg.name)
-    label_run(cfg.name, plan.spec.job_id)
+    label_run(cfg.name, plan.spec.job_id)  # the flow run's tags; its task runs carry none (see label_run)
     up_at = None
-    with tags(f"swarm:{cfg.name}", f"job:{plan.spec.job_id}"), swarm_use(cfg, sharing), run_stop_event():
+    with swarm_use(cfg, sharing), run_stop_event():
         live, over_budget = None, False
         try:
             if plan.pending:

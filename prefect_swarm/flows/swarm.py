@@ -6,7 +6,7 @@ import dataclasses
 import time
 from typing import Annotated, Any
 
-from prefect import flow, tags
+from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
@@ -66,8 +66,7 @@ def swarm_down(
         force: stop it even while flow runs or jobs hold it.
     """
     label_run(name, None)
-    with tags(f"swarm:{name}"):
-        return swarm_down_task(name, force=force)
+    return swarm_down_task(name, force=force)
 
 
 @flow(
@@ -109,7 +108,7 @@ def run_job(
         if not store.list_leases(name):
             store.put_lease(keep_lease(name))  # recorded before leases existed: it was meant to stay up
         store.put_lease(dataclasses.replace(flow_run_lease(run_id), swarm=name))
-    with tags(f"swarm:{name}", f"job:{plan.spec.job_id}"), run_stop_event():
+    with run_stop_event():
         try:
             if plan.pending:
                 wait_ready(live)

@@ -136,7 +136,13 @@ def current_task_run_id() -> str | None:
 
 
 def label_run(swarm_name: str, job_id: str | None) -> None:
-    """Tag the current flow run ``swarm:<name>`` and ``job:<id>`` (``history`` joins on these)."""
+    """Tag the current flow run ``swarm:<name>`` and ``job:<id>`` (``history`` joins on these).
+
+    Only the flow run: its task runs carry no tags on purpose. Prefect takes a concurrency lease
+    on the API for every tag of every task run (a write at its start and one at its end, 64 shards
+    at once), and on a SQLite Prefect server that write collides with the server's own (503,
+    "database is locked"), which the client retries only after about 2 s.
+    """
     tag_run(f"swarm:{swarm_name}", *([f"job:{job_id}"] if job_id else []))
 
 

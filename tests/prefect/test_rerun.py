@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pyarrow.parquet as pq
@@ -37,6 +38,17 @@ def _artifacts(key: str, rerun_id: object) -> tuple[dict[str, object], list[str]
     data = latest[0].data
     rows = json.loads(data) if isinstance(data, str) else data
     return rows[0], [str(a.data) for a in rerun if a.type == "markdown"]
+
+
+def _runs(flow_run_id: object) -> tuple[Any, list[Any]]:
+    """The flow run and its task runs, as the API has them."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)  # type: ignore[arg-type]
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return run, tasks
 
 
 def test_rerun_sends_zero_requests(prefect_api: PrefectStack, tmp_path: Path) -> None:
@@ -104,8 +116,13 @@ def test_openai_batch_in_and_out_through_the_flow(prefect_api: PrefectStack, tmp
     src.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "answers.jsonl"
     cfg = stub_swarm("batch-flow", latency_ms=2)
-    result = batch_inference(cfg, "openai-batch", str(src), str(out), shards=2)
+    done = batch_inference(cfg, "openai-batch", str(src), str(out), shards=2, return_state=True)
+    result = done.result()
     assert result["rows"] == result["ok"] == 30
+    flow_run, task_runs = _runs(done.state_details.flow_run_id)
+    assert {"swarm:batch-flow", f"job:{result['job_id']}"} <= set(flow_run.tags)
+    # task runs carry no tags: each tag would cost a concurrency-lease write on the API per task run
+    assert len(task_runs) >= 5 and all(not t.tags for t in task_runs), [(t.name, t.tags) for t in task_runs]
     got = [json.loads(line) for line in out.read_text().splitlines()]
     assert [g["custom_id"] for g in got] == [f"c{i}" for i in range(30)]
     assert all(g["response"]["status_code"] == 200 and g["error"] is None for g in got)
