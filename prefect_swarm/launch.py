@@ -47,8 +47,10 @@ JOB_MODULE = "prefect_swarm.jobs.run"
 ACTIVE = frozenset(s for s in JobStatus if s.active)
 POLL_MIN_S, POLL_MAX_S = 0.1, 2.0
 """Polling steps grow from POLL_MIN_S to POLL_MAX_S: short jobs end fast, a stop is seen in <= 2 s."""
-MARK_CHECK_S = 0.1
-"""Between two polls, how often a job's end mark (a local file, see PollSchedule) is looked at."""
+MARK_CHECK_MIN_S, MARK_CHECK_MAX_S = 0.1, 0.25
+"""Between two polls a job's end mark (a local file, see PollSchedule) is looked at every eighth of
+a step, within these bounds: every 0.1 s while the steps are short, every 0.25 s once they are long
+(64 shard watches on a shared filesystem: 256 ``stat`` calls a second, not 640)."""
 
 
 # ---------------------------------------------------------------------------------------- prepare
@@ -406,8 +408,8 @@ class PollSchedule:
     seconds, cut short, and started over, when ``mark`` changes. The mark is a file the job writes
     as it ends (the manifest, which the last shard writes as it commits; a shard's DONE marker), so
     an end is seen at once instead of up to a whole step late. It is one file in the local job
-    folder, looked at every MARK_CHECK_S; None (or a ledger kept in object storage, where the
-    marker is not a local file) means no early wake-up.
+    folder, looked at every MARK_CHECK_MIN_S to MARK_CHECK_MAX_S; None (or a ledger kept in object
+    storage, where the marker is not a local file) means no early wake-up.
     """
 
     def __init__(self, mark: Path | None = None, *, most: float = POLL_MAX_S, stop: threading.Event | None = None):
@@ -418,9 +420,10 @@ class PollSchedule:
     def wait(self) -> bool:
         """Wait one step (or less, when the mark changes); False when ``stop`` was set."""
         end = time.monotonic() + self.step
+        look = min(max(MARK_CHECK_MIN_S, self.step / 8), MARK_CHECK_MAX_S) if self.mark is not None else self.step
         self.step = min(self.step * 1.5, self.most)
         while (left := end - time.monotonic()) > 0:
-            if self.stop.wait(left if self.mark is None else min(MARK_CHECK_S, left)):
+            if self.stop.wait(min(look, left)):
                 return False
             if (now := _mtime(self.mark)) != self.seen:
                 self.seen, self.step = now, min(POLL_MIN_S, self.most)
