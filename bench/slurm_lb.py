@@ -34,6 +34,9 @@ from typing import Any
 import aiohttp
 import psutil
 
+BENCH_KEY = "bench-lb-key"
+"""The swarm's API key: a Slurm swarm without one gets a generated key that every request must carry."""
+
 
 async def closed_loop(urls: list[str], concurrency: int, seconds: float, model: str) -> tuple[float, int]:
     """Rows/s and errors of ``concurrency`` workers posting chat completions for ``seconds``."""
@@ -41,7 +44,9 @@ async def closed_loop(urls: list[str], concurrency: int, seconds: float, model: 
     done = errors = 0
     stop = time.monotonic() + seconds
     conn = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=60)) as session:
+    auth = {"Authorization": f"Bearer {BENCH_KEY}"}
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout, headers=auth) as session:
 
         async def worker(w: int) -> None:
             nonlocal done, errors
@@ -134,6 +139,7 @@ def swarm_config(replicas: int, latency_ms: float) -> Any:
         {
             "name": f"bench-{uuid.uuid4().hex[:6]}",
             "model": "stub-model",
+            "api_key": BENCH_KEY,
             "replicas": replicas,
             "gpus_per_replica": 0,
             "port": free_port_block(replicas),
@@ -171,6 +177,10 @@ def run(args: argparse.Namespace, latency_ms: float) -> dict[str, Any]:
             for side, urls in sides if r % 2 == 0 else sides[::-1]:
                 got[side], err = measure(urls, args.concurrency, args.seconds, cfg.model_name)
                 errors += err
+            if not got["lb"] or not got["direct"]:
+                raise SystemExit(
+                    f"no request answered (LB {got['lb']:.0f} rows/s, direct {got['direct']:.0f}; {errors} errors)"
+                )
             lbs.append(got["lb"])
             directs.append(got["direct"])
             ratios.append(got["lb"] / got["direct"])
