@@ -40,6 +40,9 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+from demo import local_vllm_swarm  # noqa: E402  (the demo's swarm: examples/local-vllm.yaml)
+
 CACHE = Path(os.environ.get("PREFECT_SWARM_CACHE", "~/.cache/prefect-swarm")).expanduser()
 
 
@@ -99,16 +102,6 @@ def run_batch(src: Path, out: Path, engine: dict[str, Any], model: Path, python:
     return _figures("vllm run-batch", tokens, ok, end - ready[0], end - t0)
 
 
-def swarm_config(name: str, model: Path, python: Path) -> dict[str, Any]:
-    """``examples/local-vllm.yaml`` as a 1-replica swarm of ``model`` on a free port."""
-    from prefect_swarm.testing import free_port_block
-
-    cfg = yaml.safe_load((ROOT / "examples" / "local-vllm.yaml").read_text())
-    cfg.update(name=name, replicas=1, port=free_port_block(1), model=str(model))
-    cfg["engine"]["python"] = str(python)
-    return dict(cfg)
-
-
 def swarm_run(
     src: Path, out: Path, model: Path, python: Path, concurrency: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -119,7 +112,7 @@ def swarm_run(
     from prefect_swarm.paths import read_json
     from prefect_swarm.swarm import Swarm
 
-    cfg = swarm_config("vs-run-batch", model, python)
+    cfg = local_vllm_swarm("vs-run-batch", 1, model, python)
     t0 = time.monotonic()
     with Swarm(SwarmConfig.model_validate(cfg)) as swarm:
         started, started_wall = time.monotonic(), time.time()
@@ -152,7 +145,7 @@ def flow_run(src: Path, out: Path, model: Path, python: Path, concurrency: int) 
 
     job = {"job": "openai-batch", "concurrency": concurrency, "max_failed_fraction": 0.0}
     state = batch_inference(
-        swarm_config("vs-run-batch-flow", model, python), job, str(src), str(out), return_state=True
+        local_vllm_swarm("vs-run-batch-flow", 1, model, python), job, str(src), str(out), return_state=True
     )
     if not state.is_completed():
         raise SystemExit(f"the batch_inference run ended {state.name}: {state.message}")

@@ -29,13 +29,20 @@ HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("PREFECT_SWARM_CACHE", "~/.cache/prefect-swarm")).expanduser()
 
 
+def local_vllm_swarm(
+    name: str, replicas: int, model: Path, vllm_python: Path, port: int | None = None
+) -> dict[str, Any]:
+    """``examples/local-vllm.yaml`` as swarm ``name``: ``replicas`` engines of ``model`` run by
+    ``vllm_python``, on ports from ``port`` (default: a free block)."""
+    cfg = yaml.safe_load((HERE / "local-vllm.yaml").read_text())
+    cfg.update(name=name, replicas=replicas, port=port or free_port_block(replicas), model=str(model))
+    cfg["engine"]["python"] = str(vllm_python)
+    return dict(cfg)
+
+
 def demo_swarm(args: argparse.Namespace) -> dict[str, Any]:
     """``examples/local-vllm.yaml`` with the demo's name, replicas, port and paths."""
-    cfg = yaml.safe_load((HERE / "local-vllm.yaml").read_text())
-    cfg.update(name="demo", replicas=args.replicas, port=args.port or free_port_block(args.replicas))
-    cfg["model"] = str(args.model)
-    cfg["engine"]["python"] = str(args.vllm_python)
-    return dict(cfg)
+    return local_vllm_swarm("demo", args.replicas, args.model, args.vllm_python, args.port)
 
 
 def sample_dataset(path: Path, rows: int) -> Path:

@@ -583,7 +583,7 @@ def wait_job(
     mark = JobSpec.model_validate(rec.spec).paths.manifest if "input" in rec.spec else None
     schedule = PollSchedule(mark, most=poll_s)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    budget = _job_budget(job_id, store)
+    budget = _job_budget(rec, store)
     while True:
         doc = job_status(job_id, store=store)
         if on_progress:
@@ -604,9 +604,8 @@ def wait_job(
     return doc
 
 
-def _job_budget(job_id: str, store: StateStore) -> tuple[Swarm, BudgetGuard] | None:
+def _job_budget(rec: JobRecord, store: StateStore) -> tuple[Swarm, BudgetGuard] | None:
     """The job's swarm and its budget guard; None when the swarm has no budget."""
-    rec = store.require_job(job_id)
     swarm_rec = store.get_swarm(rec.swarm) if rec.swarm else None
     if swarm_rec is None or not recorded_cost(swarm_rec.config).capped:
         return None
