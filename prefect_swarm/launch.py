@@ -51,6 +51,13 @@ MARK_CHECK_MIN_S, MARK_CHECK_MAX_S = 0.1, 0.25
 """Between two polls a job's end mark (a local file, see PollSchedule) is looked at every eighth of
 a step, within these bounds: every 0.1 s while the steps are short, every 0.25 s once they are long
 (64 shard watches on a shared filesystem: 256 ``stat`` calls a second, not 640)."""
+WATCH_MIN_S, WATCH_MAX_S = 0.5, 10.0
+"""Steps of a job's watcher (:class:`JobWatcher`: one batched probe of every shard it watches):
+growing from WATCH_MIN_S to WATCH_MAX_S, back to WATCH_MIN_S when a shard writes its end mark (never
+two probes closer than WATCH_MIN_S). The scheduler calls of a job do not grow with its shards: one
+batch a step."""
+MARK_STATS_PER_S = 256.0
+"""Shards of one job look at their end marks at most this often together (a shared filesystem)."""
 
 
 # ---------------------------------------------------------------------------------------- prepare
@@ -79,25 +86,29 @@ def for_swarm(spec: JobSpec, swarm: Swarm, *, retry_failed: bool = False) -> Job
     )
 
 
-def locate_job(spec: JobSpec, swarm_name: str | None = None) -> JobSpec:
-    """``spec`` with its job id, job dir and swarm filled (nothing is written)."""
+def locate_job(spec: JobSpec, swarm_name: str | None = None, *, run_dir: str | None = None) -> JobSpec:
+    """``spec`` with its job id, job dir and swarm filled (nothing is written). A job on a swarm lives
+    in the swarm's folder (``run_dir``: the swarm's :attr:`SwarmConfig.run_dir`, see SwarmPaths.of)."""
+    spec = spec.resolved()  # relative paths mean this host's working folder, not the shard's
     swarm_name = swarm_name or spec.swarm
     fingerprint = job_fingerprint(spec)  # opens the dataset: an unreadable input fails here
     job_id = spec.job_id or job_id_for(swarm_name, spec, fingerprint)
     job_dir = spec.job_dir or str(
-        SwarmPaths.for_swarm(swarm_name).job_dir(job_id) if swarm_name else JobPaths.standalone(job_id).root
+        SwarmPaths.of(swarm_name, run_dir).job_dir(job_id) if swarm_name else JobPaths.standalone(job_id).root
     )
     return spec.model_copy(update={"job_id": job_id, "job_dir": job_dir, "swarm": swarm_name})
 
 
-def prepare_job(spec: JobSpec, swarm_name: str | None = None, *, overwrite: bool = False) -> JobSpec:
+def prepare_job(
+    spec: JobSpec, swarm_name: str | None = None, *, overwrite: bool = False, run_dir: str | None = None
+) -> JobSpec:
     """Validate the job class and the dataset, fill the job id and job dir, write ``spec.json``.
 
     Every refusal (bad job class or kwargs, missing column, duplicate ids, unreadable file) happens
     here, before anything is submitted and before anything is written. ``overwrite`` discards an
     existing ledger.
     """
-    spec = locate_job(spec, swarm_name)
+    spec = locate_job(spec, swarm_name, run_dir=run_dir)
     validate_input(spec)
     if not overwrite:
         check_resume(spec)  # a refused resubmit changes nothing: no spec.json, no record
@@ -133,9 +144,11 @@ def plan_job(
     overwrite: bool = False,
     flow_run_id: str | None = None,
     store: StateStore | None = None,
+    run_dir: str | None = None,
 ) -> JobPlan:
-    """Prepare ``spec``, record the job, and read which shards are pending (before any GPU is asked for)."""
-    spec = prepare_job(spec, swarm_name, overwrite=overwrite)
+    """Prepare ``spec``, record the job, and read which shards are pending (before any GPU is asked for);
+    ``run_dir``: the swarm's (its job folder lives there, see :func:`locate_job`)."""
+    spec = prepare_job(spec, swarm_name, overwrite=overwrite, run_dir=run_dir)
     fingerprint = job_fingerprint(spec)
     pending = pending_shards(spec)
     record_job(spec, store=store, flow_run_id=flow_run_id)
@@ -232,7 +245,7 @@ def submit_job(
     with ``detach=False`` it waits for those processes. ``overwrite`` on a running job is refused.
     """
     store = store or StateStore()
-    spec = locate_job(for_swarm(spec, swarm, retry_failed=retry_failed), swarm.cfg.name)
+    spec = locate_job(for_swarm(spec, swarm, retry_failed=retry_failed), swarm.cfg.name, run_dir=swarm.cfg.run_dir)
     assert spec.job_id is not None
     running = running_submissions(spec.job_id, store=store)
     if running:
@@ -248,7 +261,7 @@ def submit_job(
         if not detach:
             wait_job(spec.job_id, commit=commit is not False and shard_ids is None, store=store)
         return store.require_job(spec.job_id)
-    plan = plan_job(spec, swarm.cfg.name, overwrite=overwrite, store=store)
+    plan = plan_job(spec, swarm.cfg.name, overwrite=overwrite, store=store, run_dir=swarm.cfg.run_dir)
     spec = plan.spec
     assert spec.job_id is not None
     todo = sorted(set(shard_ids)) if shard_ids is not None else plan.pending
@@ -327,21 +340,19 @@ class ShardWatch:
         return self.handle
 
     def watch(self, stop: threading.Event | None = None, on_step: Callable[[], None] | None = None) -> JobProbe:
-        """Poll until the process ends; return its last probe. Raises :class:`ShardStopped` (after
-        cancelling the process) when ``stop`` is set first."""
+        """Wait until the process ends; return its last probe. Raises :class:`ShardStopped` (after
+        cancelling the process) when ``stop`` is set first, BudgetReached past the swarm's budget.
+
+        The shard is watched by its job's one :class:`JobWatcher` in this process (one batched
+        probe for all of the job's shards, one budget check), not by a poll of its own."""
         handle = self.handle or self.submit()
-        guard = budget_guard(self.swarm)
-
-        def step() -> None:
-            guard.check()  # BudgetReached: the process is cancelled below (it flushes, exits 75)
-            if on_step is not None:
-                on_step()
-
+        assert self.spec.job_id is not None
+        watcher = JobWatcher.of(self.spec.job_id, self.compute, lambda: budget_guard(self.swarm))
         try:
-            return poll_until_finished(
-                lambda: self.compute.probe(handle),
+            return watcher.wait(
+                handle,
                 stop=stop,
-                on_step=step,
+                on_step=on_step,
                 what=f"shard {self.shard}",
                 mark=self.spec.paths.shard(self.shard).done_marker,
             )
@@ -361,6 +372,129 @@ class ShardWatch:
             raise CapacityError(f"shard {i} of job {spec.job_id} was preempted (exit 75); retrying resumes it.")
         state = status.value if status else "UNKNOWN"
         raise JobError(f"shard {i} of job {spec.job_id} ended {state} (exit {code}).\n{tail}")
+
+
+class JobWatcher:
+    """The one watcher of a job in this process: every shard task of a flow run waits on it.
+
+    A thread probes every handle it watches with ONE :meth:`ComputeBackend.probe_many` call a step
+    (Slurm: one ``squeue`` and at most one ``sacct`` per allocation, whatever the number of shards),
+    checks the swarm's budget once, and wakes the waiters; steps grow from WATCH_MIN_S to
+    WATCH_MAX_S and start over when a shard writes its end mark. The thread ends when nothing is
+    watched. Progress is never asked of the scheduler: it is in the shards' own files.
+    """
+
+    _all: dict[str, JobWatcher] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, compute: ComputeBackend, guard: BudgetGuard | None) -> None:
+        self.compute, self.guard = compute, guard
+        self.cond = threading.Condition()
+        self.handles: dict[int, JobHandle] = {}
+        self.probes: dict[int, JobProbe] = {}
+        self.generation = 0
+        self.error: BaseException | None = None
+        self.nudge = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.rounds = 0
+        """Batched probes made (read by tests)."""
+        self._next = 0
+
+    @classmethod
+    def of(cls, job_id: str, compute: ComputeBackend, guard: Callable[[], BudgetGuard] | None = None) -> JobWatcher:
+        """The watcher of job ``job_id`` in this process (made with ``compute`` and ``guard()`` the first time)."""
+        with cls._lock:
+            watcher = cls._all.get(job_id)
+            if watcher is None:
+                watcher = cls._all[job_id] = cls(compute, guard() if guard is not None else None)
+            return watcher
+
+    def add(self, handle: JobHandle) -> int:
+        """Watch ``handle``; returns its token."""
+        with self.cond:
+            self._next += 1
+            self.handles[self._next] = handle
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="prefect-swarm-job-watcher", daemon=True)
+                self.thread.start()
+            return self._next
+
+    def remove(self, token: int) -> None:
+        """Stop watching one handle."""
+        with self.cond:
+            self.handles.pop(token, None)
+            self.probes.pop(token, None)
+            last = not self.handles
+        if last:
+            self.nudge.set()  # the thread ends now, not a long step later
+
+    def _run(self) -> None:
+        step = WATCH_MIN_S
+        while True:
+            if self.nudge.wait(step):
+                self.nudge.clear()
+                step = WATCH_MIN_S
+                time.sleep(WATCH_MIN_S)  # a burst of end marks is one probe, never a fast poll
+            else:
+                step = min(step * 1.5, WATCH_MAX_S)
+            with self.cond:
+                if not self.handles:
+                    self.thread = None
+                    return
+                tokens, handles = list(self.handles), list(self.handles.values())
+            probes = self.compute.probe_many(handles)
+            error = self._check_budget()
+            with self.cond:
+                self.rounds += 1
+                self.probes.update((t, p) for t, p in zip(tokens, probes, strict=True) if t in self.handles)
+                self.error = self.error or error
+                self.generation += 1
+                self.cond.notify_all()
+
+    def _check_budget(self) -> BaseException | None:
+        try:
+            if self.guard is not None:
+                self.guard.check()
+        except BudgetReached as exc:
+            return exc
+        return None
+
+    def wait(
+        self,
+        handle: JobHandle,
+        *,
+        stop: threading.Event | None = None,
+        on_step: Callable[[], None] | None = None,
+        what: str = "job",
+        mark: Path | None = None,
+    ) -> JobProbe:
+        """Until ``handle`` has finished: its last probe. ``on_step`` runs in the caller's thread after
+        each batched probe; ``stop`` set raises ShardStopped; past the budget raises BudgetReached.
+        ``mark`` (the shard's end mark) changing wakes the watcher at once."""
+        token, seen, seen_mark = self.add(handle), -1, _mtime(mark)
+        stop = stop or threading.Event()
+        try:
+            while True:
+                look = max(MARK_CHECK_MAX_S, len(self.handles) / MARK_STATS_PER_S)
+                with self.cond:
+                    if self.generation == seen and self.error is None:
+                        self.cond.wait(timeout=look)
+                    generation, probe, error = self.generation, self.probes.get(token), self.error
+                if error is not None:
+                    raise error
+                if stop.is_set():
+                    raise ShardStopped(f"{what}: the run is ending")
+                if generation != seen and probe is not None:
+                    seen = generation
+                    if probe.status is not None and probe.status.finished:
+                        return probe
+                    if on_step is not None:
+                        on_step()
+                if (now := _mtime(mark)) != seen_mark:
+                    seen_mark = now
+                    self.nudge.set()
+        finally:
+            self.remove(token)
 
 
 def budget_guard(swarm: Swarm) -> BudgetGuard:
@@ -443,45 +577,82 @@ def shard_summary(spec: JobSpec, shard: int, how: str) -> dict[str, Any]:
     return {**shard_progress(spec, shard), "shard": shard, "how": how}
 
 
-def shard_log_tail(spec: JobSpec, shard: int, lines: int = 20) -> str:
-    """The end of shard ``shard``'s process log, for error messages ('' when there is none)."""
-    for path in (spec.paths.shard(shard).log, spec.paths.log(shard)):
+def shard_log(spec: JobSpec, shard: int, lines: int = 20) -> tuple[Path, str]:
+    """Shard ``shard``'s process log and its last ``lines`` lines: the job log in its ledger, else
+    the process's stdout+stderr (where a process that died before its ledger opened wrote)."""
+    candidates = (spec.paths.shard(shard).log, spec.paths.log(shard))
+    for path in candidates:
         tail = read_tail(path, lines)
         if tail:
-            return f"log tail ({path}):\n{tail}"
-    return ""
+            return path, tail
+    return candidates[-1], ""
+
+
+def shard_log_tail(spec: JobSpec, shard: int, lines: int = 20) -> str:
+    """The end of shard ``shard``'s process log, for error messages ('' when there is none)."""
+    path, tail = shard_log(spec, shard, lines)
+    return f"log tail ({path}):\n{tail}" if tail else ""
+
+
+def shard_failures(spec: JobSpec, probes: list[dict[str, Any]], lines: int = 5) -> list[dict[str, Any]]:
+    """Why each unfinished shard of an ended job stopped: how its process ended (the backend's
+    probe of the submission that ran it), its log's path and last ``lines`` lines."""
+    out = []
+    for shard in pending_shards(spec.model_copy(update={"retry_failed": False})):
+        probe: dict[str, Any] = next((p for p in reversed(probes) if shard in (p.get("shards") or [])), {})
+        code = probe.get("exit_code")
+        ended = f"{probe.get('status') or 'ended'}" + (f" (exit {code})" if code is not None else "")
+        if code == EXIT_BAD_INPUT:
+            ended += ": it refused its input"
+        path, tail = shard_log(spec, shard, lines)
+        out.append({"shard": shard, "reason": ended, "detail": probe.get("detail"), "log": str(path), "tail": tail})
+    return out
 
 
 # ------------------------------------------------------------------------------ status of a job
-def _probe_all(rec: JobRecord) -> list[dict[str, Any]]:
-    """The compute backend's view of each submission (never raises: errors are 'could not tell')."""
-    subs = (rec.handle or {}).get("submissions", [])
+def latest_submissions(subs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The submissions that may still matter: for each shard the latest one that ran it (a retry
+    supersedes the attempts before it); a script job's latest one. Oldest first."""
+    latest: dict[int | None, int] = {}
+    for k, sub in enumerate(subs):
+        for shard in sub.get("shards") or [None]:
+            latest[shard] = k
+    return [subs[k] for k in sorted(set(latest.values()))]
+
+
+def _probe_all(rec: JobRecord, compute: ComputeBackend | None = None) -> list[dict[str, Any]]:
+    """The compute backend's view of the job's latest submissions (:func:`latest_submissions`), in
+    one batched :meth:`~ComputeBackend.probe_many` (never raises: errors are 'could not tell')."""
+    subs = latest_submissions((rec.handle or {}).get("submissions", []))
     if not subs or not rec.swarm:
         return []
     try:
-        from prefect_swarm.swarm import Swarm
+        if compute is None:
+            from prefect_swarm.swarm import Swarm
 
-        compute = Swarm.from_state(rec.swarm).compute
+            compute = Swarm.from_state(rec.swarm).compute
+        probes = compute.probe_many([JobHandle.from_dict(sub) for sub in subs])
     except Exception as exc:
-        return [{"id": s.get("id"), "status": None, "error": f"cannot reach swarm '{rec.swarm}': {exc}"} for s in subs]
-    out = []
-    for sub in subs:
-        try:
-            p = compute.probe(JobHandle.from_dict(sub))
-        except Exception as exc:
-            out.append({"id": sub.get("id"), "shards": sub.get("shards"), "status": None, "error": str(exc)})
-            continue
-        out.append(
+        return [
             {
-                "id": sub.get("id"),
-                "shards": sub.get("shards"),
-                "status": p.status.value if p.status else None,
-                "exit_code": p.exit_code,
-                "error": p.error,
-                "detail": p.detail,
+                "id": s.get("id"),
+                "shards": s.get("shards"),
+                "status": None,
+                "error": f"cannot ask swarm '{rec.swarm}': {exc}",
             }
-        )
-    return out
+            for s in subs
+        ]
+    return [
+        {
+            "id": sub.get("id"),
+            "shards": sub.get("shards"),
+            "status": p.status.value if p.status else None,
+            "exit_code": p.exit_code,
+            "error": p.error,
+            "detail": p.detail,
+        }
+        for sub, p in zip(subs, probes, strict=True)
+    ]
 
 
 def _overall(
@@ -518,17 +689,19 @@ def verdict_of(spec: JobSpec, manifest: dict[str, Any]) -> Verdict:
     return manifest_verdict(manifest, spec.max_failed_fraction)
 
 
-def job_status(job_id: str, *, refresh: bool = True, store: StateStore | None = None) -> dict[str, Any]:
+def job_status(
+    job_id: str, *, refresh: bool = True, store: StateStore | None = None, compute: ComputeBackend | None = None
+) -> dict[str, Any]:
     """The job now: status, per-shard progress, the backend's view; the state row is updated.
 
     ``SUCCEEDED`` means every shard is done and, once committed, that the failed fraction is within
     ``max_failed_fraction`` (``verdict``: counts, threshold, failed-rows file; null until committed);
     ``committed`` says whether the output is written and current. With ``refresh=False`` the compute
-    backend is not asked (ledger files only).
+    backend is not asked (ledger files only); ``compute``: the swarm's, when the caller holds it.
     """
     store = store or StateStore()
     rec = store.require_job(job_id)
-    probes = _probe_all(rec) if refresh else []
+    probes = _probe_all(rec, compute) if refresh else []
     base = {
         "id": job_id,
         "swarm": rec.swarm,
@@ -545,6 +718,7 @@ def job_status(job_id: str, *, refresh: bool = True, store: StateStore | None = 
     progress = job_progress(spec)
     status, committed, manifest = _overall(spec, probes, rec.status)
     verdict = verdict_of(spec, manifest) if committed and manifest else None
+    failures = shard_failures(spec, probes) if status is JobStatus.FAILED and not committed else []
     store.update_job(job_id, status=status, progress={k: v for k, v in progress.items() if k != "shards"})
     swarm_rec = store.get_swarm(rec.swarm) if rec.swarm else None
     return {
@@ -557,6 +731,7 @@ def job_status(job_id: str, *, refresh: bool = True, store: StateStore | None = 
         "job_dir": spec.job_dir,
         "progress": progress,
         "manifest": manifest if committed else None,
+        "failures": failures,
         "cost": job_cost(progress, swarm_rec.config if swarm_rec else None),
         "verdict": {**asdict(verdict), "failed_fraction": verdict.failed_fraction, "message": verdict.message()}
         if verdict
@@ -584,8 +759,9 @@ def wait_job(
     schedule = PollSchedule(mark, most=poll_s)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     budget = _job_budget(rec, store)
+    compute = _job_compute(rec)
     while True:
-        doc = job_status(job_id, store=store)
+        doc = job_status(job_id, store=store, compute=compute)
         if on_progress:
             on_progress(doc)
         if JobStatus(doc["status"]) not in ACTIVE:
@@ -602,6 +778,18 @@ def wait_job(
         commit_job(job_id, store=store)
         doc = job_status(job_id, refresh=False, store=store)
     return doc
+
+
+def _job_compute(rec: JobRecord) -> ComputeBackend | None:
+    """The compute backend of the job's swarm, made once for a whole wait (None: job_status says why)."""
+    if not rec.swarm:
+        return None
+    try:
+        from prefect_swarm.swarm import Swarm
+
+        return Swarm.from_state(rec.swarm).compute
+    except Exception:
+        return None
 
 
 def _job_budget(rec: JobRecord, store: StateStore) -> tuple[Swarm, BudgetGuard] | None:

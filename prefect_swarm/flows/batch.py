@@ -18,6 +18,7 @@ from prefect_swarm.config.swarm import Sharing
 from prefect_swarm.exceptions import BudgetReached
 from prefect_swarm.flows.hooks import teardown_hook
 from prefect_swarm.flows.params import (
+    TASK_THREADS,
     InputArg,
     JobArg,
     MaxCostArg,
@@ -40,7 +41,7 @@ from prefect_swarm.tasks.swarm import block_ref, resolve_swarm, swarm_up, swarm_
     name="batch-inference",
     persist_result=True,
     result_storage=flow_result_storage(),  # PREFECT_SWARM_RESULT_STORAGE, else $PREFECT_SWARM_HOME/prefect-results
-    task_runner=ThreadPoolTaskRunner(max_workers=64),  # type: ignore[arg-type]
+    task_runner=ThreadPoolTaskRunner(max_workers=TASK_THREADS),  # type: ignore[arg-type]
     on_cancellation=[teardown_hook],
     on_crashed=[teardown_hook],
 )
@@ -84,7 +85,7 @@ def batch_inference(
     cfg = resolve_swarm(swarm)
     budget = run_budget(cfg, max_gpu_hours, max_cost_usd)
     reap_quietly()
-    plan = plan_shards(job_spec(cfg, job, input, output, shards, max_failed_fraction), cfg.name)
+    plan = plan_shards(job_spec(cfg, job, input, output, shards, max_failed_fraction), cfg.name, cfg.run_dir)
     label_run(cfg.name, plan.spec.job_id)  # the flow run's tags; its task runs carry none (see label_run)
     up_at = None
     with swarm_use(cfg, sharing), run_stop_event():

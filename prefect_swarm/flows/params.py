@@ -121,7 +121,12 @@ mapping, pydantic's smart union picks the exact type)."""
 JobArg = JobOptions | str
 InputArg = Annotated[str, Field(min_length=1)]
 OutputArg = Annotated[str, Field(min_length=1)]
-ShardsArg = Annotated[int, Field(ge=1, le=10_000)]
+MAX_SHARDS = 10_000
+"""Most shards a flow run maps (one shard task each)."""
+TASK_THREADS = MAX_SHARDS + 8
+"""Threads of a job flow's task runner: every shard task at once (they wait on their job's one
+watcher, see launch.JobWatcher, and cost no scheduler call each), plus the flow's other tasks."""
+ShardsArg = Annotated[int, Field(ge=1, le=MAX_SHARDS)]
 MaxFailedArg = Annotated[float | None, Field(ge=0.0, le=1.0)]
 MaxGpuHoursArg = Annotated[float | None, Field(gt=0.0)]
 MaxCostArg = Annotated[float | None, Field(ge=0.0)]

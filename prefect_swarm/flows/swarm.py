@@ -12,7 +12,16 @@ from pydantic import Field
 
 from prefect_swarm.exceptions import StateError
 from prefect_swarm.flows.hooks import teardown_hook
-from prefect_swarm.flows.params import InputArg, JobArg, MaxFailedArg, OutputArg, ShardsArg, SwarmArg, job_spec
+from prefect_swarm.flows.params import (
+    TASK_THREADS,
+    InputArg,
+    JobArg,
+    MaxFailedArg,
+    OutputArg,
+    ShardsArg,
+    SwarmArg,
+    job_spec,
+)
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import flow_run_lease, flow_run_owner, keep_lease
 from prefect_swarm.tasks._common import current_flow_run_id, flow_result_storage, label_run, run_stop_event
@@ -73,7 +82,7 @@ def swarm_down(
     name="run-job",
     persist_result=True,
     result_storage=flow_result_storage(),  # PREFECT_SWARM_RESULT_STORAGE, else $PREFECT_SWARM_HOME/prefect-results
-    task_runner=ThreadPoolTaskRunner(max_workers=64),  # type: ignore[arg-type]
+    task_runner=ThreadPoolTaskRunner(max_workers=TASK_THREADS),  # type: ignore[arg-type]
     on_cancellation=[teardown_hook],
     on_crashed=[teardown_hook],
 )
@@ -100,7 +109,7 @@ def run_job(
     live = reattach(name, StateStore())
     if live.handle is None:
         raise StateError(f"swarm '{name}' has no handle: it was never brought up. `prefect-swarm up` it first.")
-    plan = plan_shards(job_spec(live.cfg, job, input, output, shards, max_failed_fraction), name)
+    plan = plan_shards(job_spec(live.cfg, job, input, output, shards, max_failed_fraction), name, live.cfg.run_dir)
     label_run(name, plan.spec.job_id)
     run_id = current_flow_run_id()
     store = live.store

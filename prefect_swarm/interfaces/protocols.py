@@ -73,6 +73,11 @@ class ServingBackend(Protocol):
         safe on a half-launched swarm."""
         ...
 
+    def client_key(self) -> str | None:
+        """The key this swarm's clients send (``Authorization: Bearer``) on every route: ``api_key``, or the
+        key the backend generated for the swarm (Slurm); None for an open endpoint. Never logged."""
+        ...
+
     def metrics_targets(self, handle: ServingHandle) -> MetricsTargets:
         """Where each replica engine's ``/metrics`` is now (the file_sd list the backend keeps in the
         swarm folder); a backend that cannot tell answers no targets and a ``reason``. Never blocks."""
@@ -106,6 +111,12 @@ class ComputeBackend(Protocol):
 
     def probe(self, handle: JobHandle) -> JobProbe:
         """Look at the job now. Never blocks; ``error`` set means "could not tell", not "failed"."""
+        ...
+
+    def probe_many(self, handles: Sequence[JobHandle]) -> list[JobProbe]:
+        """:meth:`probe` of every handle, in order, with as few scheduler calls as the backend can
+        (Slurm: one ``squeue`` and at most one ``sacct`` for all of a job's steps, however many
+        shards): what a job's one watcher calls. Never blocks, never raises."""
         ...
 
     def wait(self, handle: JobHandle, stream_logs: bool = False, poll_s: float = 1.0) -> JobStatus:
@@ -151,6 +162,16 @@ class ComputeBase(abc.ABC):
     @abc.abstractmethod
     def _follow(self, handle: JobHandle) -> Follow:
         """What ``wait(stream_logs=True)`` calls after each look: prints the job's new output."""
+
+    def probe_many(self, handles: Sequence[JobHandle]) -> list[JobProbe]:
+        """See :meth:`ComputeBackend.probe_many`: one :meth:`probe` per handle unless the backend batches."""
+        out = []
+        for handle in handles:
+            try:
+                out.append(self.probe(handle))
+            except Exception as exc:  # "could not tell" is not "failed"
+                out.append(JobProbe(None, error=f"probe failed: {exc}"))
+        return out
 
     def submit(self, request: JobRequest) -> JobHandle:
         """See :meth:`ComputeBackend.submit`."""

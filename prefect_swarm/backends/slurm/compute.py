@@ -6,9 +6,14 @@ job there is no endpoint: submit refuses at once (ReadinessError) rather than st
 would send every row to a dead address.
 
 * n shards = n steps (fan-out); each resumes from its ledger, which the job process owns.
-* The external id is ``jobid.stepid`` (comma-joined for a fan-out): any process can probe, wait
-  for or cancel it. Probe: squeue first, then sacct (which lags ~0.5 s): neither knowing the step
-  is "could not tell" (``JobProbe.error``), never "failed".
+* Submit starts the ``srun`` processes and returns: it asks Slurm nothing per step. A step is
+  known by its name (``meta.step_names``, unique per submission); the external id is
+  ``<jobid>:<name of the first step>``. Any process can probe, wait for or cancel it.
+* Probe: one ``squeue`` for the running steps of the allocation, then (only for steps no longer
+  running) one ``sacct`` (which lags ~0.5 s) -- per allocation, however many handles and shards
+  :meth:`SlurmCompute.probe_many` is given (a job's one watcher). Neither knowing a step is "could
+  not tell" (``JobProbe.error``), never "failed"; a step that never showed up in either within
+  ``STEP_APPEAR_S`` of its start did not start (srun's error is in the step log): FAILED.
 * Environment: srun's own process environment with ``--export=ALL`` -- values with commas, quotes
   or newlines arrive intact, and secrets appear in no printed command and no file.
 * With ``backend.jobs`` each shard is an sbatch job of its own instead (``psw-<swarm>.<job>-...``,
@@ -32,22 +37,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.common import LogFollower, head_url, start_logged
-from prefect_swarm.backends.slurm import identity, render
+from prefect_swarm.backends.slurm import identity, members, render
 from prefect_swarm.backends.slurm.client import AcctEntry, QueueEntry, SlurmClient, clean_env
 from prefect_swarm.exceptions import BackendError, CapacityError, ReadinessError
 from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus, jobenv
 from prefect_swarm.interfaces.types import coerce_job_status
-from prefect_swarm.paths import JobPaths
+from prefect_swarm.paths import JobPaths, SwarmPaths, read_json
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
     from prefect_swarm.interfaces import ServingHandle
-    from prefect_swarm.paths import SwarmPaths
 
 STEP_APPEAR_S = 60.0
-"""How long submit waits for a started srun to show up as a step."""
+"""How long a started srun may take to show up as a step (in squeue or sacct) before it counts as failed."""
 TARGET_POLL_S = 1.0
 """How often submit asks squeue while the swarm's jobs are still starting."""
+TARGET_REUSE_S = 30.0
+"""A running LB job found by one submit is reused by the next ones of this process for that long
+(the flow submits one shard per task: 512 shards are not 512 ``squeue`` calls)."""
+_TARGETS: dict[str, tuple[str, float]] = {}
+"""LB job name -> (raw job id, monotonic time it was seen running with its head file)."""
 CANCEL_GRACE_S = 20.0
 """cancel(): how long steps get after TERM to flush their ledgers before they are killed."""
 LB_HEAD_WAIT_S = 60.0
@@ -75,6 +84,8 @@ class SlurmCompute(ComputeBase):
         self.serving = serving_handle
         self.client = client or SlurmClient()
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._sids: dict[str, str] = {}
+        """Step name -> ``jobid.stepid``, as squeue showed it (sacct then asks for just those steps)."""
 
     def job_runtime(self) -> JobRuntime:
         """``backend.job_python`` (else this interpreter) on the compute nodes; the swarm's env and home."""
@@ -96,6 +107,7 @@ class SlurmCompute(ComputeBase):
         token = secrets.token_hex(3)
         names, logs = [], []
         secret = self.job_secret_env(request)
+        started_at = time.time()
         for shard in request.shards():
             label = shard if request.sharded else "x"
             step_name = f"{render.JOB_PREFIX}{self.cfg.name}-{request.name}-{label}-{token}"
@@ -104,8 +116,7 @@ class SlurmCompute(ComputeBase):
             self._start(jobid, step_name, request.argv(shard), env, log, request.workdir)
             names.append(step_name)
             logs.append(str(log))
-        steps = [self._find_step(jobid, step_name) for step_name in names]
-        return _handle(request, steps, names, logs, jobid=jobid, steps=steps)
+        return _handle(request, [f"{jobid}:{names[0]}"], names, logs, jobid=jobid, started_at=started_at)
 
     def _launch_jobs(self, request: JobRequest) -> JobHandle:
         """One sbatch job per shard with ``backend.jobs`` resources (the swarm's LB runs: checked first)."""
@@ -141,6 +152,9 @@ class SlurmCompute(ComputeBase):
         No LB job in the queue: ReadinessError at once (exit 4), never steps against a dead endpoint.
         """
         names = render.job_names(self.cfg)
+        seen = _TARGETS.get(names.lb)
+        if seen is not None and time.monotonic() - seen[1] < TARGET_REUSE_S and head_url(self.paths.lb_head):
+            return seen[0]  # lb.head goes with its LB job (its script and a replacement remove it)
         queue_timeout = render.slurm_section(self.cfg).queue_timeout_s
         start = time.monotonic()
         deadline = start + queue_timeout
@@ -150,10 +164,17 @@ class SlurmCompute(ComputeBase):
             lb = next((e for e in entries if e.name == names.lb), None)
             now = time.monotonic()
             if lb is None:
+                if self._lb_replaced(entries) and now < deadline:
+                    time.sleep(TARGET_POLL_S)  # a replica task resubmits it within members.KEEP_LB_S
+                    continue
                 self._refuse(entries)
             elif lb.state == "RUNNING":
+                self._refuse_ending(lb)
                 head_deadline = head_deadline or now + LB_HEAD_WAIT_S
-                if head_url(self.paths.lb_head) or now >= head_deadline:
+                if head_url(self.paths.lb_head):
+                    _TARGETS[names.lb] = (lb.raw_id, now)
+                    return lb.raw_id
+                if now >= head_deadline:
                     return lb.raw_id
             elif lb.state not in _STARTING:
                 self._refuse(entries)
@@ -167,18 +188,37 @@ class SlurmCompute(ComputeBase):
                 )
             time.sleep(TARGET_POLL_S)
 
+    def _lb_replaced(self, entries: Sequence[QueueEntry]) -> bool:
+        """True while a replica task will resubmit the LB job that left the queue (see :mod:`members`)."""
+        record = read_json(self.paths.slurm_record, {}) or {}
+        live = any(e.state == "RUNNING" for e in entries)
+        return live and int(record.get("array_tasks") or 0) > 0 and not members.no_replacement(record, "lb")
+
+    def _refuse_ending(self, lb: QueueEntry) -> None:
+        """An LB job about to reach its time limit takes no new steps (Slurm would kill them)."""
+        if lb.time_left_s is not None and lb.time_left_s < render.slurm_section(self.cfg).ending_s:
+            raise ReadinessError(
+                f"the allocation of swarm '{self.cfg.name}' (LB job {lb.id}) reaches its time limit in "
+                f"{lb.time_left_s:.0f}s (backend.time_limit bounds the swarm's life); no job step was started.",
+                hint=f"`prefect-swarm up -c {SwarmPaths.for_swarm(self.cfg.name).config}` waits for it to end "
+                "and brings the swarm up again; `job submit --resubmit-on-preempt N` does the same by itself.",
+            )
+
     def _refuse(self, entries: Sequence[QueueEntry]) -> None:
         """The swarm has no live load balancer: nothing to send rows to."""
+        config = SwarmPaths.for_swarm(self.cfg.name).config
         if not entries:
             raise ReadinessError(
                 f"swarm '{self.cfg.name}' has no Slurm job in the queue to run job steps in.",
-                hint=f"`prefect-swarm status {self.cfg.name}`; bring it up with `prefect-swarm up`.",
+                hint=f"`prefect-swarm status {self.cfg.name}`; bring it up again with `prefect-swarm up -c {config}`.",
             )
+        stopped = ((read_json(self.paths.slurm_record, {}) or {}).get("stopped") or {}).get("reason")
         raise ReadinessError(
             f"the load balancer job of swarm '{self.cfg.name}' is not running, so the swarm has no endpoint "
-            f"({len(entries)} replica task(s) still queued); no job step was started.",
-            hint=f"`prefect-swarm up {self.cfg.name}` resubmits the load balancer and keeps the running "
-            "replicas; `prefect-swarm status` shows the swarm.",
+            f"({len(entries)} replica task(s) still queued){f'; the swarm is stopping: {stopped}' if stopped else ''}; "
+            "no job step was started.",
+            hint=f"`prefect-swarm up -c {config}` resubmits the load balancer and keeps the running "
+            f"replicas; `prefect-swarm status {self.cfg.name}` shows the swarm.",
         )
 
     def _log_path(self, workdir: str | None, shard: int | None, step_name: str) -> Path:
@@ -200,60 +240,76 @@ class SlurmCompute(ComputeBase):
             raise BackendError("srun not found", command=srun[:1], hint="install the Slurm client tools.") from exc
         self._procs[step_name] = proc
 
-    def _find_step(self, jobid: str, step_name: str) -> str:
-        """The ``jobid.stepid`` of the step named ``step_name`` (squeue, then sacct for quick ones)."""
-        deadline = time.monotonic() + STEP_APPEAR_S
-        proc = self._procs.get(step_name)
-        while time.monotonic() < deadline:
-            for sid, sname in self.client.steps(jobid).items():
-                if sname == step_name:
-                    return sid
-            try:
-                acct = self.client.sacct([jobid])
-            except BackendError:  # no accounting (sacct refuses): squeue alone finds the step
-                acct = []
-            for entry in acct:
-                if entry.name == step_name and "." in entry.id:
-                    return entry.id
-            if proc is not None and proc.poll() is not None and time.monotonic() > deadline - STEP_APPEAR_S + 5:
-                break
-            time.sleep(0.2)
-        raise BackendError(
-            f"step {step_name} did not appear in job {jobid} (srun exit code {proc.poll() if proc else 'unknown'}).",
-            hint="see the step log for srun's error.",
-        )
-
     # ------------------------------------------------------------------ probe / wait / cancel
     def probe(self, handle: JobHandle) -> JobProbe:
-        """squeue, then sacct, per step; aggregated over a fan-out. Never blocks."""
-        self._reap()
-        if handle.meta.get("mode") == "jobs":
-            return self._preempted(handle, self._probe_jobs(list(handle.meta.get("jobs") or handle.id.split(","))))
-        steps = list(handle.meta.get("steps") or handle.id.split(","))
-        jobid = str(handle.meta.get("jobid") or steps[0].split(".")[0])
-        try:
-            running = set(self.client.steps(jobid))
-            acct = (
-                {e.id: e for e in self.client.sacct([s for s in steps if s not in running])}
-                if (set(steps) - running)
-                else {}
-            )
-        except Exception as exc:  # "could not tell" is not "failed"
-            return JobProbe(None, error=f"cannot ask Slurm: {exc}")
-        cancelled = {s for s in steps if self.paths.step_cancelled(s).exists()}
-        return self._preempted(handle, _aggregate(steps, running, acct, cancelled))
+        """squeue, then sacct; aggregated over a fan-out. Never blocks."""
+        return self.probe_many([handle])[0]
 
-    def _probe_jobs(self, ids: list[str]) -> JobProbe:
-        """Shards run as jobs of their own: squeue, then sacct (the job's own line, not its steps)."""
+    def probe_many(self, handles: Sequence[JobHandle]) -> list[JobProbe]:
+        """Every handle's probe from one ``squeue`` per allocation (running steps) and at most one
+        ``sacct`` per allocation (the steps no longer running), whatever the number of shards."""
+        self._reap()
+        out: dict[int, JobProbe] = {}
+        jobs = [k for k, h in enumerate(handles) if h.meta.get("mode") == "jobs"]
+        if jobs:
+            for k, probe in zip(jobs, self._probe_jobs([handles[k] for k in jobs]), strict=True):
+                out[k] = self._preempted(handles[k], probe)
+        by_alloc: dict[str, list[int]] = {}
+        for k, h in enumerate(handles):
+            if h.meta.get("mode") != "jobs":
+                by_alloc.setdefault(_alloc(h), []).append(k)
+        for jobid, ks in by_alloc.items():
+            for k, probe in zip(ks, self._probe_steps(jobid, [handles[k] for k in ks]), strict=True):
+                out[k] = self._preempted(handles[k], probe)
+        return [out[k] for k in range(len(handles))]
+
+    def _probe_steps(self, jobid: str, handles: list[JobHandle]) -> list[JobProbe]:
+        """Steps of one allocation, known by name: running ones from squeue, the rest from sacct."""
+        for h in handles:  # handles written before steps were known by name carry their ids
+            self._sids.update(zip(_step_names(h), h.meta.get("steps") or [], strict=False))
+        try:
+            running = {name: sid for sid, name in self.client.steps(jobid).items()}
+            self._sids.update(running)
+            gone = [n for h in handles for n in _step_names(h) if n not in running]
+            acct, told = self._acct_steps(jobid, gone) if gone else ({}, True)
+        except Exception as exc:  # "could not tell" is not "failed"
+            return [JobProbe(None, error=f"cannot ask Slurm: {exc}") for _ in handles]
+        out = []
+        for h in handles:
+            names = _step_names(h)
+            cancelled = {n for n in names if self.paths.step_cancelled(n).exists()}
+            lost = set()
+            if told and time.time() - float(h.meta.get("started_at") or 0) > STEP_APPEAR_S:
+                lost = {n for n in names if n not in running and n not in acct and n not in self._sids}
+            out.append(_aggregate(names, set(running), acct, cancelled, lost=lost))
+        return out
+
+    def _acct_steps(self, jobid: str, names: list[str]) -> tuple[dict[str, AcctEntry], bool]:
+        """sacct of steps no longer running (by step id where known, else the whole allocation's
+        steps: one call either way), by step name; and whether accounting answered at all."""
+        sids = [self._sids.get(n) for n in names]
+        query = [sid for sid in sids if sid] if all(sids) else [jobid]
+        try:
+            entries = self.client.sacct(query)
+        except BackendError:  # no accounting (sacct refuses): cannot tell how the steps ended
+            return {}, False
+        wanted = set(names)
+        return {e.name: e for e in entries if "." in e.id and e.name in wanted}, True
+
+    def _probe_jobs(self, handles: list[JobHandle]) -> list[JobProbe]:
+        """Shards run as jobs of their own: one squeue, then one sacct (the jobs' own lines, not
+        their steps) for every handle."""
+        per = [list(h.meta.get("jobs") or h.id.split(",")) for h in handles]
+        ids = [i for group in per for i in group]
         try:
             queued = {e.raw_id: e.state for e in self.client.squeue(ids) if e.state in _QUEUED}
             rest = [i for i in ids if i not in queued]
             acct = {e.id: e for e in self.client.sacct(rest) if e.id in rest} if rest else {}
         except Exception as exc:  # "could not tell" is not "failed"
-            return JobProbe(None, error=f"cannot ask Slurm: {exc}")
+            return [JobProbe(None, error=f"cannot ask Slurm: {exc}") for _ in handles]
         cancelled = {i for i in ids if self.paths.step_cancelled(i).exists()}
         pending = {i for i, state in queued.items() if state in _STARTING}
-        return _aggregate(ids, set(queued), acct, cancelled, pending)
+        return [_aggregate(group, set(queued), acct, cancelled, pending) for group in per]
 
     def _preempted(self, handle: JobHandle, probe: JobProbe) -> JobProbe:
         """A job that ended with shards stopped by Slurm (USR1 before the time limit, preemption:
@@ -281,19 +337,23 @@ class SlurmCompute(ComputeBase):
         if handle.meta.get("mode") == "jobs":
             self._cancel_jobs(list(handle.meta.get("jobs") or handle.id.split(",")))
             return
-        steps = list(handle.meta.get("steps") or handle.id.split(","))
-        jobid = str(handle.meta.get("jobid") or steps[0].split(".")[0])
-        running = [s for s in steps if s in self.client.steps(jobid)]
+        jobid, names = _alloc(handle), set(_step_names(handle))
+
+        def live() -> list[str]:
+            return [sid for sid, name in self.client.steps(jobid).items() if name in names]
+
+        running = live()
         if running:
-            for step in running:
-                marker = self.paths.step_cancelled(step)
+            for name in names:
+                marker = self.paths.step_cancelled(name)
                 marker.parent.mkdir(parents=True, exist_ok=True)
                 marker.touch()
             self.client.scancel(running, signal="TERM")
-            end = time.monotonic() + CANCEL_GRACE_S
-            while time.monotonic() < end and set(running) & set(self.client.steps(jobid)):
-                time.sleep(0.5)
-            self.client.scancel([s for s in running if s in self.client.steps(jobid)])
+            end, left = time.monotonic() + CANCEL_GRACE_S, running
+            while left and time.monotonic() < end:
+                time.sleep(1.0)
+                left = live()
+            self.client.scancel(left)
         self._reap()
 
     def _cancel_jobs(self, ids: list[str]) -> None:
@@ -327,13 +387,19 @@ def _aggregate(
     acct: dict[str, AcctEntry],
     cancelled: set[str] | None = None,
     pending: set[str] | None = None,
+    *,
+    lost: set[str] | None = None,
 ) -> JobProbe:
+    """One probe of a submission's steps (or jobs): ``lost`` ones never started (FAILED)."""
     statuses: list[JobStatus] = []
     codes: list[int] = []
     unknown = []
     for step in steps:
         if step in running:
             statuses.append(JobStatus.PENDING if step in (pending or set()) else JobStatus.RUNNING)
+            continue
+        if step in (lost or set()):
+            statuses.append(JobStatus.FAILED)
             continue
         entry = acct.get(step)
         if entry is None:
@@ -352,6 +418,16 @@ def _aggregate(
     detail = ", ".join(f"{s}={st.value}" for s, st in zip(steps, statuses, strict=True))
     exit_code = max(codes, default=None) if all(st.finished for st in statuses) else None
     return JobProbe(JobStatus.combine(statuses), exit_code=exit_code, detail=detail)
+
+
+def _step_names(handle: JobHandle) -> list[str]:
+    """The names of a submission's steps (how probe and cancel find them)."""
+    return [str(n) for n in handle.meta.get("step_names") or []]
+
+
+def _alloc(handle: JobHandle) -> str:
+    """Raw id of the allocation a submission's steps run in."""
+    return str(handle.meta.get("jobid") or handle.id.split(":")[0].split(".")[0])
 
 
 def _handle(request: JobRequest, ids: list[str], names: list[str], logs: list[str], **where: Any) -> JobHandle:
