@@ -2,7 +2,7 @@
 
 <home>/state.db
 <home>/defaults.yaml
-<home>/swarms/<name>/            SwarmPaths
+<home>/swarms/<name>/            SwarmPaths (<run_dir>/swarms/<name> when the backend sets run_dir: SwarmPaths.of)
     config.yaml                  redacted config as brought up
     replica-<i>.status.json      watchdog status (atomic writes)
     replica-<i>.log              engine stdout+stderr
@@ -10,6 +10,9 @@
     watchdog-<i>.log / .pid / .json   watchdog log, pid record, spec (no secrets)
     replicas.sbatch lb.sbatch nginx.conf slurm.json slurm.lock   scripts, wanted/submitted tasks, lock (Slurm)
     swarm.key                    generated API key, mode 0600 (Slurm without api_key)
+    ray.token                    generated Ray auth token, mode 0600 (Slurm, replicas spanning nodes over Ray)
+    lb/auth.conf                 the LB's key check (nginx map), mode 0600, written by the LB job
+    engine-path/psw_key_guard.py the key check of a closed vLLM replica (--middleware; on its PYTHONPATH)
     upstreams.conf lb.head lb/ steps/ replicas-<job>_<task>.out lb-<job>.out   the LB's files (Slurm)
     targets.json                 Prometheus file_sd list of the replicas' /metrics (local, Slurm)
     jobs/<job_id>/               JobPaths
@@ -155,6 +158,14 @@ class SwarmPaths(Folder):
         """The folder of swarm ``name`` under ``base`` (default ``$PREFECT_SWARM_HOME``)."""
         return cls((base or home_dir()) / "swarms" / name)
 
+    @classmethod
+    def of(cls, name: str, run_dir: str | None) -> SwarmPaths:
+        """THE rule for where swarm ``name`` keeps its files: ``<run_dir>/swarms/<name>`` when its
+        backend has a run dir (Slurm ``backend.run_dir``, seen by every node), else under
+        ``$PREFECT_SWARM_HOME``. Its jobs (spec, ledgers, part files, manifest) live in its folder too,
+        so nothing of a Slurm swarm lands in ``$HOME`` but the state database."""
+        return cls.for_swarm(name, Path(run_dir).expanduser() if run_dir else None)
+
     @property
     def config(self) -> Path:
         """Redacted config as brought up."""
@@ -232,6 +243,28 @@ class SwarmPaths(Folder):
     def api_key_file(self) -> Path:
         """The swarm's generated API key (Slurm, no ``api_key`` set), mode 0600; never in state or logs."""
         return self.root / "swarm.key"
+
+    @property
+    def ray_token_file(self) -> Path:
+        """The token of the swarm's Ray clusters (replicas spanning nodes), mode 0600; Ray reads it
+        through ``RAY_AUTH_TOKEN_PATH``. Never in state, a script or a log."""
+        return self.root / "ray.token"
+
+    @property
+    def engine_path_dir(self) -> Path:
+        """A folder put on a closed vLLM replica's ``PYTHONPATH``; holds only :attr:`key_guard_module`."""
+        return self.root / "engine-path"
+
+    @property
+    def key_guard_module(self) -> Path:
+        """``psw_key_guard.py``: prefect_swarm.sidecar.key_guard, copied for the engine's interpreter."""
+        return self.engine_path_dir / "psw_key_guard.py"
+
+    @property
+    def lb_auth_conf(self) -> Path:
+        """The LB's key check (an nginx ``map`` holding the key), mode 0600 in the 0700 LB folder; written
+        by the LB job from its environment at each start, never rendered."""
+        return self.lb_dir / "auth.conf"
 
     @property
     def slurm_lock(self) -> Path:

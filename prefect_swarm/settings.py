@@ -9,6 +9,7 @@ every call so a changed variable takes effect at once.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,6 +25,12 @@ class Settings(BaseSettings):
         description="Folder holding state.db, defaults.yaml and one folder per swarm and job.",
     )
     log_level: str = Field(default="INFO", description="Log level of the CLI and the job process.")
+    state_journal: Literal["auto", "wal", "delete"] = Field(
+        default="auto",
+        description="SQLite journal of the state database: 'auto' uses WAL on a local filesystem and a "
+        "rollback journal (DELETE) on a network one (NFS, CIFS, Lustre, GPFS, BeeGFS, FUSE...), where "
+        "SQLite documents WAL as unsafe; 'wal' or 'delete' forces one.",
+    )
     busy_timeout_ms: int = Field(
         default=30_000, ge=0, description="SQLite busy timeout for the state database, in milliseconds."
     )

@@ -24,7 +24,7 @@ from typing import Any
 
 from prefect_swarm.backends import BackendPair, build_backends
 from prefect_swarm.config import LeptonConfig, SwarmConfig
-from prefect_swarm.exceptions import ConfigError, StateError
+from prefect_swarm.exceptions import ConfigError, ReadinessError, StateError
 from prefect_swarm.interfaces import (
     ComputeBackend,
     JobHandle,
@@ -45,6 +45,10 @@ FLOW_RUN_LEASE_TTL_S = 30.0
 
 KEEP_OWNER = "keep"
 """Owner of the lease that ``up`` / ``keep_swarm`` leave behind; only ``down`` releases it."""
+
+BRING_UP_GRACE_S = 30.0
+"""A PENDING record with no handle and no bring-up lease older than this was left by a bring-up
+that died before it could say so (or by a version without bring-up leases): it blocks nobody."""
 
 TerminalRuns = Callable[[list[str]], set[str]]
 """Given flow run ids, the ones that have ended (the Prefect layer asks the API; may raise)."""
@@ -120,7 +124,7 @@ def dead_owners(
         if lease.kind is LeaseKind.FLOW_RUN:  # Prefect's word is final, expired or not
             runs[lease.owner.removeprefix("flow-run:")] = lease.owner
             continue
-        if lease.kind in (LeaseKind.PROCESS, LeaseKind.TEARDOWN):
+        if lease.kind in (LeaseKind.PROCESS, LeaseKind.TEARDOWN, LeaseKind.BRING_UP):
             if lease.host == host and not _pid_alive(lease.pid):  # the process's own word, expired or not
                 dead.add(lease.owner)
             continue
@@ -170,6 +174,7 @@ def engine_fingerprint(cfg: SwarmConfig) -> str:
 
     data = cfg.redacted()
     data["backend"] = {k: v for k, v in data["backend"].items() if k != "cost"}
+    data["engine"] = {k: v for k, v in data["engine"].items() if k != "capacity"}  # a client-side sizing hint
     keep = {k: data[k] for k in ("model", "served_model_name", "gpus_per_replica", "engine", "backend")}
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -228,7 +233,7 @@ class Swarm:
         self.store = store or StateStore()
         self.flow_run_id = flow_run_id
         self.keep = keep
-        self.paths = SwarmPaths.for_swarm(cfg.name)
+        self.paths = SwarmPaths.of(cfg.name, cfg.run_dir)
         self.backends: BackendPair = build_backends(cfg, self.paths)
         self.handle = handle
 
@@ -251,8 +256,19 @@ class Swarm:
         import yaml
 
         atomic_write_text(self.paths.config, yaml.safe_dump(self.cfg.redacted(), sort_keys=False))
-        self._record(ServingPhase.PENDING, handle=None if not existing else existing.handle)
-        self.handle = self.backends.serving.create_or_update(self.cfg)
+        bringer = process_lease(LeaseKind.BRING_UP, f"bring-up:{this_host()}:{os.getpid()}")
+        self.store.put_lease(dataclasses.replace(bringer, swarm=self.cfg.name))
+        try:
+            self._record(ServingPhase.PENDING, handle=None if not existing else existing.handle)
+            self.handle = self.backends.serving.create_or_update(self.cfg)
+        except BaseException:
+            # a failed bring-up leaves a FAILED record (blocking nobody: the next `up` brings it up
+            # at once); a failed reconcile of a started swarm leaves it in the phase it was in
+            started = existing is not None and existing.handle is not None and existing.phase in LIVE_PHASES
+            self._set_phase(existing.phase if existing is not None and started else ServingPhase.FAILED)
+            raise
+        finally:
+            self.store.release_lease(self.cfg.name, bringer.owner)
         self._record(ServingPhase.INITIALIZING, handle=self.handle.to_dict())
         return self.handle
 
@@ -265,14 +281,19 @@ class Swarm:
         again: missing replicas are replaced, a new replica count is applied; healthy ones stay).
 
         A swarm being stopped is waited for, then brought up again. Raise ConfigError if the
-        live swarm of this name serves another engine, TimeoutError after ``wait_s``.
+        live swarm of this name serves another engine, ReadinessError after ``wait_s``. A bring-up
+        that failed, or whose process died (on this host), blocks nobody: its record is FAILED.
         """
         self.validate()
         deadline = time.monotonic() + (wait_s if wait_s is not None else self.cfg.ready_timeout_s + 60)
         while True:
             claim, rec = self.store.claim_swarm(self._new_record(ServingPhase.PENDING, None), lease, LIVE_PHASES)
             if claim is Claim.BRING_UP:
-                self.up()
+                try:
+                    self.up()
+                except BaseException:
+                    self.store.release_lease(self.cfg.name, lease.owner)  # a failed bring-up holds nothing
+                    raise
                 return True
             if claim is Claim.ATTACH and rec is not None and self.flow_run_id and rec.flow_run_id == self.flow_run_id:
                 self.up()  # this run's own earlier attempt (a task retry): reconcile it
@@ -294,7 +315,11 @@ class Swarm:
                     return False
                 self.store.release_lease(self.cfg.name, lease.owner)  # it failed: claim again
             if time.monotonic() > deadline:
-                raise TimeoutError(f"swarm '{self.cfg.name}': gave up waiting for another user to bring it up or down.")
+                raise ReadinessError(
+                    f"swarm '{self.cfg.name}': gave up waiting for another user to bring it up or down.",
+                    hint=f"`prefect-swarm status {self.cfg.name}` shows who holds it; "
+                    f"`prefect-swarm down {self.cfg.name}` stops it.",
+                )
             time.sleep(poll_s)
 
     def _wait_started(self, deadline: float, poll_s: float) -> SwarmRecord | None:
@@ -305,9 +330,27 @@ class Swarm:
                 return None
             if rec.handle and rec.phase is not ServingPhase.PENDING:
                 return rec
+            bringers = [x for x in self.store.list_leases(self.cfg.name) if x.kind is LeaseKind.BRING_UP]
+            if self._bring_up_died(rec, bringers):
+                self.store.update_swarm(self.cfg.name, phase=ServingPhase.FAILED)
+                for x in bringers:
+                    self.store.release_lease(self.cfg.name, x.owner)
+                return None
             if time.monotonic() > deadline:
-                raise TimeoutError(f"swarm '{self.cfg.name}' is still being brought up by flow run {rec.flow_run_id}.")
+                who = ", ".join(f"{x.owner} (pid {x.pid} on {x.host})" for x in bringers) or "nobody known"
+                raise ReadinessError(
+                    f"swarm '{self.cfg.name}' is still being brought up by {who}; gave up waiting.",
+                    hint=f"wait for it, or `prefect-swarm down {self.cfg.name}` to stop that bring-up.",
+                )
             time.sleep(poll_s)
+
+    def _bring_up_died(self, rec: SwarmRecord, bringers: list[LeaseRecord]) -> bool:
+        """The PENDING record ``rec`` (no handle) belongs to a bring-up that is gone: every bring-up
+        lease is dead (its pid is gone on this host), or there is none and the record is older than
+        BRING_UP_GRACE_S (the bringer died between its claim and its lease)."""
+        if bringers:
+            return dead_owners(bringers, self.store) >= {x.owner for x in bringers}
+        return time.time() - rec.updated_at > BRING_UP_GRACE_S
 
     def release(
         self, owner: str | None, *, terminal_runs: TerminalRuns | None = None, log: Callable[[str], None] | None = None
@@ -385,10 +428,10 @@ class Swarm:
 
     @property
     def endpoints(self) -> list[str]:
-        """Every URL requests may be spread over (replicas directly where the backend allows)."""
-        handle = self._require_handle()
-        urls = handle.meta.get("replica_urls") or []
-        return list(urls) or [self.endpoint]
+        """Every URL a job's requests may be spread over: the replicas themselves where a job process
+        reaches them (:meth:`ComputeBackend.endpoints`), else :attr:`endpoint`."""
+        self._require_handle()
+        return self.compute.endpoints() or [self.endpoint]
 
     @property
     def compute(self) -> ComputeBackend:

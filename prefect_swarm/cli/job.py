@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -157,14 +158,35 @@ def submit(
         console.print(rec.id)
         return
     seen: set[str] = set()
-    for attempt in range(1, resubmit_on_preempt + 1):
-        doc = _wait(rec.id)
-        if not _preempted(doc, seen):
-            _show(doc)
-            return
-        err_console.print(f"job {rec.id}: shard(s) were preempted; resubmitting ({attempt}/{resubmit_on_preempt})")
-        submit_job(attach(swarm), spec.model_copy(update={"job_id": rec.id}), detach=True)
-    _wait_and_show(rec.id)
+    try:
+        for attempt in range(1, resubmit_on_preempt + 1):
+            doc = _wait(rec.id)
+            if not _preempted(doc, seen):
+                _show(doc)
+                return
+            err_console.print(
+                f"job {rec.id}: shard(s) were preempted; resubmitting ({attempt}/{resubmit_on_preempt}) once "
+                f"swarm '{swarm}' is back to strength"
+            )
+            submit_job(_restored(swarm), spec.model_copy(update={"job_id": rec.id}), detach=True)
+        _wait_and_show(rec.id)
+    except KeyboardInterrupt:
+        err_console.print(
+            f"interrupted: job {rec.id} keeps running on swarm '{swarm}' (its shard processes are not this "
+            f"command's). `prefect-swarm job wait {rec.id}` waits for it again; `prefect-swarm job cancel "
+            f"{rec.id}` stops it (the shards flush their checkpoints; resubmitting with --id {rec.id} resumes)."
+        )
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
+
+
+def _restored(name: str) -> Any:
+    """The swarm, reconciled with the config it was brought up with before a resume: jobs at their
+    time limit are waited for and submitted afresh, a lost LB or replica is resubmitted (what `up`
+    does); returns once every replica answers, so the resumed shards get a swarm that lives."""
+    swarm = attach(name)
+    swarm.up()
+    swarm.wait_ready()
+    return swarm
 
 
 def _preempted(doc: dict[str, Any], seen: set[str]) -> bool:
@@ -227,8 +249,9 @@ def _show(doc: dict[str, Any]) -> None:
     _print_status(doc)
     if doc["status"] == JobStatus.PREEMPTED:
         err_console.print(
-            f"job {doc['id']} is PREEMPTED (resumable): its shards flushed their checkpoints. The same "
-            f"`prefect-swarm job submit ... --id {doc['id']}` resumes it (exit {ExitCode.RESUMABLE.value})."
+            f"job {doc['id']} is PREEMPTED (resumable): its shards flushed their checkpoints. "
+            f"`prefect-swarm job submit -n {doc.get('swarm')} --id {doc['id']}` with the other arguments as before "
+            f"resumes it (exit {ExitCode.RESUMABLE.value})."
         )
         raise typer.Exit(ExitCode.RESUMABLE)
     if doc["status"] != JobStatus.SUCCEEDED:
@@ -315,6 +338,10 @@ def _print_status(doc: dict[str, Any]) -> None:
     )
     for b in doc.get("backend") or []:
         console.print(f"process {b.get('id')}: {b.get('status')} {b.get('detail') or b.get('error') or ''}")
+    for f in doc.get("failures") or []:
+        console.print(f"shard {f['shard']} {f['reason']}; log: {f['log']}", markup=False, soft_wrap=True)
+        if f.get("tail"):
+            console.print(textwrap.indent(f["tail"], "  "), markup=False, soft_wrap=True)
     if doc.get("manifest"):
         console.print(f"output: {doc['output']}  failed rows: {doc['manifest'].get('failed_rows')}")
     if doc.get("verdict"):

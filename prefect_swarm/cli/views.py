@@ -127,7 +127,7 @@ def cost_text(cost: dict[str, Any] | None) -> str | None:
 
 def paths_view(rec: SwarmRecord) -> dict[str, Any]:
     """Files of the swarm on this machine."""
-    paths = SwarmPaths.for_swarm(rec.name)
+    paths = SwarmPaths.of(rec.name, rec.run_dir)
     replicas = int(rec.config.get("replicas") or 0)
     return {
         "root": str(paths.root),

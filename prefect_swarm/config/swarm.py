@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
-from prefect_swarm.config.backends import BackendConfig, LocalConfig
+from prefect_swarm.config.backends import BackendConfig, LocalConfig, SlurmConfig
 from prefect_swarm.config.base import Count, NonNegativeInt, Port, Seconds, StrictModel
 from prefect_swarm.config.engine import EngineConfig
 
@@ -175,6 +175,12 @@ class SwarmConfig(StrictModel):
         if self.gpus_per_node and self.gpus_per_replica:
             return max(1, self.gpus_per_node // self.gpus_per_replica)
         return 1
+
+    @property
+    def run_dir(self) -> str | None:
+        """The backend's run dir (Slurm ``backend.run_dir``), where the swarm's folder and its jobs
+        live (:meth:`prefect_swarm.paths.SwarmPaths.of`); None: under ``$PREFECT_SWARM_HOME``."""
+        return self.backend.run_dir if isinstance(self.backend, SlurmConfig) else None
 
     def redacted(self) -> dict:
         """A JSON-safe dict with every secret set to None (for state rows, logs and rendered files).

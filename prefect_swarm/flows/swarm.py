@@ -108,7 +108,7 @@ def run_job(
     started = time.monotonic()
     live = reattach(name, StateStore())
     if live.handle is None:
-        raise StateError(f"swarm '{name}' has no handle: it was never brought up. `prefect-swarm up` it first.")
+        raise StateError(f"swarm '{name}' has no handle: it was never brought up. `prefect-swarm up -c FILE` it first.")
     plan = plan_shards(job_spec(live.cfg, job, input, output, shards, max_failed_fraction), name, live.cfg.run_dir)
     label_run(name, plan.spec.job_id)
     run_id = current_flow_run_id()

@@ -70,7 +70,25 @@ class JobSpec(BaseModel):
         description="JSON keyword arguments for the job class (e.g. prompt_column, system_prompt, sampling; "
         "response_schema and schema_retries for structured output; image_column, image_mime for images).",
     )
-    concurrency: int = Field(default=64, ge=1, le=65536, description="Most requests in flight per shard.")
+    concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description="Most requests in flight per shard (a cap). Default: sized from the swarm: each replica "
+        "kept full (its capacity, e.g. vLLM's max_num_seqs) with a short queue, by a loop that reads the "
+        "replicas' /metrics. A cap above what the process may open (file descriptors) is clamped, with a warning.",
+    )
+    replica_capacity: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests one replica can batch (vLLM --max-num-seqs, SGLang --max-running-requests, a "
+        "command engine's engine.capacity); filled at submit from the swarm's config (default 256).",
+    )
+    replicas_file: str | None = Field(
+        default=None,
+        description="The swarm's list of replica engines (Prometheus file_sd JSON), re-read while the job "
+        "runs so a replica added by `scale` gets requests; filled at submit. Not part of the fingerprint.",
+    )
     adaptive_concurrency: bool = Field(
         default=False,
         description="Back off the in-flight limit on 429/503 or rising latency; grow it again when healthy "
@@ -99,7 +117,13 @@ class JobSpec(BaseModel):
         ge=1,
         description="Rows read from the input at a time (bounds the job process's memory).",
     )
-    shards: int = Field(default=1, ge=1, description="Number of shards (job processes) the rows are split into.")
+    shards: int = Field(
+        default=1,
+        ge=1,
+        description="Number of shards (job processes) the rows are split into. Left unset on a job for a "
+        "swarm, it is sized from the swarm: one process per 4096 requests in flight its replicas need "
+        "(see prefect_swarm.jobs.sizing).",
+    )
     output_format: OutputFormat = Field(
         default="parquet",
         description="'parquet', or 'openai-batch' for JSONL in the OpenAI Batch output format. Inferred "
@@ -201,6 +225,29 @@ class JobSpec(BaseModel):
         return self
 
     # ------------------------------------------------------------------ helpers
+    def resolved(self, base: Path | None = None) -> JobSpec:
+        """This spec with every relative local path made absolute against ``base`` (default: this
+        process's working folder): input, output, job_dir and a JSON Schema file given as
+        ``response_schema``. The submit host calls it, so a shard started in another folder or on
+        another node (sbatch ``--chdir``) reads the files the user named."""
+        from prefect_swarm.jobs.structured import ResponseSchema
+
+        base = base or Path.cwd()
+
+        def absolute(value: str) -> str:
+            if "://" in value:
+                return value
+            path = Path(value).expanduser()
+            return str(path if path.is_absolute() else base / path)
+
+        update: dict[str, Any] = {"input": absolute(self.input), "output": absolute(self.output)}
+        if self.job_dir:
+            update["job_dir"] = absolute(self.job_dir)
+        ref = self.job_kwargs.get("response_schema")
+        if isinstance(ref, str) and ResponseSchema.file_of(ref) is not None:
+            update["job_kwargs"] = {**self.job_kwargs, "response_schema": absolute(ref)}
+        return self.model_copy(update=update)
+
     @property
     def paths(self) -> JobPaths:
         """The ledger folder's files."""

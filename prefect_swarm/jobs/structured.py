@@ -62,11 +62,18 @@ class ResponseSchema:
         self._check = self._pydantic_check if model is not None else self._jsonschema_check()
 
     # ------------------------------------------------------------------ load
+    @staticmethod
+    def file_of(ref: str) -> Path | None:
+        """The JSON Schema file ``ref`` names (a ``.json`` name, or any file that exists), else None
+        (``module:Model``)."""
+        path = Path(ref).expanduser()
+        return path if path.suffix == ".json" or path.exists() else None
+
     @classmethod
     def load(cls, ref: str) -> ResponseSchema:
         """A schema from ``module:Model`` (a pydantic model) or a JSON Schema file; ConfigError when neither."""
-        path = Path(ref).expanduser()
-        if path.suffix == ".json" or path.exists():
+        path = cls.file_of(ref)
+        if path is not None:
             try:
                 schema = json.loads(path.read_text())
             except FileNotFoundError as exc:

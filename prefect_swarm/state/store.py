@@ -1,11 +1,12 @@
 """SQLite store of swarms and jobs: the truth for "what exists".
 
-One short-lived connection per operation (safe across processes and threads), WAL journal,
-a busy timeout, writes in ``BEGIN IMMEDIATE`` transactions. Constructing a store touches
-nothing on disk: the file is created and migrated on first use, so ``validate`` and other
-read-nothing commands leave no trace. The schema version lives in
-``PRAGMA user_version``; :data:`MIGRATIONS` brings any older database forward, never back.
-Rows hold redacted configs only: secrets never reach this file.
+One short-lived connection per operation (safe across processes and threads), WAL journal on a local
+filesystem and a rollback journal on a network one (:func:`journal_for`: SQLite's WAL needs shared
+memory that NFS, Lustre and the like do not give across hosts), a busy timeout, writes in ``BEGIN
+IMMEDIATE`` transactions. Constructing a store touches nothing on disk: the file is created and
+migrated on first use, so ``validate`` and other read-nothing commands leave no trace. The schema
+version lives in ``PRAGMA user_version``; :data:`MIGRATIONS` brings any older database forward,
+never back. Rows hold redacted configs only: secrets never reach this file.
 """
 
 from __future__ import annotations
@@ -51,6 +52,42 @@ _V1_STATEMENTS = (
     )""",
     "CREATE INDEX IF NOT EXISTS jobs_swarm ON jobs(swarm)",
 )
+
+
+NETWORK_FS = frozenset(
+    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "afs", "9p"}
+    | {"pvfs2", "orangefs", "panfs", "wekafs", "ocfs2", "gfs2", "vboxsf", "virtiofs"}
+)
+"""Filesystem types (``/proc/mounts``) on which SQLite's WAL mode is unsafe; ``fuse.*`` too."""
+MOUNTS = Path("/proc/mounts")
+
+
+def filesystem_type(path: Path, mounts: Path = MOUNTS) -> str | None:
+    """The type of the filesystem holding ``path`` (the longest mount point above it in ``mounts``);
+    None when the table cannot be read."""
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return None
+    target, best, found = str(path.resolve()), -1, None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > best:
+            best, found = len(point), fields[2]
+    return found
+
+
+def journal_for(folder: Path, setting: str = "auto", mounts: Path = MOUNTS) -> str:
+    """The journal mode for a database in ``folder``: ``setting`` unless 'auto'; then 'delete' (a
+    rollback journal) on a network filesystem, 'wal' elsewhere."""
+    if setting != "auto":
+        return setting
+    fs = filesystem_type(folder, mounts) or ""
+    return "delete" if fs in NETWORK_FS or fs == "fuse" or fs.startswith("fuse.") else "wal"
 
 
 def _v1(db: sqlite3.Connection) -> None:
@@ -108,6 +145,12 @@ class SwarmRecord:
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
 
+    @property
+    def run_dir(self) -> str | None:
+        """The recorded config's ``backend.run_dir`` (see :attr:`SwarmConfig.run_dir`), if any."""
+        backend = self.config.get("backend") or {}
+        return backend.get("run_dir") if isinstance(backend, dict) else None
+
 
 @dataclass(frozen=True)
 class JobRecord:
@@ -146,6 +189,9 @@ class LeaseKind(enum.StrEnum):
     """``up`` / ``keep_swarm``: never dead; only ``down`` releases it."""
     TEARDOWN = "teardown"
     """The swarm is being stopped: whoever wants it waits until this lease is gone."""
+    BRING_UP = "bring_up"
+    """A process submitting the swarm (owner ``bring-up:<host>:<pid>``), held only while it does:
+    dead once its pid is gone there, and then its bring-up blocks nobody."""
 
 
 @dataclass(frozen=True)
@@ -213,6 +259,7 @@ class StateStore:
         settings = get_settings()
         self.path = Path(path) if path is not None else settings.state_db
         self.busy_timeout_ms = busy_timeout_ms if busy_timeout_ms is not None else settings.busy_timeout_ms
+        self.journal_setting = settings.state_journal
         self._ready = False  # the file is created and migrated on first use, not here
 
     @contextmanager
@@ -246,9 +293,9 @@ class StateStore:
             db.close()
 
     def _migrate(self) -> None:
-        """Create the file, switch it to WAL, and bring its schema forward (once per store)."""
+        """Create the file, set its journal mode, and bring its schema forward (once per store)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._enable_wal()
+        self._set_journal(journal_for(self.path.parent, self.journal_setting))
         with self._raw_connect() as db:
             if int(db.execute("PRAGMA user_version").fetchone()[0]) == SCHEMA_VERSION:
                 return  # the common case takes no write lock
@@ -263,15 +310,15 @@ class StateStore:
                 step(db)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
-    def _enable_wal(self) -> None:
+    def _set_journal(self, mode: str) -> None:
         # Switching the journal mode needs an exclusive lock, and SQLite does not always call the
         # busy handler for it: when many processes open a fresh database at once, retry here.
         deadline = time.monotonic() + self.busy_timeout_ms / 1000
         while True:
             try:
                 with self._raw_connect() as db:
-                    if str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
-                        db.execute("PRAGMA journal_mode=WAL")
+                    if str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower() != mode:
+                        db.execute(f"PRAGMA journal_mode={mode.upper()}")
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
@@ -280,7 +327,7 @@ class StateStore:
 
     @property
     def journal_mode(self) -> str:
-        """The database's journal mode (``wal`` once opened by a store)."""
+        """The database's journal mode (``wal``, or ``delete`` on a network filesystem: :func:`journal_for`)."""
         with self._connect() as db:
             return str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower()
 

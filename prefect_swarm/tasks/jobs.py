@@ -50,9 +50,10 @@ ARTIFACT_EVERY_S = 3.0
 
 
 @task(name="plan-shards", task_run_name="plan-shards-{swarm_name}", cache_policy=NO_CACHE)
-def plan_shards(spec: JobSpec, swarm_name: str) -> JobPlan:
-    """Validate the input (before any GPU is asked for), record the job, read which shards are pending."""
-    plan = launch.plan_job(spec, swarm_name, flow_run_id=current_flow_run_id())
+def plan_shards(spec: JobSpec, swarm_name: str, run_dir: str | None = None) -> JobPlan:
+    """Validate the input (before any GPU is asked for), record the job, read which shards are pending
+    (``run_dir``: the swarm's, where its job folders live)."""
+    plan = launch.plan_job(spec, swarm_name, flow_run_id=current_flow_run_id(), run_dir=run_dir)
     get_run_logger().info(
         "Job %s: %d/%d shards pending (fingerprint %s, ledger %s).",
         plan.spec.job_id,
