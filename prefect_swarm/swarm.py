@@ -238,10 +238,11 @@ class Swarm:
         self.handle = handle
 
     # ------------------------------------------------------------------ lifecycle
-    def validate(self) -> None:
-        """Refuse what the backend cannot do (its capabilities, its own pre-flight); starts nothing."""
+    def validate(self, *, ask: bool = True) -> list[str]:
+        """Refuse what the backend cannot do (its capabilities, its own pre-flight, with ``ask`` the
+        scheduler's answer where it can be asked); starts nothing. Returns what could not be checked."""
         check_config(self.cfg, self.backends.serving.capabilities())
-        self.backends.serving.validate(self.cfg)
+        return self.backends.serving.validate(self.cfg, ask=ask)
 
     def up(self) -> ServingHandle:
         """Validate, record, and start (or reconcile) the swarm. Returns once submitted."""

@@ -33,10 +33,12 @@ class ServingBackend(Protocol):
         """What this backend can do; consulted before anything starts."""
         ...
 
-    def validate(self, cfg: SwarmConfig) -> None:
+    def validate(self, cfg: SwarmConfig, *, ask: bool = True) -> list[str]:
         """Pre-flight: refuse a config this backend cannot run (ConfigError naming the field).
 
-        Calls nothing remote and needs no credentials: it runs in ``prefect-swarm validate``.
+        Starts and writes nothing and needs no credentials: it runs in ``prefect-swarm validate``. With
+        ``ask`` it may ask the scheduler a read-only question (Slurm: ``sbatch --test-only``); what
+        could not be checked (the scheduler cannot be asked) comes back as warnings, never as an error.
         """
         ...
 
@@ -130,6 +132,13 @@ class ComputeBackend(Protocol):
     def job_runtime(self) -> JobRuntime:
         """How job processes start where this backend runs them: the interpreter that exists there,
         base env, workdir, image. Callers build job commands with it, never with ``sys.executable``."""
+        ...
+
+    def endpoints(self) -> list[str]:
+        """Base URLs a job spreads its requests over: the replicas themselves wherever a job process
+        can reach them (local: each replica's port; Slurm: the replicas' head files), else the
+        swarm's one endpoint; empty when the swarm has none yet. The swarm's public endpoint (the
+        LB) is unchanged: this is only where the job's own requests go."""
         ...
 
 

@@ -28,7 +28,7 @@ from prefect_swarm.jobs.dataset import InputDataset, check_output_location, shar
 from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details
 from prefect_swarm.jobs.ledger import STATUS_OK, RowResult, ShardLedger, ShardLock, shard_store
 from prefect_swarm.jobs.metrics import ShardMetrics, metrics_address
-from prefect_swarm.jobs.runner import Item, Runner, RunnerConfig
+from prefect_swarm.jobs.runner import DEFAULT_CAPACITY, Item, Runner, RunnerConfig
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
 
@@ -46,8 +46,12 @@ class Target:
     api_key: str | None
 
     @classmethod
-    def resolve(cls, spec: JobSpec, env: JobEnv | None = None) -> Target:
-        """Spec first; then the job environment (:class:`JobEnv`: endpoints, model, API key)."""
+    def resolve(cls, spec: JobSpec, env: JobEnv | None = None, shard: int = 0) -> Target:
+        """Spec first; then the job environment (:class:`JobEnv`: endpoints, model, API key).
+
+        The endpoints are rotated by ``shard``: every process of the job picks the least busy
+        endpoint, first in its order on a tie, so shard i starts at replica i and the job's
+        processes together spread over every replica (not all of them on the first one)."""
         env = env or JobEnv.from_env()
         endpoints = list(spec.endpoints) or list(env.endpoints)
         if not endpoints:
@@ -55,7 +59,8 @@ class Target:
                 f"no endpoint: the spec has none and neither {jobenv.ENDPOINTS} nor {jobenv.ENDPOINT} is set."
             )
         endpoints = [u[:-3] if u.endswith("/v1") else u for u in endpoints]
-        return cls(endpoints, spec.model or env.model, env.api_key)
+        k = shard % len(endpoints)
+        return cls(endpoints[k:] + endpoints[:k], spec.model or env.model, env.api_key)
 
 
 def validate_input(spec: JobSpec, job: SwarmJob | None = None) -> InputDataset:
@@ -151,7 +156,7 @@ class ShardRun:
                 self.ledger.total,
             )
             return self._finish()
-        target = Target.resolve(self.spec)
+        target = Target.resolve(self.spec, shard=self.shard_id)
         log.info(
             "shard %d/%d: rows %d..%d, %d left, endpoints %s, model %s",
             self.shard_id,
@@ -210,6 +215,9 @@ class ShardRun:
         spec = self.spec
         cfg = RunnerConfig(
             concurrency=spec.concurrency,
+            replica_capacity=spec.replica_capacity or DEFAULT_CAPACITY,
+            nshards=self.nshards,
+            replicas_file=spec.replicas_file,
             max_retries=spec.max_retries,
             backoff_base_s=spec.backoff_base_s,
             backoff_max_s=spec.backoff_max_s,

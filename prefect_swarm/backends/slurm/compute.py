@@ -39,10 +39,12 @@ from typing import TYPE_CHECKING, Any
 from prefect_swarm.backends.common import LogFollower, head_url, start_logged
 from prefect_swarm.backends.slurm import identity, members, render
 from prefect_swarm.backends.slurm.client import AcctEntry, QueueEntry, SlurmClient, clean_env
+from prefect_swarm.backends.slurm.lb import read_heads
+from prefect_swarm.backends.slurm.lb import resolve as lb_resolve
 from prefect_swarm.exceptions import BackendError, CapacityError, ReadinessError
 from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus, jobenv
 from prefect_swarm.interfaces.types import coerce_job_status
-from prefect_swarm.paths import JobPaths, SwarmPaths, read_json
+from prefect_swarm.paths import JobPaths, SwarmPaths, read_json, read_text
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
@@ -55,8 +57,11 @@ TARGET_POLL_S = 1.0
 TARGET_REUSE_S = 30.0
 """A running LB job found by one submit is reused by the next ones of this process for that long
 (the flow submits one shard per task: 512 shards are not 512 ``squeue`` calls)."""
-_TARGETS: dict[str, tuple[str, float]] = {}
-"""LB job name -> (raw job id, monotonic time it was seen running with its head file)."""
+_TARGETS: dict[str, tuple[str, float, str]] = {}
+"""LB job name -> (raw job id, monotonic time it was seen running, its ``lb.head`` then): reused only
+while ``lb.head`` still says the same (a replaced LB job writes its own)."""
+STEP_SHOW_S = 10.0
+"""cancel(): how long it waits for steps it started (srun running) to be registered, to stop them too."""
 CANCEL_GRACE_S = 20.0
 """cancel(): how long steps get after TERM to flush their ledgers before they are killed."""
 LB_HEAD_WAIT_S = 60.0
@@ -93,9 +98,22 @@ class SlurmCompute(ComputeBase):
         return JobRuntime(python=render.job_python(self.cfg), env={k: v for k, v in env.items() if v})
 
     def endpoints(self) -> list[str]:
-        """The LB's URL once it has announced itself (``lb.head``)."""
+        """The healthy replicas themselves (their head files ``replica-<i>.head``, which the watchdog
+        writes once the replica answered and removes when it stops: what the LB routes to), in
+        replica order; the LB's URL (``lb.head``) when none has announced itself. Job steps run
+        inside the cluster, so they reach the replicas: the LB stays the swarm's public endpoint."""
+        # addresses resolved as the LB reconciler resolves them for targets.json (the replica list a
+        # running job re-reads to find replicas added by `scale`): one replica, one spelling
+        replicas = [f"http://{lb_resolve(head) or head}" for _, head in sorted(read_heads(self.paths).items())]
         lb = head_url(self.paths.lb_head)
-        return [lb] if lb else []
+        return replicas or ([lb] if lb else [])
+
+    def job_env(self, request: JobRequest, shard: int) -> dict[str, str]:
+        """:meth:`ComputeBase.job_env` with ``ENDPOINT`` the swarm's public endpoint (the LB), for
+        users' scripts; the job's own requests go to ``PREFECT_SWARM_ENDPOINTS`` (the replicas)."""
+        env = super().job_env(request, shard)
+        lb = head_url(self.paths.lb_head)
+        return {**env, jobenv.ENDPOINT: lb} if lb and jobenv.ENDPOINT not in request.env else env
 
     # ------------------------------------------------------------------ submit
     def _launch(self, request: JobRequest) -> JobHandle:
@@ -153,8 +171,8 @@ class SlurmCompute(ComputeBase):
         """
         names = render.job_names(self.cfg)
         seen = _TARGETS.get(names.lb)
-        if seen is not None and time.monotonic() - seen[1] < TARGET_REUSE_S and head_url(self.paths.lb_head):
-            return seen[0]  # lb.head goes with its LB job (its script and a replacement remove it)
+        if seen is not None and time.monotonic() - seen[1] < TARGET_REUSE_S and self._lb_head() == seen[2]:
+            return seen[0]
         queue_timeout = render.slurm_section(self.cfg).queue_timeout_s
         start = time.monotonic()
         deadline = start + queue_timeout
@@ -172,7 +190,7 @@ class SlurmCompute(ComputeBase):
                 self._refuse_ending(lb)
                 head_deadline = head_deadline or now + LB_HEAD_WAIT_S
                 if head_url(self.paths.lb_head):
-                    _TARGETS[names.lb] = (lb.raw_id, now)
+                    _TARGETS[names.lb] = (lb.raw_id, now, self._lb_head())
                     return lb.raw_id
                 if now >= head_deadline:
                     return lb.raw_id
@@ -187,6 +205,14 @@ class SlurmCompute(ComputeBase):
                     "ask for fewer resources / another partition."
                 )
             time.sleep(TARGET_POLL_S)
+
+    def _lb_head(self) -> str:
+        """``lb.head`` now, with its mtime ('' when there is none): it goes with its LB job (written once
+        nginx answers, removed by its script's exit and by a replacement, which may reuse the address)."""
+        try:
+            return f"{read_text(self.paths.lb_head)}@{self.paths.lb_head.stat().st_mtime_ns}"
+        except OSError:
+            return ""
 
     def _lb_replaced(self, entries: Sequence[QueueEntry]) -> bool:
         """True while a replica task will resubmit the LB job that left the queue (see :mod:`members`)."""
@@ -278,10 +304,11 @@ class SlurmCompute(ComputeBase):
         for h in handles:
             names = _step_names(h)
             cancelled = {n for n in names if self.paths.step_cancelled(n).exists()}
-            lost = set()
-            if told and time.time() - float(h.meta.get("started_at") or 0) > STEP_APPEAR_S:
-                lost = {n for n in names if n not in running and n not in acct and n not in self._sids}
-            out.append(_aggregate(names, set(running), acct, cancelled, lost=lost))
+            unseen = {n for n in names if n not in running and n not in acct and n not in self._sids}
+            young = time.time() - float(h.meta.get("started_at") or 0) <= STEP_APPEAR_S
+            starting = unseen if young else set()  # srun started, the step not registered yet
+            lost = unseen if told and not young else set()
+            out.append(_aggregate(names, set(running) | starting, acct, cancelled, starting, lost=lost))
         return out
 
     def _acct_steps(self, jobid: str, names: list[str]) -> tuple[dict[str, AcctEntry], bool]:
@@ -343,6 +370,10 @@ class SlurmCompute(ComputeBase):
             return [sid for sid, name in self.client.steps(jobid).items() if name in names]
 
         running = live()
+        end = time.monotonic() + STEP_SHOW_S
+        while len(running) < len(self._starting(names)) and time.monotonic() < end:
+            time.sleep(0.5)  # srun started here and its step is not registered yet: cancel it too
+            running = live()
         if running:
             for name in names:
                 marker = self.paths.step_cancelled(name)
@@ -355,6 +386,10 @@ class SlurmCompute(ComputeBase):
                 left = live()
             self.client.scancel(left)
         self._reap()
+
+    def _starting(self, names: set[str]) -> list[str]:
+        """Steps of ``names`` whose srun this process started and still runs."""
+        return [n for n in names if (proc := self._procs.get(n)) is not None and proc.poll() is None]
 
     def _cancel_jobs(self, ids: list[str]) -> None:
         """TERM the batch shell (the job process itself: it exec'd), KILL what is left after the grace."""
