@@ -1,6 +1,8 @@
 """``prefect-swarm validate``: parse a config, check it against the backend, show what would start.
 
-Starts nothing and writes nothing: no state row, no swarm folder, no process, no remote call.
+Starts nothing and writes nothing: no state row, no swarm folder, no process. The one remote call is
+the backend's read-only pre-flight question (Slurm: ``sbatch --test-only``, so a partition, account or
+QOS that does not exist is named here); a scheduler that cannot be asked is a warning.
 """
 
 from __future__ import annotations
@@ -24,15 +26,23 @@ def validate(
     name: NameOpt = None,
     output: OutputOpt = OutputFormat.table,
     show_config: Annotated[bool, typer.Option("--show-config", help="Also print the resolved config.")] = False,
+    offline: Annotated[
+        bool,
+        typer.Option(
+            "--offline",
+            help="Do not ask the scheduler (Slurm: sbatch --test-only) whether it would take the jobs: "
+            "for a config written away from its cluster.",
+        ),
+    ] = False,
 ) -> None:
     """Check a config (fields, then what the backend can do) and print the plan; starts nothing."""
     cfg = load_config(config, overrides={"replicas": replicas, "name": name})
     swarm = make_swarm(cfg)
-    swarm.validate()  # capabilities, then the backend's own pre-flight (calls nothing remote)
+    unchecked = swarm.validate(ask=not offline)  # capabilities, the backend's pre-flight, the scheduler's answer
     serving = swarm.backends.serving
     caps = serving.capabilities()
     plan = mask_secrets(serving.plan(), cfg)
-    notes = warnings(cfg)
+    notes = [*unchecked, *warnings(cfg)]
     if output is OutputFormat.json:
         emit_json(
             {

@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefect_swarm.interfaces.jobenv import API_KEY
 from prefect_swarm.interfaces.readiness import ProbeResult, check_health
 from prefect_swarm.interfaces.types import ReplicaHealth
 from prefect_swarm.paths import SwarmPaths, atomic_write_json, read_json, read_tail
@@ -263,11 +264,19 @@ class Watchdog:
 
     # ------------------------------------------------------------------ supervision
     def check(self) -> bool:
-        """One health check; returns False when the replica must be restarted."""
+        """One health check; returns False when the replica must be restarted. Logs changes of the
+        replica's health, never each probe (one line per state, not one per ``health_interval_s``)."""
+        before = self.healthy
+        ok = self._check()
+        if self.healthy is not before:
+            log.info("replica %d: %s -> %s (%s)", self.spec.index, before.value, self.healthy.value, self.detail)
+        return ok
+
+    def _check(self) -> bool:
         now = time.time()
         since = now - self.started_at
         timeout = min(5.0, max(1.0, self.spec.health_interval_s))
-        probe = check_health(self.url, self.spec.health_path, timeout_s=timeout)
+        probe = check_health(self.url, self.spec.health_path, timeout_s=timeout, api_key=os.environ.get(API_KEY))
         if probe.ok and self._foreign_port():
             probe = ProbeResult(False, f"port {self.port} is held by a process that is not this replica")
         if probe.ok:
@@ -395,6 +404,24 @@ class Watchdog:
         self.stop_requested = f"signal {signal.Signals(signum).name}"
 
 
+def mark_failed(status_file: Path, reason: str) -> None:
+    """Write a ``failed`` status for a replica whose engine never started (its job's ``setup`` failed):
+    like a watchdog that gave up, it is not resubmitted, and ``up`` reports ``reason``."""
+    atomic_write_json(
+        status_file,
+        {
+            "health": ReplicaHealth.UNHEALTHY.value,
+            "restarts": 0,
+            "updated_at": time.time(),
+            "ever_healthy": False,
+            "failed": True,
+            "stopped": False,
+            "detail": reason,
+            "log_tail": "",
+        },
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the watchdog of the spec file given by ``--spec``."""
     ap = argparse.ArgumentParser(description="Run and supervise one engine replica.")
@@ -406,13 +433,25 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument(
         "--await-listen", nargs=2, type=int, metavar=("PID", "PORT"), help="exit 0 once PID listens on PORT, else 1"
     )
+    group.add_argument(
+        "--mark-failed",
+        nargs=2,
+        type=str,
+        metavar=("STATUS_FILE", "REASON"),
+        help="write a failed status (a replica that never started: its job's setup failed)",
+    )
     args = ap.parse_args(argv)
+    if args.mark_failed:
+        mark_failed(Path(args.mark_failed[0]), args.mark_failed[1])
+        return 0
     if args.pick_port:
         print(pick_port(args.pick_port[0], int(args.pick_port[1])))
         return 0
     if args.await_listen:
         return 0 if await_listen(*args.await_listen) else 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for quiet in ("httpx", "httpcore"):  # one INFO line per health probe otherwise (~30 a minute)
+        logging.getLogger(quiet).setLevel(logging.WARNING)
     data = read_json(args.spec)
     if not isinstance(data, dict):
         log.error("cannot read watchdog spec %s", args.spec)

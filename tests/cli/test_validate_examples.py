@@ -1,5 +1,6 @@
 """`prefect-swarm validate -c examples/X.yaml` exits 0 and prints the backend's plan for every
-shipped example, in text and JSON, with no Lepton token in the environment and no secret shown."""
+shipped example, in text and JSON, with no Lepton token in the environment and no secret shown.
+``--offline``: the examples are site configs (partition gpu...), not this machine's Slurm's."""
 
 from __future__ import annotations
 
@@ -38,14 +39,14 @@ def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str,
 def test_validate_prints_the_plan_of_every_example(
     path: Path, run_cli: RunCli, no_credentials: dict[str, str], tmp_path: Path
 ) -> None:
-    as_json = run_cli("validate", "-c", str(path), "-o", "json", env=no_credentials)
+    as_json = run_cli("validate", "--offline", "-c", str(path), "-o", "json", env=no_credentials)
     assert as_json.returncode == 0, as_json.stderr
     doc = json.loads(as_json.stdout)
     assert doc["valid"] is True
     expected = EXPECTED_FILES[doc["backend"]]
     assert set(expected) <= set(doc["plan"]), sorted(doc["plan"])
     assert all(isinstance(text, str) and text for text in doc["plan"].values())
-    text = run_cli("validate", "-c", str(path), env=no_credentials)
+    text = run_cli("validate", "--offline", "-c", str(path), env=no_credentials)
     assert text.returncode == 0, text.stderr
     assert "Traceback" not in text.stderr and "would start" in text.stdout
     for name in expected:
@@ -56,7 +57,7 @@ def test_validate_prints_the_plan_of_every_example(
 
 def test_the_slurm_plan_is_the_rendered_scripts(run_cli: RunCli, no_credentials: dict[str, str]) -> None:
     doc = json.loads(
-        run_cli("validate", "-c", str(EXAMPLE_DIR / "slurm.yaml"), "-o", "json", env=no_credentials).stdout
+        run_cli("validate", "--offline", "-c", str(EXAMPLE_DIR / "slurm.yaml"), "-o", "json", env=no_credentials).stdout
     )
     assert (
         doc["plan"]["replicas.sbatch"].startswith("#!/bin/bash")
@@ -77,9 +78,9 @@ def test_an_open_slurm_endpoint_is_valid_with_a_warning(
     assert "open_endpoint: true" in text
     config.write_text(text)
     env = {k: v for k, v in no_credentials.items() if k != "PREFECT_SWARM_API_KEY"}
-    doc = json.loads(run_cli("validate", "-c", str(config), "-o", "json", env=env).stdout)
+    doc = json.loads(run_cli("validate", "--offline", "-c", str(config), "-o", "json", env=env).stdout)
     assert doc["valid"] is True and len(doc["warnings"]) == 1 and "open_endpoint" in doc["warnings"][0]
-    shown = run_cli("validate", "-c", str(config), env=env)
+    shown = run_cli("validate", "--offline", "-c", str(config), env=env)
     assert shown.returncode == 0 and "warning" in shown.stdout and "without an API key" in shown.stdout
 
 
@@ -89,7 +90,7 @@ def test_the_lepton_plan_masks_the_endpoint_token(
     config = tmp_path / "lepton.yaml"
     text = (EXAMPLE_DIR / "lepton.yaml").read_text().replace("endpoint_token_secret: swarm-endpoint-token", "")
     config.write_text(text)
-    doc = json.loads(run_cli("validate", "-c", str(config), "-o", "json", env=no_credentials).stdout)
+    doc = json.loads(run_cli("validate", "--offline", "-c", str(config), "-o", "json", env=no_credentials).stdout)
     deployment = json.loads(doc["plan"]["deployment.json"])
     assert deployment["spec"]["api_tokens"] == [{"value": "***"}]
     job = json.loads(doc["plan"]["job-template.json"])

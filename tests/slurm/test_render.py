@@ -88,6 +88,7 @@ def test_golden_plan(runtime: str) -> None:
     assert sorted(plan) == [
         "lb.sbatch",
         "nginx.conf",
+        "psw_key_guard.py",  # a closed vLLM swarm: the engine's --middleware
         "replicas.sbatch",
         "watchdog-0.json",
         "watchdog-1.json",
@@ -195,7 +196,8 @@ def test_validate_prints_the_ray_start_sequence_and_the_vllm_argv(tmp_path: Path
     data["backend"] |= {"run_dir": str(tmp_path / "run")}
     cfg_file.write_text(json.dumps(data))
     cli = Path(sys.executable).parent / "prefect-swarm"
-    out = subprocess.run([str(cli), "validate", "-c", str(cfg_file), "-o", "json"], capture_output=True, text=True)
+    argv = [str(cli), "validate", "--offline", "-c", str(cfg_file), "-o", "json"]  # a site config: Slurm not asked
+    out = subprocess.run(argv, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr + out.stdout
     plan = json.loads(out.stdout)["plan"]
     text = plan["replicas.sbatch"]
@@ -400,7 +402,7 @@ def test_shared_dir_is_the_old_name_of_run_dir() -> None:
 def test_a_local_model_path_is_checked_on_the_submit_host(tmp_path: Path) -> None:
     def check(model: str) -> None:
         cfg = golden_cfg().model_copy(update={"model": model})
-        SlurmServing(cfg, SwarmPaths(tmp_path / "s")).validate(cfg)
+        SlurmServing(cfg, SwarmPaths(tmp_path / "s")).validate(cfg, ask=False)  # a site config: Slurm not asked
 
     with pytest.raises(ConfigError, match=r"model '.*nope' \(the engine's model path\) does not exist"):
         check(str(tmp_path / "nope"))
@@ -424,7 +426,7 @@ def test_sglang_needs_open_endpoint_when_the_key_is_generated(tmp_path: Path) ->
     opened = golden_cfg(open_endpoint=True).model_copy(
         update={"model": "org/m", "engine": golden_cfg().engine.model_copy(update={"kind": "sglang"})}
     )
-    SlurmServing(opened, SwarmPaths(tmp_path)).validate(opened)
+    SlurmServing(opened, SwarmPaths(tmp_path)).validate(opened, ask=False)  # a site config: Slurm not asked
 
 
 def test_golden_shard_job_in_its_own_allocation() -> None:

@@ -114,8 +114,9 @@ class LeptonServing:
         self.capabilities().require(Capability.EXEC, "prefect-swarm exec")
         raise AssertionError("unreachable: Lepton lacks the exec capability")
 
-    def validate(self, cfg: SwarmConfig) -> None:
-        """Refuse a config this backend cannot run (no SDK, no shared mount). Needs no token, calls nothing."""
+    def validate(self, cfg: SwarmConfig, *, ask: bool = True) -> list[str]:
+        """Refuse a config this backend cannot run (no SDK, no shared mount). Needs no token, calls
+        nothing; no warnings."""
         validate_lepton(cfg.backend)  # type: ignore[arg-type]
         import_sdk()
         from leptonai.api.v2.spec_utils import make_mounts_from_strings, validate_environment_variable_name
@@ -130,6 +131,7 @@ class LeptonServing:
                 make_mounts_from_strings([f"{m.path}:{m.mount_path}:{m.from_}"])
             except ValueError as exc:
                 raise ConfigError(f"backend.mounts[{i}].from: {exc}") from None
+        return []
 
     def plan(self) -> dict[str, str]:
         """The deployment spec ``up`` sends and the template of a job's spec, as JSON; secrets masked."""
@@ -247,6 +249,10 @@ class LeptonServing:
             return GpuUsage(None, "n/a", shape=shape, reason=f"{why}; the Lepton workspace's billing has its hours")
         hours = max(0.0, time.time() - float(created_ms) / 1000) * gpus / 3600.0
         return GpuUsage(hours, "lepton deployment age", shape=shape, gpus=gpus)
+
+    def client_key(self) -> str | None:
+        """See :meth:`ServingBackend.client_key`."""
+        return self.cfg.api_key.get_secret_value() if self.cfg.api_key is not None else None
 
     def metrics_targets(self, handle: ServingHandle) -> MetricsTargets:
         """None: n/a with the reason (the endpoint's replicas are reached only through Lepton's gateway)."""

@@ -62,8 +62,9 @@ class LocalServing:
         """The local backend section of the config."""
         return _local(self.cfg)
 
-    def validate(self, cfg: SwarmConfig) -> None:
-        """``backend.gpus`` covers every replica, and the engine can take the API key without exposing it."""
+    def validate(self, cfg: SwarmConfig, *, ask: bool = True) -> list[str]:
+        """``backend.gpus`` covers every replica, and the engine can take the API key without exposing
+        it; no warnings (everything is checked here)."""
         local = _local(cfg)
         need = cfg.replicas * cfg.gpus_per_replica
         if local.gpus is not None and need > len(local.gpus):
@@ -72,6 +73,7 @@ class LocalServing:
                 "List more GPUs, or lower replicas or gpus_per_replica."
             )
         engine_launch(cfg, host=local.host, port=cfg.port)
+        return []
 
     def plan(self) -> dict[str, str]:
         """The watchdog spec of each replica (its engine command, URL and environment; no secrets)."""
@@ -260,10 +262,10 @@ class LocalServing:
 
     def _probe(self, url: str, deadline: float) -> ProbeResult:
         left = max(1.0, deadline - time.monotonic())
-        health = check_health(url, self.cfg.engine.health_path, timeout_s=min(5.0, left))
+        key = self.cfg.api_key.get_secret_value() if self.cfg.api_key else None
+        health = check_health(url, self.cfg.engine.health_path, timeout_s=min(5.0, left), api_key=key)
         if not health.ok:
             return ProbeResult(False, f"health: {health.detail}")
-        key = self.cfg.api_key.get_secret_value() if self.cfg.api_key else None
         chat = check_chat(url, self.cfg.model_name, key, timeout_s=min(60.0, left))
         return chat if chat.ok else ProbeResult(False, f"chat: {chat.detail}")
 
@@ -279,7 +281,7 @@ class LocalServing:
         if st.phase is ServingPhase.STOPPED:
             raise ReadinessError(
                 f"swarm '{self.cfg.name}' has no running watchdog: it was stopped (deleted, or its wall time ran out).",
-                hint="bring it up again with `prefect-swarm up`.",
+                hint=f"bring it up again with `prefect-swarm up -c {self.paths.config}`.",
             )
 
     def _ready_status(self, handle: ServingHandle) -> ServingStatus:
@@ -366,7 +368,8 @@ class LocalServing:
             raise ReadinessError(
                 f"replica {replica} of swarm '{self.cfg.name}' is not running (its watchdog is gone): "
                 "there is nothing to run a command in.",
-                hint=f"`prefect-swarm status {self.cfg.name}` tells why; `prefect-swarm up` brings it back.",
+                hint=f"`prefect-swarm status {self.cfg.name}` tells why; `prefect-swarm up -c {self.paths.config}` "
+                "brings it back.",
             )
         urls = self._urls(handle)
         port = urls[replica].rsplit(":", 1)[1] if replica < len(urls) else str(self.cfg.port + replica)
@@ -375,6 +378,10 @@ class LocalServing:
             return subprocess.run(list(argv), env=env, cwd=self.paths.root, check=False).returncode
         except OSError as exc:  # not found, not executable
             raise ConfigError(f"cannot run {argv[0]!r} in replica {replica}: {exc.strerror}.") from exc
+
+    def client_key(self) -> str | None:
+        """See :meth:`ServingBackend.client_key`."""
+        return self.cfg.api_key.get_secret_value() if self.cfg.api_key is not None else None
 
     def metrics_targets(self, handle: ServingHandle) -> MetricsTargets:
         """Every replica's engine (written by ``create_or_update``; gone after ``delete``)."""

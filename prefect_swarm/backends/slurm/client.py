@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from prefect_swarm.config.backends import slurm_seconds
 from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -41,6 +42,7 @@ _CONFIG_HINTS = {
     "Invalid generic resource": "check backend.gres_name and gpus_per_replica; `sinfo -o %G` lists GRES.",
     "Invalid feature specification": "check backend.constraint; `sinfo -o %f` lists node features.",
 }
+_QUEUE_FORMAT = "%i|%A|%F|%K|%j|%T|%r|%N|%L"
 _GONE = ("Invalid job id specified", "already completing or completed", "Job has already finished")
 
 
@@ -56,6 +58,8 @@ class QueueEntry:
     state: str
     reason: str
     nodes: str
+    time_left_s: float | None = None
+    """squeue's TimeLeft in seconds (None: unlimited or not known)."""
 
 
 @dataclass(frozen=True)
@@ -88,12 +92,19 @@ class SlurmClient:
 
     # ------------------------------------------------------------------ the one runner
     def run(
-        self, argv: Sequence[str], *, what: str, env: Mapping[str, str] | None = None, ok_gone: bool = False
+        self,
+        argv: Sequence[str],
+        *,
+        what: str,
+        env: Mapping[str, str] | None = None,
+        ok_gone: bool = False,
+        stdin: str | None = None,
     ) -> str:
-        """Run ``argv``; stdout on success. ``ok_gone``: "no such job" answers count as success (empty)."""
+        """Run ``argv`` (``stdin``: its input); stdout on success. ``ok_gone``: "no such job" answers
+        count as success (empty)."""
         try:
             proc = subprocess.run(
-                list(argv), capture_output=True, text=True, timeout=self.timeout_s, env=clean_env(env)
+                list(argv), capture_output=True, text=True, timeout=self.timeout_s, env=clean_env(env), input=stdin
             )
         except FileNotFoundError as exc:
             raise BackendError(
@@ -133,6 +144,13 @@ class SlurmClient:
             )
         return job_id
 
+    def test_only(self, script: str | None, *, what: str, args: Sequence[str] = ()) -> None:
+        """``sbatch --test-only``: would Slurm take the script ``script`` (its text, on stdin; None: the
+        job is all in ``args``, e.g. ``--wrap``) now, with its partition, account, QOS, GRES and time
+        limit? Submits and writes nothing; raises as :meth:`sbatch` would (ConfigError for a partition,
+        account or QOS that does not exist)."""
+        self.run(["sbatch", "--test-only", *args], what=what, stdin=script)
+
     def scancel(self, ids: Sequence[str], *, signal: str | None = None, full: bool = False) -> None:
         """Cancel (or signal) jobs, tasks or steps. Idempotent: ids already gone are fine.
         ``full``: the signal also reaches the batch shell (``--full``), not only the job steps."""
@@ -167,7 +185,7 @@ class SlurmClient:
         """
         if not ids and not names:
             return []
-        argv = ["squeue", "-h", "-r", "-o", "%i|%A|%F|%K|%j|%T|%r|%N"]
+        argv = ["squeue", "-h", "-r", "-o", _QUEUE_FORMAT]
         if ids:
             argv += ["-j", ",".join(ids)]
         if names:
@@ -177,7 +195,7 @@ class SlurmClient:
 
     def user_jobs(self) -> list[QueueEntry]:
         """Every job of this user in the queue."""
-        out = self.run(["squeue", "-h", "-r", "-u", self.user, "-o", "%i|%A|%F|%K|%j|%T|%r|%N"], what="list jobs")
+        out = self.run(["squeue", "-h", "-r", "-u", self.user, "-o", _QUEUE_FORMAT], what="list jobs")
         return [e for e in (_queue_entry(line) for line in out.splitlines()) if e is not None]
 
     def raw_id(self, task: str) -> str | None:
@@ -208,9 +226,10 @@ class SlurmClient:
 
 def _queue_entry(line: str) -> QueueEntry | None:
     parts = line.strip().split("|")
-    if len(parts) != 8:
+    if len(parts) not in (8, 9):
         return None
-    jid, raw, array, task, name, state, reason, nodes = parts
+    jid, raw, array, task, name, state, reason, nodes = parts[:8]
+    left = slurm_seconds(parts[8]) if len(parts) == 9 else None
     return QueueEntry(
         id=jid,
         raw_id=raw,
@@ -220,6 +239,7 @@ def _queue_entry(line: str) -> QueueEntry | None:
         state=state,
         reason=reason,
         nodes=nodes,
+        time_left_s=left,
     )
 
 

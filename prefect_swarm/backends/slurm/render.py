@@ -35,7 +35,8 @@ from prefect_swarm.backends.engine import (
 from prefect_swarm.config import ContainerConfig, SlurmConfig
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces.jobenv import API_KEY, HOME, LOG_LEVEL
-from prefect_swarm.paths import SwarmPaths, home_dir
+from prefect_swarm.paths import SwarmPaths
+from prefect_swarm.sidecar import key_guard
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
@@ -69,6 +70,12 @@ environment, never in a script)."""
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 """Set for the replicas unless ``backend.hf_offline`` is false: compute nodes usually have no internet."""
+
+KEY_GUARD = "psw_key_guard.KeyGuard"
+"""vLLM ``--middleware`` of a closed replica: every route needs the key (prefect_swarm.sidecar.key_guard)."""
+
+BEARER_TOKEN = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
+"""RFC 6750's b64token: what an ``Authorization: Bearer`` value may hold (and all the LB's check takes)."""
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -104,10 +111,30 @@ def job_names(cfg: SwarmConfig) -> JobNames:
 
 def swarm_paths(cfg: SwarmConfig, paths: SwarmPaths | None = None) -> SwarmPaths:
     """The swarm folder (its run dir): under ``backend.run_dir`` when set (every node must see it), else ``paths``."""
-    run_dir = slurm_section(cfg).run_dir
-    if run_dir:
-        return SwarmPaths.for_swarm(cfg.name, Path(run_dir).expanduser())
-    return paths or SwarmPaths.for_swarm(cfg.name, home_dir())
+    if slurm_section(cfg).run_dir:
+        return SwarmPaths.of(cfg.name, cfg.run_dir)
+    return paths or SwarmPaths.of(cfg.name, None)
+
+
+def closed(cfg: SwarmConfig) -> bool:
+    """True when the swarm's endpoint needs a key: ``api_key`` set, or generated (no ``backend.open_endpoint``)."""
+    return cfg.api_key is not None or not slurm_section(cfg).open_endpoint
+
+
+def key_guarded(cfg: SwarmConfig) -> bool:
+    """True when the replicas run vLLM behind :data:`KEY_GUARD` (a closed vLLM swarm)."""
+    return closed(cfg) and cfg.engine.kind == "vllm"
+
+
+def check_api_key(cfg: SwarmConfig) -> None:
+    """ConfigError when ``api_key`` is not a bearer token (RFC 6750): no client could send it as one,
+    and the LB's check holds it verbatim."""
+    if cfg.api_key is not None and not BEARER_TOKEN.match(cfg.api_key.get_secret_value()):
+        raise ConfigError(
+            "api_key holds a character a bearer token cannot (allowed: letters, digits and - . _ ~ + / "
+            "with = only at the end). Use such a key, e.g. `python -c 'import secrets; "
+            "print(secrets.token_urlsafe(32))'`, or leave api_key unset for a generated one."
+        )
 
 
 def job_python(cfg: SwarmConfig) -> str:
@@ -363,7 +390,12 @@ def _template(template: str, **values: object) -> str:
 
 
 def _setup(sc: SlurmConfig) -> str:
-    return "\n".join(sc.setup)
+    """``backend.setup`` verbatim between an ERR trap and its removal: the first line that fails
+    calls the script's ``setup_failed CODE LINE``, which stops the job with that line as the reason
+    (a line meant to fail may say ``|| true``)."""
+    if not sc.setup:
+        return ""
+    return "\n".join(["trap 'setup_failed $? $LINENO' ERR; SETUP_LINE0=$LINENO", *sc.setup, "trap - ERR"])
 
 
 def watchdog_spec(cfg: SwarmConfig, paths: SwarmPaths, index: int) -> dict[str, object]:
@@ -371,6 +403,8 @@ def watchdog_spec(cfg: SwarmConfig, paths: SwarmPaths, index: int) -> dict[str, 
     :data:`PORT_TOKEN`, picked free at each start with ``port + index`` preferred)."""
     sc = slurm_section(cfg)
     argv = [*container_prefix(sc.container), *engine_argv(cfg, host=HOST_TOKEN, port=PORT_TOKEN, **_dist(cfg))]
+    if key_guarded(cfg):
+        argv += ["--middleware", KEY_GUARD]
     env = _replica_env(cfg)
     extra: dict[str, object] = {}
     if nodes_per_replica(cfg) > 1:
@@ -410,7 +444,7 @@ def _words(argv: Sequence[str]) -> str:
     return " ".join(q(word) for word in argv)
 
 
-def _multi_node(cfg: SwarmConfig) -> dict[str, object]:
+def _multi_node(cfg: SwarmConfig, paths: SwarmPaths) -> dict[str, object]:
     """Template values of a replica spanning several nodes (empty dict for a single-node replica)."""
     nodes = nodes_per_replica(cfg)
     if nodes == 1:
@@ -424,6 +458,7 @@ def _multi_node(cfg: SwarmConfig) -> dict[str, object]:
         "ray_cmd": _words([*python, "-m", RAY_MODULE]),
         "ray_py": _words(python),
         "ray_wait_s": int(cfg.engine.startup_timeout_s),
+        "ray_token": q(paths.ray_token_file),
         "node_tmp": q(sc.node_tmp),
         "rank_token": RANK_TOKEN,
         "dist_port_token": DIST_PORT_TOKEN,
@@ -454,7 +489,7 @@ def render_replicas(cfg: SwarmConfig, paths: SwarmPaths) -> str:
     sc = slurm_section(cfg)
     return _template(
         "replicas.sbatch.j2",
-        **_multi_node(cfg),
+        **_multi_node(cfg, paths),
         **_stage(cfg),
         stage_log=q(paths.stage_log),
         name=cfg.name,
@@ -465,7 +500,10 @@ def render_replicas(cfg: SwarmConfig, paths: SwarmPaths) -> str:
         python=q(job_python(cfg)),
         gpus_per_replica=cfg.gpus_per_replica,
         host_token=HOST_TOKEN,
+        lb_job_name=q(job_names(cfg).lb),
+        replicas_job_name=q(job_names(cfg).replicas),
         setup=_setup(sc),
+        key_guard_dir=q(paths.engine_path_dir) if key_guarded(cfg) else "",
     )
 
 
@@ -524,6 +562,8 @@ def render_files(cfg: SwarmConfig, paths: SwarmPaths | None = None) -> dict[Path
     }
     for i in range(cfg.replicas):
         files[sp.watchdog_spec(i)] = json.dumps(watchdog_spec(cfg, sp, i), indent=2, sort_keys=True) + "\n"
+    if key_guarded(cfg):
+        files[sp.key_guard_module] = Path(key_guard.__file__).read_text()
     return files
 
 

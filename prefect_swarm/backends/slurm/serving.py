@@ -15,6 +15,7 @@ restart healthy replicas. State comes from squeue by job name; ``delete`` scance
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import time
 from collections.abc import Sequence
@@ -23,11 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.common import head_url, host_port
-from prefect_swarm.backends.engine import engine_env, engine_secret_env
+from prefect_swarm.backends.engine import engine_env, engine_secret_env, uses_ray
 from prefect_swarm.backends.slurm import accounting, identity, members, render
 from prefect_swarm.backends.slurm.client import QueueEntry, SlurmClient, clean_env
 from prefect_swarm.backends.slurm.lb import resolve
-from prefect_swarm.exceptions import CapacityError, ConfigError, ReadinessError
+from prefect_swarm.config.backends import slurm_seconds
+from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, ServingHandle
 from prefect_swarm.interfaces.metrics import MetricsTargets, read_file_sd
 from prefect_swarm.interfaces.readiness import ProbeResult, check_chat, check_health
@@ -38,6 +40,8 @@ from prefect_swarm.paths import atomic_write_json, atomic_write_text, read_json,
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
     from prefect_swarm.paths import SwarmPaths
+
+log = logging.getLogger("prefect_swarm.slurm")
 
 POLL_S = 1.0
 DRAIN_WAIT_S = 15.0
@@ -85,10 +89,13 @@ class SlurmServing:
         """Every capability: LB, watchdog, preemption signal, GPUs, nodes, containers, wall time."""
         return Capabilities.all_but("slurm", {})
 
-    def validate(self, cfg: SwarmConfig) -> None:
+    def validate(self, cfg: SwarmConfig, *, ask: bool = True) -> list[str]:
         """Render everything once (no submission): a value no script can hold, or an API key the engine
-        cannot take safely, fails here, before any GPU."""
-        render.render_files(cfg, self.paths)
+        cannot take safely, fails here, before any GPU. Then (``ask``) ask Slurm (``sbatch --test-only``)
+        whether it would take each job with its resources: a partition, account, QOS or GRES it does not
+        have is a ConfigError naming it. A cluster that cannot be asked is a warning (returned)."""
+        files = render.render_files(cfg, self.paths)
+        render.check_api_key(cfg)
         if cfg.engine.kind == "sglang" and identity.generated(cfg):
             raise ConfigError(
                 "a Slurm swarm's endpoint is closed by default (a generated API key), but SGLang takes a key "
@@ -97,6 +104,40 @@ class SlurmServing:
             )
         engine_secret_env(cfg)
         check_model_path(cfg)
+        return self._ask_slurm(cfg, {path.name: text for path, text in files.items()}) if ask else []
+
+    def _ask_slurm(self, cfg: SwarmConfig, plan: dict[str, str]) -> list[str]:
+        """``sbatch --test-only`` of the replica array, the LB job and (``backend.jobs``) a shard job;
+        [] when Slurm would take them all, a warning when it cannot be asked (no sbatch, controller down)."""
+        shard = (
+            render.shard_job_argv(
+                cfg,
+                name=f"{self.names.shard_prefix}check",
+                log=self.paths.root / "check.log",
+                workdir=self.paths.root,
+                command=["true"],
+            )
+            if render.slurm_section(cfg).jobs is not None
+            else None
+        )
+        checks: list[tuple[str | None, list[str], str]] = [
+            (plan[self.paths.replicas_script.name], ["--array=0"], "check the replica job (sbatch --test-only)"),
+            (plan[self.paths.lb_script.name], [], "check the load-balancer job (sbatch --test-only)"),
+        ]
+        if shard is not None:
+            checks.append((None, shard[1:], "check a batch-job shard job (backend.jobs; sbatch --test-only)"))
+        for script, args, what in checks:
+            try:
+                self.client.test_only(script, what=what, args=args)
+            except (ConfigError, CapacityError):
+                raise
+            except BackendError as exc:
+                first = str(exc).splitlines()[0]
+                return [
+                    f"could not ask Slurm whether it would take these jobs ({first}); the partition, "
+                    "account, QOS and GRES are checked only when `up` submits them."
+                ]
+        return []
 
     def plan(self) -> dict[str, str]:
         """The sbatch scripts, nginx.conf and watchdog specs ``up`` writes (name -> text); secrets
@@ -116,11 +157,14 @@ class SlurmServing:
         if cfg is not self.cfg:
             self.sc, self.names = render.slurm_section(cfg), render.job_names(cfg)
         self.cfg = identity.with_key(cfg, self.paths, create=True)
+        if uses_ray(self.cfg):
+            identity.ensure_ray_token(self.paths)  # Ray refuses whoever lacks it (replicas.sbatch.j2)
         files = render.render_files(self.cfg, self.paths)
         plan = {path.name: text for path, text in files.items()}
         self.paths.ensure()
         env = clean_env(engine_secret_env(self.cfg))
         want, per = render.array_tasks(self.cfg), render.per_task(self.cfg)
+        self._await_ending()
         with members.locked(self.paths):
             record = read_json(self.paths.slurm_record, {}) or {}
             live = members.live_tasks(self.client, self.names.replicas)
@@ -141,6 +185,7 @@ class SlurmServing:
             if lb and lb_id is None:
                 self.client.scancel([lb.raw_id])
             for path, text in files.items():
+                path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_text(path, text)
             for i in range(self.cfg.replicas, max(old_n, self.cfg.replicas)):
                 self.paths.replica_head(i).unlink(missing_ok=True)
@@ -155,6 +200,7 @@ class SlurmServing:
                 "tasks": {str(t): e.id for t, e in kept.items()},
                 "resubmits": {},
                 "submitted_at": time.time(),
+                **self._life(record, submits=len(kept) < want or lb_id is None),
             }
             missing = [t for t in range(want) if t not in kept]
             if missing:
@@ -174,6 +220,41 @@ class SlurmServing:
                 record["lb_job"] = lb_id
                 atomic_write_json(self.paths.slurm_record, record)
         return self._handle(str(record["replicas_job"]), str(lb_id), record["tasks"])
+
+    def _life(self, record: dict[str, Any], *, submits: bool) -> dict[str, float]:
+        """``ends_at`` (``backend.time_limit`` from now when this ``up`` submits a job, else as it was)
+        and ``min_life_s`` (what a replacement needs left): see :mod:`members`."""
+        limit = slurm_seconds(self.sc.time_limit) or 0.0
+        ends = time.time() + limit if submits or not record.get("ends_at") else float(record["ends_at"])
+        return {"ends_at": ends, "min_life_s": self.sc.ending_s}
+
+    def _await_ending(self) -> None:
+        """Wait (at most their time left + ``GONE_WAIT_S``) for this swarm's running jobs that are within
+        ``backend.signal_seconds`` + ``SIGNAL_EARLY_S`` of their time limit to end: ``up`` then submits
+        fresh ones, never keeps a job about to be killed (nor starts a replica next to one that would
+        remove its head file)."""
+        floor = self.sc.ending_s
+        deadline: float | None = None
+        while True:
+            ending = [
+                e
+                for e in self.client.squeue(names=self.names.all())
+                if e.state == "RUNNING" and e.time_left_s is not None and e.time_left_s < floor
+            ]
+            if not ending:
+                return
+            if deadline is None:
+                deadline = time.monotonic() + max(e.time_left_s or 0.0 for e in ending) + GONE_WAIT_S
+                log.info(
+                    "swarm '%s': job(s) %s end at their time limit within %.0fs; waiting for them before "
+                    "submitting fresh ones",
+                    self.cfg.name,
+                    ", ".join(e.id for e in ending),
+                    floor,
+                )
+            if time.monotonic() > deadline:
+                self.client.scancel(sorted({e.raw_id for e in ending}))
+            time.sleep(POLL_S)
 
     def _task_args(self) -> dict[str, list[str]]:
         """sbatch options of a last task that runs fewer replicas than the script asks for."""
@@ -259,6 +340,10 @@ class SlurmServing:
         env = {**engine_env(self.cfg), **engine_secret_env(self.cfg), **({"PORT": str(port)} if port else {})}
         return self.client.srun_overlap(entry.raw_id, argv, node=node, env=env)
 
+    def client_key(self) -> str | None:
+        """See :meth:`ServingBackend.client_key` (the generated key once `up` made it)."""
+        return self.cfg.api_key.get_secret_value() if self.cfg.api_key is not None else None
+
     def metrics_targets(self, handle: ServingHandle) -> MetricsTargets:
         """The replicas the LB reconciler routes to (it keeps ``targets.json`` next to the upstream file)."""
         del handle  # the file is in this swarm's folder
@@ -322,13 +407,18 @@ class SlurmServing:
         RUNNING (LB up, at least one replica healthy; "degraded" with n/m below strength),
         INITIALIZING (LB up, no replica healthy yet)."""
         if not jobs.all:
-            return ServingPhase.STOPPED, "no job of this swarm is in the Slurm queue"
+            stopped = (read_json(self.paths.slurm_record, {}) or {}).get("stopped") or {}
+            why = f": stopped because {stopped['reason']}" if stopped.get("reason") else ""
+            return ServingPhase.STOPPED, f"no job of this swarm is in the Slurm queue{why}"
         healthy = sum(r.health is ReplicaHealth.HEALTHY for r in replicas)
         n = f"{healthy}/{len(replicas)} replicas healthy"
         if jobs.lb is None:
+            stopped = (read_json(self.paths.slurm_record, {}) or {}).get("stopped") or {}
+            if stopped:
+                return ServingPhase.FAILED, f"stopping: {stopped.get('reason')}"
             return ServingPhase.FAILED, (
-                f"the load balancer job left the Slurm queue: no endpoint ({n}); "
-                f"`prefect-swarm up {self.cfg.name}` resubmits it, `prefect-swarm down {self.cfg.name}` stops the rest"
+                f"the load balancer job left the Slurm queue: no endpoint ({n}); a replica task resubmits it "
+                f"within {members.KEEP_LB_S:g}s; `prefect-swarm down {self.cfg.name}` stops the swarm"
             )
         if jobs.lb.state != "RUNNING" or not self._lb_url():
             if jobs.pending():
@@ -386,8 +476,9 @@ class SlurmServing:
                     return
         if missing:
             self.delete(handle)
+            why = "".join(f"\n{reason}" for reason in self._failures(handle))
             raise ReadinessError(
-                f"swarm '{self.cfg.name}': {missing} left the Slurm queue before the swarm was ready.",
+                f"swarm '{self.cfg.name}': {missing} left the Slurm queue before the swarm was ready.{why}",
                 stderr=self._evidence(),
                 hint=f"see {self.paths.root} for the job outputs.",
             )
@@ -402,9 +493,15 @@ class SlurmServing:
             )
 
     def _engine_failed(self, handle: ServingHandle) -> bool:
-        """True when a replica's watchdog gave up on its engine (resubmitting would not help)."""
+        """True when a replica's watchdog gave up on its engine, or its task's setup failed
+        (resubmitting would not help)."""
+        return bool(self._failures(handle))
+
+    def _failures(self, handle: ServingHandle) -> list[str]:
+        """``replica <i>: <why>`` for each replica whose status says ``failed``."""
         n, _ = self._wanted(handle)
-        return any((read_json(self.paths.replica_status(i), {}) or {}).get("failed") for i in range(n))
+        status = {i: read_json(self.paths.replica_status(i), {}) or {} for i in range(n)}
+        return [f"replica {i}: {s.get('detail')}" for i, s in status.items() if s.get("failed")]
 
     def _missing(self, handle: ServingHandle, jobs: SwarmJobs) -> str:
         if jobs.lb is None:
@@ -431,10 +528,10 @@ class SlurmServing:
         lb = self._lb_url()
         if lb is None:
             return "the LB has not announced itself yet (lb.head)"
-        health = check_health(lb, self.cfg.engine.health_path)
+        key = self.cfg.api_key.get_secret_value() if self.cfg.api_key else None
+        health = check_health(lb, self.cfg.engine.health_path, api_key=key)
         if not health.ok:
             return f"LB {lb}/health: {health.detail}"
-        key = self.cfg.api_key.get_secret_value() if self.cfg.api_key else None
         for i in range(n):
             if i in chatted and chatted[i].ok:
                 continue
