@@ -38,11 +38,13 @@ class ExitCode(enum.IntEnum):
     NOT_FOUND = 3  # no such swarm/job in the state database (StateError)
     NOT_READY = 4  # the swarm did not become ready, or the backend lacks capacity now
     RESUMABLE = 75  # a job stopped by the scheduler (preemption, time limit) after its flush: rerun it
+    INTERRUPTED = 130  # Ctrl-C while waiting for a job: the job's processes run on (the message says how to stop them)
 
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 runtime/backend failure or budget reached; 2 bad input or config; "
-    "3 swarm/job not found; 4 not ready or no capacity; 75 job preempted (resumable: submit it again)."
+    "3 swarm/job not found; 4 not ready or no capacity; 75 job preempted (resumable: submit it again); "
+    "130 interrupted while waiting for a job (the job runs on)."
 )
 
 

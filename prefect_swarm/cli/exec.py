@@ -18,6 +18,7 @@ from prefect_swarm.cli.attach import attach
 from prefect_swarm.exceptions import ConfigError, ReadinessError
 from prefect_swarm.interfaces import Capability, ServingHandle
 from prefect_swarm.interfaces.types import ServingPhase
+from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.state import StateStore
 
 
@@ -53,5 +54,6 @@ def exec_cmd(
 def _stopped(name: str, why: str) -> ReadinessError:
     return ReadinessError(
         f"swarm '{name}' is stopped ({why}): it has no replica to run a command in.",
-        hint=f"bring it up again with `prefect-swarm up`; `prefect-swarm status {name}` shows what is left.",
+        hint=f"bring it up again with `prefect-swarm up -c {SwarmPaths.for_swarm(name).config}`; "
+        f"`prefect-swarm status {name}` shows what is left.",
     )

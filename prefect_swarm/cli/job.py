@@ -22,10 +22,11 @@ shows results (tables on stdout, progress on stderr).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -67,7 +68,10 @@ def submit(
         str | None,
         typer.Option("--output", help="Output file: *.parquet, or *.jsonl / *.jsonl.gz (OpenAI Batch output)."),
     ] = None,
-    shards: Annotated[int | None, typer.Option("--shards", min=1, help="Number of shards (processes).")] = None,
+    shards: Annotated[
+        int | None,
+        typer.Option("--shards", min=1, help="Number of shards (processes); default: sized from the swarm."),
+    ] = None,
     job: Annotated[
         str | None, typer.Option("--job", help="Job class module:Class, or chat|completion|embedding.")
     ] = None,
@@ -87,7 +91,13 @@ def submit(
     ] = None,
     id_column: Annotated[str | None, typer.Option("--id-column", help="Unique id column.")] = None,
     concurrency: Annotated[
-        int | None, typer.Option("--concurrency", min=1, help="Requests in flight per shard.")
+        int | None,
+        typer.Option(
+            "--concurrency",
+            min=1,
+            help="Most requests in flight per shard (a cap); default: each replica kept full (its batch "
+            "capacity plus a short queue), adjusted from its /metrics.",
+        ),
     ] = None,
     output_format: Annotated[
         str | None,
@@ -158,7 +168,7 @@ def submit(
         console.print(rec.id)
         return
     seen: set[str] = set()
-    try:
+    with _interruptible(rec.id):
         for attempt in range(1, resubmit_on_preempt + 1):
             doc = _wait(rec.id)
             if not _preempted(doc, seen):
@@ -170,11 +180,18 @@ def submit(
             )
             submit_job(_restored(swarm), spec.model_copy(update={"job_id": rec.id}), detach=True)
         _wait_and_show(rec.id)
+
+
+@contextlib.contextmanager
+def _interruptible(job_id: str) -> Iterator[None]:
+    """Ctrl-C stops the waiting, not the job: say so, and how to wait again or stop it (exit 130)."""
+    try:
+        yield
     except KeyboardInterrupt:
         err_console.print(
-            f"interrupted: job {rec.id} keeps running on swarm '{swarm}' (its shard processes are not this "
-            f"command's). `prefect-swarm job wait {rec.id}` waits for it again; `prefect-swarm job cancel "
-            f"{rec.id}` stops it (the shards flush their checkpoints; resubmitting with --id {rec.id} resumes)."
+            f"interrupted: job {job_id} keeps running (its shard processes are not this command's). "
+            f"`prefect-swarm job wait {job_id}` waits for it again; `prefect-swarm job cancel {job_id}` stops "
+            f"it (the shards flush their checkpoints; resubmitting with --id {job_id} resumes it)."
         )
         raise typer.Exit(ExitCode.INTERRUPTED) from None
 
@@ -355,7 +372,8 @@ def wait(
     timeout: Annotated[float | None, typer.Option("--timeout", help="Give up waiting after this many seconds.")] = None,
 ) -> None:
     """Wait for a job to end; commit its output when every shard is done."""
-    _wait_and_show(job_id, timeout)
+    with _interruptible(job_id):
+        _wait_and_show(job_id, timeout)
 
 
 @job_app.command("cancel")

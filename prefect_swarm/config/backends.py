@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, AliasChoices, Field, SecretStr
+from pydantic import AfterValidator, AliasChoices, Field, SecretStr, model_validator
 
 from prefect_swarm.config.base import Count, NonNegativeInt, NonNegativeSeconds, Port, Seconds, StrictModel
 from prefect_swarm.config.cost import Priced
@@ -26,6 +26,30 @@ def _slurm_time(value: str) -> str:
 
 SlurmTime = Annotated[str, AfterValidator(_slurm_time)]
 """A Slurm wall-time (--time): MM, MM:SS, HH:MM:SS or D-HH:MM:SS."""
+
+
+SIGNAL_EARLY_S = 60.0
+"""Slurm sends a job's ``--signal`` up to this much earlier than asked (its time-limit check is periodic)."""
+
+
+def slurm_seconds(value: str) -> float | None:
+    """Seconds of a Slurm time (``--time`` or squeue's TimeLeft): MM, MM:SS, H:MM:SS, D-HH[:MM[:SS]];
+    None for what is no duration (``UNLIMITED``, ``INVALID``, ``NOT_SET``)."""
+    days, _, rest = value.strip().rpartition("-")
+    if days and not days.isdigit():
+        return None
+    parts = rest.split(":")
+    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+        return None
+    nums = [int(p) for p in parts]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        nums += [0] * (3 - len(nums))
+        return float(int(days) * 86400 + nums[0] * 3600 + nums[1] * 60 + nums[2])
+    if len(nums) == 1:  # MM
+        return float(nums[0] * 60)
+    if len(nums) == 2:  # MM:SS
+        return float(nums[0] * 60 + nums[1])
+    return float(nums[0] * 3600 + nums[1] * 60 + nums[2])
 
 
 class LocalConfig(Priced):
@@ -98,6 +122,12 @@ class SlurmLBConfig(StrictModel):
     step run in its allocation). Unset fields fall back to the replicas' settings."""
 
     cpus: Count = Field(default=1, description="CPUs of the LB job (--cpus-per-task).")
+    steps_per_cpu: Count = Field(
+        default=4,
+        description="Batch-job shards one CPU of the LB job hosts as job steps (a shard is an async HTTP "
+        "client, mostly waiting). A job with more shards than cpus x steps_per_cpu runs each shard as an "
+        "sbatch job of its own (backend.jobs resources, 1 CPU each when unset); `validate` says which.",
+    )
     mem: str | None = Field(default=None, description="Memory of the LB job (--mem), e.g. 8G.")
     partition: str | None = Field(
         default=None,
@@ -138,7 +168,9 @@ class SlurmConfig(Priced):
     constraint: str | None = Field(default=None, description="Node features required (--constraint).")
     time_limit: SlurmTime = Field(
         default="24:00:00",
-        description="Wall-time limit of each replica and of the LB job (--time), e.g. 04:00:00.",
+        description="Wall-time limit of each replica and of the LB job (--time), e.g. 04:00:00; it is "
+        "also the swarm's life: a replica or LB job replaced after it left the queue gets only the time "
+        "left until the first submission's limit, and none is replaced past it.",
     )
     cpus_per_replica: Count = Field(default=4, description="CPUs per replica (--cpus-per-task).")
     mem_per_replica: str | None = Field(default=None, description="Memory per replica (--mem), e.g. 64G.")
@@ -217,6 +249,24 @@ class SlurmConfig(Priced):
         "(gpus_per_replica > gpus_per_node: one Ray cluster per replica, head on its first node); "
         "keep it short (Ray's socket paths live under it).",
     )
+
+    @property
+    def ending_s(self) -> float:
+        """A job with less time left than this is at its end: Slurm may already have sent the signal
+        (it sends it up to ``SIGNAL_EARLY_S`` early), so no job step goes into it and no replica or LB
+        job is resubmitted with less of the swarm's life left."""
+        return self.signal_seconds + SIGNAL_EARLY_S
+
+    @model_validator(mode="after")
+    def _life_after_signal(self) -> SlurmConfig:
+        limit = slurm_seconds(self.time_limit) or 0.0
+        if self.signal_seconds and limit <= self.ending_s:
+            raise ValueError(
+                f"backend.time_limit ({self.time_limit} = {limit:g}s) must be longer than backend.signal_seconds "
+                f"({self.signal_seconds}) + {SIGNAL_EARLY_S:g}s (Slurm may send the signal that early): the swarm "
+                "would be at its end as soon as it starts. Raise time_limit or lower signal_seconds."
+            )
+        return self
 
 
 class LeptonMount(StrictModel):

@@ -14,6 +14,7 @@ from prefect_swarm.exceptions import StateError
 from prefect_swarm.flows.hooks import teardown_hook
 from prefect_swarm.flows.params import (
     TASK_THREADS,
+    ConcurrencyArg,
     InputArg,
     JobArg,
     MaxFailedArg,
@@ -91,7 +92,8 @@ def run_job(
     job: JobArg,
     input: InputArg,
     output: OutputArg,
-    shards: ShardsArg = 1,
+    shards: ShardsArg = None,
+    concurrency: ConcurrencyArg = None,
     max_failed_fraction: MaxFailedArg = None,
 ) -> dict[str, Any]:
     """Run a batch job on the existing swarm ``name`` (which stays up afterwards).
@@ -101,7 +103,10 @@ def run_job(
         job: a job kind ('chat', 'completion', 'embedding', 'module:Class') or JobOptions.
         input: parquet file/folder or OpenAI Batch JSONL.
         output: output file (one row per input row).
-        shards: number of shards (job processes), at least 1.
+        shards: number of shards (job processes), at least 1; default: sized from the swarm (one
+            process per 4096 requests in flight its replicas need).
+        concurrency: most requests in flight per shard (a cap); default: each replica kept full
+            (its batch capacity plus a short queue), adjusted from the replicas' /metrics.
         max_failed_fraction: largest share of failed rows (0..1) for the run to be Completed;
             default: the job's.
     """
@@ -109,7 +114,8 @@ def run_job(
     live = reattach(name, StateStore())
     if live.handle is None:
         raise StateError(f"swarm '{name}' has no handle: it was never brought up. `prefect-swarm up -c FILE` it first.")
-    plan = plan_shards(job_spec(live.cfg, job, input, output, shards, max_failed_fraction), name, live.cfg.run_dir)
+    spec = job_spec(live.cfg, job, input, output, shards, max_failed_fraction, concurrency)
+    plan = plan_shards(spec, name, live.cfg.run_dir)
     label_run(name, plan.spec.job_id)
     run_id = current_flow_run_id()
     store = live.store

@@ -161,3 +161,42 @@ def test_watchdog_spec_file_runs_standalone(tmp_path: Path) -> None:
     finally:
         if dog.poll() is None:
             dog.kill()
+
+
+def test_watchdog_logs_changes_of_health_not_every_probe(tmp_path: Path) -> None:
+    """A healthy replica probed 5 times a second for 3 s: its watchdog log says it started and
+    turned healthy, and nothing per probe (httpx logged one INFO line per request: ~30 a minute)."""
+    import subprocess
+
+    from prefect_swarm.backends.engine import substitute
+    from prefect_swarm.paths import SwarmPaths
+    from prefect_swarm.sidecar.watchdog import WatchdogSpec
+    from prefect_swarm.testing import free_port
+
+    port = free_port()
+    argv = substitute(STUB, python=sys.executable, host="127.0.0.1", port=port, served_model_name="m")
+    spec = WatchdogSpec(
+        swarm="x", root=str(tmp_path), index=0, argv=argv, url=f"http://127.0.0.1:{port}", health_interval_s=0.2
+    )
+    spec_file = tmp_path / "watchdog-0.json"
+    spec_file.write_text(json.dumps(spec.to_dict()))
+    log = tmp_path / "watchdog-0.log"
+    with log.open("wb") as out:
+        dog = subprocess.Popen(
+            [sys.executable, "-m", "prefect_swarm.sidecar.watchdog", "--spec", str(spec_file)], stderr=out
+        )
+    status = SwarmPaths(tmp_path).replica_status(0)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and '"Healthy"' not in (status.read_text() if status.exists() else ""):
+            time.sleep(0.1)
+        time.sleep(3)  # ~15 probes of a healthy replica
+        probes_seen = json.loads(status.read_text())["updated_at"]
+        assert probes_seen
+    finally:
+        dog.send_signal(signal.SIGTERM)
+        dog.wait(15)
+    lines = log.read_text().splitlines()
+    assert not [line for line in lines if "HTTP Request" in line], lines
+    assert any("Unknown -> Healthy" in line for line in lines), lines
+    assert len(lines) <= 5, lines  # started, Unknown -> Healthy, stopping

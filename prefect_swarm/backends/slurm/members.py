@@ -6,14 +6,29 @@ The replicas are array tasks named ``psw-<swarm>-replicas``; they need not share
 its own (``sbatch --array=<i>`` of the same script), so the others keep running and keep their ids.
 Both ``up`` and the reconciler in the LB job call :func:`replenish`, under ``slurm.lock``;
 ``delete`` sets ``array_tasks`` to 0 first, so nothing is resubmitted behind it.
+
+The LB job is replaced the same way, from the other side: every replica task runs
+``python -m prefect_swarm.backends.slurm.members --keep-lb`` (:func:`keep_lb`), which resubmits
+the LB job when it left the queue (one check per ``KEEP_LB_S`` for the whole swarm, under the
+lock). When the LB cannot be replaced (its budget of ``MAX_RESUBMITS`` is spent, or the swarm's
+life is over) the swarm is stopped -- no replica keeps its GPUs without an endpoint -- and
+``stopped`` in the record says why (``status`` shows it).
+
+``backend.time_limit`` bounds the swarm's life: ``ends_at`` (``up``'s submission + the time
+limit) is recorded, a replacement gets only the time left (``--time``), and nothing is replaced
+with less than ``min_life_s`` (``SlurmConfig.ending_s``: the signal may already be on its way) left.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
+import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 from prefect_swarm.backends.slurm.client import QueueEntry, SlurmClient
@@ -25,7 +40,32 @@ LIVE_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUS
 """Queue states of a job that is (or will be) there."""
 
 MAX_RESUBMITS = 5
-"""Resubmissions per task index over a swarm's life; past it the task stays missing (status says why)."""
+"""Resubmissions per task index (and of the LB job) over a swarm's life; past it the task stays
+missing (status says why) and a lost LB stops the swarm."""
+KEEP_LB_S = 5.0
+"""How often (for the whole swarm) a replica task looks whether the LB job is still queued."""
+
+
+def life_left(record: Mapping[str, Any], now: float | None = None) -> float | None:
+    """Seconds until ``backend.time_limit`` ends the swarm (``ends_at``); None when not recorded."""
+    ends = record.get("ends_at")
+    return None if ends is None else float(ends) - (time.time() if now is None else now)
+
+
+def no_replacement(record: Mapping[str, Any], key: str) -> str:
+    """Why nothing may be resubmitted for ``key`` (a task index or ``"lb"``), or ''."""
+    if int((record.get("resubmits") or {}).get(key, 0)) >= MAX_RESUBMITS:
+        return f"it was already resubmitted {MAX_RESUBMITS} times (the most)"
+    left = life_left(record)
+    if left is not None and left < float(record.get("min_life_s") or 0.0):
+        return f"the swarm's life (backend.time_limit) ends in {max(left, 0):.0f}s"
+    return ""
+
+
+def time_args(record: Mapping[str, Any]) -> list[str]:
+    """``--time=<whole minutes left>`` for a replacement (Slurm counts minutes), or nothing."""
+    left = life_left(record)
+    return [] if left is None else [f"--time={max(1, int(left // 60))}"]
 
 
 def locked(paths: SwarmPaths) -> AbstractContextManager[None]:
@@ -50,6 +90,7 @@ def submit_tasks(
     tasks: Sequence[int],
     env: Mapping[str, str] | None,
     what: str,
+    extra: Sequence[str] = (),
 ) -> str:
     """``sbatch --array=<tasks>`` of the replica script; records each task's new id. Returns a job id.
 
@@ -60,8 +101,8 @@ def submit_tasks(
     groups: list[tuple[list[int], list[str]]] = []
     plain = [t for t in tasks if str(t) not in special]
     if plain:
-        groups.append((plain, []))
-    groups += [([t], list(special[str(t)])) for t in tasks if str(t) in special]
+        groups.append((plain, list(extra)))
+    groups += [([t], [*special[str(t)], *extra]) for t in tasks if str(t) in special]
     ids = record.setdefault("tasks", {})
     job_id = ""
     for group, extra in groups:
@@ -90,7 +131,7 @@ def replenish(
         return []
     live = live_tasks(client, name)
     counts: dict[str, int] = record.setdefault("resubmits", {})
-    missing = [t for t in range(want) if t not in live and t not in skip and counts.get(str(t), 0) < MAX_RESUBMITS]
+    missing = [t for t in range(want) if t not in live and t not in skip and not no_replacement(record, str(t))]
     if not missing:
         return []
     per_task = int(record.get("per_task") or 1)
@@ -98,8 +139,81 @@ def replenish(
         counts[str(t)] = counts.get(str(t), 0) + 1
         for i in range(t * per_task, (t + 1) * per_task):
             paths.replica_head(i).unlink(missing_ok=True)
-    job_id = submit_tasks(client, paths, record, missing, env, f"resubmit replica task(s) {missing}")
+    job_id = submit_tasks(
+        client, paths, record, missing, env, f"resubmit replica task(s) {missing}", extra=time_args(record)
+    )
     record["replenished_at"] = time.time()
     atomic_write_json(paths.slurm_record, record)
     log.info("replica task(s) %s had left the queue: resubmitted as job %s", missing, job_id)
     return missing
+
+
+def stop_swarm(client: SlurmClient, paths: SwarmPaths, replicas_name: str, reason: str) -> None:
+    """Stop the swarm from inside (call under :func:`locked`): want no replica, record why, cancel
+    its replica tasks (this process's own task among them)."""
+    record = read_json(paths.slurm_record, {}) or {}
+    record.update(array_tasks=0, stopped={"at": time.time(), "reason": reason})
+    atomic_write_json(paths.slurm_record, record)
+    log.error("stopping the swarm: %s", reason)
+    client.scancel(sorted({e.array_job_id for e in client.squeue(names=[replicas_name])}))
+
+
+def keep_lb(client: SlurmClient, paths: SwarmPaths, lb_name: str, replicas_name: str, env: Mapping[str, str]) -> str:
+    """Resubmit the LB job when it left the queue (call under :func:`locked`); when it may not be
+    replaced, stop the swarm. Returns what was done ('' when nothing)."""
+    record = read_json(paths.slurm_record, {}) or {}
+    if int(record.get("array_tasks") or 0) <= 0 or not paths.lb_script.is_file():
+        return ""
+    if time.time() - float(record.get("lb_checked_at") or 0) < KEEP_LB_S:
+        return ""  # another replica task looked just now
+    record["lb_checked_at"] = time.time()
+    atomic_write_json(paths.slurm_record, record)
+    if any(e.state in LIVE_STATES - {"COMPLETING"} for e in client.squeue(names=[lb_name])):
+        return ""
+    why = no_replacement(record, "lb")
+    if why:
+        stop_swarm(
+            client,
+            paths,
+            replicas_name,
+            f"the load balancer job {record.get('lb_job')} left the queue "
+            f"and is not replaced: {why}; no replica keeps its GPUs without an endpoint",
+        )
+        return "stopped"
+    counts: dict[str, int] = record.setdefault("resubmits", {})
+    counts["lb"] = counts.get("lb", 0) + 1
+    paths.lb_head.unlink(missing_ok=True)
+    job_id = client.sbatch(paths.lb_script, env=env, what="replace the load balancer", args=time_args(record))
+    old, record["lb_job"] = record.get("lb_job"), job_id
+    atomic_write_json(paths.slurm_record, record)
+    log.warning("the load balancer job %s had left the queue: resubmitted as job %s", old, job_id)
+    return job_id
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``--keep-lb``: the loop a replica task runs beside its replicas (see the module docstring)."""
+    from prefect_swarm.backends.slurm.client import clean_env
+
+    ap = argparse.ArgumentParser(description="Resubmit a swarm's LB job when it left the Slurm queue.")
+    ap.add_argument("--keep-lb", action="store_true", required=True)
+    ap.add_argument("--swarm-dir", required=True, type=Path)
+    ap.add_argument("--lb-job-name", required=True)
+    ap.add_argument("--replicas-job-name", required=True)
+    ap.add_argument("--parent", type=int, default=None, help="exit when this process is gone")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    paths = SwarmPaths(args.swarm_dir)
+    client = SlurmClient(timeout_s=30.0)
+    while not args.parent or os.getppid() == args.parent:
+        try:
+            with locked(paths):
+                if keep_lb(client, paths, args.lb_job_name, args.replicas_job_name, clean_env()) == "stopped":
+                    return 0
+        except Exception:  # a slow controller must not end the replica task
+            log.exception("LB check failed; retrying")
+        time.sleep(KEEP_LB_S)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
