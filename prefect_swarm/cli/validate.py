@@ -43,6 +43,7 @@ def validate(
     caps = serving.capabilities()
     plan = mask_secrets(serving.plan(), cfg)
     notes = [*unchecked, *warnings(cfg)]
+    shards = shard_placement(cfg)
     if output is OutputFormat.json:
         emit_json(
             {
@@ -53,6 +54,7 @@ def validate(
                 "capabilities": caps.to_dict(),
                 "plan": plan,
                 "warnings": notes,
+                "job_shards": shards,
             }
         )
         return
@@ -61,12 +63,23 @@ def validate(
     )
     for note in notes:
         console.print(f"[yellow]warning[/]: {note}")
+    if shards:
+        console.print(f"[bold]job shards[/]: {shards}", markup=True)
     if show_config:
         console.print(Syntax(yaml.safe_dump(cfg.redacted(), sort_keys=False), "yaml", background_color="default"))
     console.print(f"[bold]would start[/] (rendered by the {cfg.backend.type} backend; nothing was started):")
     for fname, text in plan.items():
         console.print(f"[bold]--- {fname}[/]")
         console.print(text, markup=False)
+
+
+def shard_placement(cfg: SwarmConfig) -> str | None:
+    """Where a batch job's shards run on this swarm, when the backend places them itself (Slurm)."""
+    if isinstance(cfg.backend, SlurmConfig):
+        from prefect_swarm.backends.slurm.render import shard_placement as slurm_placement
+
+        return slurm_placement(cfg)
+    return None
 
 
 def warnings(cfg: SwarmConfig) -> list[str]:

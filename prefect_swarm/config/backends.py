@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, AliasChoices, Field, SecretStr, model_validator
+from pydantic import AfterValidator, AliasChoices, Field, SecretStr, field_validator, model_validator
 
 from prefect_swarm.config.base import Count, NonNegativeInt, NonNegativeSeconds, Port, Seconds, StrictModel
 from prefect_swarm.config.cost import Priced
@@ -196,6 +196,19 @@ class SlurmConfig(Priced):
         description="Seconds the swarm may stay PENDING before readiness fails with Slurm's reason.",
     )
     requeue: bool = Field(default=False, description="Submit with --requeue (some sites forbid it).")
+    port_range: str | None = Field(
+        default=None,
+        description="Ports the replicas and the LB may listen on, 'LOW-HIGH' (e.g. '20000-20999': the range "
+        "a site's firewall opens between nodes). Each start takes its preferred port (port + i, lb_port) "
+        "when it is free and in the range, else a free one of the range; default: the preferred port, "
+        "else one the kernel picks.",
+    )
+    idle_timeout_s: Seconds | None = Field(
+        default=None,
+        description="Stop the swarm (replicas and LB) after this many seconds in which no replica answered "
+        "or held a request (health checks do not count), so a forgotten swarm gives its GPUs back; the "
+        "reason shows in `status`. Default: off (the swarm runs until `down` or backend.time_limit).",
+    )
     signal_seconds: NonNegativeInt = Field(
         default=120,
         description="Seconds before the time limit Slurm sends USR1 (--signal) so steps flush.",
@@ -232,7 +245,9 @@ class SlurmConfig(Priced):
     )
     setup: list[str] = Field(
         default_factory=list,
-        description="Shell lines run before the engine starts (e.g. 'module load cuda'); written verbatim.",
+        description="Shell lines run before the engine starts (e.g. 'module load cuda'); written verbatim. "
+        "The job stops at the first line that fails, and `up` reports that line (end a line with "
+        "'|| true' to let it fail).",
     )
     sbatch_args: list[str] = Field(
         default_factory=list, description="Extra sbatch options, one per item, e.g. '--exclusive'."
@@ -249,6 +264,27 @@ class SlurmConfig(Priced):
         "(gpus_per_replica > gpus_per_node: one Ray cluster per replica, head on its first node); "
         "keep it short (Ray's socket paths live under it).",
     )
+
+    @field_validator("port_range")
+    @classmethod
+    def _port_range(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        match = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", value)
+        low, high = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+        if not match or not 1024 <= low < high <= 65535:
+            raise ValueError(
+                f"'{value}' is not a port range: give 'LOW-HIGH' with 1024 <= LOW < HIGH <= 65535, e.g. 20000-20999"
+            )
+        return f"{low}-{high}"
+
+    @property
+    def ports(self) -> tuple[int, int] | None:
+        """``port_range`` as (low, high), or None."""
+        if not self.port_range:
+            return None
+        low, high = self.port_range.split("-")
+        return int(low), int(high)
 
     @property
     def ending_s(self) -> float:

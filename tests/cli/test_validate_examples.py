@@ -97,3 +97,31 @@ def test_the_lepton_plan_masks_the_endpoint_token(
     assert job["spec"]["container"]["command"][0] == "python3"
     secret_refs = [e for e in job["spec"]["envs"] if e["name"] == "PREFECT_SWARM_API_KEY"]
     assert secret_refs and "value" not in secret_refs[0]
+
+
+def test_validate_says_where_a_slurm_job_runs_its_shards(
+    run_cli: RunCli, no_credentials: dict[str, str], tmp_path: Path
+) -> None:
+    """The LB job hosts lb.cpus x lb.steps_per_cpu shards as steps; a bigger job runs them as jobs of their own."""
+    base = (EXAMPLE_DIR / "slurm.yaml").read_text()
+    doc = json.loads(
+        run_cli("validate", "--offline", "-c", str(EXAMPLE_DIR / "slurm.yaml"), "-o", "json", env=no_credentials).stdout
+    )
+    cpus = int(doc["config"]["backend"]["lb"]["cpus"])
+    slots = cpus * int(doc["config"]["backend"]["lb"]["steps_per_cpu"])
+    assert f"up to {slots} shards" in doc["job_shards"] and "sbatch job of its own" in doc["job_shards"]
+    import yaml
+
+    data = yaml.safe_load(base)
+    data["backend"]["lb"] = {**data["backend"].get("lb", {}), "cpus": 8, "steps_per_cpu": 64}
+    config = tmp_path / "big-lb.yaml"
+    config.write_text(yaml.safe_dump(data))
+    shown = run_cli("validate", "--offline", "-c", str(config), env=no_credentials)
+    assert shown.returncode == 0 and "up to 512 shards" in " ".join(shown.stdout.split()), shown.stdout
+    assert "--cpus-per-task=8" in json.loads(
+        run_cli("validate", "--offline", "-c", str(config), "-o", "json", env=no_credentials).stdout
+    )["plan"]["lb.sbatch"]
+    data["backend"]["jobs"] = {"cpus": 2, "mem": "4G"}
+    config.write_text(yaml.safe_dump(data))
+    doc = json.loads(run_cli("validate", "--offline", "-c", str(config), "-o", "json", env=no_credentials).stdout)
+    assert doc["job_shards"].startswith("every shard") and "2 CPUs, 4G each" in doc["job_shards"]

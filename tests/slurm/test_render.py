@@ -442,8 +442,21 @@ def test_golden_shard_job_in_its_own_allocation() -> None:
     check_golden("none/shard-job.argv", "\n".join(argv) + "\n")
     assert "--partition=cpu" in argv and "--signal=B:USR1@300" in argv and "--open-mode=append" in argv
     assert argv[-1] == "--wrap=exec /opt/venv/bin/python -m prefect_swarm.jobs.run --spec /x/spec.json"
-    with pytest.raises(ConfigError, match=r"backend\.jobs"):
-        render.shard_job_argv(golden_cfg(), name="n", log=Path("/l"), workdir=Path("/w"), command=["x"])
+    # backend.jobs unset: a job of more shards than the LB job hosts gets one CPU per shard, the LB's partition
+    plain = render.shard_job_argv(golden_cfg(), name="n", log=Path("/l"), workdir=Path("/w"), command=["x"])
+    assert "--cpus-per-task=1" in plain and not any(a.startswith("--mem=") for a in plain)
+
+
+def test_shards_beyond_what_the_lb_job_hosts_run_in_their_own_allocations() -> None:
+    cfg = golden_cfg()
+    sc = render.slurm_section(cfg)
+    slots = sc.lb.cpus * sc.lb.steps_per_cpu
+    assert render.step_slots(cfg) == slots and slots >= 1
+    assert not render.shards_as_jobs(cfg, slots) and render.shards_as_jobs(cfg, slots + 1)
+    assert f"up to {slots} shards" in render.shard_placement(cfg)
+    with_jobs = golden_cfg(jobs={"cpus": 2})
+    assert render.step_slots(with_jobs) == 0 and render.shards_as_jobs(with_jobs, 1)
+    assert render.shard_placement(with_jobs).startswith("every shard")
 
 
 def test_the_slurm_example_shows_the_lb_and_site_settings() -> None:

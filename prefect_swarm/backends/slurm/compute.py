@@ -16,7 +16,8 @@ would send every row to a dead address.
   ``STEP_APPEAR_S`` of its start did not start (srun's error is in the step log): FAILED.
 * Environment: srun's own process environment with ``--export=ALL`` -- values with commas, quotes
   or newlines arrive intact, and secrets appear in no printed command and no file.
-* With ``backend.jobs`` each shard is an sbatch job of its own instead (``psw-<swarm>.<job>-...``,
+* With ``backend.jobs``, or for a job of more shards than the LB job hosts
+  (:func:`render.step_slots`), each shard is an sbatch job of its own instead (``psw-<swarm>.<job>-...``,
   external id = job ids); the LB job must still run (it is the endpoint).
 * A shard stopped by the scheduler (exit 75 after its flush, or sacct's PREEMPTED) reads PREEMPTED,
   with the command that resumes it in the probe's detail.
@@ -120,7 +121,7 @@ class SlurmCompute(ComputeBase):
         """Start one step per shard in the swarm's allocation (or, with ``backend.jobs``, one sbatch
         job per shard); see the module docstring."""
         jobid = self._target()
-        if render.slurm_section(self.cfg).jobs is not None:
+        if render.shards_as_jobs(self.cfg, request.nshards):  # more shards than the LB's allocation hosts
             return self._launch_jobs(request)
         token = secrets.token_hex(3)
         names, logs = [], []

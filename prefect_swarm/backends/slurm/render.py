@@ -33,6 +33,7 @@ from prefect_swarm.backends.engine import (
     uses_ray,
 )
 from prefect_swarm.config import ContainerConfig, SlurmConfig
+from prefect_swarm.config.backends import SlurmJobsConfig
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces.jobenv import API_KEY, HOME, LOG_LEVEL
 from prefect_swarm.paths import SwarmPaths
@@ -409,6 +410,8 @@ def watchdog_spec(cfg: SwarmConfig, paths: SwarmPaths, index: int) -> dict[str, 
     extra: dict[str, object] = {}
     if nodes_per_replica(cfg) > 1:
         extra["peers_file"] = str(paths.root / f"replica-{index}.peers")
+    if sc.port_range:
+        extra["port_range"] = list(sc.ports or ())
     return {
         **extra,
         "swarm": cfg.name,
@@ -501,6 +504,7 @@ def render_replicas(cfg: SwarmConfig, paths: SwarmPaths) -> str:
         gpus_per_replica=cfg.gpus_per_replica,
         host_token=HOST_TOKEN,
         lb_job_name=q(job_names(cfg).lb),
+        port_range=q(sc.port_range) if sc.port_range else "",
         replicas_job_name=q(job_names(cfg).replicas),
         setup=_setup(sc),
         key_guard_dir=q(paths.engine_path_dir) if key_guarded(cfg) else "",
@@ -518,7 +522,10 @@ def render_lb(cfg: SwarmConfig, paths: SwarmPaths) -> str:
         python=q(job_python(cfg)),
         nginx_bin=q(sc.nginx_bin),
         lb_dir=q(paths.lb_dir),
+        lb_failed=q(paths.lb_failed),
         port=sc.lb_port,
+        idle_timeout=f"{sc.idle_timeout_s:g}" if sc.idle_timeout_s else "",
+        port_range=q(sc.port_range) if sc.port_range else "",
         replicas_job_name=q(job_names(cfg).replicas),
         setup=_setup(sc),
     )
@@ -596,6 +603,34 @@ def step_argv(cfg: SwarmConfig, *, jobid: str, step_name: str, command: Sequence
 
 
 # ---------------------------------------------------------------------------------- shard jobs
+def step_slots(cfg: SwarmConfig) -> int:
+    """Shards of one job the LB job's allocation hosts as job steps (``backend.lb.cpus`` x
+    ``steps_per_cpu``); 0 with ``backend.jobs`` set (every shard is an sbatch job of its own)."""
+    sc = slurm_section(cfg)
+    return 0 if sc.jobs is not None else sc.lb.cpus * sc.lb.steps_per_cpu
+
+
+def shards_as_jobs(cfg: SwarmConfig, nshards: int) -> bool:
+    """Whether a job of ``nshards`` shards runs each shard as an sbatch job of its own (see :func:`step_slots`)."""
+    return nshards > step_slots(cfg)
+
+
+def shard_placement(cfg: SwarmConfig) -> str:
+    """Where a batch job's shards run on this swarm, in one sentence (``prefect-swarm validate`` prints it)."""
+    sc = slurm_section(cfg)
+    jobs = sc.jobs or SlurmJobsConfig()
+    size = f"{jobs.cpus} CPU{'s' if jobs.cpus > 1 else ''}" + (f", {jobs.mem}" if jobs.mem else "")
+    own = f"an sbatch job of its own ({size} each, backend.jobs)"
+    if sc.jobs is not None:
+        return f"every shard of a batch job runs as {own}."
+    slots = step_slots(cfg)
+    return (
+        f"a batch job of up to {slots} shards (backend.lb.cpus {sc.lb.cpus} x backend.lb.steps_per_cpu "
+        f"{sc.lb.steps_per_cpu}) runs them as job steps in the load balancer's allocation; a job of more "
+        f"shards runs each shard as {own}."
+    )
+
+
 def shard_job_argv(cfg: SwarmConfig, *, name: str, log: Path, workdir: Path, command: Sequence[str]) -> list[str]:
     """``sbatch`` argv of one shard run as a job of its own (``backend.jobs``).
 
@@ -605,9 +640,7 @@ def shard_job_argv(cfg: SwarmConfig, *, name: str, log: Path, workdir: Path, com
     to (``--open-mode=append``): a requeued shard keeps what it logged before.
     """
     sc = slurm_section(cfg)
-    jobs = sc.jobs
-    if jobs is None:
-        raise ConfigError("backend.jobs is not set: shards run as steps in the load balancer's allocation.")
+    jobs = sc.jobs or SlurmJobsConfig()  # unset: a job of more shards than the LB hosts (see step_slots)
     argv = [
         "sbatch",
         "--parsable",

@@ -1,0 +1,35 @@
+"""The Slurm calls a job makes do not grow with its shards (one watcher per job, batched probes).
+
+Counted with the PATH shim of ``bench/slurm_calls.py`` (``squeue``/``sacct`` wrappers that count
+each call and exec the real tool) around a whole job, submit to end, on the single-node Slurm with
+the stub engine: 8 shards, then 64, both as job steps in the LB's allocation, driven the CLI's way
+(one fan-out submission) and the flow's way (one submission per shard, each watched from its own
+thread, as the ``batch_inference`` shard tasks do).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from slurm_calls import measure  # the benchmark's own measurement (BENCHMARKS.md)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+ABSOLUTE_PER_MIN = {"squeue": 90.0, "sacct": 40.0}
+"""Calls per minute no job may exceed, at any shard count (the CLI's wait polls at most every 2 s)."""
+
+
+@pytest.mark.timeout(1800)
+def test_squeue_and_sacct_per_minute_do_not_grow_with_shards(need_slurm: None, tmp_path: Path) -> None:
+    rows = measure([8, 64], 12, 250.0, ["cli", "tasks"], tmp_path, "steps")
+    by = {(r["mode"], r["shards"]): r for r in rows}
+    for mode in ("cli", "tasks"):
+        few, many = by[(mode, 8)], by[(mode, 64)]
+        for tool in ("squeue", "sacct"):
+            rate8, rate64 = few[f"{tool}_per_min"], many[f"{tool}_per_min"]
+            assert rate64 <= 1.5 * rate8 + 6, (mode, tool, few, many)
+            assert rate64 <= ABSOLUTE_PER_MIN[tool], (mode, tool, many)
