@@ -35,6 +35,7 @@ from prefect_swarm.jobs.fingerprint import job_fingerprint
 from prefect_swarm.jobs.ledger import discard_ledger
 from prefect_swarm.jobs.plan import check_resume, job_progress, pending_shards, shard_progress
 from prefect_swarm.jobs.shard import validate_input
+from prefect_swarm.jobs.sizing import size_for_swarm
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, SwarmPaths, read_json, read_tail
 from prefect_swarm.state import JobRecord, StateStore
@@ -74,8 +75,10 @@ def for_swarm(spec: JobSpec, swarm: Swarm, *, retry_failed: bool = False) -> Job
     Always the live swarm's, never what a stored spec remembers: a swarm brought up again listens
     elsewhere, and an engine swapped behind the same name changes the fingerprint, which the
     resume check of :func:`prepare_job` then refuses (a checkpoint never mixes two engines' answers).
+    The replicas' capacity, their list and (unless set) the shard count come from the swarm too
+    (:func:`~prefect_swarm.jobs.sizing.size_for_swarm`).
     """
-    return spec.model_copy(
+    spec = spec.model_copy(
         update={
             "swarm": swarm.cfg.name,
             "endpoints": swarm.endpoints,
@@ -84,6 +87,7 @@ def for_swarm(spec: JobSpec, swarm: Swarm, *, retry_failed: bool = False) -> Job
             "retry_failed": retry_failed,
         }
     )
+    return size_for_swarm(spec, swarm.cfg)
 
 
 def locate_job(spec: JobSpec, swarm_name: str | None = None, *, run_dir: str | None = None) -> JobSpec:

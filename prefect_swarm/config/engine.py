@@ -23,6 +23,18 @@ class ParallelConfig(StrictModel):
     )
 
 
+DEFAULT_BATCH_CAPACITY = 256
+"""vLLM's ``max_num_seqs`` default for its OpenAI server on GPUs under 70 GB (1024 above, 128 per CPU
+socket on CPU): what a replica is assumed to batch when nothing says."""
+
+
+def _positive(value: str) -> int:
+    try:
+        return max(1, int(value))
+    except ValueError:
+        return DEFAULT_BATCH_CAPACITY
+
+
 class EngineConfig(StrictModel):
     """The serving engine each replica runs."""
 
@@ -54,10 +66,28 @@ class EngineConfig(StrictModel):
         "default: tensor = gpus_per_replica, pipeline 1. A replica spanning several nodes (gpus_per_replica > "
         "gpus_per_node) usually sets tensor = gpus_per_node and pipeline = the number of nodes.",
     )
+    capacity: Count | None = Field(
+        default=None,
+        description="Requests one replica runs at once (its batch size): a job keeps each replica this full "
+        "plus a short queue. Default: vllm's --max-num-seqs or sglang's --max-running-requests from args, "
+        "else 256 (vLLM's default on most GPUs; a job's loop finds a larger batch from the replica's /metrics).",
+    )
     health_path: str = Field(default="/health", description="HTTP path that returns 200 once the engine is up.")
     startup_timeout_s: Seconds = Field(
         default=900.0, description="Seconds a replica may take from start to a healthy /health."
     )
+
+    def batch_capacity(self) -> int:
+        """What one replica can batch: ``capacity``, else the engine's own flag in ``args``, else 256."""
+        if self.capacity is not None:
+            return self.capacity
+        flag = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"}.get(self.kind)
+        for i, arg in enumerate(self.args):
+            if flag and arg.startswith(flag + "="):
+                return _positive(arg.split("=", 1)[1])
+            if flag and arg == flag and i + 1 < len(self.args):
+                return _positive(self.args[i + 1])
+        return DEFAULT_BATCH_CAPACITY
 
     @field_validator("python")
     @classmethod

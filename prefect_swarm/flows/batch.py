@@ -19,6 +19,7 @@ from prefect_swarm.exceptions import BudgetReached
 from prefect_swarm.flows.hooks import teardown_hook
 from prefect_swarm.flows.params import (
     TASK_THREADS,
+    ConcurrencyArg,
     InputArg,
     JobArg,
     MaxCostArg,
@@ -50,7 +51,8 @@ def batch_inference(
     job: JobArg,
     input: InputArg,
     output: OutputArg,
-    shards: ShardsArg = 1,
+    shards: ShardsArg = None,
+    concurrency: ConcurrencyArg = None,
     keep_swarm: bool = False,
     reuse: bool = True,
     max_failed_fraction: MaxFailedArg = None,
@@ -67,7 +69,10 @@ def batch_inference(
         job: a job kind ('chat', 'completion', 'embedding', 'module:Class') or JobOptions.
         input: parquet file/folder or OpenAI Batch JSONL.
         output: output file (one row per input row).
-        shards: number of shards (job processes), at least 1.
+        shards: number of shards (job processes), at least 1; default: sized from the swarm (one
+            process per 4096 requests in flight its replicas need).
+        concurrency: most requests in flight per shard (a cap); default: each replica kept full
+            (its batch capacity plus a short queue), adjusted from the replicas' /metrics.
         keep_swarm: leave the swarm running afterwards (a later run may share it).
         reuse: share a live kept swarm serving the same engine under another name.
         max_failed_fraction: largest share of failed rows (0..1) for the run to be Completed;
@@ -85,7 +90,8 @@ def batch_inference(
     cfg = resolve_swarm(swarm)
     budget = run_budget(cfg, max_gpu_hours, max_cost_usd)
     reap_quietly()
-    plan = plan_shards(job_spec(cfg, job, input, output, shards, max_failed_fraction), cfg.name, cfg.run_dir)
+    spec = job_spec(cfg, job, input, output, shards, max_failed_fraction, concurrency)
+    plan = plan_shards(spec, cfg.name, cfg.run_dir)
     label_run(cfg.name, plan.spec.job_id)  # the flow run's tags; its task runs carry none (see label_run)
     up_at = None
     with swarm_use(cfg, sharing), run_stop_event():

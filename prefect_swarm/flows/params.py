@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from prefect_swarm.blocks import SwarmSpec
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.config.cost import CostConfig
+from prefect_swarm.jobs.sizing import size_for_swarm
 from prefect_swarm.jobs.spec import JobSpec, OutputFormat
 from prefect_swarm.swarm import Swarm, engine_fingerprint
 
@@ -31,6 +32,8 @@ FLOW_OWNED = frozenset(
         "swarm_fingerprint",
         "retry_failed",
         "auto_commit",
+        "replica_capacity",
+        "replicas_file",
     }
 )
 """JobSpec fields the flow fills itself (from its parameters or from the swarm)."""
@@ -52,12 +55,15 @@ def _options_base() -> type[BaseModel]:
 class JobOptions(_options_base()):  # type: ignore[misc]
     """What to do with each row: job class and kwargs, concurrency, retries, timeouts, checkpoints."""
 
-    def to_spec(self, *, input: str, output: str, shards: int, **flow_fields: Any) -> JobSpec:
-        """The JobSpec for these options and the flow's own fields."""
+    def to_spec(self, *, input: str, output: str, shards: int | None, **flow_fields: Any) -> JobSpec:
+        """The JobSpec for these options and the flow's own fields (``shards`` None: left for the swarm
+        to size, see :func:`~prefect_swarm.jobs.sizing.size_for_swarm`)."""
         data = self.model_dump(exclude_unset=False)
         if data["output_format"] is None:
             del data["output_format"]  # JobSpec takes it from the output's name
-        return JobSpec.model_validate({**data, "input": input, "output": output, "shards": shards, **flow_fields})
+        if shards is not None:
+            data["shards"] = shards
+        return JobSpec.model_validate({**data, "input": input, "output": output, **flow_fields})
 
 
 def job_options(job: JobOptions | str | dict[str, Any] | None) -> JobOptions:
@@ -93,15 +99,19 @@ def job_spec(
     job: JobOptions | str | dict[str, Any],
     input: str,
     output: str,
-    shards: int,
+    shards: int | None,
     max_failed_fraction: float | None = None,
+    concurrency: int | None = None,
 ) -> JobSpec:
     """The JobSpec for a flow's parameters on swarm ``cfg`` (the commit is the flow's own step);
-    the flow's ``max_failed_fraction``, when given, overrides the job options' one."""
+    the flow's ``max_failed_fraction`` and ``concurrency``, when given, override the job options' ones;
+    ``shards`` None and no ``concurrency`` anywhere: sized from the swarm (:func:`size_for_swarm`)."""
     options = job_options(job)
     if max_failed_fraction is not None:
         options = options.model_copy(update={"max_failed_fraction": max_failed_fraction})
-    return options.to_spec(
+    if concurrency is not None:
+        options = options.model_copy(update={"concurrency": concurrency})
+    spec = options.to_spec(
         input=input,
         output=output,
         shards=shards,
@@ -109,6 +119,7 @@ def job_spec(
         swarm_fingerprint=engine_fingerprint(cfg),
         auto_commit=False,
     )
+    return size_for_swarm(spec, cfg)
 
 
 # Flow parameter types shared by the flows: constraints the UI form shows and the API enforces when
@@ -126,7 +137,10 @@ MAX_SHARDS = 10_000
 TASK_THREADS = MAX_SHARDS + 8
 """Threads of a job flow's task runner: every shard task at once (they wait on their job's one
 watcher, see launch.JobWatcher, and cost no scheduler call each), plus the flow's other tasks."""
-ShardsArg = Annotated[int, Field(ge=1, le=MAX_SHARDS)]
+ShardsArg = Annotated[int | None, Field(ge=1, le=MAX_SHARDS)]
+"""None (the default): sized from the swarm (:func:`~prefect_swarm.jobs.sizing.size_for_swarm`)."""
+ConcurrencyArg = Annotated[int | None, Field(ge=1, le=1_048_576)]
+"""Most requests in flight per shard; None (the default): each replica kept full (see JobSpec.concurrency)."""
 MaxFailedArg = Annotated[float | None, Field(ge=0.0, le=1.0)]
 MaxGpuHoursArg = Annotated[float | None, Field(gt=0.0)]
 MaxCostArg = Annotated[float | None, Field(ge=0.0)]

@@ -13,8 +13,15 @@ against ``max_retries``). An HTTP error's body is kept as valid JSON (long strin
 A 200 counts only once its whole body is read: a body cut by a dropped connection, or a timeout
 while reading it, is a connection error and is retried like one.
 
-Requests go to the endpoint with the fewest outstanding requests, among the endpoints in
-rotation; a retry goes to another endpoint than its last attempt when there is one. An endpoint
+How many requests are in flight: by default the closed loop of :mod:`prefect_swarm.jobs.control`
+(each replica kept full with a short queue, read from its ``/metrics``, latency when it has none;
+replicas added to the swarm join); ``concurrency`` caps the total. Worker coroutines are started as
+the window grows; those above it wait for a slot without costing anything. With ``adaptive`` the
+older AIMD limit (below) replaces the loop, on ``concurrency`` workers.
+
+Requests go to the endpoint with the most room under its limit (without the loop: the fewest
+outstanding requests), among the endpoints in rotation; a retry goes to another endpoint than its
+last attempt when there is one. An endpoint
 that fails ``eject_after`` requests in a row with a connection error or a timeout is ejected (a
 circuit breaker, like nginx ``max_fails`` or Envoy's outlier detection): no request goes to it
 until its ejection ends (``eject_base_s``, doubled on each ejection in a row, at most
@@ -39,26 +46,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import math
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import aiohttp
 
 from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import InvalidAnswer, SwarmJob
+from prefect_swarm.jobs.control import Controller, process_cap
 from prefect_swarm.jobs.ledger import STATUS_ERROR, STATUS_OK, RowResult
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+OVERLOAD_STATUSES = frozenset({429, 500, 502, 503, 504})
+"""Answers that make the in-flight loop back off from the endpoint."""
+DEFAULT_CAPACITY = 256
+"""A replica's capacity when the spec does not say (vLLM's max_num_seqs default on most GPUs)."""
+log = logging.getLogger("prefect_swarm.jobs")
 
 
 @dataclass(frozen=True)
 class RunnerConfig:
     """Knobs of :class:`Runner` (copied from the JobSpec)."""
 
-    concurrency: int = 64
+    concurrency: int | None = None
+    """Most requests in flight in this process (an explicit cap); None: the loop's window alone."""
+    replica_capacity: int = DEFAULT_CAPACITY
+    """What one replica can batch (see :mod:`prefect_swarm.jobs.control`)."""
+    nshards: int = 1
+    """Processes sharing the replicas (each starts at its share of a replica)."""
+    replicas_file: str | None = None
+    """The swarm's replica list (file_sd JSON), re-read for replicas added mid-job."""
+    control_s: float = 1.0
+    """Period of the in-flight loop."""
     max_retries: int = 5
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
@@ -107,6 +133,19 @@ class Endpoint:
     timeouts: int = 0
     statuses: dict[int, int] = field(default_factory=dict)
     """Requests sent, connection errors, timeouts, answers per non-200 status (read by jobs.metrics)."""
+    limit: float = float("inf")
+    """This process's in-flight limit for the endpoint (set by the in-flight loop)."""
+    overloads: int = 0
+    """429/5xx answers and timeouts since the loop's last step."""
+    lat_ewma_ms: float = 0.0
+    lat_floor_ms: float = float("inf")
+    """Latency of 200s: moving average and lowest seen (the loop's fallback without /metrics)."""
+    metrics_ok: bool | None = None
+    """Whether the endpoint's /metrics told running/waiting the last time it was asked."""
+    metrics_dead_until: float = 0.0
+    seen: list[tuple[float, float]] = field(default_factory=list)
+    last_limit: float = 0.0
+    """The loop's last (running, waiting) samples of the endpoint's engine."""
 
 
 class EndpointPool:
@@ -123,6 +162,14 @@ class EndpointPool:
         self.all_out_since: float | None = None
         self.ejection_log: list[tuple[str, float]] = []
         """(url, seconds) of every ejection, for the log and tests."""
+        self.inflight = 0
+        """Requests outstanding on every endpoint together."""
+        self.room = 1 << 30
+        """Free slots under the endpoints' limits (those in rotation); see :meth:`wait_room`."""
+        self.cap = 1 << 30
+        """Most requests outstanding together (the process's explicit cap)."""
+        self.closed = False
+        self._room_waiters: deque[asyncio.Future[None]] = deque()
 
     def acquire(self, avoid: Endpoint | None = None) -> Endpoint | None:
         """The least busy endpoint in rotation (or one due for a probe), its count raised; None when none is.
@@ -134,8 +181,51 @@ class EndpointPool:
         eps = self.endpoints
         if self.ejected or (avoid is not None and len(eps) > 1):
             return self._acquire_degraded(avoid)
-        ep = eps[0] if len(eps) == 1 else min(eps, key=_outstanding)
+        ep = eps[0] if len(eps) == 1 else min(eps, key=_fullness)
+        self._take(ep)
+        return ep
+
+    def _take(self, ep: Endpoint) -> None:
+        if ep.outstanding < ep.limit and not ep.ejected_until:
+            self.room -= 1
         ep.outstanding += 1
+        self.inflight += 1
+
+    async def wait_room(self) -> bool:
+        """Wait until some endpoint in rotation is under its limit and the cap allows one more request;
+        False once :meth:`close` d. (Only the in-flight loop sets limits; without it there is always room.)"""
+        while not self.closed and (self.room <= 0 or self.inflight >= self.cap):
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._room_waiters.append(fut)
+            await fut
+        return not self.closed
+
+    def recount(self) -> None:
+        """Count the free slots again (limits changed, an endpoint left or joined rotation); wake waiters."""
+        room = 0
+        for ep in self.endpoints:
+            if not ep.ejected_until:
+                room += (1 << 30) if ep.limit == float("inf") else max(0, math.ceil(ep.limit) - ep.outstanding)
+        self.room = room
+        self._wake(max(0, min(room, self.cap - self.inflight)))
+
+    def close(self) -> None:
+        """Let every request waiting for room go (the runner stops)."""
+        self.closed = True
+        self._wake(len(self._room_waiters))
+
+    def _wake(self, n: int) -> None:
+        while n > 0 and self._room_waiters:
+            fut = self._room_waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                n -= 1
+
+    def add(self, url: str) -> Endpoint:
+        """A new endpoint in rotation (a replica added to the swarm); the list is replaced, not changed
+        in place (the /metrics thread iterates it)."""
+        ep = Endpoint(url.rstrip("/"))
+        self.endpoints = [*self.endpoints, ep]
         return ep
 
     def _acquire_degraded(self, avoid: Endpoint | None) -> Endpoint | None:
@@ -149,14 +239,18 @@ class EndpointPool:
             others = [e for e in live if e is not avoid]
             if not live:
                 return None
-            ep = min(others or live, key=_outstanding)
-        ep.outstanding += 1
+            ep = min(others or live, key=_fullness)
+        self._take(ep)
         return ep
 
-    @staticmethod
-    def release(ep: Endpoint) -> None:
-        """Lower the endpoint's count."""
+    def release(self, ep: Endpoint) -> None:
+        """Lower the endpoint's count; a slot freed under its limit wakes one request waiting for room."""
         ep.outstanding -= 1
+        self.inflight -= 1
+        if ep.outstanding < ep.limit and not ep.ejected_until:
+            self.room += 1
+        if self._room_waiters and self.room > 0:
+            self._wake(1)
 
     def answered(self, ep: Endpoint) -> None:
         """The endpoint answered (any HTTP status): it is alive."""
@@ -165,6 +259,7 @@ class EndpointPool:
             ep.ejected_until, ep.ejections, ep.probing = 0.0, 0, False
             self.ejected -= 1
             self.all_out_since = None
+            self.recount()
 
     def failed(self, ep: Endpoint) -> bool:
         """A connection error or timeout on ``ep``; return True when ``ep`` is (now) out of rotation."""
@@ -187,6 +282,7 @@ class EndpointPool:
         ep.ejections += 1
         ep.ejected_until = time.monotonic() + seconds
         self.ejection_log.append((ep.url, seconds))
+        self.recount()
 
     @property
     def in_rotation(self) -> int:
@@ -208,8 +304,9 @@ class EndpointPool:
         return min(0.25, max(0.005, min(waits))) if waits else 0.05
 
 
-def _outstanding(ep: Endpoint) -> int:
-    return ep.outstanding
+def _fullness(ep: Endpoint) -> float:
+    """Outstanding less the limit: the endpoint with the most room first (without limits: the fewest outstanding)."""
+    return ep.outstanding - ep.limit if ep.limit != float("inf") else ep.outstanding
 
 
 @dataclass
@@ -290,7 +387,15 @@ class Runner:
         self.stopped = False
         self.requests = 0
         self.limit: AdaptiveLimit | None = None
+        self.control: Controller | None = None
+        self.cap = 1
         self.source_error: BaseException | None = None
+        self._bug: BaseException | None = None
+        self._workers: set[asyncio.Task[None]] = set()
+        self._all_done = asyncio.Event()
+        self._exhausted = False
+        self._session: aiohttp.ClientSession
+        self._items: Iterator[Item]
 
     def request_stop(self) -> None:
         """Stop issuing requests (signal handlers call this)."""
@@ -302,28 +407,65 @@ class Runner:
 
         Raises what ``items`` raised, once the requests already in flight have been reported.
         """
-        self.limit = AdaptiveLimit(self.cfg.concurrency) if self.cfg.adaptive else None
-        timeout = aiohttp.ClientTimeout(total=self.cfg.request_timeout_s, sock_connect=self.cfg.connect_timeout_s)
-        connector = aiohttp.TCPConnector(limit=self.cfg.concurrency, limit_per_host=0, force_close=False)
+        cfg = self.cfg
+        cap, clamped = process_cap(cfg.concurrency)
+        if clamped:
+            log.warning(clamped)
+        self.cap = self.pool.cap = cap
+        if cfg.adaptive:
+            self.cap = min(cap, cfg.concurrency or 64)
+            self.limit = AdaptiveLimit(self.cap)
+        else:
+            self.control = Controller(
+                self.pool,
+                capacity=cfg.replica_capacity,
+                nshards=cfg.nshards,
+                cap=cap,
+                control_s=cfg.control_s,
+                replicas_file=Path(cfg.replicas_file) if cfg.replicas_file else None,
+            )
+        timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s, sock_connect=cfg.connect_timeout_s)
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self.headers) as session:
-            workers = [asyncio.create_task(self._worker(session, items)) for _ in range(self.cfg.concurrency)]
-            everything = asyncio.gather(*workers)
-            ticker = asyncio.create_task(self._tick())
+            self._session, self._items = session, items
+            self._spawn(self.control.total() if self.control is not None else self.cap)
+            helpers = [asyncio.create_task(self._tick())]
+            if self.control is not None:
+                helpers.append(asyncio.create_task(self.control.run(session, self._spawn)))
             stop_wait = asyncio.create_task(self.stop.wait())
+            done_wait = asyncio.create_task(self._all_done.wait())
             try:
-                first: set[asyncio.Future[Any]] = {everything, stop_wait}
-                await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
-                if self.stopped and not everything.done():
-                    await asyncio.wait({everything}, timeout=self.cfg.drain_seconds)
+                await asyncio.wait({done_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                if self.stopped and not done_wait.done():
+                    self.pool.close()  # workers waiting for room leave; those with a request finish it
+                    await asyncio.wait({done_wait}, timeout=cfg.drain_seconds)
             finally:
-                for task in (*workers, ticker, stop_wait):
+                for task in (*self._workers, *helpers, stop_wait, done_wait):
                     task.cancel()
-                await asyncio.gather(everything, ticker, stop_wait, return_exceptions=True)
+                await asyncio.gather(*self._workers, *helpers, stop_wait, done_wait, return_exceptions=True)
         if self.source_error is not None:
             raise self.source_error
-        if everything.done() and not everything.cancelled() and everything.exception() is not None:
-            raise everything.exception()  # type: ignore[misc]  # a bug in a worker: never hidden
+        if self._bug is not None:
+            raise self._bug  # a bug in a worker: never hidden
         return not self.stopped
+
+    def _spawn(self, size: int) -> None:
+        """Start workers until there are ``size`` (within the cap), unless the rows are all taken."""
+        missing = min(size, self.cap) - len(self._workers)
+        if self._exhausted or missing <= 0:
+            return
+        for _ in range(missing):
+            task = asyncio.create_task(self._worker_main())
+            self._workers.add(task)
+            task.add_done_callback(self._worker_ended)
+
+    def _worker_ended(self, task: asyncio.Task[None]) -> None:
+        self._workers.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._bug is None:
+            self._bug = task.exception()
+            self.request_stop()
+        if not self._workers:
+            self._all_done.set()
 
     async def _tick(self) -> None:
         while True:
@@ -331,15 +473,19 @@ class Runner:
             if self.on_tick:
                 self.on_tick()
 
-    async def _worker(self, session: aiohttp.ClientSession, items: Iterator[Item]) -> None:
-        on_result, limit = self.on_result, self.limit
+    async def _worker_main(self) -> None:
+        session, items, on_result, limit, pool = self._session, self._items, self.on_result, self.limit, self.pool
+        controlled = self.control is not None
         while not self.stopped:
+            if controlled and not await pool.wait_room():
+                return
             try:
                 item = next(items, None)
             except Exception as exc:  # the source is dead: no new rows; rows in flight still finish
                 self.source_error = exc
-                return
+                item = None
             if item is None:
+                self._exhausted = True
                 return
             if limit is not None:
                 await limit.acquire()
@@ -406,15 +552,20 @@ class Runner:
                 if status != 200:
                     retry_after = resp.headers.get("Retry-After")
                     ep.statuses[status] = ep.statuses.get(status, 0) + 1
+                    ep.overloads += status in OVERLOAD_STATUSES
         except TimeoutError:
             error = f"timeout after {self.cfg.request_timeout_s:g}s"
             ep.timeouts += 1
+            ep.overloads += 1
         except aiohttp.ClientError as exc:
             error = f"connection error: {type(exc).__name__}: {exc}"
             ep.conn_errors += 1
         finally:
             self.pool.release(ep)
         latency = (time.monotonic() - started) * 1000
+        if status == 200:
+            ep.lat_ewma_ms = latency if not ep.lat_ewma_ms else 0.9 * ep.lat_ewma_ms + 0.1 * latency
+            ep.lat_floor_ms = min(ep.lat_floor_ms, latency)
         if self.limit is not None:
             await self.limit.release(latency, overloaded=status in (429, 503) or bool(error))
         return status, data, retry_after, error, latency

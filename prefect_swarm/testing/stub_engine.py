@@ -16,7 +16,7 @@ random stream: ``--error-rate`` (500/503), ``--rate-429`` (429 with Retry-After)
 ``--storm-429-s S --storm-429-period-s P`` (every completion in the first S seconds of each P
 seconds is a 429 with Retry-After), ``--exit-after N`` (the process dies after N completions:
 watchdog tests, a replica dying mid-job), ``--startup-delay-s`` (health is 503 until then),
-``--api-key`` (401 without it), ``--invalid-json-rate`` (the answer to a request with a
+``--api-key`` (401 without it, on every route), ``--invalid-json-rate`` (the answer to a request with a
 ``response_format`` is not valid JSON, or misses a required field: structured-output retries),
 ``--require-ray-nodes K`` (health is 503 until the local Ray cluster has K alive nodes: multi-node tests).
 
@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import base64
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -51,6 +52,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefect_swarm.interfaces.jobenv import API_KEY
+
+COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+"""POST routes that generate (subject to the fault knobs)."""
+
+ROUTES = ("/health", "/stats", "/metrics", "/v1/models", *COMPLETION_PATHS)
+"""Every route the stub serves (the security tests try each without the key)."""
 
 _REASONS = {
     200: b"OK",
@@ -293,9 +300,14 @@ class StubProtocol(asyncio.Protocol):
             self.handle(method, path, headers, body)
 
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
-        """Route one request."""
+        """Route one request. With ``--api-key`` every route (health, metrics and unknown paths too)
+        answers 401 without ``Authorization: Bearer <key>``, as a closed vLLM replica does (psw_key_guard)."""
         opts, stats = self.opts, self.stats
-        if path.startswith("/health"):
+        if opts.api_key and not hmac.compare_digest(headers.get("authorization", ""), f"Bearer {opts.api_key}"):
+            if method == "POST" and path.startswith(COMPLETION_PATHS):
+                stats["requests"] += 1
+            self.send(401, b'{"error":"Unauthorized"}')
+        elif path.startswith("/health"):
             ready = time.monotonic() - opts.started >= opts.startup_delay_s
             if ready and opts.require_ray_nodes:
                 ready = RayNodes.alive >= opts.require_ray_nodes
@@ -306,17 +318,14 @@ class StubProtocol(asyncio.Protocol):
             self.send(200, vllm_metrics(opts.model, stats).encode(), content_type="text/plain; version=0.0.4")
         elif path.startswith("/v1/models"):
             self.send(200, json.dumps({"object": "list", "data": [{"id": opts.model, "object": "model"}]}).encode())
-        elif method == "POST" and path.startswith(("/v1/chat/completions", "/v1/completions", "/v1/embeddings")):
+        elif method == "POST" and path.startswith(COMPLETION_PATHS):
             self.complete(path, headers, body)
         else:
             self.send(404, b'{"error":{"message":"not found"}}')
 
     def accepted(self, headers: dict[str, str], body: bytes) -> dict[str, Any] | None:
-        """The request, or None once refused (401 bad key, 400 not JSON or invalid, 404 unknown model)."""
+        """The request, or None once refused (400 not JSON or invalid, 404 unknown model)."""
         opts = self.opts
-        if opts.api_key and headers.get("authorization") != f"Bearer {opts.api_key}":
-            self.send(401, b'{"error":{"message":"invalid api key"}}')
-            return None
         try:
             req = json.loads(body or b"{}")
         except ValueError:
@@ -424,21 +433,31 @@ class StubProtocol(asyncio.Protocol):
         self.t.write(self._head(status, len(body), extra, content_type) + body)
 
 
-def vllm_metrics(model: str, stats: Counter[str]) -> str:
-    """Prometheus text shaped like vLLM's ``/metrics`` (the series `prefect-swarm top` and the dashboard read).
+def vllm_metrics(
+    model: str,
+    stats: Counter[str],
+    *,
+    waiting: int = 0,
+    kv_usage: float | None = None,
+    extra: tuple[tuple[str, str, str, float], ...] = (),
+) -> str:
+    """Prometheus text shaped like vLLM's ``/metrics`` (the series `prefect-swarm top`, the dashboard and
+    the job's in-flight controller read): ``stats["running"]``, ``waiting``, the KV cache usage (by
+    default the running requests' share of 256 slots), token and success counters, then ``extra``
+    series as (name, type, help, value).
 
-    Requests waiting for their delayed answer count as running; nothing waits; the KV cache usage
-    is the running requests' share of 256 slots.
+    The stub counts requests waiting for their delayed answer as running and has no queue; the GPU-like
+    simulator (:mod:`prefect_swarm.testing.gpu_sim`) passes its own queue, cache usage and prefix-cache counters.
     """
     labels = f'{{engine="0",model_name="{model}"}}'
     series = [
         ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", stats["running"]),
-        ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", 0),
+        ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", waiting),
         (
             "vllm:kv_cache_usage_perc",
             "gauge",
             "KV-cache usage. 1 means 100 percent usage.",
-            min(1.0, stats["running"] / 256),
+            min(1.0, stats["running"] / 256) if kv_usage is None else kv_usage,
         ),
         ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", stats["prompt_tokens"]),
         (
@@ -448,6 +467,7 @@ def vllm_metrics(model: str, stats: Counter[str]) -> str:
             stats["generation_tokens"],
         ),
         ("vllm:request_success_total", "counter", "Count of successfully processed requests.", stats["ok"]),
+        *extra,
     ]
     out = []
     for name, kind, doc, value in series:
@@ -556,6 +576,9 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.run(serve(host, port, opts))
 
 
+STUB_MODULE = "prefect_swarm.testing.stub_engine"
+
+
 def knob_args(knobs: dict[str, Any]) -> list[str]:
     """``--flag value`` arguments for stub knobs given as keyword names (``latency_ms=50``)."""
     args: list[str] = []
@@ -565,23 +588,32 @@ def knob_args(knobs: dict[str, Any]) -> list[str]:
     return args
 
 
-def engine_command(host: str = "{host}", **knobs: Any) -> list[str]:
+def engine_command(host: str = "{host}", *, module: str = STUB_MODULE, **knobs: Any) -> list[str]:
     """The ``engine.command`` template (engine kind ``command``) that runs this stub as a swarm replica.
 
     ``{python}``, ``{port}`` and ``{served_model_name}`` are left for the backend to fill in;
-    ``knobs`` become flags (``engine_command(latency_ms=50)`` adds ``--latency-ms 50``).
+    ``knobs`` become flags (``engine_command(latency_ms=50)`` adds ``--latency-ms 50``); ``module`` runs
+    another engine of this package with the same flags (the GPU-like simulator, ``prefect_swarm.testing.gpu_sim``).
     """
     return [
-        "{python}", "-m", "prefect_swarm.testing.stub_engine", "--host", host, "--port", "{port}",
+        "{python}", "-m", module, "--host", host, "--port", "{port}",
         "--model", "{served_model_name}", *knob_args(knobs),
     ]  # fmt: skip
 
 
 def stub_swarm_config(
-    name: str, *, replicas: int = 1, port: int | None = None, backend: dict[str, Any] | None = None, **knobs: Any
+    name: str,
+    *,
+    replicas: int = 1,
+    port: int | None = None,
+    backend: dict[str, Any] | None = None,
+    module: str = STUB_MODULE,
+    engine: dict[str, Any] | None = None,
+    **knobs: Any,
 ) -> dict[str, Any]:
     """An inline swarm config: ``replicas`` stub engines (``knobs`` as in :func:`engine_command`) on
-    free ports of the local backend; ``backend`` adds fields to the backend section."""
+    free ports of the local backend; ``backend`` adds fields to the backend section, ``engine`` to the
+    engine section; ``module`` runs another engine of this package (see :func:`engine_command`)."""
     from prefect_swarm.testing.ports import free_port_block
 
     return {
@@ -591,7 +623,12 @@ def stub_swarm_config(
         "gpus_per_replica": 0,
         "port": port or free_port_block(replicas),
         "ready_timeout_s": 60,
-        "engine": {"kind": "command", "command": engine_command(**knobs), "startup_timeout_s": 60},
+        "engine": {
+            "kind": "command",
+            "command": engine_command(module=module, **knobs),
+            "startup_timeout_s": 60,
+            **(engine or {}),
+        },
         "backend": {"type": "local", **(backend or {})},
     }
 
@@ -599,13 +636,24 @@ def stub_swarm_config(
 class StubEngine:
     """Run the stub engine in a subprocess: ``with StubEngine(port, latency_ms=50) as s: s.url``."""
 
-    def __init__(self, port: int, host: str = "127.0.0.1", *args: str, cpu: int | None = None, **knobs: Any) -> None:
+    def __init__(
+        self,
+        port: int,
+        host: str = "127.0.0.1",
+        *args: str,
+        cpu: int | None = None,
+        module: str = STUB_MODULE,
+        **knobs: Any,
+    ) -> None:
         self.host, self.port = host, port
-        self.argv = [sys.executable, "-m", "prefect_swarm.testing.stub_engine", "--host", host, "--port", str(port)]
+        self.argv = [sys.executable, "-m", module, "--host", host, "--port", str(port)]
         self.argv += [*knob_args(knobs), *args]
         if cpu is not None:
             self.argv = ["taskset", "-c", str(cpu), *self.argv]
         self.proc: subprocess.Popen[bytes] | None = None
+        key = knobs.get("api_key")
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        """What this object's own requests (start, stats) send: a keyed stub refuses every route without it."""
 
     @property
     def url(self) -> str:
@@ -620,7 +668,7 @@ class StubEngine:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                if httpx.get(self.url + "/health", timeout=1).status_code in (200, 503):
+                if httpx.get(self.url + "/health", headers=self.headers, timeout=1).status_code in (200, 503):
                     return self
             except httpx.HTTPError:
                 time.sleep(0.05)
@@ -631,7 +679,7 @@ class StubEngine:
         """Request counters."""
         import httpx
 
-        return dict(httpx.get(self.url + "/stats", timeout=5).json())
+        return dict(httpx.get(self.url + "/stats", headers=self.headers, timeout=5).json())
 
     def stop(self) -> None:
         """Stop the process (and only it)."""

@@ -1,0 +1,300 @@
+"""The in-flight loop of the job runner (prefect_swarm.jobs.control) against the GPU-like simulator.
+
+Each test drives the real Runner in this process against simulated replicas (subprocesses, continuous
+batching on a clock) and reads what the replicas themselves report (their /metrics) and what the
+runner did (the loop's log, the endpoints' counters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from prefect_swarm.interfaces.metrics import engine_targets, parse, total, write_file_sd
+from prefect_swarm.jobs.builtin import ChatCompletionJob
+from prefect_swarm.jobs.control import FD_RESERVE, process_cap, queue_margin
+from prefect_swarm.jobs.ledger import RowResult
+from prefect_swarm.jobs.runner import Item, Runner, RunnerConfig
+from prefect_swarm.testing import free_port
+from prefect_swarm.testing.gpu_sim import MODULE, SimOptions
+from prefect_swarm.testing.stub_engine import StubEngine
+
+PATH = "/v1/chat/completions"
+
+
+@pytest.fixture
+def sim() -> Iterator[Callable[..., StubEngine]]:
+    """Start simulated replicas with knobs (``max_num_seqs=64``...); all stopped at the end."""
+    started: list[StubEngine] = []
+
+    def start(**knobs: Any) -> StubEngine:
+        engine = StubEngine(free_port(), module=MODULE, **knobs).start()
+        started.append(engine)
+        return engine
+
+    yield start
+    for engine in started:
+        engine.stop()
+
+
+def rows(n: int) -> Iterator[Item]:
+    for i in range(n):
+        body = {"model": "stub-model", "messages": [{"role": "user", "content": f"question {i} about a topic"}]}
+        yield Item(i, str(i), PATH, json.dumps(body).encode())
+
+
+def engine_load(url: str) -> tuple[float, float]:
+    """(running, waiting) as the replica reports them."""
+    samples = parse(httpx.get(url + "/metrics", timeout=5).text)
+    return total(samples, "vllm:num_requests_running") or 0.0, total(samples, "vllm:num_requests_waiting") or 0.0
+
+
+class Drive:
+    """Run a Runner over ``n`` rows in a thread; sample the replicas' load meanwhile."""
+
+    def __init__(self, urls: list[str], n: int, **cfg: Any) -> None:
+        self.results: list[RowResult] = []
+        self.runner = Runner(
+            ChatCompletionJob(),
+            urls,
+            RunnerConfig(control_s=0.25, max_retries=20, backoff_base_s=0.05, backoff_max_s=0.2, **cfg),
+            self.results.append,
+        )
+        self.n = n
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self.outstanding_peak = 0
+
+    async def _main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.runner.run(rows(self.n))
+
+    def __enter__(self) -> Drive:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.loop is not None and self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.runner.request_stop)
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the runner did not stop"
+
+    def outstanding(self) -> int:
+        return sum(ep.outstanding for ep in self.runner.pool.endpoints)
+
+    def watch(self, seconds: float, every: float = 0.05) -> None:
+        """Track the peak of requests outstanding for ``seconds``."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.outstanding_peak = max(self.outstanding_peak, self.outstanding())
+            time.sleep(every)
+
+    def wait(self, timeout: float = 120) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the runner did not finish"
+
+
+def load_samples(url: str, seconds: float, every: float = 0.2) -> list[tuple[float, float]]:
+    out = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        out.append(engine_load(url))
+        time.sleep(every)
+    return out
+
+
+def test_loop_keeps_a_replica_full_with_a_short_queue(sim) -> None:
+    """The job assumes 256 (vLLM's default) but the replica batches 64: within seconds the loop holds
+    it at 64 running with a short queue (without the loop 272 would be in flight: 208 waiting)."""
+    engine = sim(max_num_seqs=64, step_ms=20, step_ms_per_seq=0.02, answer_tokens=16, answer_tokens_spread=8)
+    with Drive([engine.url], 1_000_000, replica_capacity=256):
+        time.sleep(3.0)  # "within seconds"
+        seen = load_samples(engine.url, 3.0)
+    running = sorted(r for r, _ in seen)
+    waiting = [w for _, w in seen]
+    margin = queue_margin(256)
+    assert running[len(running) // 2] >= 60, seen  # full: the batch does not run short of requests
+    assert sorted(waiting)[len(waiting) // 2] <= 2 * margin, seen  # short queue (median)
+    assert max(waiting) <= 4 * margin, seen
+
+
+def test_loop_finds_a_batch_larger_than_assumed(sim) -> None:
+    """Declared 32, the engine batches 128: nothing waits and everything sent runs, so the loop raises
+    its limit until the replica is full."""
+    engine = sim(max_num_seqs=128, step_ms=20, step_ms_per_seq=0.02, answer_tokens=16, answer_tokens_spread=8)
+    with Drive([engine.url], 1_000_000, replica_capacity=32):
+        time.sleep(4.0)
+        seen = load_samples(engine.url, 2.0)
+    assert sorted(r for r, _ in seen)[len(seen) // 2] >= 115, seen
+
+
+def test_slow_replica_gets_less(sim) -> None:
+    """Two replicas batching 64, one four times slower: each is kept full with a short queue (the slow
+    one does not hoard requests in its queue) and the fast one answers most rows."""
+    fast = sim(max_num_seqs=64, step_ms=20, step_ms_per_seq=0.02, answer_tokens=16, answer_tokens_spread=8)
+    slow = sim(max_num_seqs=64, step_ms=20, step_ms_per_seq=0.02, answer_tokens=16, answer_tokens_spread=8, speed=0.25)
+    with Drive([fast.url, slow.url], 1_000_000, replica_capacity=256) as drive:
+        time.sleep(3.0)
+        by_url = {ep.url: ep for ep in drive.runner.pool.endpoints}
+        sent_fast, sent_slow = by_url[fast.url].sent, by_url[slow.url].sent
+        seen_slow = load_samples(slow.url, 3.0)
+        seen_fast = load_samples(fast.url, 0.5)
+        sent_fast, sent_slow = by_url[fast.url].sent - sent_fast, by_url[slow.url].sent - sent_slow
+    assert sent_fast > 2.5 * sent_slow, (sent_fast, sent_slow)  # 4x faster: ~4x the rows
+    assert sorted(r for r, _ in seen_slow)[len(seen_slow) // 2] >= 60, seen_slow
+    assert max(r for r, _ in seen_fast) >= 60, seen_fast
+    assert sorted(w for _, w in seen_slow)[len(seen_slow) // 2] <= 2 * queue_margin(256), seen_slow
+
+
+def test_replica_added_mid_job_gets_traffic(sim, tmp_path: Path) -> None:
+    first = sim(max_num_seqs=32, step_ms=20, answer_tokens=16)
+    listing = tmp_path / "targets.json"
+    write_file_sd(listing, engine_targets("s", [(0, first.url.split("://")[1])]))
+    with Drive([first.url], 1_000_000, replica_capacity=32, replicas_file=str(listing)) as drive:
+        time.sleep(1.0)
+        second = sim(max_num_seqs=32, step_ms=20, answer_tokens=16)
+        write_file_sd(listing, engine_targets("s", [(0, first.url.split("://")[1]), (1, second.url.split("://")[1])]))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and engine_load(second.url)[0] < 30:
+            time.sleep(0.2)
+        running_second = engine_load(second.url)[0]
+        endpoints = [ep.url for ep in drive.runner.pool.endpoints]
+    assert endpoints == [first.url, second.url]
+    assert running_second >= 30  # the new replica is kept full too
+
+
+def test_behind_a_load_balancer_the_replica_list_is_not_followed(sim, tmp_path: Path) -> None:
+    engine = sim(max_num_seqs=16, step_ms=5, answer_tokens=4)
+    listing = tmp_path / "targets.json"
+    write_file_sd(listing, engine_targets("s", [(0, "127.0.0.1:1"), (1, "127.0.0.1:2")]))
+    with Drive([engine.url], 3000, replica_capacity=16, replicas_file=str(listing)) as drive:
+        drive.wait()
+    assert [ep.url for ep in drive.runner.pool.endpoints] == [engine.url]
+    assert drive.runner.control is not None and drive.runner.control.follows is False
+    assert len(drive.results) == 3000
+
+
+def test_without_metrics_the_loop_follows_latency(sim) -> None:
+    """/metrics answers 404: the loop says so, keeps the replica at its declared capacity plus margin
+    (latency stays flat) and every row is answered."""
+    engine = sim(max_num_seqs=64, step_ms=20, step_ms_per_seq=0.02, answer_tokens=16, no_metrics=True)
+    assert httpx.get(engine.url + "/metrics").status_code == 404
+    with Drive([engine.url], 6000, replica_capacity=64) as drive:
+        drive.watch(2.0)
+        drive.wait()
+    ep = drive.runner.pool.endpoints[0]
+    assert ep.metrics_ok is False
+    assert len(drive.results) == 6000 and all(r.status == "ok" for r in drive.results)
+    assert 60 <= drive.outstanding_peak <= 64 + queue_margin(64)
+
+
+def test_without_metrics_rising_latency_cuts_the_limit(sim) -> None:
+    """No /metrics: once another client floods the replica (its queue, hence the latency, grows past
+    twice what this job saw), the job's limit there falls."""
+    engine = sim(max_num_seqs=64, step_ms=20, step_ms_per_seq=0.02, answer_tokens=16, no_metrics=True)
+    with Drive([engine.url], 1_000_000, replica_capacity=64) as drive:
+        time.sleep(1.5)
+        before = drive.runner.pool.endpoints[0].limit
+        with Drive([engine.url], 1_000_000, replica_capacity=64, concurrency=400, adaptive=True):
+            time.sleep(4.0)
+            after = drive.runner.pool.endpoints[0].limit
+    assert before >= 64 and after < 0.6 * before, (before, after)
+
+
+def test_429s_back_the_limit_off(stub_factory) -> None:
+    busy = stub_factory(rate_429=0.5, retry_after_s=0.01, latency_ms=20, seed=3)
+    with Drive([busy.url], 1_000_000, replica_capacity=128) as drive:
+        time.sleep(2.0)
+        limit = drive.runner.pool.endpoints[0].limit
+    assert limit < 0.5 * (128 + queue_margin(128)), limit
+
+
+def test_explicit_concurrency_is_a_cap(sim) -> None:
+    engine = sim(max_num_seqs=64, step_ms=5, answer_tokens=8)
+    with Drive([engine.url], 4000, replica_capacity=64, concurrency=20) as drive:
+        drive.watch(2.0, every=0.01)
+        seen = load_samples(engine.url, 0.5)
+        drive.wait()
+    assert drive.outstanding_peak <= 20
+    assert max(r + w for r, w in seen) <= 20
+    assert len(drive.results) == 4000
+
+
+def test_shards_share_a_replica(sim) -> None:
+    """Two processes' worth of runners (nshards=2) on one replica: each starts at half of it; together
+    they keep it full without a long queue."""
+    engine = sim(max_num_seqs=64, step_ms=20, step_ms_per_seq=0.02, answer_tokens=16, answer_tokens_spread=8)
+    with (
+        Drive([engine.url], 1_000_000, replica_capacity=64, nshards=2) as a,
+        Drive([engine.url], 1_000_000, replica_capacity=64, nshards=2) as b,
+    ):
+        time.sleep(3.0)
+        seen = load_samples(engine.url, 2.0)
+        shares = (a.runner.pool.endpoints[0].limit, b.runner.pool.endpoints[0].limit)
+    assert sorted(r for r, _ in seen)[len(seen) // 2] >= 60, seen
+    assert sorted(w for _, w in seen)[len(seen) // 2] <= 2 * queue_margin(64), seen
+    assert all(s >= 16 for s in shares), shares
+
+
+def test_concurrency_above_the_fd_limit_is_clamped_with_a_warning() -> None:
+    cap, warning = process_cap(10**9)
+    assert cap < 10**9 and warning is not None
+    assert "RLIMIT_NOFILE" in warning and f"clamped to {cap}" in warning and str(cap + FD_RESERVE) in warning
+    assert process_cap(8) == (8, None)
+
+
+def test_simulator_throughput_curve() -> None:
+    """The documented curve (module doc of prefect_swarm.testing.gpu_sim)."""
+    opts = SimOptions()
+    assert [round(opts.rows_per_s(b)) for b in (16, 64, 128, 256)] == [32, 110, 187, 288]
+    assert round(opts.rows_per_s(1), 1) == 2.1
+
+
+def test_simulator_batches_and_reports_like_vllm(sim) -> None:
+    """Requests beyond max_num_seqs wait; one request alone takes its answer's tokens in steps; the
+    answer's usage and the token counters agree."""
+    engine = sim(max_num_seqs=4, step_ms=20, step_ms_per_seq=0, answer_tokens=10, prefill_ms_per_token=0)
+
+    async def burst() -> tuple[list[float], tuple[float, float], dict[str, Any]]:
+        async with httpx.AsyncClient(timeout=30) as client:
+
+            async def one(i: int) -> tuple[float, dict[str, Any]]:
+                t = time.monotonic()
+                body = {"model": "stub-model", "messages": [{"role": "user", "content": f"q {i}"}], "max_tokens": 50}
+                r = await client.post(engine.url + PATH, json=body)
+                return time.monotonic() - t, r.json()
+
+            tasks = [asyncio.create_task(one(i)) for i in range(8)]
+            await asyncio.sleep(0.1)
+            load = engine_load(engine.url)
+            done = await asyncio.gather(*tasks)
+        return [d for d, _ in done], load, done[0][1]
+
+    took, load, answer = asyncio.run(burst())
+    assert load == (4.0, 4.0)  # four run, four wait
+    assert answer["usage"]["completion_tokens"] == 10 and answer["usage"]["prompt_tokens"] == 2
+    first, second = sorted(took)[:4], sorted(took)[4:]
+    assert all(0.18 <= t <= 0.5 for t in first), took  # 10 steps of 20 ms
+    assert all(t >= 0.38 for t in second), took  # after the first batch left
+    samples = parse(httpx.get(engine.url + "/metrics").text)
+    assert total(samples, "vllm:request_success_total") == 8
+    assert total(samples, "vllm:generation_tokens_total") == 80
+
+
+def test_simulator_prefix_cache_skips_prefill(sim) -> None:
+    engine = sim(prefix_cache=True, block_size=4, step_ms=1, answer_tokens=1)
+    shared = " ".join(f"w{i}" for i in range(40))
+    for i in range(3):
+        body = {"model": "stub-model", "messages": [{"role": "user", "content": f"{shared} tail{i}"}]}
+        assert httpx.post(engine.url + PATH, json=body, timeout=10).status_code == 200
+    samples = parse(httpx.get(engine.url + "/metrics").text)
+    assert total(samples, "vllm:prefix_cache_queries_total") == 3 * 41
+    assert total(samples, "vllm:prefix_cache_hits_total") == 2 * 40  # the 40 shared words, twice
