@@ -31,7 +31,7 @@ from rich.live import Live
 
 from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, table
-from prefect_swarm.interfaces.metrics import Samples, scrape, total
+from prefect_swarm.interfaces.metrics import Samples, authorized, scrape, total
 from prefect_swarm.jobs.plan import recorded_progress
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.state import JobRecord, StateStore
@@ -74,6 +74,7 @@ class TopSampler:
         self.swarm = attach(name, self.store)
         self.previous: dict[str, tuple[float, Samples]] = {}
         self.previous_lb: tuple[float, int] | None = None
+        self.key = self.swarm.backends.serving.client_key()  # a closed swarm wants it on /metrics too
 
     def view(self) -> dict[str, Any]:
         """The document ``top -o json`` prints (stable keys)."""
@@ -113,7 +114,7 @@ class TopSampler:
 
     def _engine(self, url: str) -> dict[str, Any]:
         try:
-            samples = scrape(url)
+            samples = scrape(url, api_key=self.key)
         except OSError as exc:
             return _na(f"{url}: {exc}")
         kv = next((v for v in (total(samples, k) for k in KV_USAGE) if v is not None), None)
@@ -137,7 +138,7 @@ class TopSampler:
             return _lb_na("the LB is not up (no endpoint yet)")
         url = endpoint.rstrip("/").removesuffix("/v1") + NGINX_STATUS_PATH
         try:
-            with urllib.request.urlopen(url, timeout=2.0) as resp:
+            with urllib.request.urlopen(authorized(url, self.key), timeout=2.0) as resp:
                 counts = parse_stub_status(resp.read().decode("utf-8", "replace"))
         except (OSError, ValueError) as exc:
             return {**_lb_na(f"{url}: {exc}"), "url": url}

@@ -82,11 +82,18 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 """Sample name -> (labels, value) of every series of that name."""
 
 
-def scrape(url: str, timeout_s: float = 2.0) -> Samples:
-    """GET ``url`` (a Prometheus text endpoint) and parse it. Raises OSError when it does not answer."""
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+def scrape(url: str, timeout_s: float = 2.0, api_key: str | None = None) -> Samples:
+    """GET ``url`` (a Prometheus text endpoint; with the swarm's key, which a closed swarm wants on every
+    route) and parse it. Raises OSError when it does not answer."""
+    with urllib.request.urlopen(authorized(url, api_key), timeout=timeout_s) as resp:
         text = resp.read().decode("utf-8", "replace")
     return parse(text)
+
+
+def authorized(url: str, api_key: str | None) -> urllib.request.Request:
+    """A GET of ``url`` that carries ``Authorization: Bearer <api_key>`` (none without a key)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return urllib.request.Request(url, headers=headers)
 
 
 def parse(text: str) -> Samples:

@@ -22,10 +22,12 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def check_health(base_url: str, path: str = "/health", timeout_s: float = 5.0) -> ProbeResult:
-    """GET ``base_url + path``; ok on HTTP 200."""
+def check_health(
+    base_url: str, path: str = "/health", timeout_s: float = 5.0, api_key: str | None = None
+) -> ProbeResult:
+    """GET ``base_url + path`` (with the key: a closed swarm refuses every route without it); ok on HTTP 200."""
     try:
-        resp = httpx.get(base_url.rstrip("/") + path, timeout=timeout_s)
+        resp = httpx.get(base_url.rstrip("/") + path, headers=_headers(api_key), timeout=timeout_s)
     except httpx.HTTPError as exc:
         return ProbeResult(False, f"{type(exc).__name__}: {exc}")
     return ProbeResult(resp.status_code == 200, f"HTTP {resp.status_code}")
@@ -51,7 +53,7 @@ def check_chat(base_url: str, model: str, api_key: str | None = None, timeout_s:
 
 def check_replica(base_url: str, model: str, health_path: str = "/health", api_key: str | None = None) -> ProbeResult:
     """Health, then a chat completion."""
-    health = check_health(base_url, health_path)
+    health = check_health(base_url, health_path, api_key=api_key)
     if not health.ok:
         return ProbeResult(False, f"health: {health.detail}")
     chat = check_chat(base_url, model, api_key)

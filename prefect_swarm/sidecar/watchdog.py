@@ -1,7 +1,8 @@
 """The replica watchdog: runs one engine process, health-checks it, restarts it, reports on it.
 
     python -m prefect_swarm.sidecar.watchdog --spec <swarm>/watchdog-<i>.json
-    python -m prefect_swarm.sidecar.watchdog --pick-port HOST PORT   # PORT if free on HOST, else a free one
+    python -m prefect_swarm.sidecar.watchdog --pick-port HOST PORT [--port-range LOW-HIGH]
+                                              # PORT if free on HOST (and in the range), else a free one
     python -m prefect_swarm.sidecar.watchdog --await-listen PID PORT # 0 once PID's tree listens on PORT
 
 * The replica runs in its own process group (so stopping it reaches vLLM's worker processes),
@@ -37,11 +38,13 @@ import argparse
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +84,8 @@ class WatchdogSpec:
     stop_grace_s: float = 10.0
     port_token: str | None = None
     preferred_port: int | None = None
+    port_range: list[int] | None = None
+    """[low, high]: the ports a start may pick (``backend.port_range``); None: any free port."""
     peers_file: str | None = None
     """Multi-node replica: a file of PIDs (one a line), the steps that run the replica's other nodes
     (Ray workers or engine ranks). When one is gone the replica stops at once, without a restart: it
@@ -111,16 +116,23 @@ def process_create_time(pid: int) -> float | None:
         return None
 
 
-def pick_port(host: str, preferred: int | None) -> int:
-    """``preferred`` when it can be bound on ``host`` now, else a port the kernel picks."""
-    for port in ([preferred] if preferred else []) + [0]:
+def pick_port(host: str, preferred: int | None, port_range: Sequence[int] | None = None) -> int:
+    """``preferred`` when it can be bound on ``host`` now (and lies in ``port_range``), else a free
+    port of ``port_range`` (tried from a random place, so replicas starting together spread out),
+    else (no range) one the kernel picks. OSError when none is free."""
+    low, high = port_range or (0, 0)
+    wanted = [preferred] if preferred and (not port_range or low <= preferred <= high) else []
+    if port_range:
+        start = random.randrange(high - low + 1)
+        wanted += [low + (start + k) % (high - low + 1) for k in range(high - low + 1)]
+    for port in wanted if port_range else [*wanted, 0]:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue
             return int(sock.getsockname()[1])
-    raise OSError(f"no free port on {host}")
+    raise OSError(f"no free port on {host}" + (f" in {low}-{high} (backend.port_range)" if port_range else ""))
 
 
 def _tree(pid: int) -> set[int]:
@@ -221,7 +233,7 @@ class Watchdog:
         token = self.spec.port_token
         if token:
             host = self.spec.url.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-            self.port = pick_port(host, self.spec.preferred_port)
+            self.port = pick_port(host, self.spec.preferred_port, self.spec.port_range)
             self.argv = [a.replace(token, str(self.port)) for a in self.spec.argv]
             self.url = self.spec.url.replace(token, str(self.port))
         with logf.open("ab") as out:
@@ -430,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument(
         "--pick-port", nargs=2, metavar=("HOST", "PORT"), help="print PORT if it is free on HOST, else a free port"
     )
+    ap.add_argument("--port-range", default=None, metavar="LOW-HIGH", help="with --pick-port: pick from these")
     group.add_argument(
         "--await-listen", nargs=2, type=int, metavar=("PID", "PORT"), help="exit 0 once PID listens on PORT, else 1"
     )
@@ -445,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         mark_failed(Path(args.mark_failed[0]), args.mark_failed[1])
         return 0
     if args.pick_port:
-        print(pick_port(args.pick_port[0], int(args.pick_port[1])))
+        span = [int(p) for p in args.port_range.split("-")] if args.port_range else None
+        print(pick_port(args.pick_port[0], int(args.pick_port[1]), span))
         return 0
     if args.await_listen:
         return 0 if await_listen(*args.await_listen) else 1

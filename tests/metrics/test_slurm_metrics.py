@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
+from prefect_swarm.backends.slurm.identity import read_key
+from prefect_swarm.interfaces.metrics import authorized
+from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.testing import free_port_block
 from prefect_swarm.testing.stub_engine import engine_command
 
@@ -47,8 +50,10 @@ def test_top_and_cost_on_slurm(need_slurm: None, tmp_path: Path) -> None:
     assert up.returncode == 0, up.stderr
     try:
         endpoint = json.loads(_cli("status", name, "-o", "json").stdout)["status"]["url"]
+        key = read_key(SwarmPaths.for_swarm(name))  # closed by default: every route wants it, top sends it
+        assert key
         for _ in range(3):  # requests through the LB, which its stub_status counts
-            with urllib.request.urlopen(f"{endpoint}/v1/models", timeout=10) as resp:
+            with urllib.request.urlopen(authorized(f"{endpoint}/v1/models", key), timeout=10) as resp:
                 assert resp.status == 200
         doc = _top_until_both_replicas(name)
         assert doc["swarm"]["backend"] == "slurm" and doc["swarm"]["phase"] == "RUNNING"

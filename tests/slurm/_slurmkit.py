@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from prefect_swarm.backends.slurm.serving import SlurmServing
 from prefect_swarm.config import SwarmConfig
@@ -119,3 +122,23 @@ def output_ids(tmp: Path) -> list[str]:
     import pyarrow.parquet as pq
 
     return [str(x) for x in pq.read_table(tmp / "out.parquet", columns=["id"]).column("id").to_pylist()]
+
+
+def nginx_locations(nginx_conf: Path) -> list[str]:
+    """The paths of every ``location`` of a rendered nginx.conf (the LB's own routes)."""
+    return re.findall(r"^\s*location\s+(?:=\s*)?(\S+)\s*\{", nginx_conf.read_text(), re.M)
+
+
+def refused_without_key(bases: list[str], routes: list[tuple[str, str]], key: str) -> list[str]:
+    """``METHOD base+route`` of each request that was NOT answered 401 without the key (no header, a wrong
+    key, the key with a lowercase scheme, the key as X-Api-Key); empty when everything was refused."""
+    wrong = ({}, {"Authorization": "Bearer not-the-key"}, {"Authorization": f"bearer {key}"}, {"X-Api-Key": key})
+    leaks = []
+    with httpx.Client(timeout=30) as client:
+        for base in bases:
+            for method, route in routes:
+                for headers in wrong:
+                    resp = client.request(method, base + route, headers=headers, json={})
+                    if resp.status_code != 401:
+                        leaks.append(f"{method} {base}{route} {headers and list(headers)}: {resp.status_code}")
+    return leaks

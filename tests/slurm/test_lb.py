@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import secrets
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -12,22 +16,25 @@ import pytest
 from _slurmkit import stub_config
 
 from prefect_swarm.backends.slurm import render
-from prefect_swarm.backends.slurm.lb import STRIKES, Reconciler
+from prefect_swarm.backends.slurm.lb import STRIKES, Reconciler, write_auth
+from prefect_swarm.interfaces.jobenv import API_KEY
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.testing import free_port, free_port_block
-from prefect_swarm.testing.stub_engine import StubEngine
+from prefect_swarm.testing.stub_engine import COMPLETION_PATHS, ROUTES, StubEngine
 
 pytestmark = pytest.mark.nginx
 
 
-@pytest.fixture
-def lb(need_nginx: None, tmp_path: Path) -> Iterator[tuple[SwarmPaths, Reconciler, str]]:
-    """nginx in the foreground with the rendered config (proxy timeout 1 s) and a reconciler (no loop)."""
+@contextmanager
+def running_lb(tmp_path: Path, key: str | None) -> Iterator[tuple[SwarmPaths, Reconciler, str]]:
+    """nginx in the foreground with the rendered config (proxy timeout 1 s), auth.conf for ``key`` (None:
+    an open endpoint) as the LB job writes it, and a reconciler (no loop)."""
     cfg = stub_config(replicas=2, backend={"shared_dir": str(tmp_path), "proxy_timeout_s": 1})
     paths = render.swarm_paths(cfg).ensure()
     port = free_port()
     (paths.lb_dir / "tmp").mkdir(parents=True)
     (paths.lb_dir / "listen.conf").write_text(f"listen 127.0.0.1:{port};\n")
+    write_auth(paths.lb_auth_conf, key)
     paths.nginx_conf.write_text(render.render_nginx(cfg, paths))
     nginx = ["nginx", "-c", str(paths.nginx_conf), "-e", str(paths.lb_error_log)]
     rec = Reconciler(paths, nginx, public=f"127.0.0.1:{port}")
@@ -45,6 +52,13 @@ def lb(need_nginx: None, tmp_path: Path) -> Iterator[tuple[SwarmPaths, Reconcile
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture
+def lb(need_nginx: None, tmp_path: Path) -> Iterator[tuple[SwarmPaths, Reconciler, str]]:
+    """An open LB (no key)."""
+    with running_lb(tmp_path, None) as found:
+        yield found
 
 
 def _wait_reloaded(url: str) -> None:
@@ -114,3 +128,39 @@ def test_a_config_nginx_rejects_keeps_the_running_one(lb: tuple[SwarmPaths, Reco
         rec.step()
         assert rec.upstreams.read_text() == good
         assert _post(url) == 200
+
+
+def test_a_closed_lb_refuses_every_route_without_the_key(
+    need_nginx: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "sk.k+" + secrets.token_urlsafe(24)
+    monkeypatch.setenv(API_KEY, key)  # the LB job's environment: the reconciler's own check sends it
+    base = free_port_block(1)
+    with running_lb(tmp_path, key) as (paths, rec, url), StubEngine(base, api_key=key) as stub:
+        assert stat.S_IMODE(paths.lb_auth_conf.stat().st_mode) == 0o600
+        assert key not in paths.nginx_conf.read_text()
+        auth = {"Authorization": f"Bearer {key}"}
+        paths.replica_head(0).write_text(f"127.0.0.1:{base}\n")
+        assert rec.step()
+        deadline = time.monotonic() + 10
+        while httpx.get(url + "/health", headers=auth, timeout=5).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # every location of the rendered nginx.conf, every route of the stub, and one nobody serves
+        locations = re.findall(r"^\s*location\s+(?:=\s*)?(\S+)\s*\{", paths.nginx_conf.read_text(), re.M)
+        assert {"/nginx-health", "/nginx-status", "/"} <= set(locations)
+        routes = sorted({*locations, *ROUTES, "/no-such-route"})
+        wrong = ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"bearer {key}"}, {"X-Api-Key": key})
+        for route in routes:
+            for method in ("GET", "POST"):
+                for headers in wrong:
+                    resp = httpx.request(method, url + route, headers=headers, json={}, timeout=10)
+                    assert resp.status_code == 401, (method, route, headers, resp.status_code, resp.text)
+                with_key = httpx.request(method, url + route, headers=auth, json={}, timeout=10)
+                assert with_key.status_code != 401, (method, route)
+        assert stub.stats()["requests"] <= 2 * len(COMPLETION_PATHS)  # only keyed requests reached it
+        for route in ROUTES:  # and the stub itself (a replica's port) refuses them too
+            assert httpx.get(stub.url + route, timeout=5).status_code == 401, route
+            assert httpx.post(stub.url + route, json={}, timeout=5).status_code == 401, route
+        body = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]}
+        resp = httpx.post(url + "/v1/chat/completions", json=body, headers=auth, timeout=10)
+        assert resp.status_code == 200 and resp.json()["choices"], resp.text

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -15,7 +16,18 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _slurmkit import PY, LiveSwarm, job_command, make_job, our_jobs, output_ids, stub_config, unique_name
+from _slurmkit import (
+    PY,
+    LiveSwarm,
+    job_command,
+    make_job,
+    nginx_locations,
+    our_jobs,
+    output_ids,
+    refused_without_key,
+    stub_config,
+    unique_name,
+)
 
 from prefect_swarm.backends.slurm.client import SlurmClient
 from prefect_swarm.backends.slurm.compute import SlurmCompute
@@ -35,7 +47,9 @@ def test_up_status_four_shard_job_down(slurm_swarm: MakeSwarm, tmp_path: Path) -
     assert st.healthy == 2 and st.url
     array = handle.meta["replicas_job"]
     assert [r.external_id for r in st.replicas] == [f"{array}_0", f"{array}_1"]
-    assert httpx.get(st.url + "/health", timeout=5).status_code == 200
+    assert httpx.get(st.url + "/health", timeout=5).status_code == 401  # closed by default: every route
+    auth = {"Authorization": f"Bearer {swarm.serving.client_key()}"}
+    assert httpx.get(st.url + "/health", headers=auth, timeout=5).status_code == 200
 
     spec = make_job(tmp_path, 400, shards=4)
     compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
@@ -231,6 +245,22 @@ def test_vllm_cpu_swarm_on_slurm(slurm_swarm: MakeSwarm, need_vllm: None, tmp_pa
     handle = swarm.up(timeout_s=400)
     st = swarm.serving.status(handle)
     assert st.phase is ServingPhase.RUNNING and st.healthy == 1
+    # closed by default, every route: the engine's own list (its OpenAPI document, read with the key, plus
+    # what it mounts outside it: FastAPI's docs and vLLM's /metrics) and nginx's locations, at the LB and
+    # at the replica's port; vLLM's --api-key alone would have let all but /v1/* through
+    key = swarm.serving.client_key()
+    assert key and st.url
+    auth = {"Authorization": f"Bearer {key}"}
+    lb, replica = st.url.removesuffix("/v1"), st.replicas[0].url
+    doc = httpx.get(f"{replica}/openapi.json", headers=auth, timeout=30).json()
+    routes = {(m.upper(), re.sub(r"\{[^}]*\}", "x", p)) for p, ops in doc["paths"].items() for m in ops}
+    assert {("POST", "/invocations"), ("POST", "/tokenize"), ("GET", "/health")} <= routes, sorted(routes)
+    routes |= {("GET", p) for p in ("/openapi.json", "/docs", "/redoc", "/metrics", "/no-such-route")}
+    routes |= {(m, p) for p in nginx_locations(swarm.paths.nginx_conf) for m in ("GET", "POST")}
+    assert refused_without_key([lb, replica], sorted(routes), key) == []
+    for base in (lb, replica):  # the key opens them (readiness, the watchdog and `top` send it)
+        for route in ("/health", "/metrics", "/v1/models"):
+            assert httpx.get(base + route, headers=auth, timeout=30).status_code == 200, (base, route)
     spec = make_job(tmp_path, 40, concurrency=4, shards=4)
     compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
     job = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=4, detach=False))

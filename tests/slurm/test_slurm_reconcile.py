@@ -13,13 +13,23 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _slurmkit import LiveSwarm, job_command, make_job, our_jobs, output_ids, stub_config
+from _slurmkit import (
+    LiveSwarm,
+    job_command,
+    make_job,
+    nginx_locations,
+    our_jobs,
+    output_ids,
+    refused_without_key,
+    stub_config,
+)
 
 from prefect_swarm.backends.slurm.client import SlurmClient
 from prefect_swarm.backends.slurm.compute import SlurmCompute
 from prefect_swarm.exceptions import ReadinessError
 from prefect_swarm.interfaces import JobRequest, JobStatus, ReplicaHealth, ServingPhase
 from prefect_swarm.paths import JobPaths
+from prefect_swarm.testing.stub_engine import ROUTES
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -171,18 +181,21 @@ def test_two_swarms_on_the_same_ports_each_route_only_to_their_own(slurm_swarm: 
     urls = {s.cfg.name: s.serving.status(s.handle).url for s in (a, b)}  # type: ignore[arg-type]
     assert urls[a.cfg.name] != urls[b.cfg.name]
     body = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]}
+    keys = {u: s.paths.api_key_file.read_text().strip() for s in (a, b) for u in ups[s.cfg.name]}  # each its own
     for s in (a, b):  # requests through each LB are served by its own replicas only (request counters)
-        counts = {u: requests(u) for u in ups[a.cfg.name] | ups[b.cfg.name]}
-        auth = {"Authorization": f"Bearer {s.paths.api_key_file.read_text().strip()}"}  # each its own key
+        counts = {u: requests(u, keys[u]) for u in ups[a.cfg.name] | ups[b.cfg.name]}
+        auth = {"Authorization": f"Bearer {s.paths.api_key_file.read_text().strip()}"}
         for _ in range(6):
             url = f"{urls[s.cfg.name]}/v1/chat/completions"
             assert httpx.post(url, json=body, headers=auth, timeout=10).status_code == 200
-        grew = {u for u in counts if requests(u) > counts[u]}
+        grew = {u for u in counts if requests(u, keys[u]) > counts[u]}
         assert grew and grew <= ups[s.cfg.name], (s.cfg.name, grew, ups)
 
 
-def requests(addr: str) -> int:
-    return int(httpx.get(f"http://{addr}/stats", timeout=5).json().get("requests", 0))
+def requests(addr: str, key: str) -> int:
+    """The stub's request counter (a closed swarm's stub wants the key on /stats too)."""
+    resp = httpx.get(f"http://{addr}/stats", headers={"Authorization": f"Bearer {key}"}, timeout=5)
+    return int(resp.raise_for_status().json()["requests"])
 
 
 def test_without_its_lb_a_swarm_has_no_endpoint_refuses_jobs_and_up_restores_it(slurm_swarm: MakeSwarm) -> None:
@@ -222,9 +235,15 @@ def test_with_an_api_key_lb_and_replicas_refuse_requests_without_it(slurm_swarm:
     handle = swarm.up()
     st = swarm.serving.status(handle)
     body = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]}
-    for url in [st.url, *(r.url for r in st.replicas)]:
-        assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=10).status_code == 401, url
+    # every route the engine (the stub's ROUTES) and nginx (its locations) serve, and one nobody does: GET
+    # and POST at the LB and at each replica's port, without the key, with a wrong one, ... all 401
+    routes = sorted({*ROUTES, *nginx_locations(swarm.paths.nginx_conf), "/no-such-route"})
+    bases = [st.url.removesuffix("/v1"), *(r.url for r in st.replicas)]
+    tries = [(m, r) for r in routes for m in ("GET", "POST")]
+    assert refused_without_key(bases, tries, "sk-test-key-42") == []
     auth = {"Authorization": "Bearer sk-test-key-42"}
+    for route in ("/health", "/metrics", "/nginx-health", "/nginx-status"):  # the key opens them
+        assert httpx.get(st.url.removesuffix("/v1") + route, headers=auth, timeout=10).status_code == 200, route
     assert httpx.post(f"{st.url}/v1/chat/completions", json=body, headers=auth, timeout=10).status_code == 200
     spec = make_job(tmp_path, 200, shards=2)
     compute = SlurmCompute(swarm.cfg, swarm.paths, handle)

@@ -216,3 +216,147 @@ def test_the_stub_is_not_ready_without_its_ray_nodes(monkeypatch: pytest.MonkeyP
         for _ in range(6):
             assert httpx.get(stub.url + "/health", timeout=5).status_code == 503
             time.sleep(0.5)
+
+
+ATTACKER = "psw-attacker"
+"""The second Unix user of the Ray test (made by the fixture when missing, removed after when it made it)."""
+
+JOIN_AS_ATTACKER = r"""
+import os, sys
+import ray
+address = sys.argv[1]
+try:
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+except Exception as exc:  # refused: what and why
+    print("REFUSED", type(exc).__name__, str(exc)[:300].replace("\n", " "))
+    sys.exit(3)
+print("JOINED", os.getuid(), ray.get(ray.remote(lambda: os.getuid()).remote()))
+"""
+"""Run as the attacker on node2: a driver joining the replica's Ray cluster (and running a task) or refused."""
+
+LISTENERS = r"""
+import re, subprocess
+out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+for line in out.splitlines():
+    fields = line.split()
+    local = fields[3]
+    for pid in re.findall(r"pid=(\d+)", line):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        print(local, pid, cmd[:200])
+"""
+"""Run inside a node's namespaces: ``local-address pid cmdline`` of every listening TCP socket."""
+
+
+@pytest.fixture(scope="module")
+def attacker() -> Iterator[str]:
+    """A second, unprivileged Unix user."""
+    made = subprocess.run(["id", ATTACKER], capture_output=True).returncode != 0
+    if made:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", ATTACKER], check=True
+        )
+    try:
+        yield ATTACKER
+    finally:
+        if made:
+            subprocess.run(["userdel", ATTACKER], check=False)
+
+
+def attacker_python() -> list[str]:
+    """An interpreter another user can run, with this venv's ray importable: ``env PYTHONPATH=... pythonX.Y``
+    (the venv's own interpreter may live in a home other users cannot enter)."""
+    import ray
+
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    found = [p for p in (f"/usr/bin/{version}", f"/usr/local/bin/{version}") if os.access(p, os.X_OK)]
+    if not found:
+        pytest.fail(f"no {version} outside this venv for the second user to run ray with", pytrace=False)
+    return ["env", f"PYTHONPATH={Path(ray.__file__).parents[1]}", found[0]]
+
+
+def on_node(
+    cluster: TwoNodeCluster, node: str, *argv: str, user: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in ``node``'s namespaces (its network, hostname, mounts and processes), as ``user``."""
+    pid = (cluster.root / "run" / f"{node}.pid").read_text().strip()
+    as_user = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--reset-env"] if user else []
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp"}  # nothing of ours (no RAY_* either)
+    return subprocess.run(
+        ["nsenter", "-t", pid, "-n", "-u", "-m", "-p", *as_user, "env", *(f"{k}={v}" for k, v in env.items()), *argv],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_another_user_cannot_join_the_replicas_ray_cluster_which_listens_only_on_the_cluster_address(
+    two_node_cluster: TwoNodeCluster, swarm_env: tuple[Controller, str, Path], tmp_path: Path, attacker: str
+) -> None:
+    ctl, name, cfg_file = swarm_env
+    paths = SwarmPaths.for_swarm(name, tmp_path / "run")
+    os.chmod(tmp_path, 0o755)  # the attacker may read the run dir (a shared project folder); the token stays 0600
+    ctl.ok("up", "-c", str(cfg_file), "--timeout", "240", timeout=300)
+
+    token = paths.ray_token_file
+    assert oct(token.stat().st_mode & 0o777) == "0o600" and len(token.read_text().strip()) == 64
+    others = [p for p in paths.root.rglob("*") if p.is_file() and p != token]
+    assert [p for p in others if token.read_bytes().strip() in p.read_bytes()] == []  # not in a script or log
+    address = (paths.root / "replica-0.cluster").read_text().split()[1]  # "ray <ip>:<gcs port>"
+    assert address.split(":")[0] == two_node_cluster.address("node1")
+
+    # another user, on node2 (another address of the cluster's network): `ray start --address` is refused ...
+    python = attacker_python()
+    ray_cli = [*python, "-m", "ray.scripts.scripts"]
+    join = on_node(
+        two_node_cluster, "node2", *ray_cli, "start", f"--address={address}", "--disable-usage-stats",
+        "--temp-dir=/tmp/psw-attacker-ray", "--num-cpus=1", user=attacker,
+    )  # fmt: skip
+    assert join.returncode != 0, f"{attacker} joined the swarm's Ray cluster:\n{join.stdout}\n{join.stderr}"
+    assert re.search(r"(?i)auth|token|unauthenticated", join.stdout + join.stderr), join.stdout + join.stderr
+    # ... as is a driver (ray.init), with no token or a guessed one
+    for extra in ([], ["RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN=" + "0" * 64]):
+        driver = on_node(
+            two_node_cluster, "node2", "env", *extra, *python, "-c", JOIN_AS_ATTACKER, address, user=attacker
+        )
+        assert driver.returncode == 3 and driver.stdout.startswith("REFUSED"), (extra, driver.stdout, driver.stderr)
+    # nothing of the attacker runs on either node, and the replica's cluster still has exactly its two nodes
+    uid = int(subprocess.run(["id", "-u", attacker], capture_output=True, text=True, check=True).stdout)
+    for node in NODES:
+        theirs = [p for p in two_node_cluster.node_pids(node) if Path(f"/proc/{p}").stat().st_uid == uid]
+        assert theirs == [], (node, theirs)
+    owner = on_node(
+        two_node_cluster, "node1", "env", "RAY_AUTH_MODE=token", f"RAY_AUTH_TOKEN_PATH={token}", sys.executable, "-c",
+        "import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
+        "print(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))", address,
+    )  # fmt: skip
+    assert owner.returncode == 0, owner.stderr
+    assert owner.stdout.strip().splitlines()[-1] == str(sorted(two_node_cluster.address(n) for n in NODES))
+
+    # Ray listens only on the node's cluster address or loopback, no dashboard; except that Ray 2.60 binds
+    # its core gRPC servers (GCS, raylet, core workers) to the wildcard whenever the node address is not
+    # loopback, whatever --node-ip-address says (ray-project/ray#60012 reverted binding them to the node
+    # address; #65867 describes the rule): those are the ports the token closes (refused above).
+    listening: dict[str, str] = {}
+    for node in NODES:
+        node_ip = two_node_cluster.address(node)
+        seen = on_node(two_node_cluster, node, sys.executable, "-c", LISTENERS)
+        assert seen.returncode == 0, seen.stderr
+        listening[node] = seen.stdout
+        print(f"--- Ray's listening sockets on {node} ({node_ip}):")  # shown with -rP: the report's evidence
+        ray_sockets = [line.split(" ", 2) for line in seen.stdout.splitlines() if RAY_PROCESS.search(line.encode())]
+        print("\n".join(f"{s[0]:>22} {s[2][:90]}" for s in ray_sockets))
+        assert ray_sockets, f"no Ray socket found on {node}:\n{seen.stdout}"
+        wide = [s for s in ray_sockets if s[0].rsplit(":", 1)[0] not in (node_ip, "127.0.0.1")]
+        beyond = [s for s in wide if not (s[0].startswith(("*:", "0.0.0.0:", "[::]:")) and RAY_CORE_GRPC.search(s[2]))]
+        assert beyond == [], f"Ray listens beyond {node_ip} and loopback on {node}: {beyond}"
+        assert not any("dashboard/dashboard.py" in s[2] for s in ray_sockets), ray_sockets
+    gcs = [line for line in listening["node1"].splitlines() if "gcs_server" in line]
+    assert any(line.split()[0].endswith(":" + address.rsplit(":", 1)[1]) for line in gcs), gcs
+
+
+RAY_PROCESS = re.compile(rb"raylet|gcs_server|ray::|ray/_private|ray/dashboard|default_worker|ray\.scripts")
+"""Command lines of Ray's own processes (the engine and its watchdog listen where the replica serves)."""
+
+RAY_CORE_GRPC = re.compile(r"ray/core/src/ray/(gcs/gcs_server|raylet/raylet) |^ray::")
+"""Ray's core gRPC servers, which Ray 2.60 binds to the wildcard for a non-loopback node address."""

@@ -29,6 +29,9 @@ from prefect_swarm.backends.slurm.render import slurm_section
 from prefect_swarm.exceptions import ConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
     from prefect_swarm.config import SwarmConfig
     from prefect_swarm.paths import SwarmPaths
 
@@ -40,7 +43,27 @@ def generated(cfg: SwarmConfig) -> bool:
 
 def read_key(paths: SwarmPaths) -> str | None:
     """The key in ``paths.api_key_file``; None when there is none. A file others can read is refused."""
-    path = paths.api_key_file
+    return _read_secret(paths.api_key_file, "the swarm's API key")
+
+
+def ensure_key(paths: SwarmPaths) -> str:
+    """The swarm's key, created (random, mode 0600) when it has none yet."""
+    return _ensure_secret(paths, paths.api_key_file, "the swarm's API key")
+
+
+def ensure_ray_token(paths: SwarmPaths) -> str:
+    """The token of the swarm's Ray clusters, created (random, mode 0600) when it has none yet.
+
+    Every replica spanning several nodes starts Ray with ``RAY_AUTH_MODE=token`` and
+    ``RAY_AUTH_TOKEN_PATH`` naming this file (templates/replicas.sbatch.j2): a process without the
+    token (another user's ``ray start --address=...``) is refused by the GCS and the raylets. It is
+    made whether or not the endpoint is open: Ray runs code, the endpoint only answers prompts.
+    """
+    return _ensure_secret(paths, paths.ray_token_file, "the swarm's Ray token", secrets.token_hex)
+
+
+def _read_secret(path: Path, what: str) -> str | None:
+    """The secret in ``path``; None when there is none. A file others can read is refused."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
@@ -49,34 +72,33 @@ def read_key(paths: SwarmPaths) -> str | None:
         mode = os.fstat(fh.fileno()).st_mode
         if stat.S_IMODE(mode) & 0o077:
             raise ConfigError(
-                f"{path} (the swarm's API key) can be read by other users (mode {stat.S_IMODE(mode):o}). "
-                f"`prefect-swarm down` the swarm and delete the file (the next `up` makes a new key), or "
+                f"{path} ({what}) can be read by other users (mode {stat.S_IMODE(mode):o}). "
+                f"`prefect-swarm down` the swarm and delete the file (the next `up` makes a new one), or "
                 f"`chmod 600 {path}` if nobody else read it."
             )
         return fh.read().strip() or None
 
 
-def ensure_key(paths: SwarmPaths) -> str:
-    """The swarm's key, created (random, mode 0600) when it has none yet."""
-    key = read_key(paths)
-    if key:
-        return key
+def _ensure_secret(
+    paths: SwarmPaths, path: Path, what: str, make: Callable[[int], str] = secrets.token_urlsafe
+) -> str:
+    """The secret in ``path``, created (random, mode 0600) when there is none yet."""
+    secret = _read_secret(path, what)
+    if secret:
+        return secret
     paths.ensure()
-    path = paths.api_key_file
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:  # another `up` is making it: wait for its write
         for _ in range(50):
-            key = read_key(paths)
-            if key:
-                return key
+            secret = _read_secret(path, what)
+            if secret:
+                return secret
             time.sleep(0.1)
-        raise ConfigError(
-            f"{path} (the swarm's API key) is empty; delete it and run `prefect-swarm up` again."
-        ) from None
+        raise ConfigError(f"{path} ({what}) is empty; delete it and run `prefect-swarm up` again.") from None
     with os.fdopen(fd, "w") as fh:
-        fh.write(secrets.token_urlsafe(32) + "\n")
-    return read_key(paths) or ""
+        fh.write(make(32) + "\n")  # 256 random bits
+    return _read_secret(path, what) or ""
 
 
 def with_key(cfg: SwarmConfig, paths: SwarmPaths, *, create: bool = False) -> SwarmConfig:

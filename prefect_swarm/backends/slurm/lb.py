@@ -12,6 +12,10 @@ Runs inside the Slurm LB job next to ``nginx -g 'daemon off;'``. Every ``--inter
    A config nginx rejects is logged and the running config stays. The same replicas go to
    ``targets.json``, the Prometheus file_sd list of their engines' ``/metrics``.
 
+Before nginx starts (``--once``) it writes ``lb/auth.conf`` (mode 0600): the nginx ``map`` that
+refuses a request without ``Authorization: Bearer <key>`` (the key from this job's environment,
+``PREFECT_SWARM_API_KEY``; no key: an open endpoint, nothing refused). Its own checks send the key.
+
 Host names are resolved to IPv4 here: nginx would otherwise also try ``::1`` for ``localhost``.
 With no replica alive the upstream holds one placeholder marked ``down`` (an empty upstream block
 is a config error), so the LB answers 502 until a replica comes back.
@@ -42,6 +46,8 @@ from pathlib import Path
 from prefect_swarm.backends.common import host_port
 from prefect_swarm.backends.slurm import members
 from prefect_swarm.backends.slurm.client import SlurmClient, clean_env
+from prefect_swarm.backends.slurm.render import BEARER_TOKEN
+from prefect_swarm.interfaces.jobenv import API_KEY
 from prefect_swarm.interfaces.metrics import engine_targets, write_file_sd
 from prefect_swarm.paths import SwarmPaths, atomic_write_text, read_json, read_text
 
@@ -83,6 +89,33 @@ def accepts(addr: str, timeout_s: float = 2.0) -> bool:
             return True
     except OSError:
         return False
+
+
+def render_auth(key: str | None) -> str:
+    """auth.conf: the map ``$psw_refused`` nginx.conf checks first; 1 unless the request carries
+    ``Authorization: Bearer <key>`` exactly (a regex map: nginx's plain map strings ignore case).
+    No key: 0 for every request (``backend.open_endpoint``)."""
+    if not key:
+        return "map $http_authorization $psw_refused { default 0; }  # open endpoint: no key\n"
+    if not BEARER_TOKEN.match(key):  # validate refuses such an api_key first; never echo it
+        raise ValueError(f"${API_KEY} is not a bearer token (RFC 6750 b64token); the LB cannot check it")
+    pattern = "^Bearer " + "".join(f"[{c}]" if c in ".+" else c for c in key) + "$"
+    return f'map $http_authorization $psw_refused {{\n    default 1;\n    "~{pattern}" 0;\n}}\n'
+
+
+def write_auth(path: Path, key: str | None) -> None:
+    """Write :func:`render_auth` to ``path``, mode 0600 from its first byte (it holds the key)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(render_auth(key))
+    os.replace(tmp, path)
+
+
+def auth_header(key: str | None) -> bytes:
+    """The ``Authorization`` header line (CRLF-terminated) the LB's own checks send; empty without a key."""
+    return f"Authorization: Bearer {key}\r\n".encode() if key else b""
 
 
 def render_upstreams(servers: Sequence[str]) -> str:
@@ -169,7 +202,7 @@ class Reconciler:
             return False
         try:
             with socket.create_connection(parsed, timeout=2) as sock:
-                sock.sendall(b"GET /nginx-health HTTP/1.0\r\n\r\n")
+                sock.sendall(b"GET /nginx-health HTTP/1.0\r\n" + auth_header(os.environ.get(API_KEY)) + b"\r\n")
                 return sock.recv(64).startswith(b"HTTP/1.1 200")
         except OSError:
             return False
@@ -210,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nginx-bin", default="nginx")
     ap.add_argument("--public", default=None, help="node:port clients reach the LB at (written to lb.head)")
     ap.add_argument("--interval", type=float, default=1.0)
-    ap.add_argument("--once", action="store_true", help="write the upstream file once, no reload, and exit")
+    ap.add_argument(
+        "--once", action="store_true", help="write auth.conf and the upstream file once, no reload, and exit"
+    )
     ap.add_argument("--replicas-job-name", default=None, help="resubmit replica tasks of this name that left")
     ap.add_argument("--parent", type=int, default=None, help="exit (stopping nginx) when this process is gone")
     ap.add_argument("--nginx-pid", type=int, default=None, help="nginx master to stop when the parent is gone")
@@ -220,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     nginx = [args.nginx_bin, "-c", str(paths.nginx_conf), "-e", str(paths.lb_error_log)]
     rec = Reconciler(paths, nginx, public=args.public)
     if args.once:
+        try:
+            write_auth(paths.lb_auth_conf, os.environ.get(API_KEY))
+        except ValueError as exc:
+            log.error("%s", exc)
+            return 2
         atomic_write_text(rec.upstreams, render_upstreams(rec.alive()))
         return 0
     stop: list[int] = []
