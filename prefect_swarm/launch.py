@@ -384,15 +384,16 @@ class JobWatcher:
     A thread probes every handle it watches with ONE :meth:`ComputeBackend.probe_many` call a step
     (Slurm: one ``squeue`` and at most one ``sacct`` per allocation, whatever the number of shards),
     checks the swarm's budget once, and wakes the waiters; steps grow from WATCH_MIN_S to
-    WATCH_MAX_S and start over when a shard writes its end mark. The thread ends when nothing is
-    watched. Progress is never asked of the scheduler: it is in the shards' own files.
+    WATCH_MAX_S and start over when a shard writes its end mark. When nothing is watched any more
+    the thread ends and the watcher is forgotten (a later run of the job gets a new one, with its
+    own budget). Progress is never asked of the scheduler: it is in the shards' own files.
     """
 
     _all: dict[str, JobWatcher] = {}
     _lock = threading.Lock()
 
-    def __init__(self, compute: ComputeBackend, guard: BudgetGuard | None) -> None:
-        self.compute, self.guard = compute, guard
+    def __init__(self, compute: ComputeBackend, guard: BudgetGuard | None, key: str | None = None) -> None:
+        self.compute, self.guard, self.key = compute, guard, key
         self.cond = threading.Condition()
         self.handles: dict[int, JobHandle] = {}
         self.probes: dict[int, JobProbe] = {}
@@ -410,7 +411,7 @@ class JobWatcher:
         with cls._lock:
             watcher = cls._all.get(job_id)
             if watcher is None:
-                watcher = cls._all[job_id] = cls(compute, guard() if guard is not None else None)
+                watcher = cls._all[job_id] = cls(compute, guard() if guard is not None else None, job_id)
             return watcher
 
     def add(self, handle: JobHandle) -> int:
@@ -430,6 +431,9 @@ class JobWatcher:
             self.probes.pop(token, None)
             last = not self.handles
         if last:
+            with JobWatcher._lock:
+                if self.key is not None and JobWatcher._all.get(self.key) is self:
+                    del JobWatcher._all[self.key]
             self.nudge.set()  # the thread ends now, not a long step later
 
     def _run(self) -> None:

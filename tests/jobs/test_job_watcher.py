@@ -123,3 +123,19 @@ def test_only_the_latest_submission_of_each_shard_is_probed() -> None:
     subs = [{"id": "old", "shards": [0]}, {"id": "new", "shards": [0]}]
     assert [s["id"] for s in latest_submissions(subs)] == ["new"]
     assert [s["id"] for s in latest_submissions([{"id": "a", "shards": []}, {"id": "b", "shards": []}])] == ["b"]
+
+
+def test_a_later_run_of_the_job_gets_a_watcher_of_its_own() -> None:
+    """A budget stop of one run does not stick to the job: once nothing is watched the watcher is forgotten."""
+
+    class Guard:
+        def check(self) -> None:
+            raise BudgetReached("swarm 'x': budget reached")
+
+    compute = CountingCompute({"a": time.monotonic() + 3600, "b": time.monotonic()})
+    first = JobWatcher.of("job-later", compute, Guard)  # type: ignore[arg-type]
+    with pytest.raises(BudgetReached):
+        first.wait(JobHandle(id="a", backend="fake"))
+    second = JobWatcher.of("job-later", compute, None)  # type: ignore[arg-type]
+    assert second is not first
+    assert second.wait(JobHandle(id="b", backend="fake")).status is JobStatus.SUCCEEDED
