@@ -102,3 +102,33 @@ def test_the_lb_check_matches_the_exact_header_only() -> None:
     with pytest.raises(ValueError, match="not a bearer token") as err:
         render_auth('k"ey; }')
     assert "ey; }" not in str(err.value)
+
+
+def test_an_api_key_that_is_no_bearer_token_is_refused_before_anything_runs() -> None:
+    from _slurmkit import stub_config
+    from pydantic import SecretStr
+
+    from prefect_swarm.backends.slurm import render
+    from prefect_swarm.exceptions import ConfigError
+
+    cfg = stub_config(replicas=1)
+    render.check_api_key(cfg.model_copy(update={"api_key": SecretStr(KEY)}))
+    for bad in ('k"ey', "k ey", "a$b", "k\\ey", "=key"):
+        with pytest.raises(ConfigError, match="bearer token") as err:
+            render.check_api_key(cfg.model_copy(update={"api_key": SecretStr(bad)}))
+        assert bad not in str(err.value)
+
+
+def test_a_closed_vllm_swarm_renders_the_guard_and_no_secret(tmp_path: Any) -> None:
+    from _slurmkit import stub_config
+
+    from prefect_swarm.backends.slurm import render
+
+    secret = "sk-" + "s" * 30
+    vllm = {"kind": "vllm", "command": None, "python": "/opt/vllm/bin/python"}
+    closed = stub_config(replicas=1, api_key=secret, engine=vllm, backend={"run_dir": str(tmp_path)})
+    plan = render.render_plan(closed)
+    assert "psw_key_guard.py" in plan and "--middleware" in plan["watchdog-0.json"]
+    assert "engine-path" in plan["replicas.sbatch"] and all(secret not in text for text in plan.values())
+    opened = stub_config(replicas=1, engine=vllm, backend={"run_dir": str(tmp_path), "open_endpoint": True})
+    assert "psw_key_guard.py" not in render.render_plan(opened)
