@@ -35,11 +35,13 @@ def _json(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return dict(json.loads(result.stdout))
 
 
-def _up(run_cli: Run, cfg: SwarmConfig, tmp_path: Path) -> Path:
+def _up(run_cli: Run, cfg: SwarmConfig, tmp_path: Path) -> str:
+    """`up -c` of ``cfg``; returns what it printed on stderr."""
     config = tmp_path / "swarm.yaml"
     config.write_text(yaml.safe_dump(cfg.redacted()))
-    _json(run_cli("up", "-c", str(config), "-o", "json", timeout=180))
-    return config
+    done = run_cli("up", "-c", str(config), "-o", "json", timeout=180)
+    _json(done)
+    return done.stderr
 
 
 def _queue(name: str) -> dict[str, str]:
@@ -161,10 +163,12 @@ def test_a_lost_lb_is_replaced_and_a_job_it_stopped_ends_exactly_once(
 def test_a_lost_lb_that_may_not_be_replaced_stops_the_swarm_and_says_why(
     need_slurm: None, run_cli: Run, tmp_path: Path, swarm_home: Path
 ) -> None:
-    cfg = stub_config(replicas=1)
+    cfg = stub_config(replicas=1, engine={"args": ["--startup-delay-s", "6"]})
     paths = render.swarm_paths(cfg, SwarmPaths.for_swarm(cfg.name))
     try:
-        _up(run_cli, cfg, tmp_path)
+        said = _up(run_cli, cfg, tmp_path)
+        # a slow start says what it waits for: the replica's watchdog status (issue 26, item 10)
+        assert f"swarm '{cfg.name}' (" in said and "replica 0 is not healthy yet: starting" in said, said
         with members.locked(paths):  # its budget of replacements is spent
             record = read_json(paths.slurm_record)
             atomic_write_json(paths.slurm_record, {**record, "resubmits": {"lb": members.MAX_RESUBMITS}})
@@ -230,5 +234,38 @@ def test_the_time_limit_ends_a_job_preempted_and_it_resumes_in_a_new_allocation(
         allocations = [_allocation(sub) for sub, _ in subs]
         assert allocations[0] in first_lb and len(set(allocations)) == len(allocations), allocations
         _check_hints(err, subs[0][1].detail or "")
+    finally:
+        run_cli("down", cfg.name, "-y", timeout=120)
+
+
+def test_an_idle_swarm_stops_itself_and_listens_only_in_its_port_range(
+    need_slurm: None, run_cli: Run, tmp_path: Path, swarm_home: Path
+) -> None:
+    """backend.idle_timeout_s 20 and backend.port_range: the LB and the replica listen in the range
+    (their preferred ports lie outside it); 30 s of requests keep the swarm up; 20 s without one stop
+    it, replicas and LB, with the reason in `status`."""
+    from prefect_swarm.testing import free_port_block
+
+    base = free_port_block(10)
+    cfg = stub_config(replicas=1, backend={"idle_timeout_s": 20, "port_range": f"{base}-{base + 9}"})
+    paths = render.swarm_paths(cfg, SwarmPaths.for_swarm(cfg.name))
+    try:
+        _up(run_cli, cfg, tmp_path)
+        lb, replica = paths.lb_head.read_text().strip(), paths.replica_head(0).read_text().strip()
+        for head in (lb, replica):
+            assert base <= int(head.rsplit(":", 1)[1]) <= base + 9, (head, base)
+        key = SlurmServing(cfg, paths).cfg.api_key
+        headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
+        body = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        end = time.monotonic() + 30
+        while time.monotonic() < end:  # busy for longer than the idle timeout
+            assert httpx.post(f"http://{lb}/v1/chat/completions", json=body, headers=headers, timeout=10).is_success
+            time.sleep(2)
+        assert _lb_ids(cfg) and _queue(f"psw-{cfg.name}-replicas"), "stopped while in use"
+        quiet = time.monotonic()
+        _wait("the idle swarm left the queue", lambda: not _lb_ids(cfg) and not _queue(f"psw-{cfg.name}-replicas"), 90)
+        assert time.monotonic() - quiet >= 20 - 5  # not before the timeout (counters are read every 5 s)
+        status = _json(run_cli("status", cfg.name, "-o", "json", "--no-history"))["status"]
+        assert status["phase"] == "STOPPED" and "idle_timeout_s" in status["detail"], status
     finally:
         run_cli("down", cfg.name, "-y", timeout=120)

@@ -229,7 +229,8 @@ def _queue_entry(line: str) -> QueueEntry | None:
     if len(parts) not in (8, 9):
         return None
     jid, raw, array, task, name, state, reason, nodes = parts[:8]
-    left = slurm_seconds(parts[8]) if len(parts) == 9 else None
+    # squeue's TimeLeft: INVALID once a job is past its limit (Slurm is ending it): nothing left
+    left = (0.0 if parts[8] == "INVALID" else slurm_seconds(parts[8])) if len(parts) == 9 else None
     return QueueEntry(
         id=jid,
         raw_id=raw,

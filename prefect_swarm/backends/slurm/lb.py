@@ -25,7 +25,8 @@ With ``--replicas-job-name``, every ``REPLENISH_S`` seconds a replica task that 
 resubmitted on its own (:func:`members.replenish`, with this job's environment, which carries the
 swarm's secrets), unless its engine failed (the watchdog gave up). With ``--parent``, when the LB
 script is gone (killed outright), nginx (``--nginx-pid``) is stopped and the reconciler exits:
-nginx never outlives its job. TERM, INT and USR1 stop the reconciler.
+nginx never outlives its job. With ``--idle-timeout S`` (``backend.idle_timeout_s``) it stops the
+swarm after S seconds without a request (:mod:`.idle`). TERM, INT and USR1 stop the reconciler.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from pathlib import Path
 from prefect_swarm.backends.common import host_port
 from prefect_swarm.backends.slurm import members
 from prefect_swarm.backends.slurm.client import SlurmClient, clean_env
+from prefect_swarm.backends.slurm.idle import IdleWatch
 from prefect_swarm.backends.slurm.render import BEARER_TOKEN
 from prefect_swarm.interfaces.jobenv import API_KEY
 from prefect_swarm.interfaces.metrics import engine_targets, write_file_sd
@@ -249,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicas-job-name", default=None, help="resubmit replica tasks of this name that left")
     ap.add_argument("--parent", type=int, default=None, help="exit (stopping nginx) when this process is gone")
     ap.add_argument("--nginx-pid", type=int, default=None, help="nginx master to stop when the parent is gone")
+    ap.add_argument("--idle-timeout", type=float, default=None, help="stop the swarm after this many idle seconds")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     paths = SwarmPaths(args.swarm_dir)
@@ -267,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda signum, _f: stop.append(signum))
     client = SlurmClient(timeout_s=30.0)
     next_replenish = time.monotonic() + REPLENISH_S
+    idle = IdleWatch(args.idle_timeout, os.environ.get(API_KEY)) if args.idle_timeout else None
     while not stop:
         if args.parent and os.getppid() != args.parent:
             log.error("the LB script (pid %d) is gone: stopping nginx", args.parent)
@@ -277,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.replicas_job_name and time.monotonic() >= next_replenish:
                 next_replenish = time.monotonic() + REPLENISH_S
                 replenish(paths, args.replicas_job_name, client)
+            if idle and args.replicas_job_name and idle.expired(rec.engines):
+                with members.locked(paths):
+                    members.stop_swarm(client, paths, args.replicas_job_name, idle.reason())
+                return 0  # the LB script stops nginx and ends the job
         except Exception:  # one bad pass (a racing file, a slow nginx) must not take the LB down
             log.exception("reconcile pass failed; retrying")
         time.sleep(args.interval)

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("prefect_swarm.slurm")
 
 POLL_S = 1.0
+PROGRESS_S = 30.0
+"""wait_ready says what it waits for when that changes, and at least this often."""
 DRAIN_WAIT_S = 15.0
 """Scale down: how long to wait for the LB to drop the leaving replicas before cancelling them."""
 DRAIN_GRACE_S = 2.0
@@ -229,29 +231,34 @@ class SlurmServing:
         return {"ends_at": ends, "min_life_s": self.sc.ending_s}
 
     def _await_ending(self) -> None:
-        """Wait (at most their time left + ``GONE_WAIT_S``) for this swarm's running jobs that are within
-        ``backend.signal_seconds`` + ``SIGNAL_EARLY_S`` of their time limit to end: ``up`` then submits
-        fresh ones, never keeps a job about to be killed (nor starts a replica next to one that would
-        remove its head file)."""
+        """Wait for this swarm's jobs that are ending -- COMPLETING, or running within
+        ``backend.signal_seconds`` + ``SIGNAL_EARLY_S`` of their time limit -- to leave the queue (at
+        most their time left + ``GONE_WAIT_S``, then scancel them, then at most ``GONE_WAIT_S`` more):
+        ``up`` then submits fresh ones, never keeps a job about to be killed (nor starts a replica next
+        to one that would remove its head file)."""
         floor = self.sc.ending_s
         deadline: float | None = None
         while True:
             ending = [
                 e
                 for e in self.client.squeue(names=self.names.all())
-                if e.state == "RUNNING" and e.time_left_s is not None and e.time_left_s < floor
+                if e.state == "COMPLETING"
+                or (e.state == "RUNNING" and e.time_left_s is not None and e.time_left_s < floor)
             ]
             if not ending:
                 return
             if deadline is None:
                 deadline = time.monotonic() + max(e.time_left_s or 0.0 for e in ending) + GONE_WAIT_S
                 log.info(
-                    "swarm '%s': job(s) %s end at their time limit within %.0fs; waiting for them before "
-                    "submitting fresh ones",
+                    "swarm '%s': job(s) %s are ending (their time limit is less than %.0fs away); waiting for "
+                    "them to leave the queue before submitting fresh ones",
                     self.cfg.name,
                     ", ".join(e.id for e in ending),
                     floor,
                 )
+            if time.monotonic() > deadline + GONE_WAIT_S:
+                log.warning("swarm '%s': job(s) %s are still ending; going on", self.cfg.name, ending)
+                return
             if time.monotonic() > deadline:
                 self.client.scancel(sorted({e.raw_id for e in ending}))
             time.sleep(POLL_S)
@@ -282,7 +289,8 @@ class SlurmServing:
             time.sleep(0.25)
 
     def _lb_entry(self) -> QueueEntry | None:
-        lbs = [e for e in self.client.squeue(names=[self.names.lb]) if e.state in members.LIVE_STATES]
+        """The LB job that is (or will be) there; one COMPLETING is on its way out."""
+        lbs = [e for e in self.client.squeue(names=[self.names.lb]) if e.state in members.LIVE_STATES - {"COMPLETING"}]
         return lbs[0] if lbs else None
 
     def _handle(self, replicas_id: str, lb_id: str, tasks: dict[str, str]) -> ServingHandle:
@@ -449,7 +457,7 @@ class SlurmServing:
         deadline = start + timeout_s
         n, tasks = self._wanted(handle)
         chatted: dict[int, ProbeResult] = {}
-        last = "nothing checked yet"
+        last, said, said_at = "nothing checked yet", "", 0.0
         while time.monotonic() < deadline:
             jobs = self._jobs(handle.meta)
             self._check_queue(handle, jobs, time.monotonic() - start)
@@ -460,6 +468,11 @@ class SlurmServing:
                     return self.status(handle)
             else:
                 last = "waiting for both jobs to run: " + (_reasons(jobs.all) or "none queued")
+            now = time.monotonic()
+            gist = re.sub(r"\d+", "#", last)  # "starting (35s)" is no news a second later
+            if gist != said or now - said_at >= PROGRESS_S:  # a long start says what it waits for
+                log.info("swarm '%s' (%.0fs): %s", self.cfg.name, now - start, last)
+                said, said_at = gist, now
             time.sleep(POLL_S)
         raise ReadinessError(
             f"swarm '{self.cfg.name}' was not ready after {timeout_s:g}s: {last}",
@@ -495,13 +508,17 @@ class SlurmServing:
     def _engine_failed(self, handle: ServingHandle) -> bool:
         """True when a replica's watchdog gave up on its engine, or its task's setup failed
         (resubmitting would not help)."""
-        return bool(self._failures(handle))
+        return any(why.startswith("replica") for why in self._failures(handle))
 
     def _failures(self, handle: ServingHandle) -> list[str]:
-        """``replica <i>: <why>`` for each replica whose status says ``failed``."""
+        """``replica <i>: <why>`` for each replica whose status says ``failed``, and ``LB: <why>``
+        when the LB job stopped before nginx started."""
         n, _ = self._wanted(handle)
         status = {i: read_json(self.paths.replica_status(i), {}) or {} for i in range(n)}
-        return [f"replica {i}: {s.get('detail')}" for i, s in status.items() if s.get("failed")]
+        lb = read_text(self.paths.lb_failed)
+        return [f"replica {i}: {s.get('detail')}" for i, s in status.items() if s.get("failed")] + (
+            [f"LB: {lb}"] if lb else []
+        )
 
     def _missing(self, handle: ServingHandle, jobs: SwarmJobs) -> str:
         if jobs.lb is None:
@@ -537,7 +554,8 @@ class SlurmServing:
                 continue
             url = self._replica_url(i)
             if url is None:
-                return f"replica {i} is not healthy yet (no head file)"
+                watchdog = (read_json(self.paths.replica_status(i), {}) or {}).get("detail") or "no watchdog status yet"
+                return f"replica {i} is not healthy yet: {watchdog}"
             chatted[i] = check_chat(url, self.cfg.model_name, key, timeout_s=30.0)
             if not chatted[i].ok:
                 return f"replica {i} at {url}: chat completion failed: {chatted[i].detail}"
