@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: every benchmark once, at a size that finishes in a few minutes on 2 cores, so a
 # change that breaks one shows here. The numbers in BENCHMARKS.md come from the full-size commands
-# written there. The Slurm LB benchmark runs only where Slurm is up (`make slurm`).
+# written there. The Slurm benchmarks (LB, scheduler calls) run only where Slurm is up (`make slurm`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
@@ -14,6 +14,7 @@ run bench/bench_sigkill.py --rows 5000 --kills 3
 run bench/flow_overhead.py --rows 1600 --shards 2 --repeat 1
 if command -v sbatch >/dev/null && sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mix|alloc)'; then
   run bench/slurm_lb.py --seconds 2 --repeat 1 --latency-ms 0
+  run bench/slurm_calls.py --shards 2 8 --rows-per-shard 5 --mode cli --placement steps
 else
   echo "== bench/slurm_lb.py skipped: no Slurm node up (make slurm)"
 fi

@@ -92,6 +92,8 @@ class SlurmCompute(ComputeBase):
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._sids: dict[str, str] = {}
         """Step name -> ``jobid.stepid``, as squeue showed it (sacct then asks for just those steps)."""
+        self._final: dict[str, AcctEntry] = {}
+        """Step name (or shard job id) -> its accounting once it ended: never asked for again."""
 
     def job_runtime(self) -> JobRuntime:
         """``backend.job_python`` (else this interpreter) on the compute nodes; the swarm's env and home."""
@@ -315,26 +317,35 @@ class SlurmCompute(ComputeBase):
     def _acct_steps(self, jobid: str, names: list[str]) -> tuple[dict[str, AcctEntry], bool]:
         """sacct of steps no longer running (by step id where known, else the whole allocation's
         steps: one call either way), by step name; and whether accounting answered at all."""
-        sids = [self._sids.get(n) for n in names]
+        known = {n: self._final[n] for n in names if n in self._final}
+        ask = [n for n in names if n not in known]
+        if not ask:
+            return known, True
+        sids = [self._sids.get(n) for n in ask]
         query = [sid for sid in sids if sid] if all(sids) else [jobid]
         try:
             entries = self.client.sacct(query)
         except BackendError:  # no accounting (sacct refuses): cannot tell how the steps ended
-            return {}, False
-        wanted = set(names)
-        return {e.name: e for e in entries if "." in e.id and e.name in wanted}, True
+            return known, False
+        wanted = set(ask)
+        found = {e.name: e for e in entries if "." in e.id and e.name in wanted}
+        self._final.update((n, e) for n, e in found.items() if _ended(e))
+        return {**known, **found}, True
 
     def _probe_jobs(self, handles: list[JobHandle]) -> list[JobProbe]:
         """Shards run as jobs of their own: one squeue, then one sacct (the jobs' own lines, not
         their steps) for every handle."""
         per = [list(h.meta.get("jobs") or h.id.split(",")) for h in handles]
         ids = [i for group in per for i in group]
+        live = [i for i in ids if i not in self._final]  # an ended shard job is not asked about again
         try:
-            queued = {e.raw_id: e.state for e in self.client.squeue(ids) if e.state in _QUEUED}
-            rest = [i for i in ids if i not in queued]
-            acct = {e.id: e for e in self.client.sacct(rest) if e.id in rest} if rest else {}
+            queued = {e.raw_id: e.state for e in self.client.squeue(live) if e.state in _QUEUED} if live else {}
+            rest = [i for i in live if i not in queued]
+            found = {e.id: e for e in self.client.sacct(rest) if e.id in rest} if rest else {}
         except Exception as exc:  # "could not tell" is not "failed"
             return [JobProbe(None, error=f"cannot ask Slurm: {exc}") for _ in handles]
+        self._final.update((i, e) for i, e in found.items() if _ended(e))
+        acct = {**{i: self._final[i] for i in ids if i in self._final}, **found}
         cancelled = {i for i in ids if self.paths.step_cancelled(i).exists()}
         pending = {i for i, state in queued.items() if state in _STARTING}
         return [_aggregate(group, set(queued), acct, cancelled, pending) for group in per]
@@ -454,6 +465,14 @@ def _aggregate(
     detail = ", ".join(f"{s}={st.value}" for s, st in zip(steps, statuses, strict=True))
     exit_code = max(codes, default=None) if all(st.finished for st in statuses) else None
     return JobProbe(JobStatus.combine(statuses), exit_code=exit_code, detail=detail)
+
+
+def _ended(entry: AcctEntry) -> bool:
+    """The accounting line is final (the step or job ended); an unknown state is not."""
+    try:
+        return coerce_job_status(entry.state).finished
+    except ValueError:
+        return False
 
 
 def _step_names(handle: JobHandle) -> list[str]:
