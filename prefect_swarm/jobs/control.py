@@ -14,14 +14,15 @@ bursts; one sample is not a trend):
 - a standing queue (W above the margin in every sample): the replica runs all it can, so this
   process scales what it has there by (R + margin) / (R + W) (at most halving it a step): every
   process sharing the replica cuts its own part, so together they trim the queue to the margin;
-- room (W below half the margin in most samples, while this process uses its limit): the replica
-  could run more than it gets (an engine that batches more than assumed: vLLM's default is 1024 on
-  80 GB GPUs), so the limit grows by GROWTH a step until a queue shows.
+- room (W below the margin in most samples, while this process uses its limit): the replica could
+  run more than it gets (an engine that batches more than assumed: vLLM's default is 1024 on 80 GB
+  GPUs), so the limit grows by GROWTH a step, as long as each growth raises the running batch.
 
 A 429, a 5xx or a timeout from a replica cuts its limit by 30 % (at most once a period). A replica
 whose ``/metrics`` does not answer (or lacks those series) is controlled by latency instead: its
-limit is cut by 15 % while the latency is above twice its floor (requests queueing), else it grows
-by 5 % back toward its share. A slow replica's queue grows first, so its limit falls and the rows go
+limit is cut by 15 % while the latency is above twice its floor (requests queueing), and grows by
+5 % back toward its share once it is below 1.5 times the floor (the floor is the lowest latency seen,
+drifting up 2 % a second). A slow replica's queue grows first, so its limit falls and the rows go
 to the others (a request waits for room under some replica's limit, never behind a slow one); a
 replica a ``scale`` adds shows up in the swarm's replica list (``replicas_file``, re-read every few
 seconds) and is added once its ``/health`` answers.
@@ -60,13 +61,17 @@ DISCOVER_S = 3.0
 """How often the swarm's replica list is re-read."""
 HISTORY = 3
 """Samples of a replica's queue the loop judges together (a burst of answers is not a trend)."""
-GROWTH, MAX_CUT = 0.1, 0.5
+FLOOR_DRIFT = 1.02
+"""The latency floor (the lowest latency seen) rises this much a second: the fallback's reference
+follows a replica that became slower for good (longer prompts) within a minute."""
+GROWTH, MAX_CUT = 0.25, 0.5
 """Room grows a limit by GROWTH a step; a standing queue cuts it to at most MAX_CUT of it a step."""
 
 
 def queue_margin(capacity: int) -> int:
-    """The short queue kept at a replica beyond its capacity: 1/16 of it, at least 4 (16 for 256)."""
-    return max(4, capacity // 16)
+    """The short queue kept at a replica beyond its capacity: 1/16 of it, at least 8 (16 for 256): more
+    than the requests that arrive during one engine step, which wait for the next step even on an idle engine."""
+    return max(8, capacity // 16)
 
 
 def fd_budget() -> int:
@@ -196,30 +201,45 @@ class Controller:
     def _by_metrics(self, ep: Endpoint, running: float, waiting: float) -> None:
         ep.seen = [*ep.seen[-(HISTORY - 1) :], (running, waiting)]
         queues = sorted(w for _, w in ep.seen)
+        batch = sorted(r for r, _ in ep.seen)[len(ep.seen) // 2]
         limit = ep.limit
         if queues[0] > self.margin:
             # a standing queue: scale what this process has there by wanted / actual load, so every
-            # process sharing the replica cuts its part and together they trim the queue to the margin
+            # process sharing the replica cuts its own part and together they trim the queue to the margin
             ratio = (running + self.margin) / (running + waiting)
             limit = min(limit, max(ep.outstanding * ratio, limit * MAX_CUT))
-        elif queues[len(queues) // 2] < self.margin / 2 and len(queues) == HISTORY and ep.outstanding >= 0.8 * limit:
-            # room: nothing queues there and this process uses what it has: the engine can run more
+        elif self._room(ep, queues, batch):
+            ep.grew_from = batch
             limit += max(self.margin / self.nshards, limit * GROWTH)
         if ep.overloads:
             limit = min(limit, ep.limit * 0.7)
         ep.limit = min(self.ep_cap, max(1.0, limit))
-        if ep.limit != limit or ep.limit != ep.last_limit:
+        if ep.limit != ep.last_limit:
             ep.seen = ep.seen[-1:]  # judge the next move on what follows this one
         ep.last_limit = ep.limit
 
+    def _room(self, ep: Endpoint, queues: list[float], batch: float) -> bool:
+        """Whether the replica would run more than it gets: a short queue, this process using its limit,
+        and the last growth (if any) raised the running batch (once it did not, the batch is the
+        engine's most, until the batch falls well below it)."""
+        if len(queues) < HISTORY or queues[len(queues) // 2] >= self.margin or ep.outstanding < 0.8 * ep.limit:
+            return False
+        if ep.batch_max and batch < 0.8 * ep.batch_max:
+            ep.batch_max = 0.0  # the batch is not full any more (a cut, another client left): room again
+        if ep.grew_from is not None and batch <= 1.02 * ep.grew_from:
+            ep.batch_max, ep.grew_from = batch, None  # growing did not raise the batch: it is full
+        return not ep.batch_max
+
     def _by_latency(self, ep: Endpoint) -> None:
+        floor, ewma = ep.lat_floor_ms, ep.lat_ewma_ms
         if ep.overloads:
             ep.limit = max(1.0, ep.limit * 0.7)
-        elif ep.lat_ewma_ms and ep.lat_floor_ms < float("inf") and ep.lat_ewma_ms > 2 * ep.lat_floor_ms + 5:
+        elif ewma and floor < float("inf") and ewma > 2 * floor + 5:  # requests queue there
             ep.limit = max(1.0, ep.limit * 0.85)
-            ep.lat_floor_ms = max(ep.lat_floor_ms, ep.lat_ewma_ms / 2)  # follow a slower regime
-        else:
-            ep.limit = min(self.share, ep.limit * 1.05 + 1) if ep.limit < self.share else ep.limit
+        elif ep.limit < self.share and (not ewma or ewma < 1.5 * floor + 5):
+            ep.limit = min(self.share, ep.limit * 1.05 + 1)
+        if floor < float("inf"):
+            ep.lat_floor_ms = floor * FLOOR_DRIFT**self.control_s  # a replica slower for good is not punished forever
 
     async def discover(self, session: aiohttp.ClientSession) -> None:
         """Add the replicas the swarm's list has gained, once their ``/health`` answers 200."""

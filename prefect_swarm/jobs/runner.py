@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import random
@@ -57,6 +58,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import aiohttp
+from yarl import URL
 
 from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import InvalidAnswer, SwarmJob
@@ -145,6 +147,9 @@ class Endpoint:
     metrics_dead_until: float = 0.0
     seen: list[tuple[float, float]] = field(default_factory=list)
     last_limit: float = 0.0
+    grew_from: float | None = None
+    batch_max: float = 0.0
+    """The loop's memory: the running batch before its last growth; the batch found full (0: not yet)."""
     """The loop's last (running, waiting) samples of the endpoint's engine."""
 
 
@@ -546,7 +551,7 @@ class Runner:
         self.requests += 1
         ep.sent += 1
         try:
-            async with session.post(ep.url + item.path, data=item.body) as resp:
+            async with session.post(request_url(ep.url, item.path), data=item.body) as resp:
                 data = await resp.read()  # a body cut short raises here: not an answer
                 status = resp.status
                 if status != 200:
@@ -645,6 +650,15 @@ ERROR_CHARS = 2000
 """Longest error text of a row (an engine's error body, shortened as valid JSON when it is JSON)."""
 RAW_ERROR_CHARS = 65536
 """Longest error body kept for the OpenAI Batch output (``response.body`` of a failed request)."""
+
+
+@functools.lru_cache(maxsize=256)
+def request_url(base: str, path: str) -> URL:
+    """The URL of a request to ``path`` on the endpoint ``base``: ``path`` only ever replaces the path
+    (appended to the base's own), so no route a job returns (``@host:port/...``, ``//host/...``, an
+    absolute URL) can name another host; the scheme, host and port are the endpoint's."""
+    url = URL(base)
+    return url.with_path(url.path.rstrip("/") + "/" + path.lstrip("/"))
 
 
 def _snippet(data: bytes, n: int = ERROR_CHARS) -> str:
