@@ -17,8 +17,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hints import hint_commands, parse_command
 
-from prefect_swarm.testing.hints import hint_commands, parse_command
 from prefect_swarm.testing.stub_engine import engine_command
 
 pytestmark = [pytest.mark.usefixtures("local_backend"), pytest.mark.slow]

@@ -1,10 +1,9 @@
-"""The hint checker of prefect_swarm.testing.hints: it refuses what the CLI would refuse."""
+"""The hint checker of tests/hints.py: it refuses what the CLI would refuse."""
 
 from __future__ import annotations
 
 import pytest
-
-from prefect_swarm.testing.hints import UsageError, hint_commands, parse_command
+from hints import UsageError, hint_commands, parse_command
 
 
 def test_hint_commands_are_the_backticked_prefect_swarm_commands() -> None:

@@ -18,12 +18,12 @@ import httpx
 import pytest
 import yaml
 from _slurmkit import make_job, output_ids, stub_config
+from hints import hint_commands, parse_command
 
 from prefect_swarm.backends.slurm import members, render
 from prefect_swarm.backends.slurm.serving import SlurmServing
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.paths import SwarmPaths, atomic_write_json, read_json
-from prefect_swarm.testing.hints import hint_commands, parse_command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
