@@ -95,7 +95,9 @@ def _ensure_secret(
             if secret:
                 return secret
             time.sleep(0.1)
-        raise ConfigError(f"{path} ({what}) is empty; delete it and run `prefect-swarm up` again.") from None
+        raise ConfigError(
+            f"{path} ({what}) is empty; delete it and run `prefect-swarm up -c {paths.config}` again."
+        ) from None
     with os.fdopen(fd, "w") as fh:
         fh.write(make(32) + "\n")  # 256 random bits
     return _read_secret(path, what) or ""

@@ -462,6 +462,7 @@ def _multi_node(cfg: SwarmConfig, paths: SwarmPaths) -> dict[str, object]:
         "ray_py": _words(python),
         "ray_wait_s": int(cfg.engine.startup_timeout_s),
         "ray_token": q(paths.ray_token_file),
+        "config_file": str(paths.config),
         "node_tmp": q(sc.node_tmp),
         "rank_token": RANK_TOKEN,
         "dist_port_token": DIST_PORT_TOKEN,
