@@ -20,7 +20,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,10 +53,12 @@ MARK_CHECK_MIN_S, MARK_CHECK_MAX_S = 0.1, 0.25
 a step, within these bounds: every 0.1 s while the steps are short, every 0.25 s once they are long
 (64 shard watches on a shared filesystem: 256 ``stat`` calls a second, not 640)."""
 WATCH_MIN_S, WATCH_MAX_S = 0.5, 10.0
-"""Steps of a job's watcher (:class:`JobWatcher`: one batched probe of every shard it watches):
-growing from WATCH_MIN_S to WATCH_MAX_S, back to WATCH_MIN_S when a shard writes its end mark (never
-two probes closer than WATCH_MIN_S). The scheduler calls of a job do not grow with its shards: one
-batch a step."""
+"""Steps of a job's watcher (:class:`JobWatcher`: one batched probe of every shard it watches),
+growing from WATCH_MIN_S to WATCH_MAX_S. The scheduler calls of a job do not grow with its shards:
+one batch a step, plus at most one per NUDGE_GAP_S when shards write their end marks."""
+NUDGE_GAP_S = 2.0
+"""A shard's end mark brings the next probe forward, to no sooner than this after the last one
+(shards ending one after another are not a fast poll; an end is seen within about this)."""
 MARK_STATS_PER_S = 256.0
 """Shards of one job look at their end marks at most this often together (a shared filesystem)."""
 
@@ -384,9 +386,10 @@ class JobWatcher:
     A thread probes every handle it watches with ONE :meth:`ComputeBackend.probe_many` call a step
     (Slurm: one ``squeue`` and at most one ``sacct`` per allocation, whatever the number of shards),
     checks the swarm's budget once, and wakes the waiters; steps grow from WATCH_MIN_S to
-    WATCH_MAX_S and start over when a shard writes its end mark. When nothing is watched any more
-    the thread ends and the watcher is forgotten (a later run of the job gets a new one, with its
-    own budget). Progress is never asked of the scheduler: it is in the shards' own files.
+    WATCH_MAX_S; a shard writing its end mark brings the next one forward (NUDGE_GAP_S). When
+    nothing is watched any more the thread ends and the watcher is forgotten (a later run of the
+    job gets a new one, with its own budget). Progress is never asked of the scheduler: it is in
+    the shards' own files.
     """
 
     _all: dict[str, JobWatcher] = {}
@@ -437,12 +440,11 @@ class JobWatcher:
             self.nudge.set()  # the thread ends now, not a long step later
 
     def _run(self) -> None:
-        step = WATCH_MIN_S
+        step, last = WATCH_MIN_S, time.monotonic()
         while True:
             if self.nudge.wait(step):
                 self.nudge.clear()
-                step = WATCH_MIN_S
-                time.sleep(WATCH_MIN_S)  # a burst of end marks is one probe, never a fast poll
+                time.sleep(max(0.0, last + NUDGE_GAP_S - time.monotonic()))
             else:
                 step = min(step * 1.5, WATCH_MAX_S)
             with self.cond:
@@ -451,6 +453,7 @@ class JobWatcher:
                     return
                 tokens, handles = list(self.handles), list(self.handles.values())
             probes = self.compute.probe_many(handles)
+            last = time.monotonic()
             error = self._check_budget()
             with self.cond:
                 self.rounds += 1
@@ -585,15 +588,28 @@ def shard_summary(spec: JobSpec, shard: int, how: str) -> dict[str, Any]:
     return {**shard_progress(spec, shard), "shard": shard, "how": how}
 
 
-def shard_log(spec: JobSpec, shard: int, lines: int = 20) -> tuple[Path, str]:
+def shard_log(spec: JobSpec, shard: int, lines: int = 20, subs: Sequence[dict[str, Any]] = ()) -> tuple[Path, str]:
     """Shard ``shard``'s process log and its last ``lines`` lines: the job log in its ledger, else
-    the process's stdout+stderr (where a process that died before its ledger opened wrote)."""
-    candidates = (spec.paths.shard(shard).log, spec.paths.log(shard))
+    the process's stdout+stderr (where a process that died before its ledger opened wrote): in the
+    job folder, or where the backend's submission (one of ``subs``) recorded it."""
+    candidates = (spec.paths.shard(shard).log, *_recorded_logs(subs, shard), spec.paths.log(shard))
     for path in candidates:
         tail = read_tail(path, lines)
         if tail:
             return path, tail
     return candidates[-1], ""
+
+
+def _recorded_logs(subs: Sequence[dict[str, Any]], shard: int) -> list[Path]:
+    """The process log of ``shard`` a submission recorded (a JobHandle's ``meta``: ``shards`` and
+    ``logs`` side by side; Slurm keeps each step's under the swarm's ``steps/``), latest first."""
+    found = []
+    for sub in reversed(subs):
+        meta = sub.get("meta") or {}
+        shards, logs = list(meta.get("shards") or sub.get("shards") or []), list(meta.get("logs") or [])
+        if shard in shards and len(logs) == len(shards):
+            found.append(Path(logs[shards.index(shard)]))
+    return found
 
 
 def shard_log_tail(spec: JobSpec, shard: int, lines: int = 20) -> str:
@@ -602,9 +618,12 @@ def shard_log_tail(spec: JobSpec, shard: int, lines: int = 20) -> str:
     return f"log tail ({path}):\n{tail}" if tail else ""
 
 
-def shard_failures(spec: JobSpec, probes: list[dict[str, Any]], lines: int = 5) -> list[dict[str, Any]]:
+def shard_failures(
+    spec: JobSpec, probes: list[dict[str, Any]], subs: Sequence[dict[str, Any]] = (), lines: int = 5
+) -> list[dict[str, Any]]:
     """Why each unfinished shard of an ended job stopped: how its process ended (the backend's
-    probe of the submission that ran it), its log's path and last ``lines`` lines."""
+    probe of the submission that ran it), its log's path and last ``lines`` lines (``subs``: the
+    job's submissions, where a backend records each shard's log)."""
     out = []
     for shard in pending_shards(spec.model_copy(update={"retry_failed": False})):
         probe: dict[str, Any] = next((p for p in reversed(probes) if shard in (p.get("shards") or [])), {})
@@ -612,7 +631,7 @@ def shard_failures(spec: JobSpec, probes: list[dict[str, Any]], lines: int = 5) 
         ended = f"{probe.get('status') or 'ended'}" + (f" (exit {code})" if code is not None else "")
         if code == EXIT_BAD_INPUT:
             ended += ": it refused its input"
-        path, tail = shard_log(spec, shard, lines)
+        path, tail = shard_log(spec, shard, lines, subs)
         out.append({"shard": shard, "reason": ended, "detail": probe.get("detail"), "log": str(path), "tail": tail})
     return out
 
@@ -726,7 +745,8 @@ def job_status(
     progress = job_progress(spec)
     status, committed, manifest = _overall(spec, probes, rec.status)
     verdict = verdict_of(spec, manifest) if committed and manifest else None
-    failures = shard_failures(spec, probes) if status is JobStatus.FAILED and not committed else []
+    subs = (rec.handle or {}).get("submissions") or []
+    failures = shard_failures(spec, probes, subs) if status is JobStatus.FAILED and not committed else []
     store.update_job(job_id, status=status, progress={k: v for k, v in progress.items() if k != "shards"})
     swarm_rec = store.get_swarm(rec.swarm) if rec.swarm else None
     return {

@@ -31,6 +31,7 @@ import os
 import secrets
 import shlex
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -58,6 +59,7 @@ TARGET_POLL_S = 1.0
 TARGET_REUSE_S = 30.0
 """A running LB job found by one submit is reused by the next ones of this process for that long
 (the flow submits one shard per task: 512 shards are not 512 ``squeue`` calls)."""
+_TARGET_LOCK = threading.Lock()
 _TARGETS: dict[str, tuple[str, float, str]] = {}
 """LB job name -> (raw job id, monotonic time it was seen running, its ``lb.head`` then): reused only
 while ``lb.head`` still says the same (a replaced LB job writes its own)."""
@@ -122,7 +124,8 @@ class SlurmCompute(ComputeBase):
     def _launch(self, request: JobRequest) -> JobHandle:
         """Start one step per shard in the swarm's allocation (or, with ``backend.jobs``, one sbatch
         job per shard); see the module docstring."""
-        jobid = self._target()
+        with _TARGET_LOCK:  # shard tasks submitting at once: one looks, the others reuse what it found
+            jobid = self._target()
         if render.shards_as_jobs(self.cfg, request.nshards):  # more shards than the LB's allocation hosts
             return self._launch_jobs(request)
         token = secrets.token_hex(3)
