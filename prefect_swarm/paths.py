@@ -14,6 +14,7 @@
     lb/auth.conf                 the LB's key check (nginx map), mode 0600, written by the LB job
     engine-path/psw_key_guard.py the key check of a closed vLLM replica (--middleware; on its PYTHONPATH)
     upstreams.conf lb.head lb/ steps/ replicas-<job>_<task>.out lb-<job>.out   the LB's files (Slurm)
+    lb.failed                    why the LB job stopped before nginx started (its setup failed; Slurm)
     targets.json                 Prometheus file_sd list of the replicas' /metrics (local, Slurm)
     jobs/<job_id>/               JobPaths
 <home>/jobs/<job_id>/            JobPaths.standalone (a job against no recorded swarm)
@@ -228,6 +229,12 @@ class SwarmPaths(Folder):
     def lb_dir(self) -> Path:
         """nginx's own folder (listen.conf, error log, temp folders)."""
         return self.root / "lb"
+
+    @property
+    def lb_failed(self) -> Path:
+        """Why the LB job stopped before nginx started (its ``setup`` failed: the line); removed when
+        an LB job starts."""
+        return self.root / "lb.failed"
 
     @property
     def lb_error_log(self) -> Path:
