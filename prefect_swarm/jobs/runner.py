@@ -51,6 +51,7 @@ import logging
 import math
 import random
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -108,12 +109,25 @@ class RunnerConfig:
 
 
 class Item(NamedTuple):
-    """One prepared row: global index, id, endpoint path, JSON body."""
+    """One prepared row: global index, id, endpoint path, JSON body, prefix key (0: none)."""
 
     row: int
     rid: str
     path: str
     body: bytes
+    key: int = 0
+
+
+PREFIX_BYTES = 1024
+"""Rows whose request bodies share their first PREFIX_BYTES bytes (a long system prompt, few-shot
+examples: ~250 tokens) share a prefix key: see :func:`prefix_key`."""
+
+
+def prefix_key(body: bytes) -> int:
+    """The prefix key of a request body: rows with the same key go to the same replica while it has
+    room (its prefix cache then holds their shared prefix once); 0 for a body too short to share a
+    long prefix."""
+    return zlib.crc32(body[:PREFIX_BYTES]) + 1 if len(body) > PREFIX_BYTES else 0
 
 
 @dataclass(slots=True)
@@ -176,8 +190,11 @@ class EndpointPool:
         self.closed = False
         self._room_waiters: deque[asyncio.Future[None]] = deque()
 
-    def acquire(self, avoid: Endpoint | None = None) -> Endpoint | None:
+    def acquire(self, avoid: Endpoint | None = None, key: int = 0) -> Endpoint | None:
         """The least busy endpoint in rotation (or one due for a probe), its count raised; None when none is.
+
+        ``key`` (a row's :func:`prefix_key`) picks the endpoint ``key mod endpoints`` first when it is in
+        rotation and under its limit (prefix affinity: rows sharing a prefix meet the same prefix cache).
 
         ``avoid`` (a retry's previous endpoint) is taken only when no other endpoint is in rotation:
         an endpoint that fails fast (429, refused connections) has the fewest requests outstanding,
@@ -186,6 +203,11 @@ class EndpointPool:
         eps = self.endpoints
         if self.ejected or (avoid is not None and len(eps) > 1):
             return self._acquire_degraded(avoid)
+        if key and len(eps) > 1:
+            ep = eps[key % len(eps)]
+            if ep.outstanding < ep.limit:
+                self._take(ep)
+                return ep
         ep = eps[0] if len(eps) == 1 else min(eps, key=_fullness)
         self._take(ep)
         return ep
@@ -504,7 +526,7 @@ class Runner:
         attempt = spared = 0  # requests sent; those not counted against the retries (sent elsewhere)
         ep: Endpoint | None = None
         while True:
-            ep = pool.acquire(ep) or await self._wait_for_endpoint()
+            ep = pool.acquire(ep, item.key) or await self._wait_for_endpoint()
             if ep is None:
                 return None if self.stopped else self._give_up(item, attempt, error)
             attempt += 1

@@ -28,7 +28,7 @@ from prefect_swarm.jobs.dataset import InputDataset, check_output_location, shar
 from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details
 from prefect_swarm.jobs.ledger import STATUS_OK, RowResult, ShardLedger, ShardLock, shard_store
 from prefect_swarm.jobs.metrics import ShardMetrics, metrics_address
-from prefect_swarm.jobs.runner import DEFAULT_CAPACITY, Item, Runner, RunnerConfig
+from prefect_swarm.jobs.runner import DEFAULT_CAPACITY, Item, Runner, RunnerConfig, prefix_key
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
 
@@ -309,7 +309,8 @@ class ShardRun:
             body = job.body(row)
             if model and "model" not in body:
                 body["model"] = model
-            return Item(idx, rid, job.route(row), fastjson.dumps(body))
+            data = fastjson.dumps(body)
+            return Item(idx, rid, job.route(row), data, prefix_key(data) if self.spec.prefix_affinity else 0)
         except Exception as exc:  # one bad row is an error row, not a dead shard
             self._refuse(idx, rid, f"could not build the request: {type(exc).__name__}: {exc}")
             return None

@@ -78,6 +78,12 @@ class JobSpec(BaseModel):
         "kept full (its capacity, e.g. vLLM's max_num_seqs) with a short queue, by a loop that reads the "
         "replicas' /metrics. A cap above what the process may open (file descriptors) is clamped, with a warning.",
     )
+    prefix_affinity: bool = Field(
+        default=True,
+        description="Rows whose requests share a long prefix (their first 1024 bytes: a system prompt, "
+        "few-shot examples) go to the same replica while it has room, so its prefix cache holds the prefix "
+        "once. Not part of the fingerprint.",
+    )
     replica_capacity: int | None = Field(
         default=None,
         ge=1,

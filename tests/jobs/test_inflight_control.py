@@ -24,7 +24,7 @@ from prefect_swarm.interfaces.metrics import engine_targets, parse, total, write
 from prefect_swarm.jobs.builtin import ChatCompletionJob
 from prefect_swarm.jobs.control import FD_RESERVE, process_cap, queue_margin
 from prefect_swarm.jobs.ledger import RowResult
-from prefect_swarm.jobs.runner import Item, Runner, RunnerConfig
+from prefect_swarm.jobs.runner import Item, Runner, RunnerConfig, prefix_key
 from prefect_swarm.testing import free_port
 from prefect_swarm.testing.gpu_sim import MODULE, SimOptions
 from prefect_swarm.testing.stub_engine import StubEngine
@@ -335,3 +335,38 @@ def test_simulator_prefix_cache_skips_prefill(sim) -> None:
     samples = parse(httpx.get(engine.url + "/metrics").text)
     assert total(samples, "vllm:prefix_cache_queries_total") == 3 * 41
     assert total(samples, "vllm:prefix_cache_hits_total") == 2 * 40  # the 40 shared words, twice
+
+
+def test_prefix_affinity_sends_a_shared_prefix_to_one_replica(sim) -> None:
+    """Rows of two long shared prefixes on two replicas with room, each caching one prefix: with
+    affinity each prefix meets its replica's cache; spread over both, they would evict each other."""
+    # each replica's cache holds one prefix (18 blocks of 16 tokens), not two
+    a = sim(prefix_cache=True, block_size=16, prefix_cache_blocks=20, step_ms=5, answer_tokens=4)
+    b = sim(prefix_cache=True, block_size=16, prefix_cache_blocks=20, step_ms=5, answer_tokens=4)
+
+    def body(prefix: str, i: int) -> bytes:
+        text = f"{prefix} question {i}"
+        return json.dumps({"model": "stub-model", "messages": [{"role": "user", "content": text}]}).encode()
+
+    # two prefixes whose keys pick different replicas (keys are hashes: any two may collide)
+    candidates = [" ".join(f"p{k}w{i}" for i in range(300)) for k in range(8)]
+    by_replica = {prefix_key(body(p, 0)) % 2: p for p in candidates}
+    prefixes = [by_replica[0], by_replica[1]]
+
+    def keyed(n: int) -> Iterator[Item]:
+        for i in range(n):
+            data = body(prefixes[i % 2], i)
+            yield Item(i, str(i), PATH, data, prefix_key(data))
+
+    assert all(prefix_key(body(p, i)) == prefix_key(body(p, 0)) for p in prefixes for i in (1, 99))
+    results: list[RowResult] = []
+    runner = Runner(ChatCompletionJob(), [a.url, b.url], RunnerConfig(replica_capacity=256), results.append)
+    asyncio.run(runner.run(keyed(400)))
+    assert len(results) == 400
+    hits = queries = 0.0
+    for engine in (a, b):
+        samples = parse(httpx.get(engine.url + "/metrics").text)
+        hits += total(samples, "vllm:prefix_cache_hits_total") or 0
+        queries += total(samples, "vllm:prefix_cache_queries_total") or 0
+    assert hits / queries > 0.9  # each prefix prefilled once, on its replica
+    assert prefix_key(b"x" * 100) == 0  # a short body shares no long prefix

@@ -60,7 +60,9 @@ def test_deployment_offers_a_block_picker_for_swarm(prefect_stack: PrefectStack)
     refs = [s.get("$ref", "") for s in schema["properties"]["swarm"]["anyOf"]]
     assert "#/definitions/SwarmSpec" in refs, schema["properties"]["swarm"]
     assert schema["definitions"]["SwarmSpec"]["block_type_slug"] == "swarm-spec"  # what the UI's picker keys on
-    assert schema["properties"]["shards"]["minimum"] == 1
+    for knob in ("shards", "concurrency"):  # shown in the run form; empty (the default) sizes the job from the swarm
+        (number,) = [s for s in schema["properties"][knob]["anyOf"] if s.get("type") == "integer"]
+        assert number["minimum"] == 1 and schema["properties"][knob].get("default") is None
 
 
 @pytest.mark.prefect_server

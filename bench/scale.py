@@ -1,0 +1,200 @@
+"""Scaling with defaults: swarm rows/s ÷ (N x one replica driven alone), on the GPU-like simulator.
+
+    python bench/scale.py [--replicas 1 2 4 8] [--rows 20000] [--rows-per-replica 6000]
+        [--alone-rows 3000] [--repeat 3]
+
+For each N, side by side in one run:
+
+- **one alone**: one simulated replica (``prefect_swarm.testing.gpu_sim``, defaults: at most 256
+  sequences, steps of 15 ms + 0.05 ms per sequence, 32-token answers) driven by a plain aiohttp
+  loop with 272 requests in flight (its whole batch plus a queue): its best rows/s;
+- **swarm with defaults**: ``prefect-swarm up`` of N such replicas on the local backend, then
+  ``prefect-swarm job submit -n NAME --input IN --output OUT`` with no ``--concurrency`` and no
+  ``--shards`` (the job sizes itself from the swarm), which waits for the job and commits it. The
+  job has ``max(rows, N x rows_per_replica)`` rows, so every N runs for about as long.
+
+- **plain N** (reference): the same plain loop driving N replicas at once (272 in flight to each):
+  what this machine gives N simulated replicas, whatever the client.
+
+Two ratios against N x one alone: the request phase (rows ÷ first shard's ledger opening → last
+shard's final flush, from the shards' progress files) and the whole job (rows ÷ the submit
+command's wall time: validation, shard processes, requests, commit). Goals: ≥ 0.9 and ≥ 0.8.
+Replicas are pinned to core 0 and the client (driver, CLI and its job processes) to core 1 with
+``taskset`` (the simulated replicas use timers, not CPU, so eight fit on one core). Every run uses
+its own ``PREFECT_SWARM_HOME``. Prints one JSON line per run and the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _common import CLIENT_CPU, SERVER_CPU, dataset  # noqa: E402
+
+CLI = str(Path(sys.executable).with_name("prefect-swarm"))
+SIM = "prefect_swarm.testing.gpu_sim"
+ALONE_INFLIGHT = 272
+
+
+async def drive(urls: list[str], n: int, c: int) -> float:
+    """``n`` chat requests, ``c`` in flight to each of ``urls`` (the dataset's prompts, no max_tokens); rows/s."""
+    import aiohttp
+
+    rows = iter(range(n))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def worker(url: str) -> None:
+            for i in rows:
+                content = f"question {i:08d} about a topic"
+                body = {"model": "stub-model", "messages": [{"role": "user", "content": content}]}
+                async with session.post(url + "/v1/chat/completions", json=body) as resp:
+                    resp.raise_for_status()
+                    await resp.read()
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(worker(url) for url in urls for _ in range(c)))
+        return n / (time.monotonic() - t0)
+
+
+def plain_loop(replicas: int, n: int, env: dict[str, str]) -> float:
+    """``replicas`` simulated replicas on the server core, driven from the client core by a plain loop
+    with 272 in flight to each (one replica: "one alone"; N: what this machine gives N replicas)."""
+    from prefect_swarm.testing import free_port_block
+
+    base = free_port_block(replicas)
+    sims = [
+        subprocess.Popen(
+            ["taskset", "-c", str(SERVER_CPU), sys.executable, "-m", SIM, "--port", str(base + i)],
+            env=env,
+            stderr=subprocess.DEVNULL,
+        )
+        for i in range(replicas)
+    ]
+    try:
+        time.sleep(1.5)
+        urls = ",".join(f"http://127.0.0.1:{base + i}" for i in range(replicas))
+        out = subprocess.run(
+            ["taskset", "-c", str(CLIENT_CPU), sys.executable, __file__, "--drive", urls, str(n)],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        return float(out.stdout.strip())
+    finally:
+        for sim in sims:
+            sim.terminate()
+        for sim in sims:
+            sim.wait()
+
+
+def swarm_config(name: str, replicas: int, port: int) -> dict[str, Any]:
+    """N simulated replicas on the local backend, pinned to the server core."""
+    command = ["taskset", "-c", str(SERVER_CPU), "{python}", "-m", SIM]
+    command += ["--host", "{host}", "--port", "{port}", "--model", "{served_model_name}"]
+    return {
+        "name": name,
+        "model": "stub-model",
+        "replicas": replicas,
+        "gpus_per_replica": 0,
+        "port": port,
+        "ready_timeout_s": 60,
+        "engine": {"kind": "command", "command": command, "startup_timeout_s": 60, "capacity": 256},
+        "backend": {"type": "local"},
+    }
+
+
+def cli(*args: str, env: dict[str, str], cpu: int | None = None) -> subprocess.CompletedProcess[str]:
+    argv = [CLI, *args]
+    if cpu is not None:
+        argv = ["taskset", "-c", str(cpu), *argv]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+
+
+def swarm_run(tmp: Path, src: Path, rows: int, replicas: int, port: int, env: dict[str, str]) -> dict[str, Any]:
+    """Up, `job submit` with defaults (timed), read the shards' progress, down."""
+    import yaml
+
+    name = f"scale{replicas}"
+    cfg = tmp / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump(swarm_config(name, replicas, port)))
+    up = cli("up", "-c", str(cfg), env=env)
+    assert up.returncode == 0, up.stderr[-2000:]
+    try:
+        out = tmp / f"{name}-out.parquet"
+        t0 = time.monotonic()
+        sub = cli("job", "submit", "-n", name, "--input", str(src), "--output", str(out), env=env, cpu=CLIENT_CPU)
+        whole_s = time.monotonic() - t0
+        assert sub.returncode == 0, sub.stderr[-3000:]
+        progress = [json.loads(p.read_text()) for p in Path(env["PREFECT_SWARM_HOME"]).rglob("shards/*/progress.json")]
+        progress = [p for p in progress if p.get("state") == "done"]
+        assert sum(int(p["done"]) for p in progress) == rows, progress
+        request_s = max(p["updated_at"] for p in progress) - min(p["started_at"] for p in progress)
+        return {"shards": len(progress), "whole_s": whole_s, "request_s": request_s}
+    finally:
+        down = cli("down", name, "--yes", "--force", env=env)
+        assert down.returncode == 0, down.stderr[-2000:]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--rows", type=int, default=20_000, help="rows of the swarm job (20k+ for the whole-job goal)")
+    ap.add_argument("--rows-per-replica", type=int, default=6000, help="... at least this many per replica")
+    ap.add_argument("--alone-rows", type=int, default=3000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--drive", nargs=2, metavar=("URL", "N"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.drive:
+        print(asyncio.run(drive(a.drive[0].split(","), int(a.drive[1]), ALONE_INFLIGHT)))
+        return
+    from prefect_swarm.testing import free_port_block
+
+    results: dict[int, list[dict[str, Any]]] = {n: [] for n in a.replicas}
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as d:
+        tmp = Path(d)
+        for rep in range(a.repeat):
+            for n in a.replicas:
+                rows = max(a.rows, n * a.rows_per_replica)
+                src = dataset(tmp / f"in-{rows}.parquet", rows)
+                home = tmp / f"home-{rep}-{n}"
+                env = {**os.environ, "PREFECT_SWARM_HOME": str(home)}
+                alone = plain_loop(1, a.alone_rows, env)
+                plain = plain_loop(n, n * a.alone_rows, env) if n > 1 else alone
+                run = swarm_run(tmp, src, rows, n, free_port_block(n), env)
+                res = {
+                    "replicas": n,
+                    "run": rep,
+                    "rows": rows,
+                    "one_alone_rows_s": round(alone, 1),
+                    "shards": run["shards"],
+                    "request_rows_s": round(rows / run["request_s"], 1),
+                    "whole_rows_s": round(rows / run["whole_s"], 1),
+                    "plain_n_rows_s": round(plain, 1),
+                    "plain_n_ratio": round(plain / (n * alone), 3),
+                    "request_ratio": round(rows / run["request_s"] / (n * alone), 3),
+                    "whole_ratio": round(rows / run["whole_s"] / (n * alone), 3),
+                    "load_avg": round(os.getloadavg()[0], 1),
+                }
+                results[n].append(res)
+                print(json.dumps(res), flush=True)
+    for n, runs in results.items():
+        keys = ("one_alone_rows_s", "plain_n_ratio", "request_ratio", "whole_ratio")
+        med = {k: statistics.median(r[k] for r in runs) for k in keys}
+        print(json.dumps({"replicas": n, "median_of": len(runs), **med}))
+
+
+if __name__ == "__main__":
+    main()
