@@ -126,6 +126,7 @@ def test_two_node_replica_serves_survives_a_lost_ray_worker_and_leaves_nothing(
 ) -> None:
     ctl, name, cfg_file = swarm_env
     paths = SwarmPaths.for_swarm(name, tmp_path / "run")
+    started = time.time()
 
     ctl.ok("up", "-c", str(cfg_file), "--timeout", "240", timeout=300)
     record = json.loads(paths.slurm_record.read_text())
@@ -206,7 +207,14 @@ def test_two_node_replica_serves_survives_a_lost_ray_worker_and_leaves_nothing(
 
     ctl.ok("down", name, "-y", "--force", timeout=180)
     for node in NODES:
-        wait_for(f"no Ray or engine process on {node}", lambda n=node: not leftovers(two_node_cluster, n), 60)
+        deadline = time.monotonic() + 60
+        while (left := leftovers(two_node_cluster, node)) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not left, f"left on {node} after down: {left}"
+    # nor Ray's scratch (backend.node_tmp/psw-ray-<job>-<node>), on the worker node as on the head's
+    # (the nodes share this machine's /tmp)
+    scratch = [p.name for p in Path("/tmp").glob("psw-ray-*-node*") if p.stat().st_mtime >= started - 1]
+    assert scratch == [], scratch
 
 
 def test_the_stub_is_not_ready_without_its_ray_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
