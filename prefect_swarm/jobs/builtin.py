@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.jobs.api import RowRefused, SwarmJob
+from prefect_swarm.jobs.dataset import batch_url_problem
 from prefect_swarm.jobs.images import check_messages, image_part
 
 _TEXT_OUTPUTS = {"text": pa.string(), "finish_reason": pa.string()}
@@ -162,8 +163,14 @@ class OpenAIBatchJob(SwarmJob):
         return {"url": "string", "body": "json"}
 
     def route(self, row: dict[str, Any]) -> str:
-        """The line's url."""
-        return str(row.get("url") or self.path)
+        """The line's url, one of :data:`~prefect_swarm.jobs.dataset.BATCH_URLS` (a JSONL line is checked
+        when the input is read; a row of a parquet input with any other url is refused here: an error
+        row, nothing sent)."""
+        url = row.get("url") or self.path
+        problem = batch_url_problem(url)
+        if problem:
+            raise RowRefused(problem)
+        return str(url)
 
     def request(self, row: dict[str, Any]) -> dict[str, Any]:
         """The line's body (+ the job's sampling defaults where the body lacks them).

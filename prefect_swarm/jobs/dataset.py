@@ -36,6 +36,10 @@ from prefect_swarm.jobs.spec import is_jsonl
 
 _BATCH_COLUMNS = ("custom_id", "method", "url", "body")
 _BATCH_SCHEMA = pa.schema([(c, pa.string()) for c in _BATCH_COLUMNS])
+BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+"""The ``url`` values an OpenAI Batch line may have: the engine routes a swarm serves for a batch
+(a line without ``url`` goes to the first). Anything else is refused before any request."""
+_NOT_PLAIN = ("//", "..", "\\", "?", "#", "%")
 _GZIP_MAGIC = b"\x1f\x8b"
 _OTHER_COMPRESSIONS = {
     b"\x28\xb5\x2f\xfd": "zstd",
@@ -387,6 +391,9 @@ class InputDataset:
             yield first, _jsonl_batch(rows, cols)
 
     def _parse_line(self, line: bytes, lineno: int) -> dict[str, Any]:
+        """One line as the row it becomes; a line that is not a valid OpenAI Batch line (no JSON, no
+        ``custom_id`` string, no ``body`` object, a method other than POST, a ``url`` that is not one of
+        :data:`BATCH_URLS`) raises DatasetError naming the line: nothing of the input is sent."""
         try:
             rec = json.loads(line)
         except ValueError as exc:
@@ -395,12 +402,60 @@ class InputDataset:
             raise DatasetError(
                 f"input {self.where} line {lineno}: an OpenAI Batch line needs 'custom_id' and a 'body' object."
             )
+        problem = batch_line_problem(rec)
+        if problem:
+            raise DatasetError(f"input {self.where} line {lineno}: {problem}")
         return {
-            "custom_id": str(rec["custom_id"]),
-            "method": str(rec.get("method") or "POST"),
-            "url": str(rec.get("url") or "/v1/chat/completions"),
+            "custom_id": rec["custom_id"],
+            "method": "POST",
+            "url": rec.get("url", BATCH_URLS[0]),
             "body": json.dumps(rec["body"], separators=(",", ":")),
         }
+
+
+def batch_line_problem(rec: Mapping[str, Any]) -> str | None:
+    """Why an OpenAI Batch line cannot be sent as it is (None: it can): its ``custom_id`` is not a
+    non-empty string, its ``method`` is not POST, or its ``url`` is not one of :data:`BATCH_URLS`."""
+    cid = rec.get("custom_id")
+    if not isinstance(cid, str) or not cid.strip():
+        got = "null" if cid is None else f"{type(cid).__name__} {_short(cid)}"
+        return f"'custom_id' must be a non-empty string (got {got}). Give every line a unique string id."
+    return batch_method_problem(rec.get("method", "POST")) or batch_url_problem(rec.get("url", BATCH_URLS[0]))
+
+
+def batch_method_problem(method: object) -> str | None:
+    """Why ``method`` is not a batch line's method (None for POST, in any case)."""
+    if isinstance(method, str) and method.upper() == "POST":
+        return None
+    return (
+        f"'method' {_short(method)} is not supported: a batch line is sent as a POST (the only method of "
+        'the OpenAI Batch format). Set "method": "POST".'
+    )
+
+
+def batch_url_problem(url: object) -> str | None:
+    """Why ``url`` is not a batch line's url (None when it is one of :data:`BATCH_URLS`).
+
+    Requests only ever go to the swarm: a url is a path among the routes it serves, never an
+    absolute URL, a host (``@host:port/...``) or a path that walks elsewhere (``//``, ``..``)."""
+    if isinstance(url, str) and url in BATCH_URLS:
+        return None
+    if not isinstance(url, str):
+        why = "is not a path"
+    elif "://" in url or "@" in url:
+        why = "names a host (an absolute URL, or '@'); requests only go to the swarm, so the url is a path on it"
+    elif not url.startswith("/"):
+        why = "does not start with '/'"
+    elif any(c in url for c in _NOT_PLAIN) or not url.isprintable() or " " in url:
+        why = "is not a plain path (no '//', '..', query, escape or space)"
+    else:
+        why = "is not a route the swarm serves for batch lines"
+    return f"'url' {_short(url)} {why}. Use one of {', '.join(BATCH_URLS)}."
+
+
+def _short(value: object, n: int = 80) -> str:
+    text = json.dumps(value) if not isinstance(value, bytes) else repr(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def _stats_null_count(meta: pq.FileMetaData, column: str) -> int | None:

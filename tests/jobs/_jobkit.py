@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +106,37 @@ def run_openai_batch(tmp: Path, stub: StubEngine, src: Path) -> list[dict[str, A
     res = run_job(spec)
     assert res.returncode == 0, res.stderr
     return [json.loads(x) for x in out.read_text().splitlines()]
+
+
+class ConnectionCounter:
+    """A loopback listener that counts every connection made to it (and answers none): a request
+    that leaves the swarm for another address shows up here."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        """Stop listening (a shutdown wakes the blocked accept)."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> ConnectionCounter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
