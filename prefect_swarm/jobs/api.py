@@ -26,7 +26,7 @@ import abc
 import importlib
 import inspect
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
@@ -104,6 +104,7 @@ class SwarmJob(abc.ABC):
         if retries < 0:
             raise ConfigError(f"{name}: schema_retries must be 0 or more (got {retries}).")
         schema = ResponseSchema.load(ref)
+        check_reserved(f"response_schema {ref}: field", schema.fields, "Rename the field(s) in the schema.")
         clash = sorted(set(schema.fields) & {*self.outputs, SCHEMA_ERROR_COLUMN})
         if clash:
             raise ConfigError(
@@ -186,6 +187,19 @@ class SwarmJob(abc.ABC):
         """(prompt_tokens, completion_tokens) from a response body."""
         usage = body.get("usage") or {}
         return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+def check_reserved(what: str, names: Iterable[str], fix: str) -> None:
+    """Refuse ``names`` that are the output's own columns (:data:`~prefect_swarm.jobs.ledger.RESERVED_COLUMNS`):
+    ConfigError ``"<what>(s) <clashing names> ..."`` with the reserved list and ``fix``."""
+    from prefect_swarm.jobs.ledger import RESERVED_COLUMNS
+
+    clash = [n for n in names if n in RESERVED_COLUMNS]
+    if clash:
+        raise ConfigError(
+            f"{what}(s) {', '.join(repr(n) for n in clash)} would clash with the output's own column(s) of that name: "
+            f"{', '.join(RESERVED_COLUMNS)} are reserved for the job's results. {fix}"
+        )
 
 
 def load_job(ref: str, kwargs: Mapping[str, Any] | None = None) -> SwarmJob:

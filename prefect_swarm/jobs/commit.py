@@ -48,13 +48,13 @@ from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.api import load_job
 from prefect_swarm.jobs.dataset import InputDataset, shard_range
 from prefect_swarm.jobs.fingerprint import job_fingerprint
-from prefect_swarm.jobs.ledger import Part, latest_positions, part_size, part_source, shard_store
+from prefect_swarm.jobs.ledger import RAW_COLUMN, Part, latest_positions, part_size, part_source, shard_store
 from prefect_swarm.jobs.plan import pending_shards, shard_progress
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import atomic_file, atomic_write_json, file_lock, read_json
 
 RESULT_COLUMNS = ["status", "error", "prompt_tokens", "completion_tokens"]
-BATCH_COLUMNS = ["_response", "http_status", "attempts"]
+BATCH_COLUMNS = [RAW_COLUMN, "http_status", "attempts"]
 """Ledger columns the OpenAI Batch output needs besides the results."""
 BUCKET_ROWS = 200_000
 """Rows of one commit bucket at most (``PREFECT_SWARM_COMMIT_BUCKET_ROWS`` or ``bucket_rows`` overrides)."""
@@ -423,7 +423,7 @@ class _JsonlWriter:
         for k, cid in enumerate(cols["_id"]):
             response, error = batch_line_result(
                 ok=cols["status"][k] == "ok",
-                raw=cols["_response"][k],
+                raw=cols[RAW_COLUMN][k],
                 http_status=int(cols["http_status"][k] or 0),
                 attempts=int(cols["attempts"][k] or 0),
                 error=cols["error"][k],

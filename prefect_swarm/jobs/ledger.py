@@ -104,13 +104,18 @@ BASE_FIELDS: list[tuple[str, pa.DataType]] = [
     ("latency_ms", pa.float32()),
     ("attempts", pa.int16()),
 ]
+RAW_COLUMN = "_response"
+"""Ledger column of the raw response body (kept for the OpenAI Batch output)."""
+RESERVED_COLUMNS: tuple[str, ...] = (*(name for name, _ in BASE_FIELDS), RAW_COLUMN)
+"""Names the ledger and the output own: no job output, response schema field or kept input column may
+use one (refused before any request, with this list)."""
 
 
 def ledger_schema(outputs: Mapping[str, pa.DataType], keep_raw: bool) -> pa.Schema:
     """Schema of a part file for a job with ``outputs``."""
     fields = [*BASE_FIELDS, *outputs.items()]
     if keep_raw:
-        fields.append(("_response", pa.string()))
+        fields.append((RAW_COLUMN, pa.string()))
     return pa.schema(fields)
 
 
@@ -560,7 +565,7 @@ class ShardLedger:
         for name in self.outputs:
             data[name] = [r.outputs.get(name) if r.outputs else None for r in rows]
         if self.keep_raw:
-            data["_response"] = [r.raw for r in rows]
+            data[RAW_COLUMN] = [r.raw for r in rows]
         return pa.Table.from_pydict(data, schema=self.schema)
 
     def write_progress(self, state: str) -> None:

@@ -23,7 +23,7 @@ from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import jobenv
 from prefect_swarm.interfaces.jobenv import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, JobEnv
 from prefect_swarm.jobs import fastjson
-from prefect_swarm.jobs.api import SwarmJob, load_job
+from prefect_swarm.jobs.api import SwarmJob, check_reserved, load_job
 from prefect_swarm.jobs.dataset import InputDataset, check_output_location, shard_range
 from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details
 from prefect_swarm.jobs.ledger import STATUS_OK, RowResult, ShardLedger, ShardLock, shard_store
@@ -75,8 +75,13 @@ def validate_input(spec: JobSpec, job: SwarmJob | None = None) -> InputDataset:
     ds = InputDataset(spec.input)
     check_output_location(spec.output, ds, spec.job_dir)
     ds.check_columns(job.all_columns(), spec.id_column, spec.input_columns)
+    kept = spec.input_columns if spec.input_columns is not None else ds.schema.names
+    check_reserved(f"job {spec.job}: output", job.outputs, "Rename the job's output(s).")
+    check_reserved(
+        f"input {ds.where}: column", kept, "Rename the column(s), or list the input columns to keep with input_columns."
+    )
     for name in job.outputs:
-        if name in (spec.input_columns if spec.input_columns is not None else ds.schema.names):
+        if name in kept:
             raise ConfigError(
                 f"input {ds.path}: column '{name}' would collide with the job's output '{name}'. "
                 "Rename it, or list the input columns to keep with input_columns."

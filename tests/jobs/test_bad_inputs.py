@@ -29,6 +29,7 @@ import pytest
 from _jobkit import make_dataset, requests, run_job, run_openai_batch, write_spec
 
 from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.jobs.builtin import ChatCompletionJob
 from prefect_swarm.jobs.commit import manifest_verdict
 from prefect_swarm.jobs.dataset import InputDataset, check_output_location
 from prefect_swarm.jobs.run import main as job_main
@@ -249,6 +250,20 @@ def _no_stats_all_null(tmp: Path) -> dict[str, Any]:
     return {}
 
 
+def _schema(tmp: Path, *fields: str) -> dict[str, Any]:
+    """An ordinary input and a response schema file with ``fields`` (strings)."""
+    _ok_parquet(tmp)
+    schema = {"type": "object", "properties": {f: {"type": "string"} for f in fields}}
+    (tmp / "schema.json").write_text(json.dumps(schema))
+    return {"job_kwargs": {"response_schema": str(tmp / "schema.json")}}
+
+
+class ErrorOutputJob(ChatCompletionJob):
+    """A job class that names one of its outputs like a result column."""
+
+    outputs = {"text": pa.string(), "error": pa.string()}
+
+
 CASES: list[Case] = [
     # ---- parquet inputs
     Case("missing-prompt", lambda t: _do(_parquet(t, id=["a"], question=["x"])),
@@ -294,6 +309,17 @@ CASES: list[Case] = [
         _ok_parquet(t), job_kwargs={"sampling_column": "params"}), ["{tmp}/in.parquet", "column 'params' is missing"]),
     Case("embedding-missing-text", lambda t: _do(_ok_parquet(t), job="embedding"),
          ["{tmp}/in.parquet", "column 'text' is missing"]),
+    # ---- names the output owns
+    Case("schema-field-status", lambda t: _schema(t, "answer", "status"),
+         ["response_schema {tmp}/schema.json: field(s) 'status' would clash", "status, error, http_status", "reserved"]),
+    Case("schema-field-tokens", lambda t: _schema(t, "prompt_tokens", "attempts"),
+         ["field(s) 'prompt_tokens', 'attempts' would clash", "_response are reserved"]),
+    Case("input-column-status", lambda t: _do(_parquet(t, id=["a"], prompt=["x"], status=["new"])),
+         ["input {tmp}/in.parquet: column(s) 'status' would clash", "reserved", "input_columns"]),
+    Case("id-column-error", lambda t: _do(_parquet(t, error=["a"], prompt=["x"]), id_column="error"),
+         ["input {tmp}/in.parquet: column(s) 'error' would clash"]),
+    Case("job-output-error", lambda t: _do(_ok_parquet(t), job="test_bad_inputs:ErrorOutputJob"),
+         ["job test_bad_inputs:ErrorOutputJob: output(s) 'error' would clash", "reserved"]),
     # ---- JSONL inputs
     Case("jsonl-not-json", lambda t: _jsonl(t, _jsonl_bytes(1) + b"{oops\n"),
          ["{tmp}/in.jsonl", "line 2 is not JSON"]),
