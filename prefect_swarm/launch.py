@@ -204,8 +204,7 @@ def submit_shards(
     store = store or StateStore()
     compute = swarm.compute
     command = compute.job_runtime().module_argv(JOB_MODULE, "--spec", str(spec.paths.spec))
-    key = swarm.cfg.api_key.get_secret_value() if swarm.cfg.api_key else None
-    secret = JobEnv(api_key=key).secret_env()
+    secret = JobEnv(api_key=swarm.backends.serving.client_key()).secret_env()
     n = spec.shards
     if sorted(shards) == list(range(n)) and task_run_id is None:
         fan_out = JobRequest(
@@ -274,6 +273,7 @@ def submit_job(
     if todo:
         from prefect_swarm.swarm import job_lease
 
+        swarm.check_key()  # a wrong or missing key is found by one request, not by every row
         store.put_lease(job_lease(swarm.cfg.name, spec.job_id))  # the swarm stays up while the job is active
         submit_shards(swarm, spec, todo, store=store)
     if detach:

@@ -9,7 +9,7 @@
     replica-<i>.head             host:port once healthy (Slurm); replica-<i>.drain: leaving (scale down)
     watchdog-<i>.log / .pid / .json   watchdog log, pid record, spec (no secrets)
     replicas.sbatch lb.sbatch nginx.conf slurm.json slurm.lock   scripts, wanted/submitted tasks, lock (Slurm)
-    swarm.key                    generated API key, mode 0600 (Slurm without api_key)
+    swarm.key                    the swarm's API key, mode 0600 (its api_key, or generated on Slurm)
     ray.token                    generated Ray auth token, mode 0600 (Slurm, replicas spanning nodes over Ray)
     lb/auth.conf                 the LB's key check (nginx map), mode 0600, written by the LB job
     engine-path/psw_key_guard.py the key check of a closed vLLM replica (--middleware; on its PYTHONPATH)
@@ -31,10 +31,11 @@ import fcntl
 import json
 import os
 import re
+import stat
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -86,6 +87,39 @@ def file_lock(path: Path) -> Iterator[None]:
 def atomic_write_text(path: Path, text: str) -> None:
     """Atomic text write (see :func:`atomic_write_bytes`)."""
     atomic_write_bytes(path, text.encode())
+
+
+def read_secret(path: Path, what: str) -> str | None:
+    """The secret in ``path`` (a 0600 file: a swarm's API key, its Ray token); None when there is none.
+    A file others can read is refused (ConfigError), and so is a symlink."""
+    from prefect_swarm.exceptions import ConfigError
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd) as fh:
+        mode = stat.S_IMODE(os.fstat(fh.fileno()).st_mode)
+        if mode & 0o077:
+            raise ConfigError(
+                f"{path} ({what}) can be read by other users (mode {mode:o}). "
+                f"`prefect-swarm down` the swarm and delete the file (the next `up` makes a new one), or "
+                f"`chmod 600 {path}` if nobody else read it."
+            )
+        return fh.read().strip() or None
+
+
+def write_secret(path: Path, secret: str) -> None:
+    """Write ``secret`` to ``path``, mode 0600 from its creation, atomically (replaces an older one)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mkstemp files are 0600
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secret + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -248,7 +282,8 @@ class SwarmPaths(Folder):
 
     @property
     def api_key_file(self) -> Path:
-        """The swarm's generated API key (Slurm, no ``api_key`` set), mode 0600; never in state or logs."""
+        """The swarm's API key, mode 0600, never in state or logs: its ``api_key``, kept by ``up`` so that
+        every later command and job of this user finds it; on Slurm without ``api_key``, the key it generated."""
         return self.root / "swarm.key"
 
     @property

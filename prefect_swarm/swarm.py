@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pydantic import SecretStr
+
 from prefect_swarm.backends import BackendPair, build_backends
 from prefect_swarm.config import LeptonConfig, SwarmConfig
 from prefect_swarm.exceptions import ConfigError, ReadinessError, StateError
@@ -35,7 +37,7 @@ from prefect_swarm.interfaces import (
     check_config,
 )
 from prefect_swarm.interfaces.jobenv import API_KEY
-from prefect_swarm.paths import SwarmPaths, atomic_write_text
+from prefect_swarm.paths import SwarmPaths, atomic_write_text, read_secret, write_secret
 from prefect_swarm.state import Claim, LeaseKind, LeaseRecord, StateStore, SwarmRecord
 
 LIVE_PHASES = frozenset({ServingPhase.PENDING, ServingPhase.INITIALIZING, ServingPhase.RUNNING})
@@ -257,6 +259,8 @@ class Swarm:
         import yaml
 
         atomic_write_text(self.paths.config, yaml.safe_dump(self.cfg.redacted(), sort_keys=False))
+        if self.cfg.api_key is not None:  # later commands and jobs of this user find it there (from_state)
+            write_secret(self.paths.api_key_file, self.cfg.api_key.get_secret_value())
         bringer = process_lease(LeaseKind.BRING_UP, f"bring-up:{this_host()}:{os.getpid()}")
         self.store.put_lease(dataclasses.replace(bringer, swarm=self.cfg.name))
         try:
@@ -434,6 +438,25 @@ class Swarm:
         self._require_handle()
         return self.compute.endpoints() or [self.endpoint]
 
+    def check_key(self) -> None:
+        """One request before a job's rows: ConfigError when the swarm refuses the key this process has
+        for it (:meth:`ServingBackend.client_key`), or its absence. A swarm not reachable yet passes."""
+        from prefect_swarm.interfaces.readiness import key_refused
+
+        key = self.backends.serving.client_key()
+        try:
+            url = self.endpoint
+        except StateError:
+            return
+        refused = key_refused(url, key)
+        if refused:
+            raise ConfigError(
+                f"swarm '{self.cfg.name}' refused {'the API key' if key else 'a request without an API key'} "
+                f"({refused} at {url}/v1/models); nothing was submitted. The key comes from the swarm's "
+                f"config (api_key, kept 0600 in {self.paths.api_key_file} by `up`), else from {API_KEY}: "
+                "run `prefect-swarm up -c CONFIG` again as the user who owns the swarm, or set it to the swarm's key."
+            )
+
     @property
     def compute(self) -> ComputeBackend:
         """Compute backend running jobs against this swarm."""
@@ -452,11 +475,16 @@ class Swarm:
 
         The record holds no secrets: they come from the environment (``PREFECT_SWARM_API_KEY``,
         the backend's ``token_env``), else from ``secrets``, the config the swarm came from
-        (the Prefect layer reloads it from the block named by the record's ``source``).
+        (the Prefect layer reloads it from the block named by the record's ``source``); the API key
+        last from the swarm's folder (``swarm.key``, 0600, kept by ``up``), so a plain shell of the
+        user who brought the swarm up needs no environment variable.
         """
         store = store or StateStore()
         rec = store.require_swarm(name)
         cfg = SwarmConfig.model_validate(restore_secrets(rec.config, secrets))
+        if cfg.api_key is None:  # the key `up` kept in the swarm's folder (0600, this user's only)
+            key = read_secret(SwarmPaths.of(cfg.name, cfg.run_dir).api_key_file, "the swarm's API key")
+            cfg = cfg.model_copy(update={"api_key": SecretStr(key)}) if key else cfg
         handle = ServingHandle.from_dict(rec.handle) if rec.handle else None
         kwargs.setdefault("flow_run_id", rec.flow_run_id)
         kwargs.setdefault("keep", rec.keep)

@@ -58,3 +58,14 @@ def check_replica(base_url: str, model: str, health_path: str = "/health", api_k
         return ProbeResult(False, f"health: {health.detail}")
     chat = check_chat(base_url, model, api_key)
     return chat if chat.ok else ProbeResult(False, f"chat: {chat.detail}")
+
+
+def key_refused(base_url: str, api_key: str | None, timeout_s: float = 5.0) -> str | None:
+    """One GET of ``/v1/models`` with ``api_key`` (none when None): ``"HTTP 401"``/``"HTTP 403"`` when the
+    swarm refuses the key (or its absence), else None. Whether the swarm is up is not this probe's
+    business: an unreachable swarm answers None here and is waited for by the job."""
+    try:
+        resp = httpx.get(base_url.rstrip("/") + "/v1/models", headers=_headers(api_key), timeout=timeout_s)
+    except httpx.HTTPError:
+        return None
+    return f"HTTP {resp.status_code}" if resp.status_code in (401, 403) else None

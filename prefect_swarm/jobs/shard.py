@@ -22,6 +22,7 @@ import pyarrow as pa
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import jobenv
 from prefect_swarm.interfaces.jobenv import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, JobEnv
+from prefect_swarm.interfaces.readiness import key_refused
 from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import SwarmJob, check_reserved, load_job
 from prefect_swarm.jobs.dataset import InputDataset, check_output_location, shard_range
@@ -61,6 +62,18 @@ class Target:
         endpoints = [u[:-3] if u.endswith("/v1") else u for u in endpoints]
         k = shard % len(endpoints)
         return cls(endpoints[k:] + endpoints[:k], spec.model or env.model, env.api_key)
+
+
+def check_key(target: Target) -> None:
+    """One request before the rows: ConfigError (exit 2, no row sent) when the swarm refuses the key."""
+    refused = key_refused(target.endpoints[0], target.api_key)
+    if refused:
+        why = "the job has no API key" if not target.api_key else "the job's API key is not the swarm's"
+        raise ConfigError(
+            f"the swarm at {target.endpoints[0]} refused the job's request ({refused}): {why}. A job started by "
+            f"`prefect-swarm job submit` gets the swarm's key itself; a job started otherwise needs "
+            f"{jobenv.API_KEY} set to the swarm's api_key. No row was sent."
+        )
 
 
 def validate_input(spec: JobSpec, job: SwarmJob | None = None) -> InputDataset:
@@ -162,6 +175,7 @@ class ShardRun:
             )
             return self._finish()
         target = Target.resolve(self.spec, shard=self.shard_id)
+        check_key(target)
         log.info(
             "shard %d/%d: rows %d..%d, %d left, endpoints %s, model %s",
             self.shard_id,

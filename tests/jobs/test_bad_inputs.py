@@ -311,7 +311,8 @@ CASES: list[Case] = [
          ["{tmp}/in.parquet", "column 'text' is missing"]),
     # ---- names the output owns
     Case("schema-field-status", lambda t: _schema(t, "answer", "status"),
-         ["response_schema {tmp}/schema.json: field(s) 'status' would clash", "status, error, http_status", "reserved"]),
+         ["response_schema {tmp}/schema.json: field(s) 'status' would clash", "status, error, http_status",
+          "reserved"]),
     Case("schema-field-tokens", lambda t: _schema(t, "prompt_tokens", "attempts"),
          ["field(s) 'prompt_tokens', 'attempts' would clash", "_response are reserved"]),
     Case("input-column-status", lambda t: _do(_parquet(t, id=["a"], prompt=["x"], status=["new"])),

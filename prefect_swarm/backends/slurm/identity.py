@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import stat
 import time
 from typing import TYPE_CHECKING
 
@@ -27,6 +26,7 @@ from pydantic import SecretStr
 
 from prefect_swarm.backends.slurm.render import slurm_section
 from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.paths import read_secret as _read_secret
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -60,23 +60,6 @@ def ensure_ray_token(paths: SwarmPaths) -> str:
     made whether or not the endpoint is open: Ray runs code, the endpoint only answers prompts.
     """
     return _ensure_secret(paths, paths.ray_token_file, "the swarm's Ray token", secrets.token_hex)
-
-
-def _read_secret(path: Path, what: str) -> str | None:
-    """The secret in ``path``; None when there is none. A file others can read is refused."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd) as fh:
-        mode = os.fstat(fh.fileno()).st_mode
-        if stat.S_IMODE(mode) & 0o077:
-            raise ConfigError(
-                f"{path} ({what}) can be read by other users (mode {stat.S_IMODE(mode):o}). "
-                f"`prefect-swarm down` the swarm and delete the file (the next `up` makes a new one), or "
-                f"`chmod 600 {path}` if nobody else read it."
-            )
-        return fh.read().strip() or None
 
 
 def _ensure_secret(
