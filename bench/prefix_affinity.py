@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -33,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _common import SERVER_CPU, job_argv, run_pinned, spec_file  # noqa: E402
+from scale import wait_healthy  # noqa: E402
 
 from prefect_swarm.interfaces.metrics import parse, total  # noqa: E402
 from prefect_swarm.testing import free_port_block  # noqa: E402
@@ -68,7 +68,7 @@ def one_run(tmp: Path, src: Path, a: argparse.Namespace, affinity: bool, tag: st
         for i in range(a.replicas)
     ]
     try:
-        time.sleep(1.5)
+        wait_healthy(urls)
         job_dir = tmp / tag
         spec = spec_file(
             job_dir, src, urls[0], endpoints=urls, concurrency=None, job_kwargs={}, prefix_affinity=affinity

@@ -59,13 +59,35 @@ async def drive(urls: list[str], n: int, c: int) -> float:
             for i in rows:
                 content = f"question {i:08d} about a topic"
                 body = {"model": "stub-model", "messages": [{"role": "user", "content": content}]}
-                async with session.post(url + "/v1/chat/completions", json=body) as resp:
-                    resp.raise_for_status()
-                    await resp.read()
+                for _ in range(5):  # a loaded machine drops a connection now and then: ask again
+                    try:
+                        async with session.post(url + "/v1/chat/completions", json=body) as resp:
+                            resp.raise_for_status()
+                            await resp.read()
+                        break
+                    except aiohttp.ClientError:
+                        await asyncio.sleep(0.1)
 
         t0 = time.monotonic()
         await asyncio.gather(*(worker(url) for url in urls for _ in range(c)))
         return n / (time.monotonic() - t0)
+
+
+def wait_healthy(urls: list[str], timeout_s: float = 60.0) -> None:
+    """Every URL answers ``/health`` (a loaded machine starts processes slowly)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    for url in urls:
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not start")
+            time.sleep(0.1)
 
 
 def plain_loop(replicas: int, n: int, env: dict[str, str]) -> float:
@@ -83,15 +105,16 @@ def plain_loop(replicas: int, n: int, env: dict[str, str]) -> float:
         for i in range(replicas)
     ]
     try:
-        time.sleep(1.5)
+        wait_healthy([f"http://127.0.0.1:{base + i}" for i in range(replicas)])
         urls = ",".join(f"http://127.0.0.1:{base + i}" for i in range(replicas))
         out = subprocess.run(
             ["taskset", "-c", str(CLIENT_CPU), sys.executable, __file__, "--drive", urls, str(n)],
-            check=True,
             capture_output=True,
             text=True,
             env=env,
         )
+        if out.returncode:
+            raise RuntimeError(f"the plain loop failed: {out.stderr[-2000:]}")
         return float(out.stdout.strip())
     finally:
         for sim in sims:

@@ -118,6 +118,10 @@ class Item(NamedTuple):
     key: int = 0
 
 
+AFFINITY_WAIT_S = 2.0
+"""How long a row waits for room at the replica owning its prefix before it goes elsewhere."""
+MAX_KEYS = 4096
+"""Most prefix keys given an owner (a dataset of unique long prompts does not grow the map further)."""
 PREFIX_BYTES = 1024
 """Rows whose request bodies share their first PREFIX_BYTES bytes (a long system prompt, few-shot
 examples: ~250 tokens) share a prefix key: see :func:`prefix_key`."""
@@ -163,6 +167,10 @@ class Endpoint:
     last_limit: float = 0.0
     grew_from: float | None = None
     batch_max: float = 0.0
+    keys: int = 0
+    """Prefix keys this endpoint owns (prefix affinity)."""
+    waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+    """Rows waiting for room here (their prefix key's owner)."""
     """The loop's memory: the running batch before its last growth; the batch found full (0: not yet)."""
     """The loop's last (running, waiting) samples of the endpoint's engine."""
 
@@ -189,12 +197,14 @@ class EndpointPool:
         """Most requests outstanding together (the process's explicit cap)."""
         self.closed = False
         self._room_waiters: deque[asyncio.Future[None]] = deque()
+        self.owners: dict[int, Endpoint] = {}
+        """Prefix key -> the endpoint its rows go to while it has room (prefix affinity)."""
 
     def acquire(self, avoid: Endpoint | None = None, key: int = 0) -> Endpoint | None:
         """The least busy endpoint in rotation (or one due for a probe), its count raised; None when none is.
 
-        ``key`` (a row's :func:`prefix_key`) picks the endpoint ``key mod endpoints`` first when it is in
-        rotation and under its limit (prefix affinity: rows sharing a prefix meet the same prefix cache).
+        ``key`` (a row's :func:`prefix_key`) picks the endpoint owning that key first when it is under its
+        limit (prefix affinity: rows sharing a prefix meet the same prefix cache; see :meth:`_owner`).
 
         ``avoid`` (a retry's previous endpoint) is taken only when no other endpoint is in rotation:
         an endpoint that fails fast (429, refused connections) has the fewest requests outstanding,
@@ -204,8 +214,8 @@ class EndpointPool:
         if self.ejected or (avoid is not None and len(eps) > 1):
             return self._acquire_degraded(avoid)
         if key and len(eps) > 1:
-            ep = eps[key % len(eps)]
-            if ep.outstanding < ep.limit:
+            ep = self._owner(key)
+            if ep is not None and ep.outstanding < ep.limit:
                 self._take(ep)
                 return ep
         ep = eps[0] if len(eps) == 1 else min(eps, key=_fullness)
@@ -248,6 +258,27 @@ class EndpointPool:
                 fut.set_result(None)
                 n -= 1
 
+    async def wait_for_owner(self, key: int, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until the endpoint owning ``key`` has room: a batch job keeps every
+        replica full, so without waiting a row would almost never find its owner free."""
+        ep = self._owner(key)
+        if ep is None or ep.outstanding < ep.limit or ep.ejected_until or len(self.endpoints) < 2:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ep.waiters.append(fut)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(fut, timeout_s)
+
+    def _owner(self, key: int) -> Endpoint | None:
+        """The endpoint a prefix key belongs to: given on first sight to the endpoint owning the fewest
+        keys (so a handful of prefixes spread evenly), kept after; None past :data:`MAX_KEYS` keys."""
+        ep = self.owners.get(key)
+        if ep is None and len(self.owners) < MAX_KEYS:
+            ep = min(self.endpoints, key=_owned)
+            ep.keys += 1
+            self.owners[key] = ep
+        return ep
+
     def add(self, url: str) -> Endpoint:
         """A new endpoint in rotation (a replica added to the swarm); the list is replaced, not changed
         in place (the /metrics thread iterates it)."""
@@ -276,6 +307,11 @@ class EndpointPool:
         self.inflight -= 1
         if ep.outstanding < ep.limit and not ep.ejected_until:
             self.room += 1
+            while ep.waiters:  # a row waiting for this very endpoint (prefix affinity) goes first
+                fut = ep.waiters.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+                    return
         if self._room_waiters and self.room > 0:
             self._wake(1)
 
@@ -329,6 +365,10 @@ class EndpointPool:
         now = time.monotonic()
         waits = [e.ejected_until - now for e in self.endpoints if e.ejected_until and not e.probing]
         return min(0.25, max(0.005, min(waits))) if waits else 0.05
+
+
+def _owned(ep: Endpoint) -> tuple[int, float]:
+    return ep.keys, ep.outstanding - ep.limit
 
 
 def _fullness(ep: Endpoint) -> float:
@@ -525,6 +565,8 @@ class Runner:
         cfg, pool, error = self.cfg, self.pool, ""
         attempt = spared = 0  # requests sent; those not counted against the retries (sent elsewhere)
         ep: Endpoint | None = None
+        if item.key and self.control is not None:
+            await pool.wait_for_owner(item.key, AFFINITY_WAIT_S)
         while True:
             ep = pool.acquire(ep, item.key) or await self._wait_for_endpoint()
             if ep is None:
