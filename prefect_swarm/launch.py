@@ -606,7 +606,8 @@ def _recorded_logs(subs: Sequence[dict[str, Any]], shard: int) -> list[Path]:
     found = []
     for sub in reversed(subs):
         meta = sub.get("meta") or {}
-        shards, logs = list(meta.get("shards") or sub.get("shards") or []), list(meta.get("logs") or [])
+        shards = [s["shard_id"] if isinstance(s, dict) else s for s in meta.get("shards") or sub.get("shards") or []]
+        logs = list(meta.get("logs") or [])  # local: one process record (a dict) per shard, its log beside it
         if shard in shards and len(logs) == len(shards):
             found.append(Path(logs[shards.index(shard)]))
     return found

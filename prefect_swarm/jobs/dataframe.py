@@ -28,8 +28,11 @@ time, so memory stays flat whatever the input size.
 - ``prepare(df)`` gets the batch's input columns (those of :meth:`columns`, plus the id column);
   it may add or change columns and drop rows. A dropped row gets no request and ends in the
   output with null outputs, status ``ok`` and no tokens (a filter is not a failure). The rows
-  kept are matched by the frame's index (pandas), or by the ``_pos`` column polars frames are
-  given (keep it).
+  kept are matched by a key the framework owns: a pandas frame's index, named ``_pos`` (filter,
+  sort and assign keep it; ``reset_index()`` moves it to a ``_pos`` column, which is read there),
+  or the ``_pos`` column polars frames are given (keep it). A prepare that loses the key
+  (``reset_index(drop=True)``, ``set_index``, ``merge``) or repeats a row is refused with the
+  reason, never matched by position.
 - ``finish(df)`` gets the output batch (input columns, outputs, status, error, tokens) and
   returns it with columns added or changed; it must keep every row, in order. The first batch's
   result fixes the output schema; later batches are cast to it. ``finish`` applies to parquet
@@ -84,12 +87,28 @@ class DataFrameJob(SwarmJob):
             for rec in prepared.to_dicts():
                 out[rec.pop(POS_COLUMN)] = rec
             return out
-        prepared = self.prepare(batch.to_pandas())
-        positions = prepared.index.tolist()
-        if not prepared.index.is_unique or not all(isinstance(p, int) and 0 <= p < len(out) for p in positions):
+        df = batch.to_pandas()
+        df.index = _frame_module("pandas").RangeIndex(len(df), name=POS_COLUMN)  # the framework's row key
+        prepared = self.prepare(df)
+        if prepared.index.name == POS_COLUMN:
+            positions = prepared.index.tolist()
+        elif POS_COLUMN in prepared.columns:  # reset_index() moved the key into a column: it still says
+            positions = prepared[POS_COLUMN].tolist()
+            prepared = prepared.drop(columns=POS_COLUMN)
+        else:
             raise JobError(
-                f"{type(self).__name__}.prepare changed the frame's index; rows are matched by it. Keep the "
-                "index (filter and assign columns; do not reset_index or set_index)."
+                f"{type(self).__name__}.prepare replaced the rows' key (the index named '{POS_COLUMN}': "
+                f"reset_index(drop=True), set_index, merge...), so which input row each prepared row is cannot "
+                f"be told and rows would get each other's answers. Keep the index (filter, sort, assign columns), "
+                f"or keep '{POS_COLUMN}' as a column."
+            )
+        if len(set(positions)) != len(positions) or not all(
+            isinstance(p, int) and 0 <= p < len(out) for p in positions
+        ):
+            raise JobError(
+                f"{type(self).__name__}.prepare returned rows that are not the batch's rows, each once (the "
+                f"'{POS_COLUMN}' key repeats or is not one of 0..{len(out) - 1}): prepare may drop and reorder rows, "
+                "not duplicate or invent them."
             )
         for pos, rec in zip(positions, prepared.to_dict("records"), strict=True):
             out[pos] = rec

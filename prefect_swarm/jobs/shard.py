@@ -308,7 +308,7 @@ class ShardRun:
             ids = batch.column(spec.id_column).to_pylist() if spec.id_column else None
             nulls = _null_rows(batch, needed)
             prepare = self._prepare
-            for j, row in enumerate(job.rows(batch)):
+            for j, row in enumerate(self._job_rows(batch, first, first + pending[-1])):
                 idx = first + pending[j]
                 rid = str(ids[j]) if ids is not None else str(idx)
                 if nulls and j in nulls:
@@ -322,6 +322,19 @@ class ShardRun:
                 item = prepare(job, row, idx, rid, model)
                 if item is not None:
                     yield item
+
+    def _job_rows(self, batch: pa.RecordBatch, first: int, last: int) -> list[dict | None]:
+        """``job.rows(batch)`` (a DataFrameJob's ``prepare``); what it raises is the job's refusal of these
+        rows: ConfigError (exit 2) naming the job, the rows and the cause (the traceback goes to the log)."""
+        try:
+            return self.job.rows(batch)
+        except Exception as exc:
+            log.error("the job's rows()/prepare raised on input rows %d..%d:", first, last, exc_info=True)
+            raise ConfigError(
+                f"{type(self.job).__name__} refused input rows {first}..{last} (its rows()/"
+                f"prepare raised {type(exc).__name__}: {exc}). Rows answered before these are kept in the "
+                "ledger: fix the job class and submit the job again to resume."
+            ) from exc
 
     def _prepare(self, job: SwarmJob, row: dict, idx: int, rid: str, model: str | None) -> Item | None:
         try:

@@ -79,7 +79,8 @@ class LocalCompute(ComputeBase):
             "cancelled_at": None,
         }
         atomic_write_json(jp.launch, record)
-        meta = {"job_dir": str(jp.root), "nshards": request.nshards, "shards": procs}
+        logs = [str(jp.log(p["shard_id"])) for p in procs]  # where `job status` finds a failed shard's log
+        meta = {"job_dir": str(jp.root), "nshards": request.nshards, "shards": procs, "logs": logs}
         return JobHandle(id=job_id, backend=self.backend, name=request.name, meta=meta)
 
     def _start(self, jp: JobPaths, i: int, argv: list[str], env: dict[str, str], workdir: str | None) -> ProcRef:
