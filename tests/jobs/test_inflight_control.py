@@ -277,7 +277,8 @@ def test_shards_share_a_replica(sim) -> None:
         seen = load_samples(engine.url, 2.0)
         shares = (a.runner.pool.endpoints[0].limit, b.runner.pool.endpoints[0].limit)
     assert sorted(r for r, _ in seen)[len(seen) // 2] >= 60, seen
-    assert sorted(w for _, w in seen)[len(seen) // 2] <= 2 * queue_margin(64), seen
+    # short: two loops each judging the replica on its own (without sharing, 2 x 72 would leave 80 waiting)
+    assert sorted(w for _, w in seen)[len(seen) // 2] <= 3 * queue_margin(64), seen
     assert all(s >= 16 for s in shares), shares
 
 
