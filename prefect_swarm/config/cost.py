@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from prefect_swarm.config.base import StrictModel
 from prefect_swarm.exceptions import BudgetReached, ConfigError
@@ -53,6 +53,16 @@ class CostConfig(StrictModel):
         default=None,
         description="Budget: stop the jobs and tear the swarm down once its GPU time costs this much (needs a price).",
     )
+
+    @model_validator(mode="after")
+    def _cost_cap_needs_a_price(self) -> CostConfig:
+        """A ``max_cost_usd`` without a price could never be reached: refused, not silently ignored."""
+        if self.max_cost_usd is not None and self.gpu_hour_usd is None and not self.per_shape:
+            raise ValueError(
+                f"max_cost_usd={self.max_cost_usd:g} needs a price: without one the cap can never be reached. "
+                "Set backend.cost.gpu_hour_usd (or per_shape), or cap by max_gpu_hours instead."
+            )
+        return self
 
     def price(self, shape: str | None = None) -> float | None:
         """USD per GPU-hour for ``shape`` (None: no price set)."""

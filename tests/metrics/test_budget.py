@@ -110,3 +110,21 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=180,
         env={**os.environ, "COLUMNS": "200"},
     )
+
+
+def test_a_cost_cap_without_a_price_fails_validation(tmp_path) -> None:
+    """max_cost_usd with no price could never be reached: the config is refused (validate exits 2), naming it."""
+    from pydantic import ValidationError
+    from typer.testing import CliRunner
+
+    from prefect_swarm.cli.main import app
+
+    with pytest.raises(ValidationError, match=r"max_cost_usd=5 needs a price"):
+        CostConfig(max_cost_usd=5.0)
+    assert CostConfig(max_cost_usd=5.0, per_shape={"gpu.h100-sxm": 3.0}).capped
+    cfg = stub_swarm_config("no-price", backend={"cost": {"max_cost_usd": 5.0}})
+    path = tmp_path / "swarm.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    res = CliRunner().invoke(app, ["validate", "-c", str(path)])
+    assert res.exit_code == 2, res.output
+    assert "max_cost_usd=5 needs a price" in res.output
