@@ -231,7 +231,7 @@ class EndpointPool:
     async def wait_room(self) -> bool:
         """Wait until some endpoint in rotation is under its limit and the cap allows one more request;
         False once :meth:`close` d. (Only the in-flight loop sets limits; without it there is always room.)"""
-        while not self.closed and (self.room <= 0 or self.inflight >= self.cap):
+        while not self.closed and ((self.room <= 0 and not self._all_out()) or self.inflight >= self.cap):
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._room_waiters.append(fut)
             await fut
@@ -244,7 +244,11 @@ class EndpointPool:
             if not ep.ejected_until:
                 room += (1 << 30) if ep.limit == float("inf") else max(0, math.ceil(ep.limit) - ep.outstanding)
         self.room = room
-        self._wake(max(0, min(room, self.cap - self.inflight)))
+        # every endpoint out: let the rows through to wait for a probe (and fail past the retry budget)
+        self._wake(len(self._room_waiters) if self._all_out() else max(0, min(room, self.cap - self.inflight)))
+
+    def _all_out(self) -> bool:
+        return self.ejected >= len(self.endpoints)
 
     def close(self) -> None:
         """Let every request waiting for room go (the runner stops)."""
