@@ -370,3 +370,15 @@ def test_prefix_affinity_sends_a_shared_prefix_to_one_replica(sim) -> None:
     assert prefix_key(b"x" * 100) == 0  # a short body shares no long prefix
     owners = {key: ep.url for key, ep in runner.pool.owners.items()}
     assert sorted(owners.values()) == sorted([a.url, b.url])  # one prefix each: the keys are spread
+
+
+def test_concurrency_zero_is_refused_before_anything() -> None:
+    from typer.testing import CliRunner
+
+    from prefect_swarm.cli.main import app
+    from prefect_swarm.jobs.spec import JobSpec
+
+    res = CliRunner().invoke(app, ["job", "submit", "-n", "nowhere", "--input", "x.parquet", "--concurrency", "0"])
+    assert res.exit_code == 2 and "--concurrency" in res.output and "greater than or equal to" in res.output, res.output
+    with pytest.raises(ValueError, match="concurrency"):
+        JobSpec(input="in.parquet", output="out.parquet", concurrency=0)
