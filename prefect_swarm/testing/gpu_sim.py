@@ -48,7 +48,6 @@ import asyncio
 import hashlib
 import json
 import random
-import signal
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +57,7 @@ from prefect_swarm.testing.stub_engine import (
     StubProtocol,
     _prompt_text,
     answer,
+    serve_until_signalled,
     vllm_metrics,
 )
 from prefect_swarm.testing.stub_engine import parse_args as stub_parse_args
@@ -248,13 +248,7 @@ async def serve(host: str, port: int, opts: StubOptions, sim: SimOptions) -> Non
     SimProtocol.opts = opts
     SimProtocol.engine = Engine(sim)
     SimProtocol.stats = SimProtocol.engine.stats  # one set of counters: /stats and /metrics agree
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(SimProtocol, host, port, backlog=4096, reuse_address=True)
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with server:
-        await stop.wait()
+    await serve_until_signalled(SimProtocol, host, port)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions, SimOptions]:

@@ -512,8 +512,13 @@ async def serve(host: str, port: int, opts: StubOptions) -> None:
     StubProtocol.opts = opts
     StubProtocol.rng = random.Random(opts.seed)
     StubProtocol.stats = Counter()
+    await serve_until_signalled(StubProtocol, host, port)
+
+
+async def serve_until_signalled(protocol: type[asyncio.Protocol], host: str, port: int) -> None:
+    """Serve ``protocol`` on ``host:port`` until SIGTERM or SIGINT (the stub's and the simulator's loop)."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(StubProtocol, host, port, backlog=4096, reuse_address=True)
+    server = await loop.create_server(protocol, host, port, backlog=4096, reuse_address=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
