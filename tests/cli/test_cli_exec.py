@@ -32,9 +32,16 @@ def test_exec_runs_in_the_replica_env_and_passes_the_exit_code(
     assert Path(cwd) == swarm_home / "swarms" / "execy"
     assert got.stderr.strip() == "oops"
 
-    # the engine answers on $PORT from inside the replica (what `curl localhost:$PORT/metrics` relies on)
-    probe = "import os, urllib.request; urllib.request.urlopen(f'http://127.0.0.1:{os.environ[\"PORT\"]}/health')"
-    assert run_cli("exec", "execy", "--", "python", "-c", probe).returncode == 0
+    # the engine answers on $PORT from inside the replica with the key the replica holds (what the README's
+    # `curl -H "Authorization: Bearer $PREFECT_SWARM_API_KEY" localhost:$PORT/metrics` relies on); a keyed
+    # swarm is closed on every route, /health included
+    probe = (
+        "import os, sys, urllib.request as u; r = u.Request(f'http://127.0.0.1:{os.environ[\"PORT\"]}/health'); "
+        "sys.argv[1:] and r.add_header('Authorization', 'Bearer ' + os.environ['PREFECT_SWARM_API_KEY']); u.urlopen(r)"
+    )
+    assert run_cli("exec", "execy", "--", "python", "-c", probe, "with-key").returncode == 0
+    refused = run_cli("exec", "execy", "--", "python", "-c", probe)
+    assert refused.returncode == 1 and "401" in refused.stderr
 
     bad = run_cli("exec", "execy", "--replica", "2", "--", "true")
     assert bad.returncode == 2 and "--replica" in bad.stderr
