@@ -254,6 +254,7 @@ class LocalServing:
                     if last[i].ok:
                         ready[i] = last[i]
             if len(ready) == len(urls):
+                self._await_watchdogs(handle, deadline)
                 return self._ready_status(handle)
             left = deadline - time.monotonic()
             if left <= 0:
@@ -283,6 +284,13 @@ class LocalServing:
                 f"swarm '{self.cfg.name}' has no running watchdog: it was stopped (deleted, or its wall time ran out).",
                 hint=f"bring it up again with `prefect-swarm up -c {self.paths.config}`.",
             )
+
+    def _await_watchdogs(self, handle: ServingHandle, deadline: float) -> None:
+        """Readiness can answer before a watchdog's next health check (0.5 s apart until healthy): wait
+        for that check, briefly, so that `status` right after `up` agrees with readiness."""
+        until = min(deadline, time.monotonic() + 2.0)
+        while self.status(handle).phase is not ServingPhase.RUNNING and time.monotonic() < until:
+            time.sleep(0.1)
 
     def _ready_status(self, handle: ServingHandle) -> ServingStatus:
         st = self.status(handle)
