@@ -474,8 +474,9 @@ class FakeLepton:
             argv = [str(w.port) if a in ports else "127.0.0.1" if a == "0.0.0.0" else a for a in command]
             if argv and argv[0] in ("python", "python3"):
                 argv[0] = self.python
-            if key:  # the gateway's check, done by the engine: the stub and vLLM read these
-                env.update(STUB_API_KEY=key, VLLM_API_KEY=key)
+            if key:  # the gateway's check, done by the engine: the stub and vLLM read these (under /v1
+                # only, as vLLM does: the platform's health check reaches the container without it)
+                env.update(STUB_API_KEY=key, VLLM_API_KEY=key, STUB_KEY_SCOPE="v1")
         else:
             subs = {
                 "python": self.python,
@@ -485,8 +486,9 @@ class FakeLepton:
                 "served_model_name": _flag(command, "--served-model-name") or name,
             }
             argv = [part.format(**subs) for part in self.endpoint_command]
-            if key:
-                argv += ["--api-key", key]
+            if key:  # the platform's own health check reaches the container without the token, as it
+                # reaches a vLLM started with --api-key (which guards /v1 only); the gateway guards the rest
+                argv += ["--api-key", key, "--key-scope", "v1"]
         w.proc = self._spawn(argv, env, w.log_path)
         threading.Thread(target=self._watch_health, args=(w, w.proc), daemon=True).start()
 

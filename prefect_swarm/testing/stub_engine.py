@@ -100,6 +100,9 @@ class StubOptions:
     """``/health`` answers 503 for this long after start."""
     api_key: str | None = None
     """Bearer token required on every request (401 without it)."""
+    key_scope: str = "all"
+    """Where ``api_key`` is required: ``all`` routes (a closed replica behind psw_key_guard), or ``v1``
+    only (plain vLLM ``--api-key``, as a platform that guards the rest itself runs it)."""
     seed: int = 0
     """Seed of the fault knobs' random stream."""
     invalid_json_rate: float = 0.0
@@ -303,7 +306,8 @@ class StubProtocol(asyncio.Protocol):
         """Route one request. With ``--api-key`` every route (health, metrics and unknown paths too)
         answers 401 without ``Authorization: Bearer <key>``, as a closed vLLM replica does (psw_key_guard)."""
         opts, stats = self.opts, self.stats
-        if opts.api_key and not hmac.compare_digest(headers.get("authorization", ""), f"Bearer {opts.api_key}"):
+        guarded = bool(opts.api_key) and (opts.key_scope == "all" or path.startswith("/v1/"))
+        if guarded and not hmac.compare_digest(headers.get("authorization", ""), f"Bearer {opts.api_key}"):
             if method == "POST" and path.startswith(COMPLETION_PATHS):
                 stats["requests"] += 1
             self.send(401, b'{"error":"Unauthorized"}')
@@ -544,6 +548,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
     ap.add_argument("--exit-after", type=int, default=None, help="exit (code 3) after N good completions")
     ap.add_argument("--startup-delay-s", type=float, default=0.0)
     ap.add_argument("--api-key", default=os.environ.get(API_KEY) or os.environ.get("STUB_API_KEY"))
+    ap.add_argument(
+        "--key-scope",
+        choices=("all", "v1"),
+        default=os.environ.get("STUB_KEY_SCOPE", "all"),
+        help="routes that need --api-key: all (a closed replica) or v1 (plain vLLM --api-key)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--invalid-json-rate", type=float, default=0.0, help="share of response_format answers that break it"
@@ -567,6 +577,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
         exit_after=a.exit_after,
         startup_delay_s=a.startup_delay_s,
         api_key=a.api_key,
+        key_scope=a.key_scope,
         seed=a.seed,
         invalid_json_rate=a.invalid_json_rate,
         max_model_len=a.max_model_len,
