@@ -101,7 +101,10 @@ def test_kill9_and_rerun_on_s3_is_exactly_once(
     while kills < 4:
         run_before, rows_before = requests(slow), in_ledger()
         proc = subprocess.Popen(job_argv(spec), stderr=subprocess.DEVNULL, env={**os.environ, **s3.env()})
-        time.sleep(rng.uniform(1.0, 1.8))
+        started = time.monotonic()  # kill mid-run, whatever the process's start (imports, S3 reads) costs
+        while requests(slow) == run_before and proc.poll() is None and time.monotonic() - started < 60:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.4, 1.0))
         if proc.poll() is not None:
             break
         proc.send_signal(signal.SIGKILL)
