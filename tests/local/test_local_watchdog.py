@@ -118,8 +118,8 @@ def test_api_key_reaches_the_engine_only_through_the_environment(local_swarm: Ca
     swarm = local_swarm(command=KEYED, api_key=key)  # ready = the chat probe passed the stub's key check
     assert swarm.status().phase is ServingPhase.RUNNING
     home = Path(os.environ["PREFECT_SWARM_HOME"])
-    leaks = [str(p) for p in home.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
-    assert leaks == []
+    leaks = [p for p in home.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
+    assert [p.name for p in leaks] == ["swarm.key"] and leaks[0].stat().st_mode & 0o777 == 0o600, leaks  # jobs read it
     with sqlite3.connect(home / "state.db") as db:
         assert key not in json.dumps(db.execute("SELECT * FROM swarms").fetchall())
     replica = psutil.Process(_pid(swarm))
