@@ -169,7 +169,9 @@ def _prefect_records(run_id: Any) -> dict[str, str]:
 
 
 def _files_containing(root: Path, needle: str) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
+    """Files holding ``needle``, but a swarm's own key file (``swarm.key``, mode 0600: what jobs read)."""
+    found = [p for p in root.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
+    return [p for p in found if not (p.name == "swarm.key" and p.stat().st_mode & 0o777 == 0o600)]
 
 
 def test_batch_inference_on_lepton_block_through_the_worker(
