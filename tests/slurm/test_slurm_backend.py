@@ -126,8 +126,11 @@ def test_environment_reaches_the_step_intact_and_secrets_stay_hidden(slurm_swarm
     assert endpoint == swarm.serving.status(handle).url
     assert not marker.exists()
     assert secret not in repr(job) and secret not in str(job.to_dict())
+    kept = {swarm.paths.api_key_file, swarm.paths.lb_auth_conf}  # the key's own 0600 files, nothing else
     for path in swarm.paths.root.rglob("*"):
-        if path.is_file():
+        if path in kept:
+            assert path.stat().st_mode & 0o777 == 0o600, path
+        elif path.is_file():
             assert secret not in path.read_text(errors="replace"), path
     # the API key reached the engine through its environment (never its argv)
     pid = json.loads(swarm.paths.replica_status(0).read_text())["pid"]
