@@ -44,10 +44,13 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
 
 
-def _files_holding(root: Path, needle: bytes, skip: Path) -> list[str]:
+def _files_holding(root: Path, needle: bytes, skip: set[Path]) -> list[str]:
+    """Files holding ``needle``, but those in ``skip`` (the key's own files), which must be mode 0600."""
     found = []
     for path in root.rglob("*"):
-        if path.is_file() and path != skip and needle in path.read_bytes():
+        if path in skip:
+            assert path.stat().st_mode & 0o777 == 0o600, path
+        elif path.is_file() and needle in path.read_bytes():
             found.append(str(path))
     return found
 
@@ -101,8 +104,9 @@ def test_a_swarm_without_api_key_is_closed_by_a_key_of_its_own_and_scales(
 
         # the key is in no rendered script, log, status file, state row or command output
         needle = key.encode()
-        assert _files_holding(run_dir, needle, skip=key_file) == []
-        assert _files_holding(swarm_home, needle, skip=key_file) == []
+        kept = {key_file, paths.lb_auth_conf}  # the LB's key check (nginx map) is the only other place
+        assert _files_holding(run_dir, needle, skip=kept) == []
+        assert _files_holding(swarm_home, needle, skip=kept) == []
         assert key not in job.stdout + job.stderr + json.dumps(up)
     finally:
         run_cli("down", cfg.name, "-y", timeout=120)
