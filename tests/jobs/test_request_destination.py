@@ -58,6 +58,16 @@ def _line(i: int, **over: Any) -> dict[str, Any]:
     return {k: v for k, v in {**line, **over}.items() if v is not ...}
 
 
+def _batch_job(tmp_path: Path, lines: list[dict[str, Any]], endpoint: str) -> tuple[Path, Path]:
+    """An OpenAI Batch input of ``lines`` and the spec of a chat job over it against ``endpoint``."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    spec = write_spec(
+        tmp_path, input=str(src), output=str(tmp_path / "out.jsonl"), id_column=None, job="chat", endpoints=[endpoint]
+    )
+    return src, spec
+
+
 def _files(root: Path, skip: Path) -> dict[str, str]:
     return {
         str(p): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -97,16 +107,7 @@ def test_bad_batch_line_is_refused_before_any_request(
     fields, expect = BAD_LINES[name]
     lines = [_line(i) for i in range(5)]
     lines[2] = _line(2, **fields(elsewhere.port))
-    src = tmp_path / "in.jsonl"
-    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    spec = write_spec(
-        tmp_path,
-        input=str(src),
-        output=str(tmp_path / "out.jsonl"),
-        id_column=None,
-        job="chat",
-        endpoints=[stub.url],
-    )
+    src, spec = _batch_job(tmp_path, lines, stub.url)
     before_files, before = _files(tmp_path, tmp_path / "job"), requests(stub)
     caplog.set_level(logging.ERROR, logger="prefect_swarm.jobs")
     code = job_main(["--spec", str(spec), "--shard-id", "0", "--nshards", "1"])
@@ -126,16 +127,7 @@ def test_good_batch_lines_on_every_route_are_sent(tmp_path: Path, stub, elsewher
     lines[2]["body"] = {"input": "embed me"}
     lines.append(_line(9, url=..., method=...))
     lines.append(_line(10, method="post"))
-    src = tmp_path / "in.jsonl"
-    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    spec = write_spec(
-        tmp_path,
-        input=str(src),
-        output=str(tmp_path / "out.jsonl"),
-        id_column=None,
-        job="chat",
-        endpoints=[stub.url],
-    )
+    _, spec = _batch_job(tmp_path, lines, stub.url)
     before = requests(stub)
     assert job_main(["--spec", str(spec), "--shard-id", "0", "--nshards", "1"]) == 0
     out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
