@@ -274,8 +274,13 @@ def submit_job(
         from prefect_swarm.swarm import job_lease
 
         swarm.check_key()  # a wrong or missing key is found by one request, not by every row
-        store.put_lease(job_lease(swarm.cfg.name, spec.job_id))  # the swarm stays up while the job is active
-        submit_shards(swarm, spec, todo, store=store)
+        lease = store.put_lease(job_lease(swarm.cfg.name, spec.job_id))  # the swarm stays up while the job is active
+        try:
+            submit_shards(swarm, spec, todo, store=store)
+        except BaseException:  # refused or interrupted: a job with nothing running holds no swarm up
+            if not running_submissions(spec.job_id, store=store):
+                store.release_lease(lease.swarm, lease.owner)
+            raise
     if detach:
         return store.require_job(spec.job_id)
     wait_job(spec.job_id, commit=commit is not False and shard_ids is None, store=store)

@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -45,9 +45,16 @@ def need_vllm() -> None:
 
 
 @pytest.fixture
-def need_slurm() -> None:
-    """Gate on a running single-node Slurm (with sacct) and nginx."""
+def need_slurm() -> Iterator[None]:
+    """Gate on a running single-node Slurm (with sacct) and nginx; after the test, every Slurm job
+    it submitted must have left the queue (a leak holds GPUs that later tests then wait for)."""
     gate(services.missing_slurm() or services.missing_nginx())
+    before = services.slurm_job_ids()
+    yield
+    leaked = services.slurm_jobs_left(before, wait_s=30)
+    if leaked:
+        subprocess.run(["scancel", *leaked], check=False)
+        pytest.fail(f"the test left Slurm jobs in the queue (now cancelled): {' '.join(leaked)}")
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,23 @@ def missing_slurm() -> str | None:
         seen = out.stdout.strip() or out.stderr.strip()
         return f"no Slurm node is up (sinfo: {seen}); run scripts/slurm/start-slurm.sh"
     return None
+
+
+def slurm_job_ids() -> set[str]:
+    """Ids of the jobs in the local Slurm queue (array jobs by their own job id)."""
+    out = subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True, timeout=30, check=True)
+    return set(out.stdout.split())
+
+
+def slurm_jobs_left(before: set[str], wait_s: float) -> list[str]:
+    """Jobs queued since ``before`` that are still in the queue ``wait_s`` seconds from now, or sooner
+    none (a cancelled job takes a moment to leave: COMPLETING)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = sorted(slurm_job_ids() - before)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(1)
 
 
 def missing_two_node_slurm() -> str | None:

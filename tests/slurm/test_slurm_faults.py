@@ -24,6 +24,7 @@ from prefect_swarm.backends.slurm import members, render
 from prefect_swarm.backends.slurm.serving import SlurmServing
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.paths import SwarmPaths, atomic_write_json, read_json
+from prefect_swarm.state import StateStore
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -180,6 +181,8 @@ def test_a_lost_lb_that_may_not_be_replaced_stops_the_swarm_and_says_why(
         assert "not replaced" in status["detail"] and "5 times" in status["detail"], status
         refused = run_cli("job", "submit", "-n", cfg.name, "--spec", str(make_job(tmp_path, 10)), timeout=60)
         assert refused.returncode == 4, refused.stderr[-2000:]
+        leases = [x.owner for x in StateStore().list_leases(cfg.name)]
+        assert not [owner for owner in leases if owner.startswith("job:")], leases  # a refused job holds nothing up
         hints = _check_hints(refused.stderr)
         again = next(argv for argv in hints if argv[0] == "up")
         assert again == ["up", "-c", str(SwarmPaths.for_swarm(cfg.name).config)], hints
