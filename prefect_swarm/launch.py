@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.config.cost import BudgetGuard, job_cost, recorded_cost
+from prefect_swarm.config.cost import BudgetGuard, job_cost, job_projection, recorded_cost
 from prefect_swarm.exceptions import BudgetReached, CapacityError, ConfigError, DatasetError, JobError
 from prefect_swarm.interfaces import ComputeBackend, JobEnv, JobHandle, JobProbe, JobRequest, JobStatus
 from prefect_swarm.interfaces.jobenv import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE
@@ -729,7 +729,9 @@ def job_status(
 
     ``SUCCEEDED`` means every shard is done and, once committed, that the failed fraction is within
     ``max_failed_fraction`` (``verdict``: counts, threshold, failed-rows file; null until committed);
-    ``committed`` says whether the output is written and current. With ``refresh=False`` the compute
+    ``committed`` says whether the output is written and current; ``projection`` (while RUNNING): the
+    whole input's projected wall time, GPU-hours and USD (:func:`~prefect_swarm.config.cost.job_projection`).
+    With ``refresh=False`` the compute
     backend is not asked (ledger files only); ``compute``: the swarm's, when the caller holds it.
     """
     store = store or StateStore()
@@ -767,6 +769,9 @@ def job_status(
         "manifest": manifest if committed else None,
         "failures": failures,
         "cost": job_cost(progress, swarm_rec.config if swarm_rec else None),
+        "projection": job_projection(progress, swarm_rec.config if swarm_rec else None)
+        if status is JobStatus.RUNNING
+        else None,
         "verdict": {**asdict(verdict), "failed_fraction": verdict.failed_fraction, "message": verdict.message()}
         if verdict
         else None,

@@ -26,6 +26,7 @@ import contextlib
 import json
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -37,6 +38,7 @@ from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.errors import ExitCode
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
 from prefect_swarm.cli.views import cost_text, job_view
+from prefect_swarm.config.cost import duration, projection_text
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import JobStatus
 from prefect_swarm.jobs.spec import JobSpec
@@ -275,6 +277,10 @@ def _show(doc: dict[str, Any]) -> None:
         raise typer.Exit(1)
 
 
+PROJECTION_EVERY_S = 60.0
+"""Without a terminal, the wait prints the projection when it is first known, then at most this often."""
+
+
 def _wait(job_id: str, timeout_s: float | None = None) -> dict[str, Any]:
     from prefect_swarm.launch import wait_job
 
@@ -285,9 +291,10 @@ def _wait(job_id: str, timeout_s: float | None = None) -> dict[str, Any]:
             MofNCompleteColumn(),
             TextColumn("{task.fields[rate]} rows/s  failed {task.fields[failed]}"),
             TimeRemainingColumn(),
+            TextColumn("{task.fields[cost]}"),
             console=err_console,
         ) as bar:
-            task = bar.add_task(job_id, total=None, rate=0, failed=0)
+            task = bar.add_task(job_id, total=None, rate=0, failed=0, cost="")
 
             def show(doc: dict[str, Any]) -> None:
                 p = doc.get("progress") or {}
@@ -297,12 +304,39 @@ def _wait(job_id: str, timeout_s: float | None = None) -> dict[str, Any]:
                     completed=p.get("done", 0),
                     rate=p.get("rate_rows_s", 0),
                     failed=p.get("failed", 0),
+                    cost=_bar_projection(doc.get("projection")),
                 )
 
             doc = wait_job(job_id, timeout_s=timeout_s, on_progress=show)
     else:
-        doc = wait_job(job_id, timeout_s=timeout_s)
+        doc = wait_job(job_id, timeout_s=timeout_s, on_progress=_ProjectionLines())
     return doc
+
+
+def _bar_projection(p: dict[str, Any] | None) -> str:
+    """The progress bar's short form of the projection: whole-input wall time, GPU-hours, USD."""
+    if not p or not p.get("ready"):
+        return ""
+    text = f"whole input ~{duration(p['wall_s'])}"
+    if p.get("gpus"):
+        text += f", {p['gpu_hours']:.4g} GPU-h"
+    return text + (f", ${p['usd']:,.2f}" if p.get("usd") is not None else "")
+
+
+class _ProjectionLines:
+    """``on_progress`` of a wait without a terminal: the projection on stderr, when first known and
+    then every :data:`PROJECTION_EVERY_S`."""
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+
+    def __call__(self, doc: dict[str, Any]) -> None:
+        p = doc.get("projection")
+        now = time.monotonic()
+        if not p or not p.get("ready") or (self.last is not None and now - self.last < PROJECTION_EVERY_S):
+            return
+        self.last = now
+        err_console.print(f"job {doc['id']}: {projection_text(p)}", markup=False, soft_wrap=True)
 
 
 @job_app.command("status")
@@ -336,6 +370,8 @@ def _print_status(doc: dict[str, Any]) -> None:
     )
     if cost := cost_text(doc.get("cost")):
         console.print(cost, markup=False)
+    if projected := projection_text(doc.get("projection")):
+        console.print(projected, markup=False, soft_wrap=True)
     console.print(
         table(
             None,

@@ -13,6 +13,10 @@ best source): :class:`BudgetGuard` warns once at 80 % and raises
 ``max_cost_usd`` tighten it for that run: :meth:`CostConfig.tightened`); whoever waits on a job
 (``launch``: the CLI's wait loop and the flow's shard watch) then stops the job (SIGTERM: it flushes
 and exits 75) and tears the swarm down. A rerun with a larger cap resumes from the ledger.
+
+:func:`projection` is the one rule for a job's projected wall time, GPU-hours and USD (rows left /
+rows/s; GPUs x wall time; x the price), used by the CLI's wait, `job status`, the flow's progress
+artifact and `validate --estimate`; :func:`projection_text` is its one line of text.
 """
 
 from __future__ import annotations
@@ -184,11 +188,128 @@ def job_cost(progress: Mapping[str, Any], swarm_config: Mapping[str, Any] | None
     return {**recorded_cost(swarm_config).figures(hours, tokens), "source": "wall", "wall_s": round(wall_s, 2)}
 
 
+MIN_ELAPSED_S = 5.0
+"""A running job is projected once its shards have run this long and answered rows."""
+
+NO_PRICE = "no price: set backend.cost.gpu_hour_usd"
+
+
+def projection(
+    *,
+    done: int,
+    total: int,
+    rate_rows_s: float,
+    elapsed_s: float,
+    gpus: int,
+    cost: CostConfig,
+    shape: str | None = None,
+    min_elapsed_s: float = MIN_ELAPSED_S,
+) -> dict[str, Any]:
+    """The projected time and cost of a whole input, the one rule every view uses (the CLI's wait,
+    `job status`, the flow's progress artifact, `validate --estimate`).
+
+    ``done`` of ``total`` rows are answered; ``elapsed_s`` seconds have run at ``rate_rows_s``. The
+    rows left take ``(total - done) / rate`` seconds; the wall time of the whole input is
+    ``elapsed + left``; GPU-hours = ``gpus`` x that wall time (the swarm's GPUs are held for all of it,
+    busy or not); USD = GPU-hours x the price (``usd`` null without one: ``price`` says so).
+    ``ready`` is false (no figures, ``reason`` says why) until ``min_elapsed_s`` have run and the
+    rate is positive: the first seconds measure the ramp, not the swarm."""
+    left = max(int(total) - int(done), 0)
+    price = cost.price(shape)
+    out: dict[str, Any] = {
+        "rows_done": int(done),
+        "rows_total": int(total),
+        "rows_left": left,
+        "elapsed_s": round(max(elapsed_s, 0.0), 2),
+        "rate_rows_s": round(max(rate_rows_s, 0.0), 2),
+        "gpus": int(gpus),
+        "price_usd_per_gpu_hour": price,
+        "price": f"${price:g}/GPU-hour" if price is not None else NO_PRICE,
+    }
+    unknown = dict.fromkeys(("remaining_s", "wall_s", "gpu_hours", "gpu_hours_left", "usd", "usd_left"))
+    if rate_rows_s <= 0 or elapsed_s < min_elapsed_s:
+        why = f"measuring: projected after {min_elapsed_s:g}s of running with rows answered"
+        return {**out, **unknown, "ready": False, "reason": why}
+    remaining = left / rate_rows_s
+    wall = max(elapsed_s, 0.0) + remaining
+    whole = cost.figures(gpus * wall / 3600.0, shape=shape)
+    rest = cost.figures(gpus * remaining / 3600.0, shape=shape)
+    return {
+        **out,
+        "ready": True,
+        "reason": None,
+        "remaining_s": round(remaining, 1),
+        "wall_s": round(wall, 1),
+        "gpu_hours": whole["gpu_hours"],
+        "gpu_hours_left": rest["gpu_hours"],
+        "usd": whole["usd"],
+        "usd_left": rest["usd"],
+    }
+
+
+def job_projection(
+    progress: Mapping[str, Any], swarm_config: Mapping[str, Any] | None, now: float | None = None
+) -> dict[str, Any]:
+    """:func:`projection` of a running job from its progress (:func:`~prefect_swarm.jobs.plan.job_progress`:
+    rows done and total, the running shards' rows/s) and its swarm's recorded config (GPUs, price);
+    elapsed = since the earliest start of a running shard's latest run."""
+    now = time.time() if now is None else now
+    starts = [
+        float(s["started_at"])
+        for s in progress.get("shards") or []
+        if s.get("state") == "running" and s.get("started_at")
+    ]
+    return projection(
+        done=int(progress.get("done") or 0),
+        total=int(progress.get("total") or 0),
+        rate_rows_s=float(progress.get("rate_rows_s") or 0.0) if starts else 0.0,
+        elapsed_s=now - min(starts) if starts else 0.0,
+        gpus=swarm_gpus(swarm_config),
+        cost=recorded_cost(swarm_config),
+    )
+
+
+def projection_text(p: Mapping[str, Any] | None) -> str | None:
+    """One line for people: the CLI's wait and `job status`, the flow's progress artifact, `validate --estimate`."""
+    if not p:
+        return None
+    if not p.get("ready"):
+        return f"projection: {p.get('reason')}"
+    head = (
+        f"projection: {p['rows_done']:,}/{p['rows_total']:,} rows at {p['rate_rows_s']:,.1f} rows/s: "
+        f"{duration(p['remaining_s'])} left, {duration(p['wall_s'])} for the whole input"
+    )
+    if not p["gpus"]:
+        return f"{head}; no GPUs in the swarm config, so no GPU-hours"
+    hours = f"{p['gpu_hours']:.4g} GPU-hours ({p['gpus']} GPUs)"
+    if p.get("usd") is None:
+        return f"{head}; {hours} ({NO_PRICE})"
+    return f"{head}; {hours}, ${p['usd']:,.2f} at {p['price']} (${p['usd_left']:,.2f} of it still to spend)"
+
+
+def duration(seconds: float | None) -> str:
+    """``45s``, ``6m35s``, ``3h12m``, ``2d04h`` (None: ``?``)."""
+    if seconds is None:
+        return "?"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
 __all__ = [
     "BudgetGuard",
     "CostConfig",
     "Priced",
+    "duration",
     "job_cost",
+    "job_projection",
+    "projection",
+    "projection_text",
     "recorded_cost",
     "swarm_gpus",
 ]
