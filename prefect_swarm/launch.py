@@ -16,6 +16,7 @@ probe only says whether processes still run and how they ended.
 from __future__ import annotations
 
 import hashlib
+import logging
 import shutil
 import threading
 import time
@@ -25,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.config.cost import BudgetGuard, job_cost, job_projection, recorded_cost
+from prefect_swarm.config.cost import BudgetGuard, SwarmBudget, job_cost, job_projection, recorded_cost
 from prefect_swarm.exceptions import BudgetReached, CapacityError, ConfigError, DatasetError, JobError
 from prefect_swarm.interfaces import ComputeBackend, JobEnv, JobHandle, JobProbe, JobRequest, JobStatus
 from prefect_swarm.interfaces.jobenv import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE
@@ -41,10 +42,12 @@ from prefect_swarm.paths import JobPaths, SwarmPaths, read_json, read_tail
 from prefect_swarm.state import JobRecord, StateStore
 
 if TYPE_CHECKING:
+    from prefect_swarm.config import SwarmConfig
     from prefect_swarm.swarm import Swarm
 
 JOB_MODULE = "prefect_swarm.jobs.run"
 """The job process every shard runs (``python -m prefect_swarm.jobs.run``)."""
+log = logging.getLogger("prefect_swarm.cost")
 ACTIVE = frozenset(s for s in JobStatus if s.active)
 POLL_MIN_S, POLL_MAX_S = 0.1, 2.0
 """Polling steps grow from POLL_MIN_S to POLL_MAX_S: short jobs end fast, a stop is seen in <= 2 s."""
@@ -78,7 +81,8 @@ def for_swarm(spec: JobSpec, swarm: Swarm, *, retry_failed: bool = False) -> Job
     elsewhere, and an engine swapped behind the same name changes the fingerprint, which the
     resume check of :func:`prepare_job` then refuses (a checkpoint never mixes two engines' answers).
     The replicas' capacity, their list and (unless set) the shard count come from the swarm too
-    (:func:`~prefect_swarm.jobs.sizing.size_for_swarm`).
+    (:func:`~prefect_swarm.jobs.sizing.size_for_swarm`), and its budget with the GPU-hours it has
+    used so far (:func:`swarm_budget`: the job processes hold the cap themselves).
     """
     spec = spec.model_copy(
         update={
@@ -87,9 +91,29 @@ def for_swarm(spec: JobSpec, swarm: Swarm, *, retry_failed: bool = False) -> Job
             "model": swarm.cfg.model_name,
             "swarm_fingerprint": swarm.fingerprint,
             "retry_failed": retry_failed,
+            "budget": swarm_budget(swarm),
         }
     )
     return size_for_swarm(spec, swarm.cfg)
+
+
+def pilot_job(spec: JobSpec, swarm: Swarm, k: int, *, target: SwarmConfig | None = None) -> dict[str, Any]:
+    """Run the first ``k`` rows of ``spec``'s input on the running ``swarm`` in a throwaway folder (no
+    state row, no commit; see :mod:`prefect_swarm.jobs.pilot`) and project the whole input for
+    ``target`` (another replica count or price; default the swarm's own config)."""
+    import tempfile
+
+    from prefect_swarm.jobs import pilot as pilots
+
+    with tempfile.TemporaryDirectory(prefix="prefect-swarm-pilot-") as tmp:
+        aimed, total = pilots.pilot_spec(spec, k, Path(tmp))
+        aimed = for_swarm(aimed, swarm)
+        aimed.paths.ensure()
+        aimed.save()
+        validate_input(aimed)
+        pilots.run_processes(aimed, JOB_MODULE, JobEnv(api_key=swarm.backends.serving.client_key()).secret_env())
+        progress = job_progress(aimed)
+    return pilots.estimate(progress, total, swarm.cfg, target or swarm.cfg, aimed.shards)
 
 
 def locate_job(spec: JobSpec, swarm_name: str | None = None, *, run_dir: str | None = None) -> JobSpec:
@@ -380,6 +404,9 @@ class ShardWatch:
         if code == EXIT_BAD_INPUT:
             raise DatasetError(f"shard {i} of job {spec.job_id} refused its input (exit 2).\n{tail}")
         if status is JobStatus.PREEMPTED or code == EXIT_REQUEUE:
+            budget = stopped_by_budget(shard_progress(spec, i))
+            if budget is not None:  # the shard held the swarm's budget itself: not worth a retry
+                raise BudgetReached(budget)
             raise CapacityError(f"shard {i} of job {spec.job_id} was preempted (exit 75); retrying resumes it.")
         state = status.value if status else "UNKNOWN"
         raise JobError(f"shard {i} of job {spec.job_id} ended {state} (exit {code}).\n{tail}")
@@ -522,6 +549,34 @@ def budget_guard(swarm: Swarm) -> BudgetGuard:
         return (used.gpu_hours, used.shape) if used else (None, None)
 
     return BudgetGuard(swarm.cfg.name, swarm.cfg.backend.cost, usage)
+
+
+def swarm_budget(swarm: Swarm) -> SwarmBudget | None:
+    """The swarm's budget for its job processes to hold (``JobSpec.budget``): its caps and price, and
+    its GPU-hours now, read as :func:`budget_guard` reads them; None without a cap or a figure."""
+    cost, handle = swarm.cfg.backend.cost, swarm.handle
+    if not cost.capped or handle is None:
+        return None
+    try:
+        used = swarm.backends.serving.gpu_usage(handle)
+    except Exception as exc:  # as the guard does: a flaky accounting call is not a reason to refuse a job
+        log.warning("swarm %s: could not read its GPU usage for the jobs' budget: %s", swarm.cfg.name, exc)
+        return None
+    if used.gpu_hours is None:
+        log.warning("swarm %s: its jobs cannot hold its budget (%s)", swarm.cfg.name, used.reason)
+        return None
+    return SwarmBudget(
+        swarm=swarm.cfg.name, cost=cost, gpu_hours=used.gpu_hours, at=time.time(), gpus=used.gpus, shape=used.shape
+    )
+
+
+def stopped_by_budget(progress: dict[str, Any]) -> str | None:
+    """The message of a shard that stopped itself at the swarm's budget (its progress file's ``stopped``)."""
+    for shard in progress.get("shards") or [progress]:
+        stopped = shard.get("stopped") or {}
+        if stopped.get("cause") == "budget":
+            return str(stopped.get("message"))
+    return None
 
 
 class ShardStopped(Exception):
@@ -804,6 +859,8 @@ def wait_job(
         if on_progress:
             on_progress(doc)
         if JobStatus(doc["status"]) not in ACTIVE:
+            if budget is not None and doc["status"] == JobStatus.PREEMPTED:
+                _stopped_at_budget(budget[0], doc)
             break
         if budget is not None:
             _hold_to_budget(*budget, job_id, store)
@@ -851,6 +908,15 @@ def _hold_to_budget(swarm: Swarm, guard: BudgetGuard, job_id: str, store: StateS
         cancel_job(job_id, store=store, compute=swarm.compute)
         swarm.down()
         raise
+
+
+def _stopped_at_budget(swarm: Swarm, doc: dict[str, Any]) -> None:
+    """The job's shards stopped themselves at the swarm's budget (they hold it too): as past the
+    guard, tear the swarm down and raise BudgetReached with their message."""
+    message = stopped_by_budget(doc.get("progress") or {})
+    if message is not None:
+        swarm.down()
+        raise BudgetReached(message)
 
 
 def commit_job(job_id: str, *, store: StateStore | None = None) -> dict[str, Any]:

@@ -3,10 +3,18 @@
 Starts nothing and writes nothing: no state row, no swarm folder, no process. The one remote call is
 the backend's read-only pre-flight question (Slurm: ``sbatch --test-only``, so a partition, account or
 QOS that does not exist is named here); a scheduler that cannot be asked is a warning.
+
+``--estimate K --input IN`` (with the job's options, as `job submit` takes them) also sizes a job on
+the swarm, which must be up: the first K rows of IN run on it from this machine in a throwaway folder
+(:func:`prefect_swarm.launch.pilot_job`: K requests, no state row, no output), and the projected wall
+time, GPU-hours and USD of the whole input are printed, for the replica count of the config as given
+(``--replicas 64`` projects a pilot run on 2 replicas for 64).
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -16,6 +24,11 @@ from rich.syntax import Syntax
 from prefect_swarm.cli.output import OutputFormat, console, emit_json
 from prefect_swarm.cli.swarms import ConfigOpt, NameOpt, OutputOpt, ReplicasOpt, make_swarm
 from prefect_swarm.config import LeptonConfig, SlurmConfig, SwarmConfig, load_config
+from prefect_swarm.config.cost import projection_text
+from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.interfaces import ServingPhase
+from prefect_swarm.jobs.spec import JobSpec
+from prefect_swarm.state import StateStore
 
 MASK = "***"
 
@@ -34,9 +47,34 @@ def validate(
             "for a config written away from its cluster.",
         ),
     ] = False,
+    estimate: Annotated[
+        int | None,
+        typer.Option(
+            "--estimate",
+            min=1,
+            help="Size a job on the RUNNING swarm: send the first K rows of --input (a pilot in a throwaway "
+            "folder: no output, no job record) and print the projected wall time, GPU-hours and USD of the "
+            "whole input for this config's replicas (--replicas projects another count).",
+        ),
+    ] = None,
+    input: Annotated[
+        str | None, typer.Option("--input", help="With --estimate: the job's input (parquet or OpenAI Batch JSONL).")
+    ] = None,
+    job: Annotated[
+        str | None, typer.Option("--job", help="With --estimate: job class module:Class, or chat|completion|embedding.")
+    ] = None,
+    job_kwargs: Annotated[
+        str | None, typer.Option("--job-kwargs", help="With --estimate: job kwargs as a JSON object.")
+    ] = None,
+    id_column: Annotated[str | None, typer.Option("--id-column", help="With --estimate: unique id column.")] = None,
+    spec_file: Annotated[
+        Path | None, typer.Option("--spec", help="With --estimate: JobSpec JSON to start from (flags override).")
+    ] = None,
 ) -> None:
-    """Check a config (fields, then what the backend can do) and print the plan; starts nothing."""
+    """Check a config (fields, then what the backend can do) and print the plan; starts nothing.
+    With --estimate: a pilot of K rows on the running swarm, and the whole input's projected time and cost."""
     cfg = load_config(config, overrides={"replicas": replicas, "name": name})
+    job_spec = _pilot_spec(spec_file, input, job, job_kwargs, id_column) if estimate else None
     swarm = make_swarm(cfg)
     unchecked = swarm.validate(ask=not offline)  # capabilities, the backend's pre-flight, the scheduler's answer
     serving = swarm.backends.serving
@@ -44,6 +82,7 @@ def validate(
     plan = mask_secrets(serving.plan(), cfg)
     notes = [*unchecked, *warnings(cfg)]
     shards = shard_placement(cfg)
+    pilot = pilot_estimate(cfg, config, job_spec, estimate) if job_spec is not None and estimate else None
     if output is OutputFormat.json:
         emit_json(
             {
@@ -55,6 +94,7 @@ def validate(
                 "plan": plan,
                 "warnings": notes,
                 "job_shards": shards,
+                "estimate": pilot,
             }
         )
         return
@@ -71,6 +111,60 @@ def validate(
     for fname, text in plan.items():
         console.print(f"[bold]--- {fname}[/]")
         console.print(text, markup=False)
+    if pilot is not None:
+        print_estimate(pilot)
+
+
+def _pilot_spec(
+    spec_file: Path | None, input: str | None, job: str | None, job_kwargs: str | None, id_column: str | None
+) -> JobSpec:
+    """The job to size, from ``--spec`` and the flags (``--input`` required); refused before anything runs."""
+    data: dict[str, Any] = json.loads(spec_file.read_text()) if spec_file else {}
+    try:
+        kwargs = json.loads(job_kwargs) if job_kwargs else None
+    except ValueError as exc:
+        raise ConfigError(f"--job-kwargs is not JSON: {exc}") from exc
+    data.update(
+        {k: v for k, v in {"input": input, "job": job, "job_kwargs": kwargs, "id_column": id_column}.items() if v}
+    )
+    if not data.get("input"):
+        raise ConfigError("--estimate needs the job's input: add --input FILE (or a --spec holding one).")
+    data.setdefault("output", "pilot.parquet")  # the pilot writes in its own throwaway folder
+    try:
+        return JobSpec.model_validate(data)
+    except ValueError as exc:
+        raise ConfigError(f"invalid job arguments for --estimate:\n{exc}") from exc
+
+
+def pilot_estimate(cfg: SwarmConfig, config: Path, spec: JobSpec, k: int) -> dict[str, Any]:
+    """Run the pilot on the swarm named by ``cfg`` (it must be up: else ConfigError, exit 2, with the
+    command that brings it up) and return its figures and the projection for ``cfg``."""
+    from prefect_swarm.cli.attach import attach
+    from prefect_swarm.launch import pilot_job
+
+    rec = StateStore().get_swarm(cfg.name)
+    up = f"`prefect-swarm up -c {config}` brings it up; then run this command again"
+    if rec is None or rec.phase is not ServingPhase.RUNNING:
+        state = "not recorded" if rec is None else rec.phase.value
+        raise ConfigError(
+            f"--estimate runs a pilot on the running swarm '{cfg.name}', and it is not up ({state}): {up}."
+        )
+    swarm = attach(cfg.name)
+    if swarm.status().healthy == 0:
+        raise ConfigError(f"--estimate: swarm '{cfg.name}' has no healthy replica now: {up} (or wait for it).")
+    return pilot_job(spec, swarm, k, target=cfg)
+
+
+def print_estimate(est: dict[str, Any]) -> None:
+    """The pilot's figures, the projection line and the notes."""
+    console.print(
+        f"[bold]pilot[/]: {est['pilot_rows']} rows ({est['pilot_failed']} failed) in {est['pilot_seconds']:g}s on "
+        f"{est['measured_replicas']} replica(s), {est['pilot_processes']} job process(es): "
+        f"{est['pilot_rate_rows_s']:g} rows/s, {est['tokens_per_row']} tokens/row"
+    )
+    console.print(f"for {est['projected_replicas']} replica(s), {projection_text(est['projection'])}", markup=False)
+    for note in est["notes"]:
+        console.print(f"[yellow]note[/]: {note}")
 
 
 def shard_placement(cfg: SwarmConfig) -> str | None:

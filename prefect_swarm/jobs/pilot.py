@@ -1,0 +1,159 @@
+"""A pilot run: the first K rows of a job's input through a running swarm, to project the whole input.
+
+``prefect-swarm validate -c SWARM.yaml --estimate K --input IN [job options]`` runs one
+(:func:`prefect_swarm.launch.pilot_job` puts these pieces together):
+
+- the first K rows of the input are copied into a throwaway folder (parquet: read row group by row
+  group up to K rows; OpenAI Batch JSONL: the first K lines), with a spec aimed at the swarm as a job
+  would be (:func:`~prefect_swarm.launch.for_swarm`: its endpoints, replica capacity, shard count for
+  K rows), ``auto_commit`` off and the output inside the throwaway folder;
+- that many job processes (``python -m prefect_swarm.jobs.run``, the job's own code path) run on
+  this machine against the swarm's endpoints and exit; exactly one request per row is sent (retries
+  aside), nothing is recorded in the state database and the job's real output and ledger are not
+  touched; the folder is removed afterwards;
+- rows/s = rows answered / (last progress write - first shard start), from the shards' progress files.
+
+The whole input's row count comes from cheap metadata (parquet footers; a JSONL file is counted line
+by line, as every job does at submit). :func:`~prefect_swarm.config.cost.projection` turns the rate into
+wall time, GPU-hours and USD, for the swarm as it runs or for another replica count (linear scaling).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prefect_swarm.config import SwarmConfig
+from prefect_swarm.config.cost import projection
+from prefect_swarm.exceptions import ConfigError, JobError
+from prefect_swarm.interfaces.jobenv import LOG_LEVEL
+from prefect_swarm.jobs.dataset import InputDataset
+from prefect_swarm.jobs.sizing import swarm_inflight
+from prefect_swarm.jobs.spec import JobSpec, is_jsonl
+
+STEADY_FACTOR = 3
+"""A pilot of at least this many times the swarm's in-flight target keeps every replica full for most
+of its run; a smaller one measures mostly the ramp (its rate is a lower bound)."""
+
+PILOT_TIMEOUT_S = 3600.0
+"""Most seconds a pilot may run before it is stopped."""
+
+
+def pilot_input(ds: InputDataset, k: int, folder: Path) -> Path:
+    """The first ``k`` rows of ``ds`` as a file of the same kind in ``folder``."""
+    if ds.kind == "jsonl":
+        path = folder / "pilot-input.jsonl"
+        with path.open("w") as fh:
+            for _, batch in ds.iter_range(0, k, None, k):
+                for rec in batch.to_pylist():
+                    line = {key: v for key, v in rec.items() if v is not None}
+                    line["body"] = json.loads(rec["body"])
+                    fh.write(json.dumps(line) + "\n")
+        return path
+    path = folder / "pilot-input.parquet"
+    batches = [b for _, b in ds.iter_range(0, k, None, min(k, 65536))]
+    pq.write_table(pa.Table.from_batches(batches, schema=ds.schema), path)
+    return path
+
+
+def pilot_spec(spec: JobSpec, k: int, folder: Path) -> tuple[JobSpec, int]:
+    """``spec`` on the first ``k`` rows, in ``folder`` (its own job dir and output, no auto commit);
+    returns it with the whole input's row count. The caller aims it at the swarm and saves it."""
+    ds = InputDataset(spec.input)  # parquet: the footers only
+    k = min(k, ds.num_rows)
+    data = pilot_input(ds, k, folder)
+    out = folder / ("pilot-output.jsonl" if is_jsonl(str(data)) else "pilot-output.parquet")
+    fields = spec.model_dump(exclude_unset=True, exclude={"job_id", "job_dir", "output_format", "shards", "ledger"})
+    fields.update(input=str(data), output=str(out), job_dir=str(folder / "job"), job_id="pilot", auto_commit=False)
+    try:
+        pilot = JobSpec.model_validate(fields)
+    except ValueError as exc:
+        raise ConfigError(f"invalid job arguments for the pilot:\n{exc}") from exc
+    return pilot, ds.num_rows
+
+
+def estimate(
+    progress: dict[str, Any], total: int, ran_on: SwarmConfig, target: SwarmConfig, processes: int
+) -> dict[str, Any]:
+    """The pilot's figures and the whole input's projection (the rate scaled by ``target``'s replicas
+    over ``ran_on``'s)."""
+    shards = progress["shards"]
+    started = min(float(s["started_at"]) for s in shards)
+    seconds = max(max(float(s["updated_at"]) for s in shards) - started, 1e-6)
+    rows, failed = int(progress["done"]), int(progress["failed"])
+    rate = rows / seconds
+    scale = target.replicas / max(ran_on.replicas, 1)
+    inflight = swarm_inflight(ran_on)
+    notes = []
+    if rows < STEADY_FACTOR * inflight:
+        notes.append(
+            f"the pilot ({rows} rows) is under {STEADY_FACTOR}x what keeps the swarm full ({inflight} in flight): "
+            f"it measured mostly the ramp, so the rate is a lower bound and the time and cost upper bounds; "
+            f"--estimate {STEADY_FACTOR * inflight} or more measures the steady rate"
+        )
+    if scale != 1:
+        notes.append(
+            f"measured on {ran_on.replicas} replica(s), projected for {target.replicas}: assumes rows/s grows "
+            "with the replicas (bench/scale.py measures how close a swarm comes)"
+        )
+    if failed:
+        notes.append(f"{failed} of {rows} pilot rows failed: look at the job before running it on the whole input")
+    tokens = int(progress["prompt_tokens"]) + int(progress["completion_tokens"])
+    return {
+        "pilot_rows": rows,
+        "pilot_failed": failed,
+        "pilot_requests": sum(int(s.get("requests") or 0) for s in shards),
+        "pilot_seconds": round(seconds, 3),
+        "pilot_rate_rows_s": round(rate, 2),
+        "pilot_processes": processes,
+        "tokens_per_row": round(tokens / rows, 1) if rows else None,
+        "measured_replicas": ran_on.replicas,
+        "projected_replicas": target.replicas,
+        "inflight_target": inflight,
+        "notes": notes,
+        "projection": projection(
+            done=0,
+            total=total,
+            rate_rows_s=rate * scale,
+            elapsed_s=0.0,
+            gpus=target.replicas * max(target.gpus_per_replica, 0),
+            cost=target.backend.cost,
+            min_elapsed_s=0.0,
+        ),
+    }
+
+
+def run_processes(pilot: JobSpec, module: str, secret_env: dict[str, str], timeout_s: float = PILOT_TIMEOUT_S) -> None:
+    """Run every shard of ``pilot`` as a job process (``python -m module``) on this machine
+    (``secret_env``: the swarm's API key, :meth:`JobEnv.secret_env`); ConfigError (bad input) or
+    JobError with a log tail when one fails."""
+    env = {**os.environ, **secret_env, LOG_LEVEL: "WARNING"}
+    logs = [pilot.paths.root / f"pilot-{i}.log" for i in range(pilot.shards)]
+    procs = []
+    for i, log in enumerate(logs):
+        argv = [sys.executable, "-m", module, "--spec", str(pilot.paths.spec)]
+        argv += ["--shard-id", str(i), "--nshards", str(pilot.shards)]
+        with log.open("w") as fh:
+            procs.append(subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT))
+    try:
+        codes = [p.wait(timeout=timeout_s) for p in procs]
+    except subprocess.TimeoutExpired:
+        raise JobError(f"the pilot ran past {timeout_s:g}s; it was stopped. Try a smaller --estimate.") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=30)
+    bad = [(i, c) for i, c in enumerate(codes) if c != 0]
+    if bad:
+        i, code = bad[0]
+        tail = logs[i].read_text(errors="replace")[-2000:]
+        err = ConfigError if code == 2 else JobError
+        raise err(f"the pilot's job process {i} exited {code}; nothing was projected. Its log ends:\n{tail}")

@@ -1,0 +1,200 @@
+"""The cost and time preview: one projection rule (config.cost.projection), shown by `job status`, the
+CLI's wait and `validate --estimate` (a pilot of K rows on a running local stub swarm)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from _jobkit import make_dataset
+from typer.testing import CliRunner
+
+from prefect_swarm.cli.main import app
+from prefect_swarm.config import SwarmConfig
+from prefect_swarm.config.cost import CostConfig, duration, job_projection, projection, projection_text
+from prefect_swarm.state import StateStore
+from prefect_swarm.swarm import Swarm
+from prefect_swarm.testing.stub_engine import stub_swarm_config
+
+PRICED = CostConfig(gpu_hour_usd=2.5)
+
+
+def _cli(*args: str) -> Any:
+    return CliRunner().invoke(app, list(args))
+
+
+def _completions(swarm: Swarm) -> int:
+    return sum(
+        int(httpx.get(u.removesuffix("/v1").rstrip("/") + "/stats", timeout=5).json().get("requests", 0))
+        for u in swarm.endpoints
+    )
+
+
+# ------------------------------------------------------------------------------------ the rule
+def test_projection_of_known_inputs() -> None:
+    p = projection(done=1_000, total=10_000, rate_rows_s=100.0, elapsed_s=10.0, gpus=8, cost=PRICED)
+    assert p["ready"] and p["rows_left"] == 9_000
+    assert p["remaining_s"] == 90.0 and p["wall_s"] == 100.0  # 9,000 rows / 100 rows/s, plus the 10 s run
+    assert p["gpu_hours"] == pytest.approx(8 * 100 / 3600, abs=1e-6)
+    assert p["gpu_hours_left"] == pytest.approx(8 * 90 / 3600, abs=1e-6)
+    assert p["usd"] == pytest.approx(8 * 100 / 3600 * 2.5, abs=1e-4)
+    assert p["usd_left"] == pytest.approx(0.5, abs=1e-4)
+    text = projection_text(p)
+    assert text == (
+        "projection: 1,000/10,000 rows at 100.0 rows/s: 1m30s left, 1m40s for the whole input; "
+        "0.2222 GPU-hours (8 GPUs), $0.56 at $2.5/GPU-hour ($0.50 of it still to spend)"
+    )
+
+
+def test_projection_per_shape_price_and_a_billion_rows() -> None:
+    cost = CostConfig(gpu_hour_usd=1.0, per_shape={"gpu.h100-sxm": 3.0})
+    p = projection(
+        done=0,
+        total=10**9,
+        rate_rows_s=16_000.0,
+        elapsed_s=0.0,
+        gpus=64,
+        cost=cost,
+        shape="gpu.h100-sxm",
+        min_elapsed_s=0,
+    )
+    hours = 10**9 / 16_000 / 3600  # 62,500 s: 17 h 21 min of wall time
+    assert p["wall_s"] == pytest.approx(hours * 3600, abs=0.1)
+    assert p["gpu_hours"] == pytest.approx(64 * hours, rel=1e-6)
+    assert p["usd"] == pytest.approx(64 * hours * 3.0, rel=1e-4)
+    assert "17h21m for the whole input" in str(projection_text(p))
+
+
+def test_projection_without_a_price_says_how_to_set_one() -> None:
+    p = projection(done=50, total=150, rate_rows_s=10.0, elapsed_s=6.0, gpus=2, cost=CostConfig())
+    assert p["ready"] and p["remaining_s"] == 10.0 and p["wall_s"] == 16.0
+    assert p["gpu_hours"] == pytest.approx(2 * 16 / 3600, abs=1e-6)
+    assert p["usd"] is None and p["usd_left"] is None and p["price"] == "no price: set backend.cost.gpu_hour_usd"
+    assert str(projection_text(p)).endswith("0.008889 GPU-hours (2 GPUs) (no price: set backend.cost.gpu_hour_usd)")
+    cpu = projection(done=50, total=150, rate_rows_s=10.0, elapsed_s=6.0, gpus=0, cost=PRICED)
+    assert cpu["gpu_hours"] == 0 and "no GPUs in the swarm config" in str(projection_text(cpu))
+
+
+def test_no_projection_before_a_short_while_or_without_rows() -> None:
+    early = projection(done=10, total=100, rate_rows_s=5.0, elapsed_s=2.0, gpus=8, cost=PRICED)
+    idle = projection(done=0, total=100, rate_rows_s=0.0, elapsed_s=60.0, gpus=8, cost=PRICED)
+    for p in (early, idle):
+        assert not p["ready"] and p["wall_s"] is None and p["usd"] is None
+        assert projection_text(p) == "projection: measuring: projected after 5s of running with rows answered"
+    assert [duration(s) for s in (None, 45, 395, 11_520, 187_200)] == ["?", "45s", "6m35s", "3h12m", "2d04h"]
+
+
+def test_job_projection_reads_progress_and_the_recorded_swarm_config() -> None:
+    now = 1_000_000.0
+    progress = {
+        "done": 300,
+        "total": 1_000,
+        "rate_rows_s": 20.0,  # the running shards' sum
+        "shards": [
+            {"state": "running", "started_at": now - 10},
+            {"state": "running", "started_at": now - 8},
+            {"state": "done", "started_at": now - 100},  # an ended shard does not date the run
+        ],
+    }
+    swarm = {"replicas": 4, "gpus_per_replica": 2, "backend": {"cost": {"gpu_hour_usd": 3.0}}}
+    p = job_projection(progress, swarm, now=now)
+    assert p["elapsed_s"] == 10 and p["remaining_s"] == 35.0 and p["wall_s"] == 45.0 and p["gpus"] == 8
+    assert p["usd"] == pytest.approx(8 * 45 / 3600 * 3.0, abs=1e-4)
+    ended = job_projection({**progress, "shards": [{"state": "done", "started_at": now - 10}]}, swarm, now=now)
+    assert not ended["ready"]
+
+
+# ------------------------------------------------------------------------------------ CLI on a stub swarm
+def test_job_status_and_wait_show_the_projection(tmp_path: Path) -> None:
+    make_dataset(tmp_path / "in.parquet", 480)
+    spec = tmp_path / "base.json"
+    spec.write_text(json.dumps({"checkpoint_every": 20, "concurrency": 4}))
+    cfg = stub_swarm_config("proj", latency_ms=60)
+    with Swarm(SwarmConfig.model_validate(cfg)):
+        args = ["--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out.parquet")]
+        res = _cli("job", "submit", "-n", "proj", *args, "--id-column", "id", "--spec", str(spec), "--detach")
+        assert res.exit_code == 0, res.output
+        job_id = res.stdout.strip().splitlines()[-1]
+        deadline, doc = time.monotonic() + 60, {}
+        while time.monotonic() < deadline:
+            doc = json.loads(_cli("job", "status", job_id, "-o", "json").stdout)
+            if doc["status"] != "RUNNING" or (doc.get("projection") or {}).get("ready"):
+                break
+            time.sleep(0.5)
+        p = doc["projection"]
+        assert doc["status"] == "RUNNING" and p["ready"], doc
+        # ~4 in flight x 1/0.06 s: the rate is the shards' own, and the rest follows from it
+        assert 5 < p["rate_rows_s"] < 80 and p["rows_total"] == 480
+        assert p["remaining_s"] == pytest.approx(p["rows_left"] / p["rate_rows_s"], rel=0.01, abs=0.2)
+        assert p["gpus"] == 0 and p["usd"] is None
+        table = _cli("job", "status", job_id)
+        assert "projection: " in table.stdout and "rows/s:" in table.stdout and "for the whole input" in table.stdout
+
+        waited = CliRunner().invoke(app, ["job", "wait", job_id])
+        assert waited.exit_code == 0, waited.output
+        assert f"job {job_id}: projection: " in waited.stderr and "for the whole input" in waited.stderr
+        done = json.loads(_cli("job", "status", job_id, "-o", "json").stdout)
+        assert done["status"] == "SUCCEEDED" and done["projection"] is None
+
+
+def _config_file(tmp_path: Path, **over: Any) -> tuple[Path, dict[str, Any]]:
+    data = stub_swarm_config("pilot", replicas=1, latency_ms=20)
+    data.update(over)
+    path = tmp_path / "pilot.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path, data
+
+
+def test_validate_estimate_needs_the_swarm_up(tmp_path: Path) -> None:
+    make_dataset(tmp_path / "in.parquet", 50)
+    path, _ = _config_file(tmp_path)
+    res = _cli("validate", "-c", str(path), "--estimate", "10", "--input", str(tmp_path / "in.parquet"))
+    assert res.exit_code == 2, res.output
+    assert "it is not up" in res.output and f"prefect-swarm up -c {path}" in res.output
+    res = _cli("validate", "-c", str(path), "--estimate", "10")
+    assert res.exit_code == 2 and "--input" in res.output
+
+
+def test_validate_estimate_sends_k_requests_writes_no_output_and_projects(tmp_path: Path) -> None:
+    n, k = 20_000, 120
+    make_dataset(tmp_path / "in.parquet", n)
+    path, data = _config_file(tmp_path)
+    with Swarm(SwarmConfig.model_validate(data)) as swarm:
+        before = _completions(swarm)
+        args = [
+            "--input",
+            str(tmp_path / "in.parquet"),
+            "--id-column",
+            "id",
+            "--job-kwargs",
+            '{"sampling": {"max_tokens": 4}}',
+        ]
+        res = _cli("validate", "-c", str(path), "--estimate", str(k), *args, "--replicas", "4", "-o", "json")
+        assert res.exit_code == 0, res.output
+        assert _completions(swarm) - before == k  # exactly the pilot's rows, nothing else
+        est = json.loads(res.stdout)["estimate"]
+        assert est["pilot_rows"] == k and est["pilot_failed"] == 0 and est["pilot_requests"] == k
+        assert est["measured_replicas"] == 1 and est["projected_replicas"] == 4
+        p = est["projection"]
+        assert p["ready"] and p["rows_total"] == n and p["rows_done"] == 0
+        assert p["rate_rows_s"] == pytest.approx(est["pilot_rate_rows_s"] * 4, rel=0.01)  # 4 replicas / 1
+        assert p["wall_s"] == pytest.approx(n / p["rate_rows_s"], rel=0.01)
+        assert any("projected for 4" in note for note in est["notes"])
+        assert any("lower bound" in note for note in est["notes"])  # 120 rows cannot fill 256 + 16 in flight
+
+        table = _cli("validate", "-c", str(path), "--estimate", "30", *args)
+        assert table.exit_code == 0, table.output
+        assert (
+            "pilot: 30 rows (0 failed)" in table.stdout
+            and "for 1 replica(s), projection: 0/20,000 rows" in table.stdout
+        )
+    assert StateStore().list_jobs() == []  # no job record
+    assert not (tmp_path / "out.parquet").exists() and sorted(p.name for p in tmp_path.iterdir()) == [
+        "in.parquet",
+        "pilot.yaml",
+    ]
