@@ -391,6 +391,10 @@ def _print_status(doc: dict[str, Any]) -> None:
     )
     for b in doc.get("backend") or []:
         console.print(f"process {b.get('id')}: {b.get('status')} {b.get('detail') or b.get('error') or ''}")
+    for s in p["shards"]:  # a shard that stopped itself resumable (exit 75): why (an outage, the budget, a signal)
+        if s.get("state") == "requeue" and s.get("stopped"):
+            why = s["stopped"].get("message")
+            console.print(f"shard {s.get('shard')} stopped: {why}", markup=False, soft_wrap=True)
     for f in doc.get("failures") or []:
         console.print(f"shard {f['shard']} {f['reason']}; log: {f['log']}", markup=False, soft_wrap=True)
         if f.get("tail"):

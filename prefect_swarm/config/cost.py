@@ -12,7 +12,9 @@ best source): :class:`BudgetGuard` warns once at 80 % and raises
 :class:`~prefect_swarm.exceptions.BudgetReached` past the cap (a flow run's own ``max_gpu_hours`` /
 ``max_cost_usd`` tighten it for that run: :meth:`CostConfig.tightened`); whoever waits on a job
 (``launch``: the CLI's wait loop and the flow's shard watch) then stops the job (SIGTERM: it flushes
-and exits 75) and tears the swarm down. A rerun with a larger cap resumes from the ledger.
+and exits 75) and tears the swarm down. The job processes hold the cap themselves too
+(:class:`SwarmBudget`, in the job spec): past it a shard flushes and exits 75 naming the cap, so a
+detached job stops at it with nobody waiting. A rerun with a larger cap resumes from the ledger.
 
 :func:`projection` is the one rule for a job's projected wall time, GPU-hours and USD (rows left /
 rows/s; GPUs x wall time; x the price), used by the CLI's wait, `job status`, the flow's progress
@@ -156,6 +158,32 @@ class BudgetGuard:
             log.warning("swarm %s: %.0f%% of its budget used (%s)", self.name, 100 * share, text)
 
 
+class SwarmBudget(StrictModel):
+    """A swarm's budget as its job processes hold it (``JobSpec.budget``, filled at submit): the caps
+    and the price, and the swarm's GPU-hours when the job was submitted (its backend's figure, as the
+    waiting CLI reads it), counted on at the GPUs it held then. So a job stops at the cap also when
+    nobody waits on it (``--detach``); each submission takes a fresh figure."""
+
+    swarm: str
+    cost: CostConfig
+    gpu_hours: Annotated[float, Field(ge=0)]
+    """The swarm's GPU-hours at ``at``."""
+    at: float
+    """Unix time of ``gpu_hours``."""
+    gpus: Annotated[int, Field(ge=0)] = 0
+    """GPUs the swarm held then."""
+    shape: str | None = None
+
+    def used(self, now: float | None = None) -> float:
+        """GPU-hours the swarm has used by ``now`` (default: now)."""
+        now = time.time() if now is None else now
+        return self.gpu_hours + self.gpus * max(0.0, now - self.at) / 3600.0
+
+    def guard(self, every_s: float = 1.0) -> BudgetGuard:
+        """The budget guard over this figure (cheap to read: checked every ``every_s``)."""
+        return BudgetGuard(self.swarm, self.cost, lambda: (self.used(), self.shape), every_s=every_s)
+
+
 class Priced(StrictModel):
     """The common base of every backend config: the price of its GPU time."""
 
@@ -281,7 +309,7 @@ def projection_text(p: Mapping[str, Any] | None) -> str | None:
     )
     if not p["gpus"]:
         return f"{head}; no GPUs in the swarm config, so no GPU-hours"
-    hours = f"{p['gpu_hours']:.4g} GPU-hours ({p['gpus']} GPUs)"
+    hours = f"{p['gpu_hours']:.4g} GPU-hours ({p['gpus']} GPU{'' if p['gpus'] == 1 else 's'})"
     if p.get("usd") is None:
         return f"{head}; {hours} ({NO_PRICE})"
     return f"{head}; {hours}, ${p['usd']:,.2f} at {p['price']} (${p['usd_left']:,.2f} of it still to spend)"
@@ -305,6 +333,7 @@ __all__ = [
     "BudgetGuard",
     "CostConfig",
     "Priced",
+    "SwarmBudget",
     "duration",
     "job_cost",
     "job_projection",

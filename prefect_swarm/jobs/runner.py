@@ -5,6 +5,14 @@ iterator, so at most ``concurrency`` requests are in flight. A row is retried (e
 backoff with full jitter, honouring ``Retry-After``) on 429, 5xx, timeouts and connection
 errors; any other 4xx, or an unparsable answer, fails it at once. A row whose retries are spent
 becomes an error row (status ``error`` + reason): nothing a single row does can stop the shard.
+
+Outages pause, they do not fail rows: a timeout or connection error counts against the row's
+``max_retries`` only when its endpoint answered some other request after this one was sent (the
+endpoint is alive, so the failure is the row's own); when nothing answered since, or the failure
+takes the endpoint out of rotation, the row is sent again without counting it (elsewhere when
+another endpoint is in rotation, else after waiting for the swarm). So a row becomes an error row
+only for what it caused: a 4xx, an answer that cannot be used, or retries spent on 429/5xx or on
+no answer while its endpoint answered others.
 A 200 whose answer the job refuses (:class:`~prefect_swarm.jobs.api.InvalidAnswer`, e.g. it breaks
 the response schema) is asked again at once, up to the job's ``answer_retries`` times (not counted
 against ``max_retries``). An HTTP error's body is kept as valid JSON (long strings shortened, see
@@ -28,10 +36,12 @@ until its ejection ends (``eject_base_s``, doubled on each ejection in a row, at
 ``eject_max_s``); then one probe request is let through (half-open): an answer puts it back in
 rotation, a failure ejects it again for longer. A connection error on an endpoint that is then
 ejected, while another one is in rotation, does not count against the row's retries (it is sent
-elsewhere at once). When every endpoint is ejected, rows wait for a probe to succeed; a row
-fails then only once every endpoint has been out for longer than the retry budget (the sum of
-the backoffs of ``max_retries`` retries, at least three ejections in a row) and no probe is
-still in flight.
+elsewhere at once). When every endpoint is ejected (an outage of the swarm: every replica lost,
+the LB down) rows wait for a probe to succeed, and no row fails for it. Once every endpoint has
+been out for longer than ``outage_timeout_s`` and no probe is still in flight, the runner stops
+itself (:attr:`Runner.stop_reason` says why): the requests in flight finish, the rows not
+answered stay out of the ledger, and the shard flushes and exits 75 (resumable: a rerun sends
+them once the swarm is back).
 
 With ``adaptive`` the in-flight limit starts low, grows by one per window of successes, and
 shrinks (x0.7, at most once per window) on 429/503 or when latency rises past twice its floor.
@@ -99,13 +109,8 @@ class RunnerConfig:
     eject_after: int = 5
     eject_base_s: float = 1.0
     eject_max_s: float = 30.0
-
-    @property
-    def retry_budget_s(self) -> float:
-        """How long every endpoint may be out before waiting rows fail: the backoffs of ``max_retries``
-        retries, and at least three ejections in a row (three failed probes)."""
-        waits = (min(self.backoff_max_s, self.backoff_base_s * 2**k) for k in range(self.max_retries))
-        return max(sum(waits), self.eject_base_s * (1 + 2 + 4))
+    outage_timeout_s: float = 900.0
+    """How long every endpoint may be out before the runner stops itself (the shard exits 75, resumable)."""
 
 
 class Item(NamedTuple):
@@ -148,6 +153,8 @@ class Endpoint:
     """Ejections in a row (each lasts twice as long as the last)."""
     probing: bool = False
     """A half-open probe is in flight."""
+    answered_at: float = 0.0
+    """Monotonic time of its last answer (any HTTP status): a request sent before it met a live endpoint."""
     sent: int = 0
     conn_errors: int = 0
     timeouts: int = 0
@@ -244,7 +251,7 @@ class EndpointPool:
             if not ep.ejected_until:
                 room += (1 << 30) if ep.limit == float("inf") else max(0, math.ceil(ep.limit) - ep.outstanding)
         self.room = room
-        # every endpoint out: let the rows through to wait for a probe (and fail past the retry budget)
+        # every endpoint out: let the rows through to wait for a probe (the runner stops past outage_timeout_s)
         self._wake(len(self._room_waiters) if self._all_out() else max(0, min(room, self.cap - self.inflight)))
 
     def _all_out(self) -> bool:
@@ -322,6 +329,7 @@ class EndpointPool:
     def answered(self, ep: Endpoint) -> None:
         """The endpoint answered (any HTTP status): it is alive."""
         ep.fails = 0
+        ep.answered_at = time.monotonic()
         if ep.ejected_until:
             ep.ejected_until, ep.ejections, ep.probing = 0.0, 0, False
             self.ejected -= 1
@@ -456,6 +464,9 @@ class Runner:
         self.on_tick, self.tick_s = on_tick, tick_s
         self.stop = asyncio.Event()
         self.stopped = False
+        self.stop_reason: str | None = None
+        """Why the runner stopped before every row was sent, when not by a signal (an outage past
+        ``outage_timeout_s``, or what the caller passed to :meth:`request_stop`)."""
         self.requests = 0
         self.limit: AdaptiveLimit | None = None
         self.control: Controller | None = None
@@ -468,8 +479,10 @@ class Runner:
         self._session: aiohttp.ClientSession
         self._items: Iterator[Item]
 
-    def request_stop(self) -> None:
-        """Stop issuing requests (signal handlers call this)."""
+    def request_stop(self, reason: str | None = None) -> None:
+        """Stop issuing requests (signal handlers call this); ``reason``: why, when not a signal (the first kept)."""
+        if reason is not None and self.stop_reason is None:
+            self.stop_reason = reason
         self.stopped = True
         self.stop.set()
 
@@ -571,11 +584,13 @@ class Runner:
         ep: Endpoint | None = None
         if item.key and self.control is not None:
             await pool.wait_for_owner(item.key, AFFINITY_WAIT_S)
+        moved = 0  # sent elsewhere at once, its endpoint having just left rotation
         while True:
             ep = pool.acquire(ep, item.key) or await self._wait_for_endpoint()
             if ep is None:
-                return None if self.stopped else self._give_up(item, attempt, error)
+                return None  # stopped (a signal, or an outage past outage_timeout_s): redone on resume
             attempt += 1
+            sent_at = time.monotonic()
             status, data, retry_after, error, latency = await self._post(session, ep, item)
             if status:
                 pool.answered(ep)
@@ -584,20 +599,33 @@ class Runner:
                     return result
                 spared += status == 200  # an answer the job refused: asked again, not counted as a retry
                 error = f"HTTP {status}: {_snippet(data)}"
-            elif pool.failed(ep) and pool.in_rotation and spared < 2 * len(pool.endpoints):
-                spared += 1  # the endpoint's fault, and another one is up: send it there now
-                if self.stopped:
-                    return None
-                if self.limit is not None:
-                    await self.limit.acquire()
-                continue
+            else:
+                counted, elsewhere = self._no_answer(ep, sent_at)
+                spared += not counted
+                if elsewhere and moved < 2 * len(pool.endpoints):
+                    moved += 1  # another endpoint is up: send it there now
+                    if self.stopped:
+                        return None
+                    if self.limit is not None:
+                        await self.limit.acquire()
+                    continue
             if attempt - spared > cfg.max_retries:
                 return self._give_up(item, attempt, error, status, latency, data)
-            await asyncio.sleep(self._backoff(attempt - spared, retry_after))
+            await asyncio.sleep(self._backoff(attempt - spared if status else max(1, attempt - spared), retry_after))
             if self.stopped:
                 return None  # a stopping shard redoes this row on resume
             if self.limit is not None:
                 await self.limit.acquire()
+
+    def _no_answer(self, ep: Endpoint, sent_at: float) -> tuple[bool, bool]:
+        """A request sent at ``sent_at`` that nothing answered (timeout, connection error): (whether it
+        counts against the row's retries, whether to send it to another endpoint now). It counts only
+        when ``ep`` answered another request since and stays in rotation: the endpoint is alive, so the
+        failure is the row's own; else it is the swarm's (an outage pauses rows, never fails them)."""
+        out = self.pool.failed(ep)
+        if out or ep.answered_at <= sent_at:
+            return False, out and self.pool.in_rotation > 0
+        return True, False
 
     def _answered(self, item: Item, status: int, data: bytes, latency: float, attempt: int) -> RowResult | None:
         """The row's result from an HTTP answer; None when it is worth asking again (a retryable
@@ -644,9 +672,17 @@ class Runner:
         return status, data, retry_after, error, latency
 
     async def _wait_for_endpoint(self) -> Endpoint | None:
-        """Every endpoint is ejected: wait for one to be probed, within the retry budget (None: give up)."""
-        pool, budget = self.pool, self.cfg.retry_budget_s
-        while not self.stopped and (pool.out_for() <= budget or pool.probing()):
+        """Every endpoint is ejected (an outage): wait for a probe to bring one back. Past
+        ``outage_timeout_s`` with no probe in flight, stop the runner (see :attr:`stop_reason`);
+        None once stopped (the row is not recorded: a rerun sends it)."""
+        pool, deadline = self.pool, self.cfg.outage_timeout_s
+        while not self.stopped:
+            if pool.out_for() > deadline and not pool.probing():
+                self.request_stop(
+                    f"no endpoint of the swarm answered for {pool.out_for():.0f}s (outage_timeout_s={deadline:g}): "
+                    f"{', '.join(e.url for e in pool.endpoints)}"
+                )
+                break
             await asyncio.sleep(pool.next_probe_in())
             ep = pool.acquire()
             if ep is not None:
@@ -658,13 +694,7 @@ class Runner:
     def _give_up(
         self, item: Item, attempt: int, error: str, status: int = 0, latency: float = 0.0, data: bytes = b""
     ) -> RowResult:
-        if self.pool.out_for() > self.cfg.retry_budget_s:
-            error = (
-                f"every endpoint was unreachable for {self.pool.out_for():.0f}s (retry budget "
-                f"{self.cfg.retry_budget_s:g}s); last: {error or 'no request sent'}"
-            )
-        else:
-            error = f"gave up after {attempt} attempts; last: {error}"
+        error = f"gave up after {attempt} attempts; last: {error}"
         raw = _snippet(data, RAW_ERROR_CHARS) if status and self.cfg.keep_raw else None
         return RowResult(item.row, item.rid, STATUS_ERROR, error, status, 0, 0, latency, attempt, None, raw)
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.exceptions import BudgetReached, ConfigError
 from prefect_swarm.interfaces import jobenv
 from prefect_swarm.interfaces.jobenv import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, JobEnv
 from prefect_swarm.interfaces.readiness import key_refused
-from prefect_swarm.jobs import fastjson
+from prefect_swarm.jobs import fastjson, storage
 from prefect_swarm.jobs.api import SwarmJob, check_reserved, load_job
 from prefect_swarm.jobs.dataset import InputDataset, check_output_location, shard_range
 from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details
@@ -76,17 +76,32 @@ def check_key(target: Target) -> None:
         )
 
 
+def resume_command(spec: JobSpec, shard: int, nshards: int) -> str:
+    """How to resume a shard that stopped resumable (exit 75): the job process's own command, and
+    for a job on a swarm the CLI's resubmission."""
+    own = f"`python -m prefect_swarm.jobs.run --spec {spec.paths.spec} --shard-id {shard} --nshards {nshards}`"
+    if spec.swarm and spec.job_id:
+        return (
+            f"`prefect-swarm job submit -n {spec.swarm} --id {spec.job_id}` with the same arguments resumes the job "
+            f"(or {own} this shard)"
+        )
+    return f"{own} resumes it"
+
+
 def validate_input(spec: JobSpec, job: SwarmJob | None = None) -> InputDataset:
     """Open and check the dataset and the output location for ``spec`` before any request.
 
     Checks the job class, the input (readable, columns and their types, no column the job needs
-    entirely null, unique ids) and the output (:func:`check_output_location`: not the input, not
-    inside it, writable). Raises ConfigError/DatasetError naming the file. The scans (ids, nulls)
+    entirely null, unique ids), the output (:func:`check_output_location`: not the input, not
+    inside it, writable) and an object-store ledger (writable: a probe object in it).
+    Raises ConfigError/DatasetError naming the file. The scans (ids, nulls)
     are stamped in ``<job_dir>/validated.json`` so later shards and reruns skip them.
     """
     job = job or load_job(spec.job, spec.job_kwargs)
     ds = InputDataset(spec.input)
     check_output_location(spec.output, ds, spec.job_dir)
+    if spec.ledger:  # the checkpoints on an object store: proven writable like the output
+        storage.check_writable(storage.parse(spec.ledger, "ledger"), "ledger", folder=True)
     ds.check_columns(job.all_columns(), spec.id_column, spec.input_columns)
     kept = spec.input_columns if spec.input_columns is not None else ds.schema.names
     check_reserved(f"job {spec.job}: output", job.outputs, "Rename the job's output(s).")
@@ -134,6 +149,10 @@ class ShardRun:
             store=shard_store(spec, shard_id),
         )
         self.runner: Runner | None = None
+        self.guard = spec.budget.guard() if spec.budget is not None else None
+        """The swarm's budget, held by this process (see :meth:`_hold_to_budget`)."""
+        self._stop_kind: str | None = None
+        """Why the shard stops early when this process decided it (``budget``); else the runner's reason."""
         self.metrics = metrics or ShardMetrics(spec.job_id or spec.paths.root.name, shard_id)
         self.metrics.ledger = self.ledger
         self._own_metrics = metrics is None
@@ -198,16 +217,29 @@ class ShardRun:
             raise
         self.ledger.requests = self.runner.requests if self.runner else 0
         if not finished:
-            self.ledger.flush("requeue")
-            log.warning(
-                "shard %d: stopped by a signal; flushed %d/%d rows; exit %d (requeue)",
-                self.shard_id,
-                self.ledger.n_done,
-                self.ledger.total,
-                EXIT_REQUEUE,
-            )
-            return EXIT_REQUEUE
+            return self._stop_resumable()
         return self._finish()
+
+    def _stop_resumable(self) -> int:
+        """Stopped before every row was sent (a signal, an outage past ``outage_timeout_s``, the
+        swarm's budget): flush, record why in the progress file (``stopped``: what `job status`
+        shows), say how to resume; exit 75."""
+        runner = self.runner
+        cause = runner.stop_reason if runner and runner.stop_reason else None
+        kind = self._stop_kind or ("outage" if cause else "signal")
+        message = cause or "stopped by a signal"
+        self.ledger.progress_extra["stopped"] = {"cause": kind, "message": message}
+        self.ledger.flush("requeue")
+        log.warning(
+            "shard %d: %s; flushed %d/%d rows; exit %d (resumable: %s)",
+            self.shard_id,
+            message,
+            self.ledger.n_done,
+            self.ledger.total,
+            EXIT_REQUEUE,
+            resume_command(self.spec, self.shard_id, self.nshards),
+        )
+        return EXIT_REQUEUE
 
     def _finish(self) -> int:
         self.ledger.flush("done" if self.ledger.complete else "incomplete")
@@ -245,6 +277,7 @@ class ShardRun:
             adaptive=spec.adaptive_concurrency,
             drain_seconds=spec.drain_seconds,
             keep_raw=self.ledger.keep_raw,
+            outage_timeout_s=spec.outage_timeout_s,
         )
         self.runner = runner = Runner(
             self.job,
@@ -261,6 +294,7 @@ class ShardRun:
             loop.add_signal_handler(sig, self._on_signal, sig)
         if _EARLY_SIGNALS:
             self._on_signal(signal.Signals(_EARLY_SIGNALS[0]))
+        self._hold_to_budget()  # a swarm already past its budget: no request is sent
         try:
             return await runner.run(self._items(target.model))
         finally:
@@ -281,6 +315,22 @@ class ShardRun:
     def _on_tick(self) -> None:
         if time.monotonic() - self.ledger.last_flush >= self.spec.checkpoint_seconds:
             self._flush()
+        self._hold_to_budget()
+
+    def _hold_to_budget(self) -> bool:
+        """Past the swarm's budget (``spec.budget``): stop the runner, naming the cap (the shard flushes
+        and exits 75); True when past it. Held here, in the job process, so a detached job stops at the
+        cap with nobody waiting on it."""
+        if self.guard is None or self._stop_kind is not None:
+            return self._stop_kind == "budget"
+        try:
+            self.guard.check()
+        except BudgetReached as exc:
+            self._stop_kind = "budget"
+            if self.runner:
+                self.runner.request_stop(f"{exc}; a rerun with a larger budget resumes it")
+            return True
+        return False
 
     def _flush(self) -> None:
         """A checkpoint while requests run: written on the ledger's writer thread, off the event loop."""

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from prefect_swarm.config.cost import SwarmBudget
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.paths import JobPaths, atomic_write_text
 
@@ -101,7 +102,19 @@ class JobSpec(BaseModel):
         "(never above concurrency).",
     )
     max_retries: int = Field(
-        default=5, ge=0, description="Retries of one row on 429, 5xx, timeouts and connection errors."
+        default=5,
+        ge=0,
+        description="Retries of one row on 429, 5xx, timeouts and connection errors. A timeout or connection "
+        "error counts only when its endpoint answered other requests meanwhile: an outage of the swarm "
+        "spends no row's retries (see outage_timeout_s).",
+    )
+    outage_timeout_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="While no endpoint of the swarm answers (every replica lost, the LB down), rows wait "
+        "instead of failing; past this many seconds of outage the shard flushes its checkpoint and exits 75 "
+        "(resumable: a rerun sends the rows not yet answered). The default leaves time for a replica to be "
+        "replaced and load its model. Not part of the fingerprint.",
     )
     backoff_base_s: float = Field(default=0.5, ge=0, description="First retry delay; doubles each retry.")
     backoff_max_s: float = Field(default=30.0, ge=0, description="Longest retry delay (Retry-After included).")
@@ -146,6 +159,12 @@ class JobSpec(BaseModel):
     )
     swarm_fingerprint: str | None = Field(
         default=None, description="Engine identity of the swarm (model, engine args); filled at submit."
+    )
+    budget: SwarmBudget | None = Field(
+        default=None,
+        description="The swarm's budget (backend.cost max_gpu_hours / max_cost_usd), held by the job processes "
+        "themselves: past it a shard flushes and exits 75 naming the cap, also with nobody waiting on the job; "
+        "filled at submit from the swarm (its GPU-hours then). Not part of the fingerprint.",
     )
     retry_failed: bool = Field(
         default=False,

@@ -68,22 +68,25 @@ def test_dead_replica_is_ejected_and_its_rows_go_to_the_live_one(tmp_path: Path,
     assert requests(live) >= 1500
 
 
-def test_every_endpoint_gone_fails_rows_only_after_the_retry_budget(tmp_path: Path) -> None:
-    """With every endpoint dead, rows wait for probes; they fail after the retry budget, quickly and named."""
+def test_every_endpoint_gone_pauses_rows_then_stops_resumable(tmp_path: Path) -> None:
+    """With every endpoint dead, rows wait for probes (no error row); past outage_timeout_s the shard
+    flushes and exits 75, quickly, without hammering the dead endpoint."""
     from prefect_swarm.testing import free_port
 
     make_dataset(tmp_path / "in.parquet", 400)
     nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    spec = write_spec(tmp_path, endpoints=[nobody], max_retries=2, concurrency=16, **FAST_RETRIES)
+    spec = write_spec(
+        tmp_path, endpoints=[nobody], max_retries=2, concurrency=16, outage_timeout_s=1.5, **FAST_RETRIES
+    )
     t0 = time.monotonic()
     res = run_job(spec)
-    assert res.returncode == 0, res.stderr
-    rows = _out(tmp_path / "job-out.parquet")
-    assert all(r["status"] == "error" for r in rows)
-    assert all("every endpoint was unreachable" in r["error"] for r in rows[16:])
-    assert sum("no request sent" in r["error"] for r in rows) >= 300
-    sent = _progress(tmp_path)["requests"]
-    assert sent < 100  # the ejected endpoint is not hammered with every row's retries
+    assert res.returncode == 75, res.stderr
+    assert "no endpoint of the swarm answered" in res.stderr and "outage_timeout_s=1.5" in res.stderr
+    assert not (tmp_path / "job-out.parquet").exists()
+    progress = _progress(tmp_path)
+    assert progress["state"] == "requeue" and progress["stopped"]["cause"] == "outage", progress
+    assert progress["done"] == 0 and progress["failed"] == 0  # no row was written off for the outage
+    assert progress["requests"] < 100  # the ejected endpoint is not hammered with every row's retries
     assert time.monotonic() - t0 < 30
 
 

@@ -104,8 +104,9 @@ def test_error_text_is_capped_and_stays_valid_json() -> None:
     assert _snippet(b"plain text " * 500).endswith("...")
 
 
-def test_retries_spent_on_5xx_and_connection_errors(tmp_path: Path, stub_factory) -> None:
-    """A 5xx whose retries are spent is OpenAI's response (status + the engine's body); no answer is an error."""
+def test_retries_spent_on_5xx_are_responses_an_outage_is_no_error(tmp_path: Path, stub_factory) -> None:
+    """A 5xx whose retries are spent is OpenAI's response (status + the engine's body). No answer at all
+    (the swarm is gone) writes no line off: the shard stops resumable (exit 75) and a rerun answers them."""
     failing = stub_factory(error_rate=1.0)
     out = _run(tmp_path, failing, "out.jsonl", max_retries=1, backoff_base_s=0.01, max_failed_fraction=1.0)
     sent = [o for o in out if o["custom_id"].startswith("ok-")]  # the others are refused (400/404) first
@@ -113,9 +114,30 @@ def test_retries_spent_on_5xx_and_connection_errors(tmp_path: Path, stub_factory
     assert all(o["error"] is None and o["response"]["status_code"] in (500, 503) for o in sent)
     assert all(o["response"]["body"] == {"error": {"message": "injected failure"}} for o in sent)
     (tmp_path / "job").rename(tmp_path / "job-5xx")
-    failing.stop()  # nothing listens any more: connection errors
-    out = _run(tmp_path, failing, "out2.jsonl", max_retries=0, max_failed_fraction=1.0)
-    assert all(
-        o["response"] is None and o["error"]["code"] == "request_failed" for o in out if o["custom_id"] != "stream"
+    failing.stop()  # nothing listens any more: connection errors, an outage
+    src = tmp_path / "in.jsonl"
+    fields = {"input": str(src), "output": str(tmp_path / "out2.jsonl"), "id_column": None, "max_retries": 0}
+    spec = write_spec(tmp_path, endpoints=[failing.url], outage_timeout_s=0.5, max_failed_fraction=1.0, **fields)
+    res = run_job(spec)
+    assert res.returncode == 75 and "no endpoint of the swarm answered" in res.stderr, res.stderr
+    assert not (tmp_path / "out2.jsonl").exists()
+    healthy = stub_factory()
+    spec = write_spec(tmp_path, endpoints=[healthy.url], max_failed_fraction=1.0, **fields)
+    assert run_job(spec).returncode == 0
+    out = {o["custom_id"]: o for o in map(json.loads, (tmp_path / "out2.jsonl").read_text().splitlines())}
+    assert sorted(out) == sorted(x["custom_id"] for x in BATCH)  # each line once
+    assert all(out[cid]["response"]["status_code"] == 200 for cid in ("ok-0", "ok-params", "ok-1"))
+
+
+def test_a_request_nothing_answered_is_a_request_failed_line() -> None:
+    """A row whose retries were spent with no answer (its endpoint answered others meanwhile) is
+    written as OpenAI writes a failed request: no response, error code request_failed."""
+    from prefect_swarm.jobs.commit import batch_line_result
+
+    response, error = batch_line_result(
+        ok=False, raw=None, http_status=0, attempts=3, error="gave up after 3 attempts; last: connection error: x"
     )
-    assert all("connection error" in o["error"]["message"] for o in out if o["custom_id"] != "stream")
+    assert response is None and error == {
+        "code": "request_failed",
+        "message": "gave up after 3 attempts; last: connection error: x",
+    }

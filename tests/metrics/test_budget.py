@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -49,7 +50,10 @@ def test_a_run_cap_tightens_the_swarm_budget_the_lower_wins() -> None:
     assert exit_code_for(BudgetReached("x")) is ExitCode.FAILURE
 
 
-def test_a_tiny_budget_stops_the_job_and_a_rerun_resumes_it(tmp_path: Path) -> None:
+def test_a_budget_nobody_waits_for_stops_the_job_and_a_rerun_resumes_it(tmp_path: Path) -> None:
+    """A --detach'ed job: its own process holds the swarm's cap and stops resumable (exit 75) naming it,
+    with nobody waiting; `job status` says why. A waiting submit on the spent swarm sends nothing,
+    tears the swarm down and fails naming the cap. A rerun with a larger cap finishes every row once."""
     n = 4000
     src = tmp_path / "in.parquet"
     pq.write_table(pa.table({"id": [f"r{i}" for i in range(n)], "prompt": [f"q {i}" for i in range(n)]}), src)
@@ -59,25 +63,51 @@ def test_a_tiny_budget_stops_the_job_and_a_rerun_resumes_it(tmp_path: Path) -> N
     job = ["job", "submit", "-n", "capped", "--input", str(src), "--output", str(out), "--id-column", "id"]
     job += ["--spec", str(spec), "--id", "capped-job"]
 
-    # 2 GPUs, 12 GPU-seconds: about 6 s of wall time, then the guard stops the job (4000 rows take ~20 s)
-    up = _up(tmp_path, max_gpu_hours=12 / 3600)
-    first = _cli(*job)
-    assert first.returncode == 1, first.stdout + first.stderr
-    assert "budget reached:" in first.stderr and "GPU-hours" in first.stderr, first.stderr
-    status = json.loads(_cli("job", "status", "capped-job", "-o", "json").stdout)
-    assert 0 < status["progress"]["done"] < n, status["progress"]
-    assert not out.exists()
-    assert not [p for p in up if psutil.pid_exists(p)], "a replica outlived the budget stop"
-    assert not _job_processes(), "a job process outlived the budget stop"
+    # 2 GPUs, 40 GPU-seconds: about 20 s of wall time from `up` (room for the CLI and the job process to
+    # start on a loaded machine); the 4000 rows take ~20 s at 4 in flight, so the cap comes first
+    replicas = _up(tmp_path, max_gpu_hours=40 / 3600)
+    try:
+        first = _cli(*job, "--detach")
+        assert first.returncode == 0 and first.stdout.strip() == "capped-job", first.stderr
+        doc = _wait_until_stopped("capped-job")
+        assert doc["status"] == "PREEMPTED", doc["status"]
+        (shard,) = doc["progress"]["shards"]
+        assert shard["stopped"]["cause"] == "budget", shard
+        assert "budget reached:" in shard["stopped"]["message"] and "GPU-hours" in shard["stopped"]["message"]
+        done = doc["progress"]["done"]
+        assert 0 < done < n and doc["progress"]["failed"] == 0, doc["progress"]
+        assert not out.exists() and not _job_processes()
+        shown = _cli("job", "status", "capped-job")
+        assert "shard 0 stopped: swarm 'capped': budget reached:" in shown.stdout, shown.stdout
+
+        # whoever waits on the spent swarm: nothing more is sent, the swarm goes down, the cap is named
+        waited = _cli(*job)
+        assert waited.returncode == 1, waited.stdout + waited.stderr
+        assert "budget reached:" in waited.stderr and "GPU-hours" in waited.stderr, waited.stderr
+        status = json.loads(_cli("job", "status", "capped-job", "-o", "json").stdout)
+        assert status["progress"]["done"] == done, status["progress"]
+        assert not [p for p in replicas if psutil.pid_exists(p)], "a replica outlived the budget stop"
+        assert not _job_processes(), "a job process outlived the budget stop"
+    finally:
+        _cli("down", "capped", "-y", "--force")
 
     _up(tmp_path, max_gpu_hours=1.0)
     try:
-        second = _cli(*job)
+        second = _cli(*job, "--concurrency", "32")  # a runner knob: the checkpoint resumes
         assert second.returncode == 0, second.stderr
         ids = pq.read_table(out, columns=["id"]).column("id").to_pylist()
         assert sorted(ids) == sorted(f"r{i}" for i in range(n))  # exactly one row per input row
     finally:
         _cli("down", "capped", "-y", "--force")
+
+
+def _wait_until_stopped(job_id: str, timeout_s: float = 90) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        doc = json.loads(_cli("job", "status", job_id, "--refresh", "-o", "json").stdout)
+        if doc["status"] not in ("RUNNING", "PENDING") or time.monotonic() > deadline:
+            return doc
+        time.sleep(1)
 
 
 def _up(tmp_path: Path, **cost: float) -> list[int]:
