@@ -9,7 +9,11 @@ pending is always rerun, with ``refresh_cache``), and a retry resumes from the l
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -20,10 +24,11 @@ from prefect.states import Cancelled
 
 from prefect_swarm import launch
 from prefect_swarm.config import SwarmConfig
+from prefect_swarm.config.cost import duration, job_projection, projection_text
 from prefect_swarm.exceptions import ConfigError, JobError
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.commit import manifest_verdict
-from prefect_swarm.jobs.plan import shard_done, shard_progress
+from prefect_swarm.jobs.plan import job_progress, shard_done, shard_progress
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.launch import JobPlan, ShardStopped, ShardWatch
 from prefect_swarm.swarm import Swarm
@@ -47,6 +52,9 @@ SHARD_STOP_WAIT_S = 10.0
 
 ARTIFACT_EVERY_S = 3.0
 """Least seconds between two progress-artifact updates (each is an API call)."""
+
+JOB_ARTIFACT_EVERY_S = 10.0
+"""Seconds between two updates of the job's own progress artifact (each reads every shard's progress file)."""
 
 
 @task(name="plan-shards", task_run_name="plan-shards-{swarm_name}", cache_policy=NO_CACHE)
@@ -160,6 +168,60 @@ class _ProgressArtifact:
             update_progress_artifact(artifact_id=self.id, progress=percent, description=description)
 
 
+class _JobProgressArtifact:
+    """The job's progress artifact: the share of its rows done and, while it runs, the projected wall
+    time, GPU-hours and USD of the whole input (:func:`~prefect_swarm.config.cost.job_projection`);
+    once every row is done it keeps the last projection beside the time the job took."""
+
+    def __init__(self, spec: JobSpec, cfg: SwarmConfig) -> None:
+        self.spec, self.config = spec, cfg.redacted()
+        self.started, self.projected = time.monotonic(), ""
+        percent, description = self._read()
+        self.id: Any = create_progress_artifact(progress=percent, description=description)
+
+    def _read(self) -> tuple[float, str]:
+        progress = job_progress(self.spec)
+        done, failed, total = (int(progress.get(k) or 0) for k in ("done", "failed", "total"))
+        head = f"job {self.spec.job_id}: {done - failed} ok, {failed} failed of {total} rows"
+        percent = 100.0 if total == 0 else round(100.0 * done / total, 1)
+        if done >= total:
+            took = f" in {duration(time.monotonic() - self.started)}"
+            return percent, head + took + (f"; last {self.projected}" if self.projected else "")
+        p = job_projection(progress, self.config)
+        if p["ready"]:
+            self.projected = str(projection_text(p))
+        return percent, f"{head}; {projection_text(p)}"
+
+    def update(self) -> None:
+        percent, description = self._read()
+        update_progress_artifact(artifact_id=self.id, progress=percent, description=description)
+
+    @contextlib.contextmanager
+    def updating(self) -> Iterator[None]:
+        """Update every JOB_ARTIFACT_EVERY_S from a thread (in the flow run's context) while the block
+        runs, and once more at its end; a failed update is logged, never the run's failure."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(JOB_ARTIFACT_EVERY_S):
+                self._safe_update()
+
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(loop,), daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=JOB_ARTIFACT_EVERY_S)
+            self._safe_update()
+
+    def _safe_update(self) -> None:
+        try:
+            self.update()
+        except Exception as exc:  # a view of the job: never what fails it
+            get_run_logger().warning("Job %s: progress artifact not updated: %s", self.spec.job_id, exc)
+
+
 def run_shards(plan: JobPlan, live: Swarm | None) -> list[dict[str, Any]]:
     """Map shards: pending ones always run (refresh the cache), finished ones may come from the cache."""
     spec = plan.spec
@@ -171,8 +233,10 @@ def run_shards(plan: JobPlan, live: Swarm | None) -> list[dict[str, Any]]:
         task.with_options(refresh_cache=i in plan.pending).submit(spec, i, plan.fingerprint, live)
         for i in range(spec.shards)
     ]
+    artifact = _JobProgressArtifact(spec, live.cfg) if live is not None and plan.pending else None
     try:
-        wait(futures)
+        with artifact.updating() if artifact else contextlib.nullcontext():
+            wait(futures)
     except BaseException:
         # the run is ending (cancel: a termination signal here): stop the shards and let them
         # report Cancelled before the process goes, rather than be left Running or Crashed
