@@ -44,6 +44,9 @@ from prefect_swarm.settings import get_settings
 
 TEMP_SUFFIX = ".tmp"
 """Suffix of the temp files atomic writes rename into place (``.<name>.<random>.tmp``)."""
+PROBE_PREFIX = ".prefect-swarm-probe-"
+"""Name start of the probe file/object created and deleted next to an output (or in an object-store
+ledger) to prove it writable before any request."""
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from prefect_swarm.exceptions import ConfigError, DatasetError
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.spec import is_jsonl
+from prefect_swarm.paths import PROBE_PREFIX
 
 _BATCH_COLUMNS = ("custom_id", "method", "url", "body")
 _BATCH_SCHEMA = pa.schema([(c, pa.string()) for c in _BATCH_COLUMNS])
@@ -98,7 +99,8 @@ class InputDataset:
         self.compression: str | None = None
         """``gzip`` for a gzip-compressed JSONL file."""
         if self.fs is not None:
-            self.files = self._open_remote()
+            with storage.refusing(self.location, "input", "read"):  # bad keys, endpoint: one message
+                self.files = self._open_remote()
         else:
             self.files = self._open_jsonl() if self.kind == "jsonl" else self._open_parquet()
         self.num_rows = sum(f.num_rows for f in self.files)
@@ -519,7 +521,8 @@ def check_output_location(output: str | Path, dataset: InputDataset, job_dir: st
 
 
 def _check_remote_output(out: storage.Location, dataset: InputDataset) -> Path:
-    """An output or input on an object store: not the input, not inside the input folder, not a folder."""
+    """An output or input on an object store: not the input, not inside the input folder, not a folder,
+    writable (:func:`storage.check_writable`)."""
     name = out.uri
     if out.text.endswith("/"):
         raise ConfigError(f"output {out.text} names a folder; the output is one file: add a file name.")
@@ -534,8 +537,11 @@ def _check_remote_output(out: storage.Location, dataset: InputDataset) -> Path:
             f"output {out.text} is inside the input folder {dataset.where}: the next run would read it back as "
             "input. Write the output outside that folder."
         )
-    if out.remote and out.info().type == pafs.FileType.Directory:
+    with storage.refusing(out, "output", "write"):
+        is_dir = out.info().type == pafs.FileType.Directory
+    if is_dir:
         raise ConfigError(f"output {out.text} is an existing folder; the output is one file. Give a file path.")
+    storage.check_writable(out, "output")  # a probe object beside it, created and deleted
     return Path(out.path)
 
 
@@ -559,7 +565,7 @@ def _probe_writable(out: Path) -> None:
             f"output {out}: its parent {folder} is a file, not a folder. Choose an output path in a folder."
         )
     try:
-        fd, probe = tempfile.mkstemp(prefix=".prefect-swarm-probe-", dir=folder)
+        fd, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, dir=folder)
     except OSError as exc:
         raise ConfigError(
             f"output {out} cannot be written: creating a file in {folder} fails ({exc.strerror or exc}). "

@@ -223,7 +223,10 @@ class ObjectShard:
         return ShardPaths.part_seq(Path(parts[-1].name)) + 1 if parts else 0
 
     def prepare(self) -> None:
-        """Nothing to do: a killed upload leaves no object (no folders, no temp keys)."""
+        """A killed upload leaves no object (no folders, no temp keys), but a part bigger than one upload
+        part was a multipart upload, left open by a kill -9: abort those under this shard's prefix
+        (its own keys only; the shard lock is held)."""
+        storage.abort_uploads(self.loc.path.rstrip("/") + "/", self.loc.scheme, lambda _key: True)
 
     def read_text(self, name: str) -> str | None:
         try:

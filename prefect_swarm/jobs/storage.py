@@ -20,6 +20,13 @@ temporary key (removed by the next commit), never a half output under the final 
 job's manifest, written after the output, is read as the truth (see :mod:`prefect_swarm.jobs.commit`).
 Local paths keep their write-to-temp-then-rename (:func:`prefect_swarm.paths.atomic_file`).
 
+Pre-flight: :func:`check_writable` proves a location writable (a probe object created and deleted
+beside it) before any request is sent; :func:`refusing` turns what the store answers (no such
+bucket, access denied, unknown key, wrong secret, endpoint unreachable) into one
+:class:`ConfigError` naming the location and the setting to fix. Multipart uploads left open by a
+killed process (pyarrow uploads an object larger than one part as one) are aborted by
+:func:`abort_uploads`: the commit's, beside the output; the ledger's, under the shard's prefix.
+
 The job folder (spec, manifest, locks, logs, exit files) stays on a POSIX filesystem (local
 disk, or a shared one for Slurm): its shard lock is an ``flock`` and its logs are appended by the
 compute backend. An ``s3://``/``gs://`` ``job_dir`` is refused with that reason; the shards'
@@ -28,22 +35,28 @@ checkpoints go to an object store with the spec's ``ledger`` (see :mod:`prefect_
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.paths import TEMP_SUFFIX, atomic_file
+from prefect_swarm.paths import PROBE_PREFIX, TEMP_SUFFIX, atomic_file
+
+log = logging.getLogger("prefect_swarm.jobs")
 
 OBJECT_SCHEMES = ("s3", "gs")
+ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+"""Variables naming an S3-compatible endpoint, the first set wins (as in the AWS SDKs)."""
 """Schemes of object stores (``gcs://`` is read as ``gs://``)."""
 _SECRET_PARAMS = ("access_key", "secret_key", "session_token", "credentials", "token", "password")
 
@@ -78,7 +91,7 @@ class Location:
         """The filesystem holding it (credentials from the environment, see the module doc)."""
         if not self.remote:
             return pafs.LocalFileSystem()
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        endpoint, _ = _endpoint()
         return _filesystem(self.scheme, endpoint if self.scheme == "s3" else None)
 
     def child(self, name: str) -> Location:
@@ -140,7 +153,8 @@ def parse(text: str | os.PathLike[str], field: str, *, remote_ok: bool = True) -
         )
     if not parts.netloc:
         raise ConfigError(f"{field} {raw}: the bucket is missing; write {scheme}://BUCKET/KEY.")
-    key = parts.path.lstrip("/")
+    key = parts.path.removeprefix("/")
+    _check_segments(raw, field, key)
     if not remote_ok:
         raise ConfigError(
             f"{field} {raw}: the job folder (ledger: shard parts, progress, locks, logs) must be on a "
@@ -151,20 +165,184 @@ def parse(text: str | os.PathLike[str], field: str, *, remote_ok: bool = True) -
     return Location(raw, scheme, f"{parts.netloc}/{key}" if key else parts.netloc)
 
 
+def _check_segments(raw: str, field: str, key: str) -> None:
+    """Refuse a key with an empty (``//``), ``.`` or ``..`` segment (a trailing ``/`` is a folder's)."""
+    segments = key.rstrip("/").split("/") if key.rstrip("/") else []
+    bad = [s for s in segments if s in ("", ".", "..")]
+    if bad:
+        shown = "'//'" if "" in bad else f"'{bad[0]}/'"
+        raise ConfigError(
+            f"{field} {raw}: the key has a {shown} segment. An object store keeps such a key as written "
+            "(it is not a path that resolves), and pyarrow refuses empty segments. Write the key without "
+            "'//', './' or '../' segments."
+        )
+
+
 def _redact(raw: str) -> str:
     parts = urlsplit(raw)
     host = parts.netloc.rsplit("@", 1)[-1]
     return f"{parts.scheme}://***@{host}{parts.path}" + ("?***" if parts.query else "")
 
 
+def _endpoint() -> tuple[str | None, str | None]:
+    """The S3 endpoint set in the environment, and the variable that set it."""
+    for var in ENDPOINT_VARS:
+        if os.environ.get(var):
+            return os.environ[var], var
+    return None, None
+
+
 @cache
 def _filesystem(scheme: str, endpoint: str | None) -> pafs.FileSystem:
     if scheme == "gs":
         return pafs.GcsFileSystem()
+    # allow_delayed_open: an object smaller than one upload part (a ledger part, a probe, a small
+    # output) is one PutObject, whole or absent, not a multipart upload a kill -9 would leave behind
     if not endpoint:
-        return pafs.S3FileSystem()
+        return pafs.S3FileSystem(allow_delayed_open=True)
     url = urlsplit(endpoint)
-    return pafs.S3FileSystem(endpoint_override=url.netloc or url.path, scheme=url.scheme or "https")
+    return pafs.S3FileSystem(
+        endpoint_override=url.netloc or url.path, scheme=url.scheme or "https", allow_delayed_open=True
+    )
+
+
+# ------------------------------------------------------------------------------- errors, pre-flight
+_STORE_ERRORS = (  # (pyarrow's name of the AWS error, botocore's), advice
+    (("NO_SUCH_BUCKET", "NoSuchBucket"), "bucket '{bucket}' does not exist. Create it, or fix the bucket name"),
+    (
+        ("INVALID_ACCESS_KEY_ID", "InvalidAccessKeyId"),
+        "the store does not know the access key in the environment. Check AWS_ACCESS_KEY_ID (or the "
+        "profile named by AWS_PROFILE)",
+    ),
+    (
+        ("SIGNATURE_DOES_NOT_MATCH", "SignatureDoesNotMatch"),
+        "the secret key does not match the access key. Check AWS_SECRET_ACCESS_KEY (or the profile named by "
+        "AWS_PROFILE)",
+    ),
+    (
+        ("ACCESS_DENIED", "AccessDenied"),
+        "the credentials in the environment may not {doing} it (access denied). Use credentials that may "
+        "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE), or grant them {grant}",
+    ),
+    (
+        ("NETWORK_CONNECTION", "Could not connect to the endpoint"),
+        "the object store at {endpoint} cannot be reached. Check {endpoint_var} and the network",
+    ),
+)
+_GRANTS = {
+    "read": "s3:GetObject and s3:ListBucket",
+    "write": "s3:PutObject, s3:DeleteObject and s3:ListBucket",
+    "delete objects in": "s3:DeleteObject",
+}
+
+
+def store_error(exc: BaseException, loc: Location, field: str, doing: str) -> ConfigError:
+    """One message (a :class:`ConfigError`, exit 2) for an object-store error met on ``loc`` (spec field
+    ``field``) while ``doing`` ("read" or "write") it: what went wrong, in words, and the setting to fix.
+
+    pyarrow raises a plain ``OSError`` whose text carries the AWS error name; that name picks the
+    advice. An access denied on a HEAD (no body, so no reason) is looked at once more with a listing,
+    whose answer names the reason (an unknown key, a wrong secret).
+    """
+    text = str(exc)
+    if "ACCESS_DENIED" in text and "HeadObject" in text:
+        try:
+            loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True))
+        except (OSError, pa.ArrowException) as sharper:
+            text = str(sharper)
+    endpoint, var = _endpoint()
+    values = {
+        "bucket": loc.path.split("/", 1)[0],
+        "doing": doing,
+        "grant": _GRANTS.get(doing, "access"),
+        "endpoint": endpoint or f"{loc.scheme}://",
+        "endpoint_var": var or "AWS_ENDPOINT_URL/AWS_REGION",
+    }
+    advice = next((msg.format(**values) for codes, msg in _STORE_ERRORS if any(c in text for c in codes)), None)
+    reason = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    if advice is None:
+        advice = f"the object store refused to {doing} it ({reason}). Check the location and the credentials"
+    return ConfigError(f"{field} {loc.text}: {advice}. Nothing was sent to the swarm.")
+
+
+@contextmanager
+def refusing(loc: Location, field: str, doing: str) -> Iterator[None]:
+    """Run object-store calls on ``loc``; their errors become one :func:`store_error` message."""
+    try:
+        yield
+    except OSError as exc:  # pyarrow's S3/GCS errors (a parquet parse error is not one)
+        if not loc.remote or isinstance(exc, FileNotFoundError):
+            raise
+        raise store_error(exc, loc, field, doing) from exc
+
+
+def check_writable(loc: Location, field: str, *, folder: bool = False) -> None:
+    """Prove ``loc`` (spec field ``field``) can be written before any request: create and delete a
+    probe object next to it (inside it, for a ``folder``). Object stores only; a failure is one
+    :class:`ConfigError` naming the location and the setting to fix (the bucket, the keys, the endpoint).
+    """
+    if not loc.remote:
+        return
+    parent = loc.path.rstrip("/") if folder else loc.path.rpartition("/")[0] or loc.path
+    probe = f"{parent}/{PROBE_PREFIX}{uuid.uuid4().hex}{TEMP_SUFFIX}"
+    fs = loc.fs
+    with refusing(loc, field, "write"), fs.open_output_stream(probe, compression=None) as sink:
+        sink.write(b"prefect-swarm write probe\n")
+    try:
+        delete_object(probe, loc.scheme, fs)
+    except Exception as exc:  # a key that may write but not delete could not publish an output either
+        raise store_error(exc, loc, field, "delete objects in") from exc
+
+
+def delete_object(path: str, scheme: str, fs: pafs.FileSystem) -> None:
+    """Delete object ``path`` (``bucket/key``). On S3 one DeleteObject: pyarrow's ``delete_file`` then
+    writes an empty ``folder/`` marker when the folder is left empty, an object nobody asked for."""
+    if scheme != "s3":
+        fs.delete_file(path)
+        return
+    bucket, _, key = path.partition("/")
+    _s3_client().delete_object(Bucket=bucket, Key=key)
+
+
+# --------------------------------------------------------------------------- multipart uploads
+def abort_uploads(bucket_path: str, scheme: str, match: Callable[[str], bool]) -> int:
+    """Abort the unfinished multipart uploads of keys under ``bucket_path`` (``bucket/prefix``) for
+    which ``match(key)`` holds (keys relative to the bucket); return how many.
+
+    pyarrow uploads an object bigger than one part as a multipart upload; a process killed mid-upload
+    leaves it open: invisible (no object), but its parts are stored and billed until aborted.
+    pyarrow's filesystem cannot list or abort them, so this asks S3 itself (botocore, with the same
+    environment: keys, profile, ``AWS_ENDPOINT_URL[_S3]``, region). Only S3: a GCS upload left by a
+    kill is a resumable upload session, which GCS drops by itself after a week. A failure to list or
+    abort (no ``s3:ListBucketMultipartUploads`` right, say) is logged, never fatal.
+    """
+    if scheme != "s3":
+        return 0
+    bucket, _, prefix = bucket_path.partition("/")
+    aborted = 0
+    try:
+        client = _s3_client()
+        pages = client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix)
+        for page in pages:
+            for upload in page.get("Uploads", []):
+                if match(upload["Key"]):
+                    client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                    aborted += 1
+    except Exception as exc:  # botocore's errors (and a missing botocore): cleanup is best effort
+        log.warning("could not abort unfinished uploads under s3://%s: %s", bucket_path, exc)
+    if aborted:
+        log.info("aborted %d unfinished multipart upload(s) under s3://%s", aborted, bucket_path)
+    return aborted
+
+
+def _s3_client() -> Any:
+    import botocore.session
+    from botocore.config import Config
+
+    endpoint, _ = _endpoint()
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    config = Config(s3={"addressing_style": "path"} if endpoint else {}, retries={"max_attempts": 3})
+    return botocore.session.get_session().create_client("s3", endpoint_url=endpoint, region_name=region, config=config)
 
 
 # ---------------------------------------------------------------------------------------- publish
@@ -186,20 +364,30 @@ def publish(loc: Location) -> Iterator[Path | pa.NativeFile]:
         with fs.open_output_stream(tmp, compression=None) as sink:
             yield sink
         fs.copy_file(tmp, loc.path)
+    except BaseException:  # an upload that failed mid-way stays open on the store: abort it
+        key = tmp.partition("/")[2]
+        abort_uploads(tmp, loc.scheme, lambda k: k == key)
+        raise
     finally:
-        with suppress(OSError, pa.ArrowException):
-            fs.delete_file(tmp)
+        with suppress(Exception):  # gone already after a copy error; else the next commit removes it
+            delete_object(tmp, loc.scheme, fs)
+
+
+def _is_temp_of(name: str, base_name: str) -> bool:
+    return base_name.startswith(f".{name}.") and base_name.endswith(TEMP_SUFFIX)
 
 
 def remove_stale_temps(loc: Location) -> None:
-    """Delete temporary keys left beside ``loc`` by a commit killed mid-write (object stores)."""
+    """Delete what a commit killed mid-write left beside ``loc`` (object stores): its temporary keys,
+    and its unfinished multipart uploads of them (:func:`abort_uploads`)."""
     if not loc.remote:
         return
     parent, _, name = loc.path.rpartition("/")
+    abort_uploads(f"{parent}/.{name}.", loc.scheme, lambda key: _is_temp_of(name, key.rpartition("/")[2]))
     try:
         found = loc.fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True))
     except (OSError, pa.ArrowException):
         return
     for info in found:
-        if info.base_name.startswith(f".{name}.") and info.base_name.endswith(TEMP_SUFFIX):
+        if _is_temp_of(name, info.base_name):
             loc.fs.delete_file(info.path)
