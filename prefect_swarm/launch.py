@@ -404,10 +404,12 @@ class ShardWatch:
         if code == EXIT_BAD_INPUT:
             raise DatasetError(f"shard {i} of job {spec.job_id} refused its input (exit 2).\n{tail}")
         if status is JobStatus.PREEMPTED or code == EXIT_REQUEUE:
-            budget = stopped_by_budget(shard_progress(spec, i))
+            progress = shard_progress(spec, i)
+            budget = stopped_by_budget(progress)
             if budget is not None:  # the shard held the swarm's budget itself: not worth a retry
                 raise BudgetReached(budget)
-            raise CapacityError(f"shard {i} of job {spec.job_id} was preempted (exit 75); retrying resumes it.")
+            why = (progress.get("stopped") or {}).get("message") or "preempted"
+            raise CapacityError(f"shard {i} of job {spec.job_id} stopped (exit 75: {why}); a retry resumes it.")
         state = status.value if status else "UNKNOWN"
         raise JobError(f"shard {i} of job {spec.job_id} ended {state} (exit {code}).\n{tail}")
 

@@ -33,8 +33,9 @@ LOG_LEVEL = "PREFECT_SWARM_LOG_LEVEL"
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REQUEUE = 0, 1, 2, 75
 """A job process's exit codes: done; failed; refused its input (fix it); stopped by a signal
-(SIGTERM/SIGUSR1: a preemption, a time limit, a cancel) after flushing its checkpoint, so a rerun
-resumes it (75 is EX_TEMPFAIL)."""
+(SIGTERM/SIGUSR1: a preemption, a time limit, a cancel), by an outage of the swarm past its
+``outage_timeout_s`` or at the swarm's budget, after flushing its checkpoint, so a rerun resumes it
+(75 is EX_TEMPFAIL)."""
 
 
 @dataclass(frozen=True)

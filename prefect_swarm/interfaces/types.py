@@ -49,7 +49,7 @@ class JobStatus(enum.StrEnum):
     @classmethod
     def of_exit(cls, code: int | None) -> JobStatus:
         """A finished job process's status from its exit code (``jobenv.EXIT_*``): 0 SUCCEEDED, 75
-        (flushed, then stopped by a signal) PREEMPTED, anything else, or no exit code, FAILED."""
+        (flushed, then stopped: a signal, an outage, the budget) PREEMPTED, anything else, or no exit code, FAILED."""
         if code == EXIT_OK:
             return cls.SUCCEEDED
         return cls.PREEMPTED if code == EXIT_REQUEUE else cls.FAILED

@@ -15,8 +15,10 @@ Exit codes:
         with different settings (FingerprintMismatch): nothing was sent. Also an input file found
         damaged while streaming: the rows answered before it are kept in the ledger. Also another
         live process already runs this shard (its lock, ``shard.lock``, is held): nothing touched
-    75  requeue (EX_TEMPFAIL): stopped by SIGTERM/SIGUSR1/SIGINT; finished rows were flushed and a
-        rerun resumes where this one stopped
+    75  requeue (EX_TEMPFAIL): stopped by SIGTERM/SIGUSR1/SIGINT, by an outage of the swarm longer
+        than ``outage_timeout_s`` (no endpoint answered), or at the swarm's budget (``budget``);
+        finished rows were flushed (the progress file's ``stopped`` says why, the log names the
+        command that resumes it) and a rerun resumes where this one stopped
 """
 
 from __future__ import annotations

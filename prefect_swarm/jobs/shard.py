@@ -158,7 +158,7 @@ class ShardRun:
         self._own_metrics = metrics is None
 
     def run(self, *, overwrite: bool = False) -> int:
-        """Run the shard; return the exit code (0 done, 75 stopped by a signal).
+        """Run the shard; return the exit code (0 done, 75 stopped resumable: see :meth:`_stop_resumable`).
 
         Holds the shard's lock for the whole run: a second process for the same shard raises
         :class:`~prefect_swarm.jobs.ledger.ShardBusy` (exit 2) before touching the ledger.
