@@ -132,8 +132,10 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
     gz = str(spec.output).endswith(".gz")
     writer: _Writer = _JsonlWriter(gz) if spec.output_format == "openai-batch" else _ParquetWriter()
     out = storage.parse(spec.output, "output")
-    storage.remove_stale_temps(out)  # left by a commit killed mid-write (object stores)
-    with atomic_file(spec.paths.failed_rows) as failed_tmp, open(failed_tmp, "w") as failed:
+    # the store failing now (keys revoked, bucket gone, network) is one message, not a traceback
+    store_failed = storage.refusing(out, "output", "write", error=JobError, after=_KEPT)
+    with store_failed, atomic_file(spec.paths.failed_rows) as failed_tmp, open(failed_tmp, "w") as failed:
+        storage.remove_stale_temps(out)  # left by a commit killed mid-write (object stores)
         with storage.publish(out) as tmp:
             writer.open(tmp)
             finish = job.finish_batch if spec.output_format == "parquet" else None
@@ -161,6 +163,12 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
     }
     atomic_write_json(spec.paths.manifest, manifest)
     return manifest
+
+
+_KEPT = (
+    "The commit published nothing; every answered row is kept in the ledger: fix this and commit again "
+    "(a rerun of the job commits without sending its rows again)."
+)
 
 
 def _as_new_file(path: Path) -> None:

@@ -49,7 +49,7 @@ from urllib.parse import parse_qs, urlsplit
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.exceptions import ConfigError, PrefectSwarmError
 from prefect_swarm.paths import PROBE_PREFIX, TEMP_SUFFIX, atomic_file
 
 log = logging.getLogger("prefect_swarm.jobs")
@@ -236,7 +236,19 @@ _GRANTS = {
 }
 
 
-def store_error(exc: BaseException, loc: Location, field: str, doing: str) -> ConfigError:
+BEFORE_ANY_ROW = "Nothing was sent to the swarm."
+"""The end of a pre-flight refusal (:func:`refusing`'s default)."""
+
+
+def store_error(
+    exc: BaseException,
+    loc: Location,
+    field: str,
+    doing: str,
+    *,
+    error: type[PrefectSwarmError] = ConfigError,
+    after: str = BEFORE_ANY_ROW,
+) -> PrefectSwarmError:
     """One message (a :class:`ConfigError`, exit 2) for an object-store error met on ``loc`` (spec field
     ``field``) while ``doing`` ("read" or "write") it: what went wrong, in words, and the setting to fix.
 
@@ -262,18 +274,26 @@ def store_error(exc: BaseException, loc: Location, field: str, doing: str) -> Co
     reason = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     if advice is None:
         advice = f"the object store refused to {doing} it ({reason}). Check the location and the credentials"
-    return ConfigError(f"{field} {loc.text}: {advice}. Nothing was sent to the swarm.")
+    return error(f"{field} {loc.text}: {advice}. {after}")
 
 
 @contextmanager
-def refusing(loc: Location, field: str, doing: str) -> Iterator[None]:
-    """Run object-store calls on ``loc``; their errors become one :func:`store_error` message."""
+def refusing(
+    loc: Location,
+    field: str,
+    doing: str,
+    *,
+    error: type[PrefectSwarmError] = ConfigError,
+    after: str = BEFORE_ANY_ROW,
+) -> Iterator[None]:
+    """Run object-store calls on ``loc``; their errors become one :func:`store_error` message
+    (an ``error``, a ConfigError by default: the pre-flight's; ``after`` ends it)."""
     try:
         yield
     except OSError as exc:  # pyarrow's S3/GCS errors (a parquet parse error is not one)
         if not loc.remote or isinstance(exc, FileNotFoundError):
             raise
-        raise store_error(exc, loc, field, doing) from exc
+        raise store_error(exc, loc, field, doing, error=error, after=after) from exc
 
 
 def check_writable(loc: Location, field: str, *, folder: bool = False) -> None:

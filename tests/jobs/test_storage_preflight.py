@@ -304,3 +304,26 @@ def test_a_failed_upload_is_aborted_not_left_open(s3: MotoS3, aws_env, monkeypat
     with pytest.raises(OSError, match="NETWORK_CONNECTION"), storage.publish(loc) as sink:
         sink.write(b"x")
     assert _uploads(s3, "fail/") == [] and _objects(s3, "fail/") == {}  # no temp key, no folder marker
+
+
+def test_a_store_failing_at_commit_is_one_message(
+    tmp_path: Path, s3: MotoS3, read_only: dict[str, str], aws_env, stub, own_signals
+) -> None:
+    """Keys that lose the right to write after the pre-flight: the commit says so in one JobError, and a
+    commit with writable keys then publishes the rows from the ledger without sending them again."""
+    from prefect_swarm.exceptions import JobError
+    from prefect_swarm.jobs.commit import commit_output
+
+    make_dataset(tmp_path / "in.parquet", 20)
+    out = f"s3://{BUCKET}/late/out.parquet"
+    spec = write_spec(tmp_path, output=out, endpoints=[stub.url], auto_commit=False)
+    before = requests(stub)
+    assert job_main(["--spec", str(spec), "--shard-id", "0", "--nshards", "1"]) == 0
+    aws_env(read_only)
+    said = r"output s3://preflight/late/out.parquet: .*may not write it.*kept in the ledger"
+    with pytest.raises(JobError, match=said):
+        commit_output(JobSpec.load(spec))
+    aws_env(s3.env())
+    assert _objects(s3, "late/") == {} and _uploads(s3, "late/") == []
+    assert commit_output(JobSpec.load(spec))["rows"] == 20 and requests(stub) - before == 20
+    assert pq.read_table(out).num_rows == 20
