@@ -38,7 +38,7 @@ from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.errors import ExitCode
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
 from prefect_swarm.cli.views import cost_text, job_view
-from prefect_swarm.config.cost import duration, projection_text
+from prefect_swarm.config.cost import duration, projection_text, usd_text
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import JobStatus
 from prefect_swarm.jobs.spec import JobSpec
@@ -320,7 +320,7 @@ def _bar_projection(p: dict[str, Any] | None) -> str:
     text = f"whole input ~{duration(p['wall_s'])}"
     if p.get("gpus"):
         text += f", {p['gpu_hours']:.4g} GPU-h"
-    return text + (f", ${p['usd']:,.2f}" if p.get("usd") is not None else "")
+    return text + (f", {usd_text(p['usd'])}" if p.get("usd") is not None else "")
 
 
 class _ProjectionLines:

@@ -312,7 +312,12 @@ def projection_text(p: Mapping[str, Any] | None) -> str | None:
     hours = f"{p['gpu_hours']:.4g} GPU-hours ({p['gpus']} GPU{'' if p['gpus'] == 1 else 's'})"
     if p.get("usd") is None:
         return f"{head}; {hours} ({NO_PRICE})"
-    return f"{head}; {hours}, ${p['usd']:,.2f} at {p['price']} (${p['usd_left']:,.2f} of it still to spend)"
+    return f"{head}; {hours}, {usd_text(p['usd'])} at {p['price']} ({usd_text(p['usd_left'])} of it still to spend)"
+
+
+def usd_text(x: float) -> str:
+    """``$12,345``, ``$12.35``, ``$0.0349``: whole dollars when large, 3 significant digits below $1."""
+    return f"${x:,.0f}" if x >= 100 else f"${x:,.2f}" if x >= 1 else f"${x:.3g}"
 
 
 def duration(seconds: float | None) -> str:
@@ -341,4 +346,5 @@ __all__ = [
     "projection_text",
     "recorded_cost",
     "swarm_gpus",
+    "usd_text",
 ]

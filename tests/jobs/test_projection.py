@@ -47,7 +47,7 @@ def test_projection_of_known_inputs() -> None:
     text = projection_text(p)
     assert text == (
         "projection: 1,000/10,000 rows at 100.0 rows/s: 1m30s left, 1m40s for the whole input; "
-        "0.2222 GPU-hours (8 GPUs), $0.56 at $2.5/GPU-hour ($0.50 of it still to spend)"
+        "0.2222 GPU-hours (8 GPUs), $0.556 at $2.5/GPU-hour ($0.5 of it still to spend)"
     )
 
 
@@ -68,6 +68,9 @@ def test_projection_per_shape_price_and_a_billion_rows() -> None:
     assert p["gpu_hours"] == pytest.approx(64 * hours, rel=1e-6)
     assert p["usd"] == pytest.approx(64 * hours * 3.0, rel=1e-4)
     assert "17h21m for the whole input" in str(projection_text(p))
+    assert str(projection_text(p)).endswith(
+        "1111 GPU-hours (64 GPUs), $3,333 at $3/GPU-hour ($3,333 of it still to spend)"
+    )
 
 
 def test_projection_without_a_price_says_how_to_set_one() -> None:
@@ -87,6 +90,16 @@ def test_no_projection_before_a_short_while_or_without_rows() -> None:
         assert not p["ready"] and p["wall_s"] is None and p["usd"] is None
         assert projection_text(p) == "projection: measuring: projected after 5s of running with rows answered"
     assert [duration(s) for s in (None, 45, 395, 11_520, 187_200)] == ["?", "45s", "6m35s", "3h12m", "2d04h"]
+
+
+def test_the_progress_bar_shows_the_same_projection_short() -> None:
+    from prefect_swarm.cli.job import _bar_projection
+
+    p = projection(done=1_000, total=10_000, rate_rows_s=100.0, elapsed_s=10.0, gpus=8, cost=PRICED)
+    assert _bar_projection(p) == "whole input ~1m40s, 0.2222 GPU-h, $0.556"
+    unpriced = projection(done=1_000, total=10_000, rate_rows_s=100.0, elapsed_s=10.0, gpus=8, cost=CostConfig())
+    assert _bar_projection(unpriced) == "whole input ~1m40s, 0.2222 GPU-h"
+    assert _bar_projection(None) == "" and _bar_projection({**p, "ready": False}) == ""
 
 
 def test_job_projection_reads_progress_and_the_recorded_swarm_config() -> None:
