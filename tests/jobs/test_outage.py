@@ -114,3 +114,23 @@ def test_outage_timeout_must_be_positive(tmp_path: Path) -> None:
     for bad in (0, -1):
         with pytest.raises(ValueError, match="outage_timeout_s"):
             JobSpec(**base, outage_timeout_s=bad)
+
+
+def test_no_answer_counts_against_a_row_only_while_its_endpoint_answers_others() -> None:
+    """The rule behind it, on the runner's own bookkeeping: a timeout or connection error is the row's
+    own (counted) only when its endpoint answered another request since it was sent and stays in
+    rotation; else it is the swarm's (not counted), sent elsewhere when another endpoint is in rotation."""
+    from prefect_swarm.jobs.builtin import ChatCompletionJob
+    from prefect_swarm.jobs.runner import Runner, RunnerConfig
+
+    runner = Runner(ChatCompletionJob(), ["http://a", "http://b"], RunnerConfig(eject_after=2), lambda _r: None)
+    pool = runner.pool
+    a, b = pool.endpoints
+    sent = time.monotonic()
+    assert runner._no_answer(a, sent) == (False, False)  # nothing answered since: not the row's fault
+    pool.answered(a)
+    assert runner._no_answer(a, sent) == (True, False)  # a answered others meanwhile: the row's own
+    assert runner._no_answer(a, time.monotonic()) == (False, True)  # a leaves rotation: to b, not counted
+    pool.failed(b)
+    assert runner._no_answer(b, time.monotonic()) == (False, False)  # every endpoint out: the row waits
+    assert pool.in_rotation == 0 and pool.out_for() >= 0
