@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from _jobkit import make_dataset
@@ -120,6 +121,26 @@ def test_job_projection_reads_progress_and_the_recorded_swarm_config() -> None:
     assert p["usd"] == pytest.approx(8 * 45 / 3600 * 3.0, abs=1e-4)
     ended = job_projection({**progress, "shards": [{"state": "done", "started_at": now - 10}]}, swarm, now=now)
     assert not ended["ready"]
+
+
+def test_pilot_input_is_the_first_k_rows_of_the_same_kind(tmp_path: Path) -> None:
+    from prefect_swarm.jobs.dataset import InputDataset
+    from prefect_swarm.jobs.pilot import pilot_input
+
+    make_dataset(tmp_path / "in.parquet", 2_500, row_group=1000)
+    out = tmp_path / "p"
+    out.mkdir()
+    first = pilot_input(InputDataset(tmp_path / "in.parquet"), 1_200, out)  # crosses a row group
+    assert pq.read_table(first).column("id").to_pylist() == [f"r{i:06d}" for i in range(1_200)]
+    lines = [
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "n": i}}
+        for i in range(40)
+    ]
+    (tmp_path / "in.jsonl").write_text(
+        "".join(json.dumps(x) + "\n" + ("\n" if i == 3 else "") for i, x in enumerate(lines))
+    )
+    copied = pilot_input(InputDataset(tmp_path / "in.jsonl"), 10, out)
+    assert copied.name.endswith(".jsonl") and [json.loads(x) for x in copied.read_text().splitlines()] == lines[:10]
 
 
 # ------------------------------------------------------------------------------------ CLI on a stub swarm
