@@ -2,8 +2,9 @@
 
 This module alone turns a location (a spec field's value) into a filesystem and a path, and
 owns the rule by which an output appears on an object store. :func:`parse` validates the text
-before any request is made: an unknown scheme, a missing bucket, or credentials written into
-the URI (``s3://KEY:SECRET@bucket/...``, ``?access_key=``) are refused with a
+before any request is made: an unknown scheme, a missing bucket, a key with a ``//``, ``./`` or
+``../`` segment, or credentials written into the URI (``s3://KEY:SECRET@bucket/...``,
+``?access_key=``) are refused with a
 :class:`~prefect_swarm.exceptions.ConfigError` naming the field (exit 2).
 
 Credentials never come from the spec: pyarrow's S3 filesystem reads the standard AWS chain
