@@ -327,3 +327,22 @@ def test_a_store_failing_at_commit_is_one_message(
     assert _objects(s3, "late/") == {} and _uploads(s3, "late/") == []
     assert commit_output(JobSpec.load(spec))["rows"] == 20 and requests(stub) - before == 20
     assert pq.read_table(out).num_rows == 20
+
+
+def test_keys_that_may_write_but_not_delete_are_refused(
+    tmp_path: Path, s3: MotoS3, aws_env, stub, caplog, own_signals
+) -> None:
+    """The commit deletes its temporary key: keys without s3:DeleteObject are refused up front, naming
+    the right. The probe object they wrote cannot be deleted with them: it is the one object left."""
+    make_dataset(tmp_path / "in.parquet", 20)
+    spec = write_spec(tmp_path, output=f"s3://{BUCKET}/nodelete/out.parquet", endpoints=[stub.url])
+    aws_env(s3.add_user("no-deleter", ["s3:GetObject", "s3:PutObject", "s3:ListBucket"]))
+    before = requests(stub)
+    caplog.set_level(logging.ERROR, logger="prefect_swarm.jobs")
+    assert job_main(["--spec", str(spec), "--shard-id", "0", "--nshards", "1"]) == 2
+    assert "output s3://preflight/nodelete/out.parquet: " in caplog.text
+    assert "may not delete objects in it" in caplog.text and "s3:DeleteObject" in caplog.text, caplog.text
+    assert requests(stub) == before
+    left = list(_objects(s3, "nodelete/"))
+    assert len(left) == 1 and left[0].startswith("nodelete/.prefect-swarm-probe-"), left
+    s3.client().delete_object(Bucket=BUCKET, Key=left[0])
