@@ -112,6 +112,7 @@ def estimate(
         "pilot_requests": sum(int(s.get("requests") or 0) for s in shards),
         "pilot_seconds": round(seconds, 3),
         "pilot_rate_rows_s": round(rate, 2),
+        "rows_s_per_replica": round(rate / max(ran_on.replicas, 1), 2),
         "pilot_processes": processes,
         "tokens_per_row": round(tokens / rows, 1) if rows else None,
         "measured_replicas": ran_on.replicas,

@@ -214,6 +214,7 @@ def test_validate_estimate_sends_k_requests_writes_no_output_and_projects(tmp_pa
         est = json.loads(res.stdout)["estimate"]
         assert est["pilot_rows"] == k and est["pilot_failed"] == 0 and est["pilot_requests"] == k
         assert est["measured_replicas"] == 1 and est["projected_replicas"] == 4
+        assert est["rows_s_per_replica"] == est["pilot_rate_rows_s"] and est["tokens_per_row"] > 0
         p = est["projection"]
         assert p["ready"] and p["rows_total"] == n and p["rows_done"] == 0
         assert p["rate_rows_s"] == pytest.approx(est["pilot_rate_rows_s"] * 4, rel=0.01)  # 4 replicas / 1
