@@ -9,7 +9,7 @@ Commands::
     prefect-swarm describe NAME [-o table|json]
     prefect-swarm down NAME | --all [-y]
     prefect-swarm top NAME [--once] [-o table|json]
-    prefect-swarm validate -c FILE [-o table|json]
+    prefect-swarm validate -c FILE [-o table|json] [--estimate K --input IN]   (a pilot: time and cost)
     prefect-swarm exec NAME [--replica i] -- CMD ...
     prefect-swarm db prune [-y] [--dry-run]
     prefect-swarm job ...            (batch jobs; see `prefect-swarm job --help`)
