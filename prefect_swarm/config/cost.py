@@ -217,7 +217,7 @@ def job_cost(progress: Mapping[str, Any], swarm_config: Mapping[str, Any] | None
 
 
 MIN_ELAPSED_S = 5.0
-"""A running job is projected once its shards have run this long and answered rows."""
+"""A running job is projected once its shards have run this long (as of a checkpoint) and answered rows."""
 
 NO_PRICE = "no price: set backend.cost.gpu_hour_usd"
 
@@ -275,23 +275,26 @@ def projection(
     }
 
 
-def job_projection(
-    progress: Mapping[str, Any], swarm_config: Mapping[str, Any] | None, now: float | None = None
-) -> dict[str, Any]:
+def job_projection(progress: Mapping[str, Any], swarm_config: Mapping[str, Any] | None) -> dict[str, Any]:
     """:func:`projection` of a running job from its progress (:func:`~prefect_swarm.jobs.plan.job_progress`:
-    rows done and total, the running shards' rows/s) and its swarm's recorded config (GPUs, price);
-    elapsed = since the earliest start of a running shard's latest run."""
-    now = time.time() if now is None else now
-    starts = [
-        float(s["started_at"])
+    rows done and total, the running shards' rows/s) and its swarm's recorded config (GPUs, price).
+
+    Everything is as of the shards' last progress writes (their checkpoints: every ``checkpoint_every``
+    rows or ``checkpoint_seconds``): elapsed = the latest write of a running shard less the earliest
+    start of one, so the figures do not drift between two checkpoints."""
+    running = [
+        s
         for s in progress.get("shards") or []
-        if s.get("state") == "running" and s.get("started_at")
+        if s.get("state") == "running" and s.get("started_at") and s.get("updated_at")
     ]
+    elapsed = (
+        max(float(s["updated_at"]) for s in running) - min(float(s["started_at"]) for s in running) if running else 0.0
+    )
     return projection(
         done=int(progress.get("done") or 0),
         total=int(progress.get("total") or 0),
-        rate_rows_s=float(progress.get("rate_rows_s") or 0.0) if starts else 0.0,
-        elapsed_s=now - min(starts) if starts else 0.0,
+        rate_rows_s=float(progress.get("rate_rows_s") or 0.0) if running else 0.0,
+        elapsed_s=elapsed,
         gpus=swarm_gpus(swarm_config),
         cost=recorded_cost(swarm_config),
     )

@@ -104,23 +104,25 @@ def test_the_progress_bar_shows_the_same_projection_short() -> None:
 
 
 def test_job_projection_reads_progress_and_the_recorded_swarm_config() -> None:
-    now = 1_000_000.0
+    t0 = 1_000_000.0
     progress = {
         "done": 300,
         "total": 1_000,
-        "rate_rows_s": 20.0,  # the running shards' sum
+        "rate_rows_s": 20.0,  # the running shards' sum, as of their last progress writes
         "shards": [
-            {"state": "running", "started_at": now - 10},
-            {"state": "running", "started_at": now - 8},
-            {"state": "done", "started_at": now - 100},  # an ended shard does not date the run
+            {"state": "running", "started_at": t0, "updated_at": t0 + 10},
+            {"state": "running", "started_at": t0 + 2, "updated_at": t0 + 9},
+            {"state": "done", "started_at": t0 - 100, "updated_at": t0 + 50},  # an ended shard dates nothing
         ],
     }
     swarm = {"replicas": 4, "gpus_per_replica": 2, "backend": {"cost": {"gpu_hour_usd": 3.0}}}
-    p = job_projection(progress, swarm, now=now)
+    p = job_projection(progress, swarm)
     assert p["elapsed_s"] == 10 and p["remaining_s"] == 35.0 and p["wall_s"] == 45.0 and p["gpus"] == 8
     assert p["usd"] == pytest.approx(8 * 45 / 3600 * 3.0, abs=1e-4)
-    ended = job_projection({**progress, "shards": [{"state": "done", "started_at": now - 10}]}, swarm, now=now)
+    assert job_projection(progress, swarm) == p  # as of the checkpoints: the same until the next one
+    ended = job_projection({**progress, "shards": progress["shards"][2:]}, swarm)
     assert not ended["ready"]
+    assert not job_projection({**progress, "shards": [{"state": "running", "started_at": t0}]}, swarm)["ready"]
 
 
 def test_pilot_input_is_the_first_k_rows_of_the_same_kind(tmp_path: Path) -> None:
