@@ -28,10 +28,11 @@ def test_budget_stops_the_flow_and_the_rerun_resumes(
     cfg = stub_swarm("budgeted", latency_ms=20, cost={"max_gpu_hours": 1.0})
     cfg["gpus_per_replica"] = 1
     opts = job_options(concurrency=2)
-    # the run's own cap (8 GPU-seconds) is tighter than the swarm's hour: it wins; the budget
-    # stops the swarm even though the run asked to keep it
+    # the run's own cap (16 GPU-seconds: the job processes hold it to the second, so it leaves room for
+    # the flow to bring the swarm up and start them on a loaded machine) is tighter than the swarm's hour:
+    # it wins; the budget stops the swarm even though the run asked to keep it
     state = batch_inference(
-        cfg, opts, str(inp), str(out), shards=1, max_gpu_hours=8 / 3600, keep_swarm=True, return_state=True
+        cfg, opts, str(inp), str(out), shards=1, max_gpu_hours=16 / 3600, keep_swarm=True, return_state=True
     )
     assert state.is_failed(), state
     assert "budget reached: " in (state.message or ""), state.message
