@@ -5,8 +5,10 @@ cache usage (scraped from the engine's ``/metrics``, found through
 :meth:`ServingBackend.metrics_targets`). The load balancer (Slurm: nginx): active connections,
 accepted/handled connections and requests, requests/s, from nginx's ``stub_status`` at
 ``/nginx-status`` on the swarm's endpoint (templates/nginx.conf.j2). Per job: rows done/failed of total, rows/s and ETA
-(from the shards' progress files), requests in flight (scraped from the job processes' own
-``/metrics``). What a backend cannot report is ``null`` with the reason (``n/a`` in the table).
+(from the shards' progress files; the ETA is the projection's time left, and ``-o json`` carries the
+whole projection, :func:`~prefect_swarm.config.cost.job_projection`), requests in flight (scraped
+from the job processes' own ``/metrics``). What a backend cannot report is ``null`` with the reason
+(``n/a`` in the table).
 
 ``--once -o json`` prints one document (two scrapes ``--interval`` apart, for the rates) and exits;
 the live view refreshes every ``--interval`` seconds until ``q`` (or Ctrl-C).
@@ -31,6 +33,7 @@ from rich.live import Live
 
 from prefect_swarm.cli.attach import attach
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, table
+from prefect_swarm.config.cost import job_projection
 from prefect_swarm.interfaces.metrics import Samples, authorized, scrape, total
 from prefect_swarm.jobs.plan import recorded_progress
 from prefect_swarm.jobs.spec import JobSpec
@@ -91,7 +94,7 @@ class TopSampler:
             row: dict[str, Any] = {"index": r.index, "health": r.health.value, "url": r.url}
             row.update(self._engine(target.url) if target else _na(reason or "not a metrics target (not routed)"))
             replicas.append(row)
-        jobs = [self._job(j) for j in self.store.list_jobs(self.name) if j.status.active]
+        jobs = [self._job(j, rec.config) for j in self.store.list_jobs(self.name) if j.status.active]
         return {
             "swarm": {"name": rec.name, "backend": rec.backend, "phase": status.phase.value, "detail": status.detail},
             "lb": self._lb(rec.backend, status.url),
@@ -149,7 +152,7 @@ class TopSampler:
             rate = round(max(0, counts["requests"] - before[1]) / (now - before[0]), 1)
         return {"url": url, **counts, "requests_s": rate, "error": None}
 
-    def _job(self, rec: JobRecord) -> dict[str, Any]:
+    def _job(self, rec: JobRecord, swarm_config: dict[str, Any]) -> dict[str, Any]:
         spec = JobSpec.model_validate(rec.spec) if rec.spec and "input" in rec.spec else None
         shards = [recorded_progress(spec, i) if spec else {} for i in range(rec.nshards)]
         running = [p for p in shards if p.get("state") == "running"]
@@ -157,7 +160,12 @@ class TopSampler:
         failed = sum(int(p.get("failed") or 0) for p in shards)
         total_rows = sum(int(p.get("total") or 0) for p in shards) or None
         rate = round(sum(float(p.get("rate_rows_s") or 0) for p in running), 1)
-        eta = round((total_rows - done) / rate) if total_rows and rate else None
+        projected = job_projection(
+            {"done": done, "total": total_rows or 0, "rate_rows_s": rate, "shards": shards},
+            swarm_config,
+            min_elapsed_s=0,
+        )
+        eta = round(projected["remaining_s"]) if projected["ready"] else None
         inflight: float | None = None
         for url in (p["metrics_url"] for p in running if p.get("metrics_url")):
             with contextlib.suppress(OSError):
@@ -174,6 +182,7 @@ class TopSampler:
             "total": total_rows,
             "rate_rows_s": rate,
             "eta_s": eta,
+            "projection": projected,
             "in_flight": inflight,
         }
 

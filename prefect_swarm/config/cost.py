@@ -275,13 +275,16 @@ def projection(
     }
 
 
-def job_projection(progress: Mapping[str, Any], swarm_config: Mapping[str, Any] | None) -> dict[str, Any]:
+def job_projection(
+    progress: Mapping[str, Any], swarm_config: Mapping[str, Any] | None, *, min_elapsed_s: float = MIN_ELAPSED_S
+) -> dict[str, Any]:
     """:func:`projection` of a running job from its progress (:func:`~prefect_swarm.jobs.plan.job_progress`:
     rows done and total, the running shards' rows/s) and its swarm's recorded config (GPUs, price).
 
     Everything is as of the shards' last progress writes (their checkpoints: every ``checkpoint_every``
     rows or ``checkpoint_seconds``): elapsed = the latest write of a running shard less the earliest
-    start of one, so the figures do not drift between two checkpoints."""
+    start of one, so the figures do not drift between two checkpoints. ``min_elapsed_s``: see
+    :func:`projection` (`top`, a live view, shows its ETA from the first checkpoint with rows: 0)."""
     running = [
         s
         for s in progress.get("shards") or []
@@ -297,6 +300,7 @@ def job_projection(progress: Mapping[str, Any], swarm_config: Mapping[str, Any] 
         elapsed_s=elapsed,
         gpus=swarm_gpus(swarm_config),
         cost=recorded_cost(swarm_config),
+        min_elapsed_s=min_elapsed_s,
     )
 
 

@@ -89,6 +89,7 @@ def test_top_once_json_on_a_running_local_swarm(local_swarm: tuple[str, Path], t
         (job,) = doc["jobs"]
         assert job["id"] == job_id and job["total"] == 3000 and 0 < job["done"] < 3000
         assert job["rate_rows_s"] > 0 and job["eta_s"] is not None and job["in_flight"] is not None
+        assert job["eta_s"] == round(job["projection"]["remaining_s"])  # the one projection rule
         live = subprocess.run(
             [sys.executable, "-m", "prefect_swarm.cli.main", "top", name, "--interval", "0.2"],
             input="q",
