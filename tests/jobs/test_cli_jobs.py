@@ -27,7 +27,7 @@ from prefect_swarm.paths import JobPaths, read_json
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing import free_port
-from prefect_swarm.testing.stub_engine import stub_swarm_config
+from prefect_swarm.testing.stub_engine import StubEngine, stub_swarm_config
 
 SAMPLING = '{"sampling": {"max_tokens": 4}}'
 
@@ -94,23 +94,28 @@ def test_retry_follows_the_swarm_refuses_a_changed_engine_and_never_fakes_succes
     first = _swarm("moving")
     with first:
         fingerprint = first.fingerprint
-    # The job ran while the swarm was gone: every row failed (connection refused) ...
-    spec_path = write_spec(
-        tmp_path,
-        "job",
-        job_id="j8",
-        swarm="moving",
-        endpoints=[f"http://127.0.0.1:{free_port()}"],
-        swarm_fingerprint=fingerprint,
-        max_retries=0,
-        concurrency=8,
-        output=str(tmp_path / "out.parquet"),
-    )
-    spec = JobSpec.load(spec_path)
-    record_job(spec)
-    res = subprocess.run(
-        [sys.executable, "-m", "prefect_swarm.jobs.run", "--spec", str(spec_path)], capture_output=True, text=True
-    )
+    # The job ran against a broken engine: every row failed (HTTP 500, retries spent; an outage would
+    # have paused the rows, not failed them) ...
+    with StubEngine(free_port(), error_rate=1.0) as broken:
+        spec_path = write_spec(
+            tmp_path,
+            "job",
+            job_id="j8",
+            swarm="moving",
+            endpoints=[broken.url],
+            swarm_fingerprint=fingerprint,
+            max_retries=0,
+            concurrency=8,
+            output=str(tmp_path / "out.parquet"),
+        )
+        spec = JobSpec.load(spec_path)
+        record_job(spec)
+        res = subprocess.run(
+            [sys.executable, "-m", "prefect_swarm.jobs.run", "--spec", str(spec_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert res.returncode == 0, res.stderr
     assert json.loads(_cli("job", "status", "j8", "-o", "json").stdout)["verdict"]["failed"] == n
 
