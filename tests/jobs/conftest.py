@@ -1,7 +1,9 @@
-"""Fixtures of the job engine tests: a stub engine per module, stub engines with fault knobs."""
+"""Fixtures of the job engine tests: a stub engine per module, stub engines with fault knobs, and
+pytest's signal handlers put back after a test that ran the job entry point in-process."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,3 +33,12 @@ def stub_factory() -> Iterator[Callable[..., StubEngine]]:
     yield start
     for s in started:
         s.stop()
+
+
+@pytest.fixture
+def own_signals() -> Iterator[None]:
+    """The job entry point installs SIGTERM/SIGUSR1 handlers: put pytest's back afterwards."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)

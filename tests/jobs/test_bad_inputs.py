@@ -15,7 +15,6 @@ import json
 import logging
 import lzma
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -389,15 +388,6 @@ def _snapshot(root: Path, skip: Path) -> dict[str, str]:
             p = here / f
             found[str(p)] = "link" if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest()
     return found
-
-
-@pytest.fixture
-def own_signals() -> Iterator[None]:
-    """The job entry point installs SIGTERM/SIGUSR1 handlers: put pytest's back afterwards."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
 
 
 def test_corpus_has_enough_cases() -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,15 +36,6 @@ def elsewhere() -> Iterator[ConnectionCounter]:
     """The other address: must receive no connection."""
     with ConnectionCounter() as counter:
         yield counter
-
-
-@pytest.fixture
-def own_signals() -> Iterator[None]:
-    """The job entry point installs SIGTERM/SIGUSR1 handlers: put pytest's back afterwards."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
 
 
 def _line(i: int, **over: Any) -> dict[str, Any]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,15 +57,6 @@ def aws_env(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, 
     use(s3.env())
     yield use
     storage._filesystem.cache_clear()
-
-
-@pytest.fixture
-def own_signals() -> Iterator[None]:
-    """The job entry point installs SIGTERM/SIGUSR1 handlers: put pytest's back afterwards."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
 
 
 def _objects(s3: MotoS3, prefix: str) -> dict[str, str]:
