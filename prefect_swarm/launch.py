@@ -26,10 +26,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.config.cost import BudgetGuard, SwarmBudget, job_cost, job_projection, recorded_cost
+from prefect_swarm.config.cost import (
+    BUDGET_REACHED,
+    BudgetGuard,
+    SwarmBudget,
+    job_cost,
+    job_projection,
+    recorded_cost,
+)
 from prefect_swarm.exceptions import BudgetReached, CapacityError, ConfigError, DatasetError, JobError
 from prefect_swarm.interfaces import ComputeBackend, JobEnv, JobHandle, JobProbe, JobRequest, JobStatus
 from prefect_swarm.interfaces.jobenv import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE
+from prefect_swarm.interfaces.types import ServingPhase
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.commit import Verdict, commit_output, manifest_current, manifest_verdict
 from prefect_swarm.jobs.fingerprint import job_fingerprint
@@ -559,6 +567,7 @@ def swarm_budget(swarm: Swarm) -> SwarmBudget | None:
     cost, handle = swarm.cfg.backend.cost, swarm.handle
     if not cost.capped or handle is None:
         return None
+    _refuse_if_stopped_at_budget(swarm)
     try:
         used = swarm.backends.serving.gpu_usage(handle)
     except Exception as exc:  # as the guard does: a flaky accounting call is not a reason to refuse a job
@@ -570,6 +579,21 @@ def swarm_budget(swarm: Swarm) -> SwarmBudget | None:
     return SwarmBudget(
         swarm=swarm.cfg.name, cost=cost, gpu_hours=used.gpu_hours, at=time.time(), gpus=used.gpus, shape=used.shape
     )
+
+
+def _refuse_if_stopped_at_budget(swarm: Swarm) -> None:
+    """BudgetReached (nothing is submitted) when the swarm's sidecar stopped it at its budget: its
+    ``status`` is STOPPED with the reason (a swarm brought up again has its budget counted afresh)."""
+    assert swarm.handle is not None
+    try:
+        seen = swarm.backends.serving.status(swarm.handle)
+    except Exception:  # a status that cannot be read: the job's own budget still holds
+        return
+    if seen.phase is ServingPhase.STOPPED and BUDGET_REACHED in (seen.detail or ""):
+        raise BudgetReached(
+            f"{seen.detail}. Nothing was submitted: bring it up again with a larger budget "
+            f"(`prefect-swarm up -c {swarm.paths.config}` after raising backend.cost), then submit again: it resumes."
+        )
 
 
 def stopped_by_budget(progress: dict[str, Any]) -> str | None:

@@ -15,6 +15,7 @@
     engine-path/psw_key_guard.py the key check of a closed vLLM replica (--middleware; on its PYTHONPATH)
     upstreams.conf lb.head lb/ steps/ replicas-<job>_<task>.out lb-<job>.out   the LB's files (Slurm)
     lb.failed                    why the LB job stopped before nginx started (its setup failed; Slurm)
+    stopped.json                 why the swarm stopped itself (its budget; local: the watchdogs stop on it)
     targets.json                 Prometheus file_sd list of the replicas' /metrics (local, Slurm)
     jobs/<job_id>/               JobPaths
 <home>/jobs/<job_id>/            JobPaths.standalone (a job against no recorded swarm)
@@ -277,6 +278,12 @@ class SwarmPaths(Folder):
     def lb_error_log(self) -> Path:
         """nginx's error log."""
         return self.lb_dir / "error.log"
+
+    @property
+    def stopped(self) -> Path:
+        """Why the swarm stopped itself (local backend: a watchdog holding its budget): JSON ``{at,
+        reason}``; every watchdog of the swarm stops on it, ``status`` shows it; the next ``up`` removes it."""
+        return self.root / "stopped.json"
 
     @property
     def slurm_record(self) -> Path:

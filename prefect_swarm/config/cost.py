@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any
 
 from pydantic import Field, model_validator
@@ -34,6 +34,9 @@ from prefect_swarm.config.base import StrictModel
 from prefect_swarm.exceptions import BudgetReached, ConfigError
 
 log = logging.getLogger("prefect_swarm.cost")
+
+BUDGET_REACHED = "budget reached"
+"""Names a stop at the budget in every message of one (the guard's, a sidecar's stop reason in ``status``)."""
 
 WARN_AT = 0.8
 """Share of a budget at which the guard warns (once)."""
@@ -90,11 +93,13 @@ class CostConfig(StrictModel):
             return None
         found = []
         if self.max_gpu_hours is not None:
-            found.append((gpu_hours / self.max_gpu_hours, f"{gpu_hours:.4g} of {self.max_gpu_hours:g} GPU-hours"))
+            found.append(
+                (gpu_hours / self.max_gpu_hours, f"{gpu_hours:.4g} of {self.max_gpu_hours:g} GPU-hours (max_gpu_hours)")
+            )
         usd = self.figures(gpu_hours, shape=shape)["usd"]
         if self.max_cost_usd is not None and usd is not None:
             share = usd / self.max_cost_usd if self.max_cost_usd else float("inf")
-            found.append((share, f"${usd:.4g} of ${self.max_cost_usd:g}"))
+            found.append((share, f"${usd:.4g} of ${self.max_cost_usd:g} (max_cost_usd)"))
         return max(found) if found else None
 
     def tightened(self, max_gpu_hours: float | None = None, max_cost_usd: float | None = None) -> CostConfig:
@@ -152,10 +157,18 @@ class BudgetGuard:
             return
         share, text = verdict
         if share >= 1:
-            raise BudgetReached(f"swarm '{self.name}': budget reached: {text}")
+            raise BudgetReached(f"swarm '{self.name}': {BUDGET_REACHED}: {text}")
         if share >= WARN_AT and not self.warned:
             self.warned = True
             log.warning("swarm %s: %.0f%% of its budget used (%s)", self.name, 100 * share, text)
+
+
+def held_gpu_hours(started_at: Iterable[float | None], gpus_each: int, now: float | None = None) -> float:
+    """GPU-hours of replicas that each hold ``gpus_each`` GPUs from their start times until ``now``
+    (wall time x GPUs; an unknown start counts nothing): the local backend's ``gpu_usage``, and the
+    figure its watchdogs hold the swarm's budget to."""
+    now = time.time() if now is None else now
+    return sum(max(0.0, now - (t if t is not None else now)) for t in started_at) * max(gpus_each, 0) / 3600.0
 
 
 class SwarmBudget(StrictModel):
@@ -342,11 +355,13 @@ def duration(seconds: float | None) -> str:
 
 
 __all__ = [
+    "BUDGET_REACHED",
     "BudgetGuard",
     "CostConfig",
     "Priced",
     "SwarmBudget",
     "duration",
+    "held_gpu_hours",
     "job_cost",
     "job_projection",
     "projection",

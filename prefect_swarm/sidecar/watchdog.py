@@ -16,6 +16,12 @@
   log tail, and the watchdog exits 1.
 * After ``wall_time_s`` the replica is stopped and the watchdog exits 0, so a swarm whose flow
   died cannot run forever.
+* With ``budget`` set (the swarm's ``backend.cost`` with a cap, local backend), every watchdog holds
+  the swarm to it while the swarm runs, job or no job: the swarm's GPU-hours are its backend's figure
+  (:func:`~prefect_swarm.config.cost.held_gpu_hours` over the live watchdogs of the swarm, from their
+  pid records), checked by :class:`~prefect_swarm.config.cost.BudgetGuard` (a warning in this log at
+  80 %). Past the cap the watchdog records why in ``SwarmPaths.stopped`` and stops; every other
+  watchdog of the swarm stops on that file, and ``status`` shows the reason (phase STOPPED).
 * SIGTERM/SIGINT/SIGHUP/SIGUSR1 stop the replica's process group (TERM, then KILL after
   ``stop_grace_s``) and exit: a ``scancel --signal=USR1 --full`` leaves no engine behind.
 * With ``peers_file`` set (a replica spanning several nodes), a PID listed there that is gone stops
@@ -49,6 +55,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefect_swarm.config.cost import BudgetGuard, CostConfig, held_gpu_hours
+from prefect_swarm.exceptions import BudgetReached
 from prefect_swarm.interfaces.jobenv import API_KEY
 from prefect_swarm.interfaces.readiness import ProbeResult, check_health
 from prefect_swarm.interfaces.types import ReplicaHealth
@@ -60,8 +68,12 @@ UNHEALTHY_CHECKS = 3
 """Failed health checks in a row, after a replica was healthy, that trigger a restart."""
 
 MAX_BACKOFF_S = 60.0
+BUDGET_CHECK_S = 1.0
+"""How often a watchdog reads the swarm's GPU-hours for its budget (pid records and process start times)."""
 LOG_TAIL_LINES = 40
 TICK_S = 0.1
+CREATE_TIME_SLACK_S = 0.05
+"""A pid record names the same process when psutil's create times agree this closely."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,10 @@ class WatchdogSpec:
     """Multi-node replica: a file of PIDs (one a line), the steps that run the replica's other nodes
     (Ray workers or engine ranks). When one is gone the replica stops at once, without a restart: it
     is replaced as one unit."""
+    budget: dict[str, Any] | None = None
+    """The swarm's ``backend.cost`` when it has a cap (local backend): the watchdogs hold the swarm to it."""
+    gpus: int = 0
+    """GPUs of one replica (``gpus_per_replica``): the swarm's GPU-hours are counted at this many per replica."""
 
     @property
     def paths(self) -> SwarmPaths:
@@ -198,6 +214,11 @@ class Watchdog:
         self.proc_create_time: float | None = None
         self.port: int | None = spec.preferred_port if spec.port_token is None else None
         self.argv, self.url = spec.argv, spec.url
+        self.guard = (
+            BudgetGuard(spec.swarm, CostConfig.model_validate(spec.budget), self.swarm_usage, every_s=BUDGET_CHECK_S)
+            if spec.budget
+            else None
+        )
 
     # ------------------------------------------------------------------ status
     def write_status(self) -> None:
@@ -364,6 +385,33 @@ class Watchdog:
                 return f"node rank {rank} was lost (its step, pid {pid}, ended)"
         return None
 
+    def swarm_usage(self) -> tuple[float, None]:
+        """The swarm's GPU-hours as its local backend counts them (``gpu_usage``): every live watchdog
+        of the swarm since it started, at ``gpus`` GPUs each (their pid records; shape: none)."""
+        starts, i = [], 0
+        while self.paths.watchdog_pid(i).exists() or self.paths.replica_status(i).exists():
+            starts.append(live_since(read_json(self.paths.watchdog_pid(i))))
+            i += 1
+        return held_gpu_hours(starts, self.spec.gpus), None
+
+    def swarm_stop(self) -> str | None:
+        """Why the whole swarm stops now: another watchdog found it past its budget (``paths.stopped``,
+        written since this one started), or this one does (it then writes that file for the others and
+        for ``status``); None to go on."""
+        if self.guard is None:
+            return None
+        found = read_json(self.paths.stopped) or {}
+        if found.get("reason") and float(found.get("at") or 0) >= self.born:
+            return str(found["reason"])
+        try:
+            self.guard.check()
+        except BudgetReached as exc:
+            reason = f"{exc}: the swarm's watchdogs stopped it (backend.cost)"
+            atomic_write_json(self.paths.stopped, {"at": time.time(), "reason": reason})
+            log.warning("replica %d: %s", self.spec.index, reason)
+            return reason
+        return None
+
     def step(self) -> bool:
         """One supervision step; False when the watchdog should stop supervising."""
         assert self.proc is not None
@@ -394,6 +442,10 @@ class Watchdog:
             if self.wall_time_left() <= 0:
                 self.stop_requested = f"wall time of {self.spec.wall_time_s:g}s reached"
                 break
+            why = self.swarm_stop()
+            if why:
+                self.stop_requested = why
+                break
             if not self.step():
                 code = 0 if self.stop_requested else 1
                 break
@@ -414,6 +466,20 @@ class Watchdog:
     def request_stop(self, signum: int, _frame: object) -> None:
         """Signal handler: remember the stop; the loop acts on it."""
         self.stop_requested = f"signal {signal.Signals(signum).name}"
+
+
+def live_since(record: Any) -> float | None:
+    """The create time in a pid record (``{pid, create_time}``) while that very process runs, else None."""
+    import psutil
+
+    try:
+        born = float(record["create_time"])
+        proc = psutil.Process(int(record["pid"]))
+        if abs(proc.create_time() - born) > CREATE_TIME_SLACK_S or proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return None
+    return born
 
 
 def mark_failed(status_file: Path, reason: str) -> None:

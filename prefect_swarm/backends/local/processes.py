@@ -21,8 +21,7 @@ from typing import Any
 import psutil
 
 from prefect_swarm.backends.common import start_logged
-
-_CREATE_TIME_SLACK_S = 0.05
+from prefect_swarm.sidecar.watchdog import CREATE_TIME_SLACK_S as _CREATE_TIME_SLACK_S
 
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 """Processes started by this process, kept so their Popen objects are not collected while running."""

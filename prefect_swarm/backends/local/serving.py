@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from prefect_swarm.backends.engine import engine_launch, engine_secret_env
 from prefect_swarm.backends.local.processes import ProcRef, spawn, stop
 from prefect_swarm.config import LocalConfig
+from prefect_swarm.config.cost import held_gpu_hours
 from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, Capability, ServingHandle
 from prefect_swarm.interfaces.metrics import MetricsTargets, engine_targets, read_file_sd, write_file_sd
@@ -111,6 +112,7 @@ class LocalServing:
         self.cfg = cfg
         launch = engine_launch(cfg, host=self.local.host, port=cfg.port)
         self.paths.ensure()
+        self.paths.stopped.unlink(missing_ok=True)  # brought up again: a budget stop is over
         plan = [(self._spec(i), self._watchdog(i)) for i in range(cfg.replicas)]
         stale = [
             spec
@@ -177,6 +179,8 @@ class LocalServing:
             restart_backoff_s=loc.restart_backoff_s,
             wall_time_s=loc.wall_time_s,
             stop_grace_s=STOP_GRACE_S,
+            budget=self.cfg.backend.cost.model_dump() if self.cfg.backend.cost.capped else None,
+            gpus=max(self.cfg.gpus_per_replica, 0),
         )
 
     def _launch(self, spec: WatchdogSpec, secret_env: dict[str, str]) -> ProcRef:
@@ -347,7 +351,8 @@ class LocalServing:
         seen = [self._replica(i, url) for i, url in enumerate(urls)]
         reps = tuple(r for r, _, _ in seen)
         phase, detail = _phase(seen)
-        return ServingStatus(phase=phase, url=handle.url, detail=detail, replicas=reps)
+        why = (read_json(self.paths.stopped) or {}).get("reason") if phase is ServingPhase.STOPPED else None
+        return ServingStatus(phase=phase, url=handle.url, detail=str(why) if why else detail, replicas=reps)
 
     # ------------------------------------------------------------------ delete
     def delete(self, handle: ServingHandle) -> None:
@@ -363,11 +368,9 @@ class LocalServing:
 
     def gpu_usage(self, handle: ServingHandle) -> GpuUsage:
         """Wall time x GPUs of each replica whose watchdog still runs (a stopped replica's time is not kept)."""
-        per, now, hours = max(self.cfg.gpus_per_replica, 0), time.time(), 0.0
+        per = max(self.cfg.gpus_per_replica, 0)
         live = [ref for ref in (ProcRef.from_dict(w) for w in handle.meta.get("watchdogs", [])) if ref and ref.alive()]
-        for ref in live:
-            hours += max(0.0, now - (ref.create_time or now)) * per / 3600.0
-        return GpuUsage(hours, "wall", gpus=per * len(live))
+        return GpuUsage(held_gpu_hours((ref.create_time for ref in live), per), "wall", gpus=per * len(live))
 
     def exec_command(self, handle: ServingHandle, replica: int, argv: Sequence[str]) -> int:
         """Run ``argv`` as the engine of replica ``replica`` runs: its environment (``CUDA_VISIBLE_DEVICES``,
