@@ -160,7 +160,7 @@ class BudgetGuard:
             raise BudgetReached(f"swarm '{self.name}': {BUDGET_REACHED}: {text}")
         if share >= WARN_AT and not self.warned:
             self.warned = True
-            log.warning("swarm %s: %.0f%% of its budget used (%s)", self.name, 100 * share, text)
+            log.warning("swarm %s: %.0f%% of its budget used: %s", self.name, 100 * share, text)
 
 
 def held_gpu_hours(started_at: Iterable[float | None], gpus_each: int, now: float | None = None) -> float:

@@ -27,7 +27,7 @@ def test_guard_warns_at_80_percent_then_stops(caplog: pytest.LogCaptureFixture) 
     guard.check()
     used[0] = 0.85
     guard.check()
-    assert "85% of its budget used ($8.5 of $10)" in caplog.text
+    assert "85% of its budget used: $8.5 of $10 (max_cost_usd)" in caplog.text
     used[0] = 1.2
     with pytest.raises(BudgetReached, match=r"budget reached: \$12 of \$10"):
         guard.check()

@@ -1,7 +1,6 @@
 """A budget lives as long as the swarm: a local swarm kept up with no job stops itself at its cap.
 
-Its watchdogs hold ``backend.cost.max_gpu_hours`` (the backend's own GPU-hours figure), warn at 80 % in
-their logs, stop every replica past the cap and record why, so `status` says STOPPED naming the cap,
+Its watchdogs hold ``backend.cost.max_gpu_hours`` (the backend's own GPU-hours figure), stop every replica past the cap and record why, so `status` says STOPPED naming the cap,
 and a later `job submit` on the spent swarm sends nothing. The Slurm counterpart (the LB job holds the
 cap) is in tests/slurm/test_slurm_faults.py.
 """
@@ -50,7 +49,7 @@ def test_a_swarm_kept_up_with_no_job_stops_itself_at_its_budget(tmp_path: Path) 
         assert stopped_after >= CAP_GPU_S / 2 - 1, stopped_after
         assert not _alive(pids + dogs), "a replica or watchdog outlived the budget stop"
         logs = "".join(paths.watchdog_log(i).read_text() for i in range(2))
-        assert "% of its budget used" in logs and "budget reached" in logs, logs[-2000:]
+        assert "budget reached" in logs, logs[-2000:]  # (the 80 % warning is BudgetGuard's: test_budget.py)
 
         # the spent swarm takes no job: refused before anything is submitted, naming the cap
         src = tmp_path / "in.parquet"

@@ -8,10 +8,12 @@ count it twice): ``ElapsedRaw`` seconds x the GPUs in ``AllocTRES`` (``gres/gpu=
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prefect_swarm.backends.slurm.client import SlurmClient
+from prefect_swarm.paths import SwarmPaths, read_json
 
 ACCT_FIELDS = "JobID,ElapsedRaw,AllocTRES"
 _GPU_TRES = re.compile(r"(?:^|,)gres/(?P<name>[^=,:]+)(?::[^=,]*)?=(?P<n>\d+)")
@@ -64,4 +66,17 @@ def gpu_hours(client: SlurmClient, ids: Sequence[str], gres_name: str = "gpu") -
     return sum(a.gpu_hours for a in allocations(client, ids, gres_name))
 
 
-__all__ = ["Allocation", "allocations", "gpu_hours", "gpus_of"]
+def swarm_gpu_hours(
+    client: SlurmClient, paths: SwarmPaths, gres_name: str = "gpu", meta: Mapping[str, Any] | None = None
+) -> float:
+    """The swarm's GPU-hours so far: its replica and LB jobs and every resubmitted task, as its
+    ``slurm.json`` record (and a handle's ``meta``) name them. ``gpu_usage`` reports this figure and
+    the LB job holds the swarm's budget to it."""
+    record = read_json(paths.slurm_record, {}) or {}
+    found = [m for m in (meta, record) if m]
+    ids = {str(m[k]) for m in found for k in ("replicas_job", "lb_job") if m.get(k)}
+    ids |= {str(v) for m in found for v in (m.get("tasks") or {}).values()}
+    return gpu_hours(client, sorted(ids), gres_name)
+
+
+__all__ = ["Allocation", "allocations", "gpu_hours", "gpus_of", "swarm_gpu_hours"]

@@ -26,7 +26,11 @@ resubmitted on its own (:func:`members.replenish`, with this job's environment, 
 swarm's secrets), unless its engine failed (the watchdog gave up). With ``--parent``, when the LB
 script is gone (killed outright), nginx (``--nginx-pid``) is stopped and the reconciler exits:
 nginx never outlives its job. With ``--idle-timeout S`` (``backend.idle_timeout_s``) it stops the
-swarm after S seconds without a request (:mod:`.idle`). TERM, INT and USR1 stop the reconciler.
+swarm after S seconds without a request (:mod:`.idle`). With ``--budget COST`` (``backend.cost`` with a
+cap) it holds the swarm to its budget while the swarm runs, job or no job: every ``BUDGET_CHECK_S`` it
+reads the swarm's GPU-hours from sacct (:func:`.accounting.swarm_gpu_hours`, the figure ``gpu_usage``
+reports), warns in its log at 80 % and past the cap stops the swarm with the reason, as the idle
+timeout does. TERM, INT and USR1 stop the reconciler.
 """
 
 from __future__ import annotations
@@ -45,10 +49,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect_swarm.backends.common import host_port
-from prefect_swarm.backends.slurm import members
+from prefect_swarm.backends.slurm import accounting, members
 from prefect_swarm.backends.slurm.client import SlurmClient, clean_env
 from prefect_swarm.backends.slurm.idle import IdleWatch
 from prefect_swarm.backends.slurm.render import BEARER_TOKEN
+from prefect_swarm.config.cost import BudgetGuard, CostConfig
+from prefect_swarm.exceptions import BudgetReached
 from prefect_swarm.interfaces.jobenv import API_KEY
 from prefect_swarm.interfaces.metrics import engine_targets, write_file_sd
 from prefect_swarm.paths import SwarmPaths, atomic_write_text, read_json, read_text
@@ -231,6 +237,33 @@ def replenish(paths: SwarmPaths, name: str, client: SlurmClient) -> list[int]:
         return members.replenish(client, paths, name, clean_env(), skip=failed)
 
 
+BUDGET_CHECK_S = 5.0
+"""How often the LB job reads the swarm's GPU-hours (one sacct call) for its budget."""
+
+
+def budget_guard(paths: SwarmPaths, client: SlurmClient, cost_json: str | None, gres_name: str) -> BudgetGuard | None:
+    """The guard of the swarm's budget (``--budget``: its ``backend.cost`` as JSON), or None without one."""
+    if not cost_json:
+        return None
+
+    def usage() -> tuple[float, None]:
+        return accounting.swarm_gpu_hours(client, paths, gres_name), None
+
+    return BudgetGuard(paths.root.name, CostConfig.model_validate_json(cost_json), usage, every_s=BUDGET_CHECK_S)
+
+
+def stop_reason(idle: IdleWatch | None, budget: BudgetGuard | None, engines: dict[int, str]) -> str | None:
+    """Why the swarm stops itself now (past its budget, or idle for ``idle_timeout_s``), or None."""
+    if budget is not None:
+        try:
+            budget.check()
+        except BudgetReached as exc:
+            return f"{exc}: the LB job stopped the swarm (backend.cost)"
+    if idle is not None and idle.expired(engines):
+        return idle.reason()
+    return None
+
+
 def stop_nginx(pid: int | None) -> None:
     """QUIT nginx (graceful), if it still runs."""
     if pid:
@@ -252,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parent", type=int, default=None, help="exit (stopping nginx) when this process is gone")
     ap.add_argument("--nginx-pid", type=int, default=None, help="nginx master to stop when the parent is gone")
     ap.add_argument("--idle-timeout", type=float, default=None, help="stop the swarm after this many idle seconds")
+    ap.add_argument("--budget", default=None, help="backend.cost (JSON) with a cap: stop the swarm past it")
+    ap.add_argument("--gres-name", default="gpu", help="the GPUs' gres name in sacct's AllocTRES")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     paths = SwarmPaths(args.swarm_dir)
@@ -271,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     client = SlurmClient(timeout_s=30.0)
     next_replenish = time.monotonic() + REPLENISH_S
     idle = IdleWatch(args.idle_timeout, os.environ.get(API_KEY)) if args.idle_timeout else None
+    budget = budget_guard(paths, client, args.budget, args.gres_name)
     while not stop:
         if args.parent and os.getppid() != args.parent:
             log.error("the LB script (pid %d) is gone: stopping nginx", args.parent)
@@ -281,9 +317,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.replicas_job_name and time.monotonic() >= next_replenish:
                 next_replenish = time.monotonic() + REPLENISH_S
                 replenish(paths, args.replicas_job_name, client)
-            if idle and args.replicas_job_name and idle.expired(rec.engines):
+            why = stop_reason(idle, budget, rec.engines) if args.replicas_job_name else None
+            if why:
                 with members.locked(paths):
-                    members.stop_swarm(client, paths, args.replicas_job_name, idle.reason())
+                    members.stop_swarm(client, paths, args.replicas_job_name, why)
                 return 0  # the LB script stops nginx and ends the job
         except Exception:  # one bad pass (a racing file, a slow nginx) must not take the LB down
             log.exception("reconcile pass failed; retrying")

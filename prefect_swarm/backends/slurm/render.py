@@ -526,6 +526,8 @@ def render_lb(cfg: SwarmConfig, paths: SwarmPaths) -> str:
         lb_failed=q(paths.lb_failed),
         port=sc.lb_port,
         idle_timeout=f"{sc.idle_timeout_s:g}" if sc.idle_timeout_s else "",
+        budget=q(sc.cost.model_dump_json()) if sc.cost.capped else "",
+        gres_name=q(sc.gres_name),
         port_range=q(sc.port_range) if sc.port_range else "",
         replicas_job_name=q(job_names(cfg).replicas),
         setup=_setup(sc),

@@ -323,10 +323,7 @@ class SlurmServing:
 
     def gpu_usage(self, handle: ServingHandle) -> GpuUsage:
         """sacct: elapsed x allocated GPUs of the replica and LB jobs (see :mod:`.accounting`)."""
-        record = read_json(self.paths.slurm_record, {}) or {}
-        ids = {str(m[k]) for m in (handle.meta, record) for k in ("replicas_job", "lb_job") if m.get(k)}
-        ids |= {str(v) for m in (handle.meta, record) for v in (m.get("tasks") or {}).values()}
-        hours = accounting.gpu_hours(self.client, sorted(ids), self.sc.gres_name)
+        hours = accounting.swarm_gpu_hours(self.client, self.paths, self.sc.gres_name, handle.meta)
         return GpuUsage(hours, "sacct", gpus=self.cfg.replicas * max(self.cfg.gpus_per_replica, 0))
 
     def exec_command(self, handle: ServingHandle, replica: int, argv: Sequence[str]) -> int:
