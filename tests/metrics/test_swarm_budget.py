@@ -1,8 +1,9 @@
 """A budget lives as long as the swarm: a local swarm kept up with no job stops itself at its cap.
 
-Its watchdogs hold ``backend.cost.max_gpu_hours`` (the backend's own GPU-hours figure), stop every replica past the cap and record why, so `status` says STOPPED naming the cap,
-and a later `job submit` on the spent swarm sends nothing. The Slurm counterpart (the LB job holds the
-cap) is in tests/slurm/test_slurm_faults.py.
+Its watchdogs hold ``backend.cost.max_gpu_hours`` (the backend's own GPU-hours figure), stop every
+replica past the cap and record why, so `status` says STOPPED naming the cap, and a later
+`job submit` on the spent swarm sends nothing. The Slurm counterpart (the LB job holds the cap) is
+tests/slurm/test_slurm_budget.py.
 """
 
 from __future__ import annotations
