@@ -58,7 +58,7 @@ class CostConfig(StrictModel):
         default=None,
         description="Budget: stop the jobs and tear the swarm down once it has used this many GPU-hours.",
     )
-    max_cost_usd: Usd | None = Field(
+    max_cost_usd: Annotated[float, Field(gt=0)] | None = Field(
         default=None,
         description="Budget: stop the jobs and tear the swarm down once its GPU time costs this much (needs a price).",
     )

@@ -143,4 +143,4 @@ ConcurrencyArg = Annotated[int | None, Field(ge=1, le=1_048_576)]
 """Most requests in flight per shard; None (the default): each replica kept full (see JobSpec.concurrency)."""
 MaxFailedArg = Annotated[float | None, Field(ge=0.0, le=1.0)]
 MaxGpuHoursArg = Annotated[float | None, Field(gt=0.0)]
-MaxCostArg = Annotated[float | None, Field(ge=0.0)]
+MaxCostArg = Annotated[float | None, Field(gt=0.0)]

@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from prefect_swarm.config.cost import CostConfig, held_gpu_hours
@@ -104,3 +105,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=180,
         env={**os.environ, "COLUMNS": "200"},
     )
+
+
+def test_a_cap_must_be_positive() -> None:
+    """A zero or negative cap would stop the swarm at once: refused by validation, naming the field."""
+    from pydantic import ValidationError
+
+    for cap in ({"max_gpu_hours": 0}, {"max_cost_usd": 0, "gpu_hour_usd": 2}, {"max_gpu_hours": -1}):
+        with pytest.raises(ValidationError, match=next(iter(cap))):
+            CostConfig.model_validate(cap)
