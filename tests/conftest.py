@@ -21,6 +21,28 @@ from prefect_swarm.testing import free_port as free_port_fn
 gate = services.gate
 
 
+def _xdist_group(item: pytest.Item) -> str | None:
+    """Tests that share one service run one after another on one worker under ``pytest -n``: every
+    test that submits to the single-node Slurm (its 4 GPUs; the leak check of ``need_slurm`` reads
+    the whole queue), the Prefect server tests (one server per worker), the vLLM CPU engines
+    (each wants every core). Everything else is spread over the workers."""
+    marks = {m.name for m in item.iter_markers()}
+    if marks & {"slurm", "slurm_multinode"} or "need_slurm" in item.fixturenames or "[slurm]" in item.nodeid:
+        return "slurm"
+    if "prefect_server" in marks:
+        return "prefect"
+    if "vllm" in marks:
+        return "vllm"
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = _xdist_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(autouse=True)
 def swarm_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Each test gets its own PREFECT_SWARM_HOME (state.db, swarm folders)."""
