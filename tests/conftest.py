@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import services
@@ -21,26 +22,54 @@ from prefect_swarm.testing import free_port as free_port_fn
 gate = services.gate
 
 
-def _xdist_group(item: pytest.Item) -> str | None:
-    """Tests that share one service run one after another on one worker under ``pytest -n``: every
-    test that submits to the single-node Slurm (its 4 GPUs; the leak check of ``need_slurm`` reads
-    the whole queue), the Prefect server tests (one server per worker), the vLLM CPU engines
-    (each wants every core). Everything else is spread over the workers."""
-    marks = {m.name for m in item.iter_markers()}
-    if marks & {"slurm", "slurm_multinode"} or "need_slurm" in item.fixturenames or "[slurm]" in item.nodeid:
+def service_group(nodeid: str) -> str | None:
+    """The service a test shares with others, from its id: under ``pytest -n`` (``make test``) the
+    tests of one group run one after another on one worker. Everything that submits to the
+    single-node Slurm (its 4 GPUs; the leak check of ``need_slurm`` reads the whole queue), the
+    Prefect server tests (one server per worker), the vLLM CPU engines (each wants every core).
+    Everything else is spread over the workers one test at a time. ``pytest_collection_modifyitems``
+    checks the ids against the tests' markers and fixtures, so a test in the wrong place fails."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith(("tests/slurm/", "tests/slurm_multinode/", "tests/metrics/test_slurm_metrics.py")) or (
+        "[slurm" in nodeid
+    ):
         return "slurm"
-    if "prefect_server" in marks:
+    if path.startswith("tests/prefect/"):
         return "prefect"
-    if "vllm" in marks:
+    if "vllm" in Path(path).name:
         return "vllm"
     return None
 
 
+def _needs(item: pytest.Item) -> str | None:
+    marks = {m.name for m in item.iter_markers()}
+    if marks & {"slurm", "slurm_multinode"} or "need_slurm" in item.fixturenames:
+        return "slurm"
+    if "prefect_server" in marks:
+        return "prefect"
+    return "vllm" if "vllm" in marks else None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        group = _xdist_group(item)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+        need = _needs(item)
+        if need and service_group(item.nodeid) != need:
+            raise pytest.UsageError(
+                f"{item.nodeid} needs {need} but its id puts it in group {service_group(item.nodeid)}: "
+                "move it next to the tests of that service, or extend service_group() in tests/conftest.py."
+            )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist: whole service groups to one worker each (see :func:`service_group`)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ServiceGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return service_group(nodeid) or nodeid
+
+    return ServiceGroups(config, log)
 
 
 @pytest.fixture(autouse=True)
