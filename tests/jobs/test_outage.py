@@ -97,7 +97,7 @@ def test_an_outage_past_its_deadline_stops_resumable_and_a_rerun_finishes_exactl
     assert not (tmp_path / "job-out.parquet").exists()
     progress = read_json(JobPaths(tmp_path / "job").shard(0).progress)
     assert progress["stopped"]["cause"] == "outage" and progress["state"] == "requeue", progress
-    assert 100 <= progress["done"] < n and progress["failed"] == 0, progress
+    assert 0 < progress["done"] < n and progress["failed"] == 0, progress  # those in flight at the stop are redone
 
     replica.start()
     res = run_job(spec)
