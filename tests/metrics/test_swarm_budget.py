@@ -9,10 +9,9 @@ tests/slurm/test_slurm_budget.py.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -25,25 +24,27 @@ from prefect_swarm.config.cost import CostConfig, held_gpu_hours
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.testing.stub_engine import stub_swarm_config
 
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
 CAP_GPU_S = 24
 """2 GPUs x 12 s of wall time: longer than a loaded `up`, short enough for a fast test."""
 
 
-def test_a_swarm_kept_up_with_no_job_stops_itself_at_its_budget(tmp_path: Path) -> None:
+def test_a_swarm_kept_up_with_no_job_stops_itself_at_its_budget(tmp_path: Path, run_cli: Run) -> None:
     data = stub_swarm_config("kept", replicas=2, backend={"cost": {"max_gpu_hours": CAP_GPU_S / 3600}})
     data["gpus_per_replica"] = 1
     path = tmp_path / "swarm.yaml"
     path.write_text(yaml.safe_dump(data))
     began = time.time()
     try:
-        up = _cli("up", "-c", str(path), "--keep", "-o", "json")
+        up = run_cli("up", "-c", str(path), "--keep", "-o", "json", timeout=180)
         assert up.returncode == 0, up.stderr
         pids = [int(r["external_id"]) for r in json.loads(up.stdout)["status"]["replicas"] if r.get("external_id")]
         paths = SwarmPaths.for_swarm("kept")
         dogs = [json.loads(paths.watchdog_pid(i).read_text())["pid"] for i in range(2)]
         assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids + dogs)
 
-        status = _wait_stopped("kept", timeout_s=60)
+        status = _wait_stopped(run_cli, "kept", timeout_s=60)
         stopped_after = time.time() - began
         assert status["phase"] == "STOPPED", status
         assert "budget reached" in status["detail"] and "(max_gpu_hours)" in status["detail"], status
@@ -57,18 +58,22 @@ def test_a_swarm_kept_up_with_no_job_stops_itself_at_its_budget(tmp_path: Path) 
         src = tmp_path / "in.parquet"
         pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["x", "y"]}), src)
         out = tmp_path / "out.parquet"
-        sub = _cli("job", "submit", "-n", "kept", "--input", str(src), "--output", str(out), "--id-column", "id")
+        sub = run_cli(
+            "job", "submit", "-n", "kept", "--input", str(src), "--output", str(out), "--id-column", "id", timeout=180
+        )
         assert sub.returncode == 1, sub.stdout + sub.stderr
         assert "budget reached" in sub.stderr and "Nothing was submitted" in sub.stderr, sub.stderr
         assert not out.exists()
 
         # brought up again, the swarm runs (the stop is over; its budget is counted afresh)
-        again = _cli("up", "-c", str(path), "--keep", "-o", "json")
+        again = run_cli("up", "-c", str(path), "--keep", "-o", "json", timeout=180)
         assert again.returncode == 0, again.stderr
-        assert json.loads(_cli("status", "kept", "-o", "json", "--no-history").stdout)["status"]["phase"] == "RUNNING"
+        assert (
+            json.loads(run_cli("status", "kept", "-o", "json", "--no-history").stdout)["status"]["phase"] == "RUNNING"
+        )
         assert not paths.stopped.exists()
     finally:
-        _cli("down", "kept", "-y", "--force")
+        run_cli("down", "kept", "-y", "--force", timeout=180)
 
 
 def test_the_swarm_figure_is_the_backends_own() -> None:
@@ -77,10 +82,10 @@ def test_the_swarm_figure_is_the_backends_own() -> None:
     assert "(max_gpu_hours)" in str(CostConfig(max_gpu_hours=1).budget(2.0))
 
 
-def _wait_stopped(name: str, timeout_s: float) -> dict:
+def _wait_stopped(run_cli: Run, name: str, timeout_s: float) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
-        status = json.loads(_cli("status", name, "-o", "json", "--no-history").stdout)["status"]
+        status = json.loads(run_cli("status", name, "-o", "json", "--no-history").stdout)["status"]
         if status["phase"] == "STOPPED" or time.monotonic() > deadline:
             return status
         time.sleep(1)
@@ -95,16 +100,6 @@ def _alive(pids: list[int]) -> list[int]:
         except psutil.Error:
             pass
     return found
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "prefect_swarm.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "COLUMNS": "200"},
-    )
 
 
 def test_a_cap_must_be_positive() -> None:
