@@ -214,6 +214,7 @@ class Watchdog:
         self.proc_create_time: float | None = None
         self.port: int | None = spec.preferred_port if spec.port_token is None else None
         self.argv, self.url = spec.argv, spec.url
+        self.next_swarm_check = 0.0
         self.guard = (
             BudgetGuard(spec.swarm, CostConfig.model_validate(spec.budget), self.swarm_usage, every_s=BUDGET_CHECK_S)
             if spec.budget
@@ -398,8 +399,9 @@ class Watchdog:
         """Why the whole swarm stops now: another watchdog found it past its budget (``paths.stopped``,
         written since this one started), or this one does (it then writes that file for the others and
         for ``status``); None to go on."""
-        if self.guard is None:
+        if self.guard is None or time.monotonic() < self.next_swarm_check:
             return None
+        self.next_swarm_check = time.monotonic() + BUDGET_CHECK_S  # not every tick: once a check period
         found = read_json(self.paths.stopped) or {}
         if found.get("reason") and float(found.get("at") or 0) >= self.born:
             return str(found["reason"])
