@@ -37,13 +37,15 @@ Exit codes:
 from __future__ import annotations
 
 import logging
+import os
 import platform
+import sys
 from typing import Annotated
 
 import typer
 
 from prefect_swarm import __version__
-from prefect_swarm.cli import db, swarms, top, validate
+from prefect_swarm.cli import db, swarms, top, validate, views
 from prefect_swarm.cli.automations import automations_app
 from prefect_swarm.cli.errors import EXIT_CODES_HELP, SwarmGroup
 from prefect_swarm.cli.exec import exec_cmd
@@ -108,5 +110,26 @@ app.add_typer(automations_app, name="automations")
 app.add_typer(volumes_app, name="volumes")
 
 
+def run() -> None:
+    """The ``prefect-swarm`` console script: :data:`app`, with an exit that survives an abandoned lookup.
+
+    When a Prefect API lookup timed out and its thread still runs, the interpreter's shutdown could
+    abort the process after the command finished; the exit status and output are flushed and the
+    process ends without that shutdown.
+    """
+    try:
+        app()
+    except SystemExit as exc:
+        if not views.lookup_abandoned():
+            raise
+        code = exc.code
+        if isinstance(code, str):
+            print(code, file=sys.stderr)
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code or 0)
+
+
 if __name__ == "__main__":
-    app()
+    run()

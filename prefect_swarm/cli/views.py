@@ -146,6 +146,19 @@ def paths_view(rec: SwarmRecord) -> dict[str, Any]:
     }
 
 
+_ABANDONED: list[threading.Thread] = []
+
+
+def lookup_abandoned() -> bool:
+    """True while a Prefect lookup given up on by :func:`prefect_history` still runs in its thread.
+
+    Such a thread may sit in a blocking socket call of the Prefect client; the interpreter's shutdown
+    would then abort the process ("FATAL: exception not rethrown", SIGABRT) after the output was
+    written. The console script (``prefect_swarm.cli.main.run``) ends the process at once instead.
+    """
+    return any(t.is_alive() for t in _ABANDONED)
+
+
 def prefect_history(name: str) -> dict[str, Any]:
     """Prefect runs of swarm ``name``: ``{available, runs, error}``; never raises, never hangs.
 
@@ -162,13 +175,15 @@ def prefect_history(name: str) -> dict[str, Any]:
         except Exception as exc:  # whatever the Prefect client raises: shown as one line
             result["error"] = f"{type(exc).__name__}: {exc}"
 
-    # a daemon thread, so a hung API call can neither block the command nor its exit
+    # a daemon thread, so a hung API call cannot block the command; one left behind is recorded so
+    # the console script ends the process without finalizing it (see ``lookup_abandoned``)
     # (run in a copy of this context: the caller's Prefect settings, e.g. temporary_settings, hold there)
     worker = threading.Thread(target=contextvars.copy_context().run, args=(call,), daemon=True, name="prefect-history")
     worker.start()
     timeout = get_settings().prefect_api_timeout_s + 1.0
     worker.join(timeout)
     if worker.is_alive():
+        _ABANDONED.append(worker)
         result["error"] = f"timed out after {timeout:g} s"
     if "error" in result:
         return {"available": False, "runs": [], "error": f"Prefect API unreachable ({result['error']})"}

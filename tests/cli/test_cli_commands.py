@@ -189,3 +189,46 @@ def test_cli_does_not_import_prefect(run_cli: Callable[..., Any], tmp_path: Path
     code = "import sys, prefect_swarm.cli.main; print('prefect' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_status_exits_cleanly_when_the_prefect_api_hangs(run_cli: Callable[..., Any]) -> None:
+    """An API that answers /health but never answers the run query: status prints, exits 0, no abort."""
+    import http.server
+    import threading
+
+    release = threading.Event()
+
+    class Hanging(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # /health answers, as a live but overloaded server's does
+            if not self.path.endswith("/health"):
+                release.wait(30)
+                return
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", "4")
+            self.end_headers()
+            self.wfile.write(b"true")
+
+        def do_POST(self) -> None:  # the run query never gets an answer while the command runs
+            release.wait(30)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hanging)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _record("hung", phase="PENDING")
+        env = {
+            "PREFECT_API_URL": f"http://127.0.0.1:{server.server_address[1]}/api",
+            "PREFECT_SWARM_PREFECT_API_TIMEOUT_S": "1",
+        }
+        proc = run_cli("status", "hung", "-o", "json", env=env)
+    finally:
+        release.set()
+        server.shutdown()
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    doc = json.loads(proc.stdout)
+    assert doc["prefect"]["available"] is False
+    assert "timed out" in doc["prefect"]["error"]
