@@ -93,12 +93,19 @@ def test_gives_up_after_max_restarts_with_the_log_tail(local_swarm: Callable[...
 
 
 def test_wall_time_stops_the_replica(local_swarm: Callable[..., Swarm]) -> None:
-    swarm = local_swarm(backend={"wall_time_s": 2})
-    pid = _pid(swarm)
-    st = wait_for(swarm, lambda s: s.phase is ServingPhase.STOPPED, timeout_s=20)
+    # not waited ready: on a loaded machine readiness may take longer than the wall time itself
+    swarm = local_swarm(ready=False, backend={"wall_time_s": 5})
+    replica = None
+    deadline = time.monotonic() + 5
+    while replica is None and time.monotonic() < deadline:
+        pid = swarm.status().replicas[0].external_id
+        replica = psutil.Process(int(pid)) if pid else None
+        time.sleep(0.05)
+    assert replica is not None, "the watchdog never reported its replica's pid"
+    st = wait_for(swarm, lambda s: s.phase is ServingPhase.STOPPED, timeout_s=30)
     assert "wall time" in json.loads(swarm.paths.replica_status(0).read_text())["detail"]
     assert st.replicas[0].health is ReplicaHealth.UNKNOWN
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    assert not replica.is_running() or replica.status() == "zombie"
 
 
 def test_sigterm_to_the_watchdog_stops_the_whole_replica_group(local_swarm: Callable[..., Swarm]) -> None:
