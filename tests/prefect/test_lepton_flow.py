@@ -263,7 +263,7 @@ def test_cancel_deletes_the_deployment_without_a_token_in_the_env(
                 state = client.read_flow_run(run.id).state
             return state is not None and state.is_final()
 
-        wait_for(final, 60, what="run final")
+        wait_for(final, 150, what="run final")  # the worker kills the process at its next cancellation poll
         with get_client(sync_client=True) as client:
             assert client.read_flow_run(run.id).state.type.value == "CANCELLED"  # type: ignore[union-attr]
         log = _worker_log(prefect_stack)
