@@ -96,13 +96,16 @@ def need_vllm() -> None:
 
 
 @pytest.fixture
-def need_slurm() -> Iterator[None]:
+def need_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Gate on a running single-node Slurm (with sacct) and nginx; after the test, every Slurm job
-    it submitted must have left the queue (a leak holds GPUs that later tests then wait for)."""
+    it submitted must have left the queue (a leak holds GPUs that later tests then wait for).
+    Jobs of another pytest session on the same Slurm (their scripts under its temp folder) are not
+    counted."""
     gate(services.missing_slurm() or services.missing_nginx())
-    before = services.slurm_job_ids()
+    mine = tmp_path_factory.getbasetemp()
+    before = services.slurm_job_ids(mine)
     yield
-    leaked = services.slurm_jobs_left(before, wait_s=30)
+    leaked = services.slurm_jobs_left(before, wait_s=30, mine=mine)
     if leaked:
         subprocess.run(["scancel", *leaked], check=False)
         pytest.fail(f"the test left Slurm jobs in the queue (now cancelled): {' '.join(leaked)}")

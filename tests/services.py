@@ -87,18 +87,29 @@ def missing_slurm() -> str | None:
     return None
 
 
-def slurm_job_ids() -> set[str]:
-    """Ids of the jobs in the local Slurm queue (array jobs by their own job id)."""
-    out = subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True, timeout=30, check=True)
-    return set(out.stdout.split())
+def slurm_job_ids(mine: Path | None = None) -> set[str]:
+    """Ids of the jobs in the local Slurm queue (array jobs by their own job id).
+
+    With ``mine`` (a pytest session's base temp folder), jobs whose batch script lies under another
+    pytest session's temp folder are left out, so two test sessions on one Slurm do not count each
+    other's jobs; jobs from elsewhere are kept.
+    """
+    out = subprocess.run(["squeue", "-h", "-o", "%A %o"], capture_output=True, text=True, timeout=30, check=True)
+    ids = set()
+    for line in out.stdout.splitlines():
+        job_id, _, command = line.partition(" ")
+        theirs = "/pytest-of-" in command and mine is not None and not command.startswith(str(mine))
+        if job_id and not theirs:
+            ids.add(job_id)
+    return ids
 
 
-def slurm_jobs_left(before: set[str], wait_s: float) -> list[str]:
+def slurm_jobs_left(before: set[str], wait_s: float, mine: Path | None = None) -> list[str]:
     """Jobs queued since ``before`` that are still in the queue ``wait_s`` seconds from now, or sooner
     none (a cancelled job takes a moment to leave: COMPLETING)."""
     deadline = time.monotonic() + wait_s
     while True:
-        left = sorted(slurm_job_ids() - before)
+        left = sorted(slurm_job_ids(mine) - before)
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(1)
