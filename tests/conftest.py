@@ -26,13 +26,14 @@ def service_group(nodeid: str) -> str | None:
     """The service a test shares with others, from its id: under ``pytest -n`` (``make test``) the
     tests of one group run one after another on one worker. Everything that submits to the
     single-node Slurm (its 4 GPUs; the leak check of ``need_slurm`` reads the whole queue), the
-    Prefect server tests (one server per worker), the vLLM CPU engines (each wants every core).
+    two-node test cluster (a Slurm of its own, so beside the first), the Prefect server tests (one
+    server per worker), the vLLM CPU engines (each wants every core).
     Everything else is spread over the workers one test at a time. ``pytest_collection_modifyitems``
     checks the ids against the tests' markers and fixtures, so a test in the wrong place fails."""
     path = nodeid.split("::", 1)[0]
-    if path.startswith(("tests/slurm/", "tests/slurm_multinode/", "tests/metrics/test_slurm_metrics.py")) or (
-        "[slurm" in nodeid
-    ):
+    if path.startswith("tests/slurm_multinode/"):  # the two-node test cluster: a Slurm of its own
+        return "slurm_multinode"
+    if path.startswith(("tests/slurm/", "tests/metrics/test_slurm_metrics.py")) or ("[slurm" in nodeid):
         return "slurm"
     if path.startswith("tests/prefect/"):
         return "prefect"
@@ -43,7 +44,9 @@ def service_group(nodeid: str) -> str | None:
 
 def _needs(item: pytest.Item) -> str | None:
     marks = {m.name for m in item.iter_markers()}
-    if marks & {"slurm", "slurm_multinode"} or "need_slurm" in item.fixturenames:
+    if "slurm_multinode" in marks:
+        return "slurm_multinode"
+    if "slurm" in marks or "need_slurm" in item.fixturenames:
         return "slurm"
     if "prefect_server" in marks:
         return "prefect"
@@ -70,6 +73,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return service_group(nodeid) or nodeid
 
     return ServiceGroups(config, log)
+
+
+_GROUP_SECONDS: dict[str, list[float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Sum each service group's time (setup + call + teardown); on the xdist controller too."""
+    group = service_group(report.nodeid) or "spread"
+    _GROUP_SECONDS.setdefault(group, [0.0, 0])[0] += report.duration
+    if report.when == "call":
+        _GROUP_SECONDS[group][1] += 1
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line per group: a group runs on one worker, so its sum bounds the suite's wall time."""
+    if _GROUP_SECONDS and not os.environ.get("PYTEST_XDIST_WORKER"):
+        by_time = sorted(_GROUP_SECONDS.items(), key=lambda kv: -kv[1][0])
+        parts = [f"{g} {int(t)} s ({int(n)} tests)" for g, (t, n) in by_time]
+        terminalreporter.write_line("time per service group: " + ", ".join(parts))
 
 
 @pytest.fixture(autouse=True)
