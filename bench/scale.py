@@ -1,7 +1,7 @@
 """Scaling with defaults: swarm rows/s ÷ (N x one replica driven alone), on the GPU-like simulator.
 
     python bench/scale.py [--replicas 1 2 4 8] [--rows 20000] [--rows-per-replica 6000]
-        [--alone-rows 3000] [--repeat 3]
+        [--alone-rows 3000] [--repeat 3] [--speed 1.0]
 
 For each N, side by side in one run:
 
@@ -22,6 +22,12 @@ command's wall time: validation, shard processes, requests, commit). Goals: ≥ 
 Replicas are pinned to core 0 and the client (driver, CLI and its job processes) to core 1 with
 ``taskset`` (the simulated replicas use timers, not CPU, so eight fit on one core). Every run uses
 its own ``PREFECT_SWARM_HOME``. Prints one JSON line per run and the medians.
+
+``--speed S`` passes ``--speed S`` to every simulated replica (its step times are divided by S): at
+``--speed 0.25`` a replica is a GPU four times slower, with the same curve. On a 2-core machine the
+client core, not the simulated GPUs, caps what N replicas can be given; a slower replica keeps
+N x one alone within what the client core can drive, so the ratios measure the job engine, not the
+machine (lower ``--rows-per-replica`` and ``--alone-rows`` by the same factor).
 """
 
 from __future__ import annotations
@@ -90,7 +96,12 @@ def wait_healthy(urls: list[str], timeout_s: float = 60.0) -> None:
             time.sleep(0.1)
 
 
-def plain_loop(replicas: int, n: int, env: dict[str, str]) -> float:
+def sim_args(speed: float) -> list[str]:
+    """The simulator's options of every replica in one run (the same in both drives)."""
+    return ["--speed", str(speed)]
+
+
+def plain_loop(replicas: int, n: int, env: dict[str, str], speed: float) -> float:
     """``replicas`` simulated replicas on the server core, driven from the client core by a plain loop
     with 272 in flight to each (one replica: "one alone"; N: what this machine gives N replicas)."""
     from prefect_swarm.testing import free_port_block
@@ -98,7 +109,7 @@ def plain_loop(replicas: int, n: int, env: dict[str, str]) -> float:
     base = free_port_block(replicas)
     sims = [
         subprocess.Popen(
-            ["taskset", "-c", str(SERVER_CPU), sys.executable, "-m", SIM, "--port", str(base + i)],
+            ["taskset", "-c", str(SERVER_CPU), sys.executable, "-m", SIM, "--port", str(base + i), *sim_args(speed)],
             env=env,
             stderr=subprocess.DEVNULL,
         )
@@ -123,10 +134,10 @@ def plain_loop(replicas: int, n: int, env: dict[str, str]) -> float:
             sim.wait()
 
 
-def swarm_config(name: str, replicas: int, port: int) -> dict[str, Any]:
+def swarm_config(name: str, replicas: int, port: int, speed: float) -> dict[str, Any]:
     """N simulated replicas on the local backend, pinned to the server core."""
     command = ["taskset", "-c", str(SERVER_CPU), "{python}", "-m", SIM]
-    command += ["--host", "{host}", "--port", "{port}", "--model", "{served_model_name}"]
+    command += ["--host", "{host}", "--port", "{port}", "--model", "{served_model_name}", *sim_args(speed)]
     return {
         "name": name,
         "model": "stub-model",
@@ -146,13 +157,15 @@ def cli(*args: str, env: dict[str, str], cpu: int | None = None) -> subprocess.C
     return subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
 
 
-def swarm_run(tmp: Path, src: Path, rows: int, replicas: int, port: int, env: dict[str, str]) -> dict[str, Any]:
+def swarm_run(
+    tmp: Path, src: Path, rows: int, replicas: int, port: int, env: dict[str, str], speed: float
+) -> dict[str, Any]:
     """Up, `job submit` with defaults (timed), read the shards' progress, down."""
     import yaml
 
     name = f"scale{replicas}"
     cfg = tmp / f"{name}.yaml"
-    cfg.write_text(yaml.safe_dump(swarm_config(name, replicas, port)))
+    cfg.write_text(yaml.safe_dump(swarm_config(name, replicas, port, speed)))
     up = cli("up", "-c", str(cfg), env=env)
     assert up.returncode == 0, up.stderr[-2000:]
     try:
@@ -178,6 +191,7 @@ def main() -> None:
     ap.add_argument("--rows-per-replica", type=int, default=6000, help="... at least this many per replica")
     ap.add_argument("--alone-rows", type=int, default=3000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--speed", type=float, default=1.0, help="the simulator's --speed (step times divided by it)")
     ap.add_argument("--drive", nargs=2, metavar=("URL", "N"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.drive:
@@ -194,11 +208,12 @@ def main() -> None:
                 src = dataset(tmp / f"in-{rows}.parquet", rows)
                 home = tmp / f"home-{rep}-{n}"
                 env = {**os.environ, "PREFECT_SWARM_HOME": str(home)}
-                alone = plain_loop(1, a.alone_rows, env)
-                plain = plain_loop(n, n * a.alone_rows, env) if n > 1 else alone
-                run = swarm_run(tmp, src, rows, n, free_port_block(n), env)
+                alone = plain_loop(1, a.alone_rows, env, a.speed)
+                plain = plain_loop(n, n * a.alone_rows, env, a.speed) if n > 1 else alone
+                run = swarm_run(tmp, src, rows, n, free_port_block(n), env, a.speed)
                 res = {
                     "replicas": n,
+                    "speed": a.speed,
                     "run": rep,
                     "rows": rows,
                     "one_alone_rows_s": round(alone, 1),
