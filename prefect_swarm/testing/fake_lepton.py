@@ -180,6 +180,9 @@ class FakeLepton:
         node_groups: Mapping[str, str] | None = None,
         image_pull_secrets: tuple[str, ...] = (),
         queue_deployments: tuple[str, ...] = (),
+        delete_s: float = 0.0,
+        legacy_create_response: bool = False,
+        unknown_reads: int = 0,
     ) -> None:
         self.token = token or "fake-lepton-" + secrets.token_hex(12)
         self.workspace_id = workspace_id
@@ -198,6 +201,10 @@ class FakeLepton:
         self.node_groups: dict[str, str] = dict(node_groups) if node_groups is not None else dict(NODE_GROUPS)
         self.image_pull_secrets = tuple(image_pull_secrets)
         self.queue_deployments = tuple(queue_deployments)
+        self.delete_s = delete_s
+        self.legacy_create_response = legacy_create_response
+        self.unknown_reads = unknown_reads
+        self._name_free_at: dict[str, float] = {}
         self.volumes: dict[str, Path | None] = (
             {name: None if root is None else Path(root) for name, root in volumes.items()}
             if volumes is not None
@@ -301,6 +308,7 @@ class FakeLepton:
         if self.latency_s:  # the API's own time, spent before the request is applied (not under the lock)
             time.sleep(self.latency_s)
         with self.lock:
+            self._sweep()
             for inj in self._injections:
                 if inj.count > 0 and inj.match in path:
                     inj.count -= 1
@@ -312,6 +320,17 @@ class FakeLepton:
                         "_retry_after": inj.retry_after,
                     }
             return self._route(method, path, query, body or {})
+
+    def _sweep(self) -> None:
+        """Forget workloads whose background delete has finished (see :meth:`_delete_deployment`)."""
+        now = time.time()
+        for table in (self.deployments, self.jobs):
+            for name, w in list(table.items()):
+                if w.extra.get("gone_at", now + 1) <= now:
+                    del table[name]
+        for name, free_at in list(self._name_free_at.items()):
+            if free_at <= now:
+                del self._name_free_at[name]
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> Reply:
         if path == "/workspace" and method == "GET":
@@ -364,7 +383,7 @@ class FakeLepton:
                 200,
                 w.log_path.read_text(errors="replace") if w.log_path.exists() else "",
             ),
-            "GET /events": lambda n, w, **kw: (200, [_EVENT]),
+            "GET /events": lambda n, w, **kw: (200, self._events(w)),
         }
         own: dict[str, Callable[..., Reply]]
         if kind == "deployments":
@@ -436,13 +455,13 @@ class FakeLepton:
         name = md.get("name") or md.get("id")
         if not name:
             return 400, {"code": "bad_request", "message": "metadata.name is required"}
-        if name in self.deployments:
+        if name in self.deployments or name in self._name_free_at:
             return 409, {"code": "conflict", "message": f"deployment {name} already exists"}
         problem = self._spec_problem(body.get("spec") or {})
         if problem:
             return 400, {"code": "bad_request", "message": problem}
         self._add_deployment(name, md, body.get("spec") or {})
-        return 200, self._dep_json(name)
+        return 200, {} if self.legacy_create_response else self._dep_json(name)
 
     def _add_deployment(self, name: str, md: dict[str, Any], spec: dict[str, Any]) -> _Workload:
         w = _Workload(
@@ -450,6 +469,7 @@ class FakeLepton:
             {"metadata": {**md, "id": name, "name": name, "created_at": _now_ms(), "version": 1}, "spec": spec},
             self.workdir / f"deployment-{name}.log",
         )
+        w.extra["unknown_reads"] = self.unknown_reads
         self.deployments[name] = w
         self._start_deployment(w)
         return w
@@ -514,6 +534,14 @@ class FakeLepton:
     def _dep_state(self, w: _Workload) -> str:
         if w.forced:
             return w.forced
+        if "gone_at" in w.extra:
+            return "Deleting"
+        if w.extra.get("unknown_reads", 0) > 0:
+            # "Backend represents the unknown state as an empty string" (leptonai 0.47.1,
+            # api/v2/types/deployment.py LeptonDeploymentState): a just-created or updated
+            # deployment reads so a few times before the controller has looked at it
+            w.extra["unknown_reads"] -= 1
+            return ""
         if w.extra.get("queued"):
             return "Not Ready"
         if self.restart_crashed and (w.extra.get("error") or not w.alive()):
@@ -544,6 +572,18 @@ class FakeLepton:
         if not w.extra.get("error"):
             w.extra.pop("ready", None)
             self._start_deployment(w)
+
+    def _events(self, w: _Workload) -> list[dict[str, Any]]:
+        """A workload's events (Kubernetes events: leptonai 0.47.1 api/v2/types/events.py, whose
+        ``regarding`` is a corev1.ObjectReference). Restarts of a crashed container show as the
+        kubelet's ``BackOff`` event, its count one per restart: the only trace of a crash loop on the
+        new Endpoint API, which has no termination route (api/v2/endpoint.py ``get_termination``)."""
+        if w.kind == "deployment":
+            self._dep_state(w)  # records a crash that happened since the last read
+        crashes = len(w.extra.get("terminations", []))
+        if not crashes:
+            return [_EVENT]
+        return [_EVENT, {**_EVENT, "type": "Warning", "reason": "BackOff", "count": crashes}]
 
     def _termination(self, name: str, w: _Workload, **_: Any) -> Reply:
         self._dep_state(w)
@@ -589,11 +629,11 @@ class FakeLepton:
         problem = _endpoint_problem(md, spec) or self._spec_problem(_endpoint_to_legacy(spec))
         if problem or not name:
             return 400, {"code": "bad_request", "message": problem or "metadata.name is required"}
-        if name in self.deployments:
+        if name in self.deployments or name in self._name_free_at:
             return 409, {"code": "conflict", "message": f"endpoint {name} already exists"}
         w = self._add_deployment(name, {}, _endpoint_to_legacy(spec))
         w.extra["endpoint_spec"] = spec
-        return 200, self._endpoint_json(name)
+        return 200, {} if self.legacy_create_response else self._endpoint_json(name)
 
     def _patch_endpoint(self, name: str, w: _Workload, *, body: Any, **_: Any) -> Reply:
         md = body.get("metadata") or {}
@@ -622,14 +662,30 @@ class FakeLepton:
         if state == "Ready":
             status["ready_replicas"] = n
         md = w.body["metadata"]
+        meta = {"name": name, "created_at": md["created_at"], "version": md.get("version", 1)}
+        if "gone_at" in w.extra:  # how this API says Deleting (leptonai 0.47.1 api/v2/translation.py)
+            meta["deleted_at"] = _now_ms()
         return {
-            "metadata": {"name": name, "created_at": md["created_at"], "version": md.get("version", 1)},
+            "metadata": meta,
             "spec": w.extra.get("endpoint_spec") or {},
             "status": status,
         }
 
     def _delete_deployment(self, name: str, w: _Workload, **_: Any) -> Reply:
-        self.deployments.pop(name).stop()
+        """With ``delete_s``, as the platform: the call only starts the delete. leptonai 0.47.1's
+        cli/deployment.py ``_create_after_new_api_rerun``: "Endpoint and DevPod deletion return after
+        initiating CR deletion. An immediate create can therefore receive 409 from the old CR or
+        dependent resources." So the deployment reads ``Deleting`` (the new API: ``metadata.deleted_at``,
+        api/v2/translation.py) for the first half of ``delete_s``, then 404, while a create of its name
+        answers 409 for the whole of it."""
+        if self.delete_s <= 0:
+            self.deployments.pop(name).stop()
+            return 200, {}
+        if "gone_at" not in w.extra:
+            w.stop()
+            now = time.time()
+            w.extra["gone_at"] = now + self.delete_s / 2
+            self._name_free_at[name] = now + self.delete_s
         return 200, {}
 
     def _readiness(self, name: str, w: _Workload, **_: Any) -> Reply:
@@ -646,18 +702,24 @@ class FakeLepton:
     # ------------------------------------------------------------------ jobs
     def _create_job(self, *, body: Any, **_: Any) -> Reply:
         md = body.get("metadata") or {}
-        jid = md.get("id") or md.get("name")
-        if not jid or not re.fullmatch(r"[a-z][a-z0-9-]{0,35}", jid):
-            return 400, {"code": "bad_request", "message": f"invalid job name {jid!r}"}
-        if jid in self.jobs:
-            return 409, {"code": "conflict", "message": f"job {jid} already exists"}
+        name = md.get("name") or md.get("id")
+        if not name or not re.fullmatch(r"[a-z][a-z0-9-]{0,35}", name):
+            return 400, {"code": "bad_request", "message": f"invalid job name {name!r}"}
         problem = self._spec_problem(body.get("spec") or {})
         if problem:
             return 400, {"code": "bad_request", "message": problem}
+        # Job names are not unique on the platform and the id is the server's: leptonai 0.47.1's
+        # cli/job.py sends ``Metadata(id=name)`` and reports ``created_job.metadata.id_`` as the new
+        # job's ID; cli/util.py ``_get_newest_job_by_name`` picks the newest of the jobs sharing a
+        # name ("lep job remove --name" removes only the newest). So a second create of a name makes
+        # a second job (no 409), and every later route takes the id this answer returns.
+        jid = f"{name}-{secrets.token_hex(3)}"
+        while jid in self.jobs:
+            jid = f"{name}-{secrets.token_hex(3)}"
         w = _Workload(
             "job",
             {
-                "metadata": {**md, "id": jid, "name": md.get("name") or jid, "created_at": _now_ms()},
+                "metadata": {**md, "id": jid, "name": name, "created_at": _now_ms()},
                 "spec": body.get("spec") or {},
             },
             self.workdir / f"job-{jid}.log",
@@ -766,6 +828,8 @@ class FakeLepton:
     def _job_state(self, w: _Workload) -> str:
         if w.forced:
             return w.forced
+        if "gone_at" in w.extra:
+            return "Deleting"
         if w.extra.get("queued"):
             return "Stopped" if w.stopped else "Queueing"
         if w.stopped:
@@ -818,7 +882,12 @@ class FakeLepton:
         return 200, self._job_json(jid)
 
     def _delete_job(self, jid: str, w: _Workload, **_: Any) -> Reply:
-        self.jobs.pop(jid).stop()
+        """With ``delete_s`` the job reads ``Deleting`` that long, then 404 (see _delete_deployment)."""
+        if self.delete_s <= 0:
+            self.jobs.pop(jid).stop()
+        elif "gone_at" not in w.extra:
+            w.stop()
+            w.extra["gone_at"] = time.time() + self.delete_s
         return 200, {}
 
     def _list_jobs(self, *, query: dict[str, list[str]], **_: Any) -> Reply:
@@ -826,8 +895,8 @@ class FakeLepton:
         for selector in query.get("query", []):
             key, _sep, value = selector.partition("=")
             items = [j for j in items if (j["metadata"].get("labels") or {}).get(key) == value]
-        for q in query.get("q", []):
-            items = [j for j in items if q in j["metadata"]["id"]]
+        for q in query.get("q", []):  # "substring match for job name" (the SDK's job.py list_all)
+            items = [j for j in items if q in j["metadata"]["name"]]
         page = int((query.get("page") or ["1"])[0])
         size = int((query.get("page_size") or ["50"])[0])
         return 200, {"jobs": items[(page - 1) * size : page * size]}

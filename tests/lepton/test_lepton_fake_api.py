@@ -34,13 +34,13 @@ def _job(name: str, command: list[str]):  # type: ignore[no-untyped-def]
 
 def test_jobs_page_and_filter(fake_lepton: FakeLepton) -> None:
     api = _client(fake_lepton)
-    for i in range(5):
-        api.job.create(_job(f"job-{i}", [sys.executable, "-c", "pass"]))
-    assert [j.metadata.id_ for j in api.job.list_all()] == [f"job-{i}" for i in range(5)]  # pages until empty
-    assert [j.metadata.id_ for j in api.job.list_all(page=2, page_size=2)] == ["job-2", "job-3"]
-    assert [j.metadata.id_ for j in api.job.list_all(query="team=b")] == ["job-3", "job-4"]
-    for i in range(5):
-        api.job.delete(f"job-{i}")
+    ids = [api.job.create(_job(f"job-{i}", [sys.executable, "-c", "pass"])).metadata.id_ for i in range(5)]
+    assert [j.metadata.name for j in api.job.list_all()] == [f"job-{i}" for i in range(5)]  # pages until empty
+    assert [j.metadata.name for j in api.job.list_all(page=2, page_size=2)] == ["job-2", "job-3"]
+    assert [j.metadata.name for j in api.job.list_all(query="team=b")] == ["job-3", "job-4"]
+    assert [j.metadata.name for j in api.job.list_all(q="job-1")] == ["job-1"]  # q: a part of the name
+    for jid in ids:
+        api.job.delete(jid)
     assert api.job.list_all() == []
 
 

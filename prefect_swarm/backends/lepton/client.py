@@ -38,6 +38,9 @@ INSTALL_HINT = "pip install 'prefect-swarm[lepton]' && pip install --no-deps 'le
 TRANSIENT_STATUSES = frozenset({429, 502, 503, 504})
 LABEL_SWARM = "prefect-swarm-swarm"
 LABEL_JOB = "prefect-swarm-job"
+LABEL_CREATE = "prefect-swarm-create"
+"""Label holding the name a job was created under: Lepton job names are not unique, so a retried
+create finds the job an earlier try made by this label, and adopts it instead of making another."""
 
 T = TypeVar("T")
 

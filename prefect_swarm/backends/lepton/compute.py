@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_swarm import __version__
 from prefect_swarm.backends.lepton.client import (
+    LABEL_CREATE,
     LABEL_JOB,
     LABEL_SWARM,
     LeptonClient,
     affinity,
     env_vars,
-    is_conflict,
     job_secret_name,
     mounts,
     swarm_secret_name,
@@ -122,16 +122,16 @@ class LeptonCompute(ComputeBase):
             # missing; a submission's own secret has this one writer and is replaced
             self.client.ensure_secret(secret, value, replace=secret not in self._swarm_secrets(refs))
         ids = []
-        for shard, job_id in zip(shards, names, strict=True):
-            spec = self.job_spec(request, job_id, shard, refs)
+        for shard, job_name in zip(shards, names, strict=True):
+            spec = self.job_spec(request, job_name, shard, refs)
             log.info(
                 "creating Lepton job '%s' (shard %d/%d): %s",
-                job_id,
+                job_name,
                 shard,
                 request.nshards,
                 spec.spec.container.command,
             )
-            ids.append(self._create_job(job_id, spec))
+            ids.append(self._create_job(job_name, spec))
         meta: dict[str, Any] = {
             "jobs": ids,
             "shards": shards,
@@ -141,7 +141,7 @@ class LeptonCompute(ComputeBase):
         spec_path = _spec_path(request.command)
         if spec_path:
             meta["spec"] = spec_path  # the ledger tells how an archived job ended
-        return JobHandle(id=group if len(names) > 1 else names[0], backend="lepton", name=request.name, meta=meta)
+        return JobHandle(id=group if len(ids) > 1 else ids[0], backend="lepton", name=request.name, meta=meta)
 
     def probe(self, handle: JobHandle) -> JobProbe:
         """Each Lepton job's state, combined; ``error`` set when the API could not tell."""
@@ -241,9 +241,10 @@ class LeptonCompute(ComputeBase):
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f"{nonce}.txt"
         probe.write_text(nonce)
-        _group, (job_id,) = job_names(f"{self.cfg.name}-storage", 1)
+        _group, (job_name,) = job_names(f"{self.cfg.name}-storage", 1)
+        labels = {LABEL_SWARM: self.cfg.name, LABEL_JOB: "storage-check", LABEL_CREATE: job_name}
         spec = LeptonJob(
-            metadata=Metadata(id=job_id, name=job_id, labels={LABEL_SWARM: self.cfg.name, LABEL_JOB: "storage-check"}),
+            metadata=Metadata(id=job_name, name=job_name, labels=labels),
             spec=LeptonJobUserSpec(
                 resource_shape=b.job_resource_shape,
                 affinity=affinity(b),
@@ -259,10 +260,12 @@ class LeptonCompute(ComputeBase):
                 image_pull_secrets=list(b.image_pull_secrets),
             ),
         )
-        handle = JobHandle(id=job_id, backend="lepton", name="storage-check", meta={"jobs": [job_id]})
-        log.info("checking that Lepton jobs see %s (job '%s')", b.shared_path, job_id)
+        log.info("checking that Lepton jobs see %s (job '%s')", b.shared_path, job_name)
+        job_id: str | None = None
         try:
-            self.client.call(f"create job '{job_id}'", lambda api: api.job.create(spec))
+            # every poll, the log read and the delete go by the id the platform returned
+            job_id = self._create_job(job_name, spec)
+            handle = JobHandle(id=job_id, backend="lepton", name="storage-check", meta={"jobs": [job_id]})
             deadline = time.monotonic() + timeout_s
             while True:
                 st = self.probe(handle)
@@ -294,7 +297,8 @@ class LeptonCompute(ComputeBase):
                     + (f"\nJob log:\n{tail}" if tail else "")
                 )
         finally:
-            self.client.call(f"delete job '{job_id}'", lambda api: api.job.delete(job_id), missing_ok=True)
+            if job_id is not None:
+                self.client.call(f"delete job '{job_id}'", lambda api, j: api.job.delete(j), job_id, missing_ok=True)
             probe.unlink(missing_ok=True)
 
     # ---------------------------------------------------------------- internals
@@ -308,25 +312,36 @@ class LeptonCompute(ComputeBase):
         created_ms = getattr(job.metadata, "created_at", None)
         return limit is not None and created_ms is not None and time.time() - created_ms / 1000 > limit
 
-    def _create_job(self, job_id: str, spec: Any) -> str:
-        """Create one job; the id the API returns. Idempotent: when a retried create meets the job an
-        earlier try created (HTTP 409), that job is adopted if its labels are this submission's."""
-        try:
-            created = self.client.call(f"create job '{job_id}'", lambda api: api.job.create(spec))
-        except BackendError as exc:
-            if not is_conflict(exc):
-                raise
-            created = self.client.call(f"read job '{job_id}'", lambda api: api.job.get(job_id), missing_ok=True)
-            labels = (created.metadata.labels or {}) if created is not None else None
-            if labels != spec.metadata.labels:
-                raise BackendError(
-                    f"a Lepton job named '{job_id}' exists already and is not this submission's "
-                    f"(workspace '{self.backend.workspace_id}').",
-                    hint="submit again: a new submission gets a new name.",
-                ) from exc
-            log.info("adopting Lepton job '%s', created by an earlier try of the same request", job_id)
-        meta = getattr(created, "metadata", None)
-        return str(getattr(meta, "id_", None) or job_id)
+    def _create_job(self, name: str, spec: Any) -> str:
+        """Create job ``name``; the id the platform assigned, which every later call must use.
+
+        Lepton job names are not unique (a second create of a name makes a second job), so a create
+        retried after a transient failure (a 504 whose request went through) first looks for the job
+        an earlier try made, by the :data:`LABEL_CREATE` label this backend sets, and adopts it."""
+        labels = dict(spec.metadata.labels or {})
+        tries = 0
+
+        def create(api: Any) -> Any:
+            nonlocal tries
+            tries += 1
+            if tries > 1:
+                mine = [
+                    j for j in api.job.list_all(query=f"{LABEL_CREATE}={name}") if (j.metadata.labels or {}) == labels
+                ]
+                if mine:
+                    log.info("adopting Lepton job '%s', created by an earlier try of the same request", name)
+                    return max(mine, key=lambda j: j.metadata.created_at or 0)
+            return api.job.create(spec)
+
+        created = self.client.call(f"create job '{name}'", create)
+        job_id = getattr(getattr(created, "metadata", None), "id_", None)
+        if not job_id:
+            raise BackendError(
+                f"the Lepton API created job '{name}' but returned no job id (workspace "
+                f"'{self.backend.workspace_id}'); it cannot be followed.",
+                hint=f"delete it in the dashboard (label {LABEL_CREATE}={name}) and submit again.",
+            )
+        return str(job_id)
 
     def _check_shared(self, command: Sequence[str]) -> None:
         """The job spec, and the input, output and ledger folder it names, must lie on the shared
@@ -386,7 +401,7 @@ class LeptonCompute(ComputeBase):
     def _is_endpoint_token(self, value: str) -> bool:
         return self.cfg.api_key is None or self.cfg.api_key.get_secret_value() == value
 
-    def job_spec(self, request: JobRequest, job_id: str, shard: int, refs: Mapping[str, str]) -> Any:
+    def job_spec(self, request: JobRequest, job_name: str, shard: int, refs: Mapping[str, str]) -> Any:
         """The SDK spec of shard ``shard``'s Lepton job: secrets only as references (``refs``)."""
         from leptonai.api.v2.types.common import Metadata
         from leptonai.api.v2.types.deployment import LeptonContainer
@@ -395,7 +410,11 @@ class LeptonCompute(ComputeBase):
         b, runtime = self.backend, self.job_runtime()
         label = re.sub(r"[^A-Za-z0-9._-]", "-", request.name)[:63].strip("-._") or "job"
         return LeptonJob(
-            metadata=Metadata(id=job_id, name=job_id, labels={LABEL_SWARM: self.cfg.name, LABEL_JOB: label}),
+            metadata=Metadata(
+                id=job_name,
+                name=job_name,
+                labels={LABEL_SWARM: self.cfg.name, LABEL_JOB: label, LABEL_CREATE: job_name},
+            ),
             spec=LeptonJobUserSpec(
                 resource_shape=request.resources.get("resource_shape") or b.job_resource_shape,
                 affinity=affinity(b),

@@ -22,6 +22,7 @@ from prefect_swarm.backends.lepton.client import (
     check_catalogs,
     env_vars,
     import_sdk,
+    is_conflict,
     mounts,
     secret_prefix,
     validate_lepton,
@@ -63,10 +64,12 @@ FATAL_REASONS = frozenset({"ConfigError"})
 DELETE_WAIT_S = 60.0
 CRASH_LOOP_RESTARTS = 3
 """Exits of one replica after which readiness gives up rather than wait for ``ready_timeout_s``."""
+CRASH_LOOP_REASONS = frozenset({"BackOff", "CrashLoopBackOff"})
+"""Event reasons of a container the platform keeps restarting (Kubernetes' kubelet names)."""
 _UNSCHEDULED = "Queueing: no node has taken the replica yet"
 """A replica's detail on the new Endpoint API while it is not scheduled (read as queued)."""
 _NO_READINESS = object()
-"""What the readiness read returns when the workspace's API has no readiness route."""
+"""What the readiness (or termination) read returns when the workspace's API has no such route."""
 
 
 def deployment_phase(state: str | None, phase: str | None = None) -> ServingPhase:
@@ -168,13 +171,44 @@ class LeptonServing:
         compute.put_swarm_secrets()
         if existing is None:
             log.info("creating Lepton deployment '%s' in workspace '%s'", name, self.backend.workspace_id)
-            dep = self.client.call(f"create deployment '{name}'", lambda api: api.deployment.create_with_response(spec))
-            if not hasattr(dep, "status"):  # an old server answered with an empty body
-                dep = self._get(name)
+            dep = self._create(name, spec)
         else:
             log.info("updating Lepton deployment '%s' in workspace '%s'", name, self.backend.workspace_id)
             dep = self.client.call(f"update deployment '{name}'", lambda api: api.deployment.update(name, spec))
         return self._handle(name, dep)
+
+    def _create(self, name: str, spec: Any) -> Any:
+        """Create deployment ``name``; the deployment as the API then shows it.
+
+        An old server answers a successful create with an empty body: tolerated, as the SDK's CLI
+        does (``tolerate_legacy_response``), and the deployment read back. Deletes finish in the
+        background, so a create right after a delete of the same name can meet HTTP 409 from the old
+        deployment: retried while no live deployment holds the name, for up to DELETE_WAIT_S (the
+        SDK's CLI, ``_create_after_new_api_rerun``, waits 60 s the same way)."""
+        deadline = time.monotonic() + DELETE_WAIT_S
+        while True:
+            try:
+                dep = self.client.call(
+                    f"create deployment '{name}'",
+                    lambda api: api.deployment.create_with_response(spec, tolerate_legacy_response=True),
+                )
+                break
+            except BackendError as exc:
+                if not is_conflict(exc):
+                    raise
+                held = self._get(name)
+                if (held is not None and _state(held) != "Deleting") or time.monotonic() >= deadline:
+                    raise BackendError(
+                        f"Lepton deployment '{name}' exists already (workspace '{self.backend.workspace_id}')"
+                        + ("" if held is not None else f"; its delete had not finished after {DELETE_WAIT_S:.0f}s")
+                        + ".",
+                        hint="another `up` of this swarm name may be running; wait for it, or `down` first.",
+                    ) from exc
+                log.info("Lepton deployment '%s' is still being deleted; retrying the create", name)
+                time.sleep(min(1.0, self.backend.ready_poll_s))
+        if not hasattr(dep, "status"):  # an old server answered with an empty body
+            dep = self._get(name)
+        return dep
 
     def wait_ready(self, handle: ServingHandle, timeout_s: float) -> ServingStatus:
         """Poll the deployment until Ready and one chat completion answers through the endpoint.
@@ -278,10 +312,12 @@ class LeptonServing:
         def terminations(api: Any) -> Any:
             try:
                 return api.deployment.get_termination(name)
-            except NewEndpointAPIUnsupported:  # the new API folds these into replica status
-                return None
+            except NewEndpointAPIUnsupported:  # the new Endpoint API has no termination route
+                return _NO_READINESS
 
         found = self.client.call(f"read terminations of '{name}'", terminations, missing_ok=True)
+        if found is _NO_READINESS:
+            return self._crash_loop_events(name)
         for rid, items in sorted((getattr(found, "root", None) or {}).items()):
             if len(items) >= CRASH_LOOP_RESTARTS:
                 last = items[-1]
@@ -289,6 +325,18 @@ class LeptonServing:
                     f"replica {rid} exited {len(items)} times, last with code {last.exit_code} "
                     f"({last.reason}): {last.message[-300:]}"
                 )
+        return None
+
+    def _crash_loop_events(self, name: str) -> str | None:
+        """A crash loop as the new Endpoint API shows it: its events route (the same Kubernetes event
+        list as the legacy route, leptonai 0.47.1 api/v2/endpoint.py ``get_events``) carries the
+        kubelet's ``BackOff`` event, counted once per restart it delayed."""
+        events = self.client.call(
+            f"read events of '{name}'", lambda api: api.deployment.get_events(name), missing_ok=True
+        )
+        for event in events or []:
+            if event.reason in CRASH_LOOP_REASONS and event.count >= CRASH_LOOP_RESTARTS:
+                return f"the platform restarted a replica {event.count} times ({event.type_} {event.reason})"
         return None
 
     def _check_token_secret(self) -> None:
