@@ -20,10 +20,10 @@
     jobs/<job_id>/               JobPaths
 <home>/jobs/<job_id>/            JobPaths.standalone (a job against no recorded swarm)
 <job_dir>/                       JobPaths (also used for ledgers outside a swarm folder)
-    spec.json  manifest.json  failed.jsonl  validated.json  commit.lock
+    spec.json  manifest.json  failed.jsonl  validated.json  input.json  commit.lock
     launch.json  logs/shard-<i>.log  logs/shard-<i>.exit.json   (local compute backend)
     shards/<i>/                  ShardPaths
-        part-<seq>.parquet  progress.json  fingerprint.json  job.log  DONE
+        part-<seq>.parquet  progress.json  index.json  fingerprint.json  job.log  DONE
 """
 
 from __future__ import annotations
@@ -377,6 +377,12 @@ class ShardPaths(Folder):
         return self.root / "progress.json"
 
     @property
+    def index(self) -> Path:
+        """Progress index (JSON): rows done up to a position, the done rows past it, the error rows,
+        and the first part it does not cover (what a resume reads instead of every part)."""
+        return self.root / "index.json"
+
+    @property
     def fingerprint(self) -> Path:
         """Fingerprint the ledger was written under."""
         return self.root / "fingerprint.json"
@@ -421,6 +427,11 @@ class JobPaths(Folder):
         return self.root / "validated.json"
 
     @property
+    def input_index(self) -> Path:
+        """The input's metadata, read once per job: files, rows, schema, identity, JSONL line offsets."""
+        return self.root / "input.json"
+
+    @property
     def commit_lock(self) -> Path:
         """Lock file serialising commits of this job."""
         return self.root / "commit.lock"
@@ -431,6 +442,17 @@ class JobPaths(Folder):
     def commit_tmp_dirs(self) -> list[Path]:
         """Bucket folders left by a commit that was killed mid-merge."""
         return sorted(self.root.glob(self.COMMIT_TMP_PREFIX + "*"))
+
+    COMMIT_STATE_PREFIX = ".commit-"
+    """Prefix of the folder a dataset commit records each written shard in (``.commit-<commit id>``)."""
+
+    def commit_state(self, commit: str) -> Path:
+        """Folder recording the shards dataset commit ``commit`` has written (a killed commit resumes from it)."""
+        return self.root / f"{self.COMMIT_STATE_PREFIX}{commit}"
+
+    def commit_state_dirs(self) -> list[Path]:
+        """Dataset commit records (not the merge's bucket folders)."""
+        return sorted(p for p in self.root.glob(self.COMMIT_STATE_PREFIX + "*") if p not in self.commit_tmp_dirs())
 
     def shards_root(self) -> Path:
         """Folder holding every shard's ledger."""

@@ -11,16 +11,27 @@ Every problem raises :class:`DatasetError` naming the file and, where it applies
 the line or the row group; a file damaged behind an intact footer is found while streaming and
 raises the same error then. :func:`check_output_location` refuses an output that would
 overwrite or be read back as input, or that cannot be written, before any request.
+
+The input's metadata (files, rows per file, schema, identity, and for a plain JSONL file the byte
+offset of every ``JSONL_OFFSET_EVERY``-th line) is read once per job and kept in the job folder
+(:func:`open_input`, ``<job_dir>/input.json``): later opens (each shard, `job status`, `wait`, the
+flow's watch) check only the files' sizes and mtimes (a stat each, one listing on an object store)
+and read no footer; a shard then opens only the files holding its rows, and a JSONL shard seeks to
+the indexed line before its first row instead of reading from line 0 (gzip cannot seek: a gzip JSONL
+shard still decompresses the lines before its own, without parsing them).
 """
 
 from __future__ import annotations
 
+import base64
+import bisect
 import gzip
 import json
 import os
 import tempfile
 import zlib
 from collections.abc import Iterator, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -32,8 +43,8 @@ import pyarrow.parquet as pq
 
 from prefect_swarm.exceptions import ConfigError, DatasetError
 from prefect_swarm.jobs import storage
-from prefect_swarm.jobs.spec import is_jsonl
-from prefect_swarm.paths import PROBE_PREFIX
+from prefect_swarm.jobs.spec import JobSpec, is_jsonl
+from prefect_swarm.paths import PROBE_PREFIX, atomic_write_json, read_json
 
 _BATCH_COLUMNS = ("custom_id", "method", "url", "body")
 _BATCH_SCHEMA = pa.schema([(c, pa.string()) for c in _BATCH_COLUMNS])
@@ -50,6 +61,13 @@ _OTHER_COMPRESSIONS = {
 }
 _READ_ERRORS = (OSError, EOFError, zlib.error)
 """What reading a damaged gzip stream raises (BadGzipFile is an OSError)."""
+INDEX_VERSION = 1
+"""Version of the kept input metadata (``input.json``); another version is read afresh."""
+JSONL_OFFSET_EVERY = 65_536
+"""A plain JSONL input's index keeps the byte offset of every this many rows (~15k offsets per 1e9 rows)."""
+ID_PARTITION_ROWS = 4_000_000
+"""The id check holds at most about this many 8-byte id hashes at once (32 MB): a larger input's hashes
+are spread over partitions (temp files) by hash, and each partition is checked alone."""
 
 
 def _magic(path: Path | str, fs: pafs.FileSystem | None = None) -> bytes:
@@ -88,7 +106,10 @@ def shard_range(total: int, shard_id: int, nshards: int) -> tuple[int, int]:
 class InputDataset:
     """A parquet file/folder or an OpenAI Batch JSONL file, opened for validation and streaming."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, kept: Mapping[str, Any] | None = None) -> None:
+        """Open the input at ``path``, reading its metadata (footers; a JSONL file whole); with ``kept``
+        (:meth:`record` of an earlier open), take the metadata from there instead (see :meth:`for_job`)."""
+        self.source = str(path)
         self.location = storage.parse(path, "input")
         self.fs: pafs.FileSystem | None = self.location.fs if self.location.remote else None
         """The object store's filesystem (None for a local input: read with plain file calls)."""
@@ -98,6 +119,12 @@ class InputDataset:
         self.kind = "jsonl" if is_jsonl(str(path)) else "parquet"
         self.compression: str | None = None
         """``gzip`` for a gzip-compressed JSONL file."""
+        self.line_offsets: list[tuple[int, int, int]] = []
+        """A plain JSONL file's index: (row, byte offset, line number) of every ``JSONL_OFFSET_EVERY``-th row."""
+        self._identity: list[dict[str, Any]] | None = None
+        if kept is not None:
+            self._restore(kept)
+            return
         if self.fs is not None:
             with storage.refusing(self.location, "input", "read"):  # bad keys, endpoint: one message
                 self.files = self._open_remote()
@@ -149,8 +176,7 @@ class InputDataset:
                     "gzip-compressed (.jsonl.gz). Decompress it, or recompress it with gzip."
                 )
             self.schema = _BATCH_SCHEMA
-            with self._open_lines() as fh:
-                return [InputFile(self.path, 0, sum(bool(line.strip()) for line in fh))]
+            return [InputFile(self.path, 0, self._count_lines())]
         if info.type == pafs.FileType.Directory:
             found = self.fs.get_file_info(pafs.FileSelector(self.location.path))
             paths = sorted(Path(i.path) for i in found if i.is_file and i.path.endswith(".parquet"))
@@ -188,15 +214,26 @@ class InputDataset:
                 f"input {self.where} is {self.compression}-compressed; JSONL inputs are read plain or "
                 "gzip-compressed (.jsonl.gz). Decompress it, or recompress it with gzip."
             )
-        n, lineno = 0, 0
+        self.schema = _BATCH_SCHEMA
+        return [InputFile(self.path, 0, self._count_lines())]
+
+    def _count_lines(self) -> int:
+        """Rows (non-empty lines) of the JSONL file, in one pass that also indexes a plain file's line offsets."""
+        n, lineno, pos = 0, 0, 0
+        offsets: list[tuple[int, int, int]] = []
+        plain = self.compression is None
         with self._open_lines() as fh:
             try:
-                for lineno, line in enumerate(fh, 1):  # noqa: B007 - lineno names the damaged line
-                    n += bool(line.strip())
+                for lineno, line in enumerate(fh, 1):
+                    if line.strip():
+                        if plain and n % JSONL_OFFSET_EVERY == 0:
+                            offsets.append((n, pos, lineno))
+                        n += 1
+                    pos += len(line)
             except _READ_ERRORS as exc:
                 raise self._damaged(lineno + 1, exc) from exc
-        self.schema = _BATCH_SCHEMA
-        return [InputFile(self.path, 0, n)]
+        self.line_offsets = offsets
+        return n
 
     def _name(self, path: Path) -> str:
         """A file of the input as named in messages (``s3://bucket/key`` on an object store)."""
@@ -207,8 +244,15 @@ class InputDataset:
             return pq.ParquetFile(self.fs.open_input_file(str(path)))
         return pq.ParquetFile(path)
 
-    def _open_lines(self) -> BinaryIO:
-        """The JSONL file's bytes, decompressed when they are gzip."""
+    def _open_lines(self, offset: int = 0) -> BinaryIO:
+        """The JSONL file's bytes, decompressed when they are gzip; a plain file from byte ``offset``."""
+        if offset:
+            if self.fs is not None:
+                fh = cast(BinaryIO, self.fs.open_input_file(str(self.path)))
+            else:
+                fh = open(self.path, "rb")  # noqa: SIM115 - the caller's with-block closes it
+            fh.seek(offset)
+            return fh
         if self.fs is not None:
             stream = cast(BinaryIO, self.fs.open_input_stream(str(self.path), compression=None))
             return cast(BinaryIO, gzip.GzipFile(fileobj=stream)) if self.compression == "gzip" else stream
@@ -224,17 +268,78 @@ class InputDataset:
 
     # ------------------------------------------------------------------ identity
     def identity(self) -> list[dict[str, Any]]:
-        """What identifies this input for fingerprints: each file's path, size and mtime."""
+        """What identifies this input for fingerprints: each file's path, size and mtime (looked up once
+        per open: a stat per file, one listing for a folder on an object store)."""
+        if self._identity is None:
+            self._identity = self._current_identity()
+        return self._identity
+
+    def _current_identity(self) -> list[dict[str, Any]]:
         out = []
         if self.fs is not None:
+            if len(self.files) > 1:  # a folder: one listing, not a request per file
+                found = self.fs.get_file_info(pafs.FileSelector(self.location.path))
+                infos = {i.path: i for i in found if i.is_file}
+            else:
+                infos = {str(self.files[0].path): self.fs.get_file_info(str(self.files[0].path))}
             for f in self.files:
-                info = self.fs.get_file_info(str(f.path))
-                out.append({"path": self._name(f.path), "size": info.size, "mtime_ns": info.mtime_ns})
+                info = infos.get(str(f.path))
+                size, mtime = (info.size, info.mtime_ns) if info is not None and info.is_file else (None, None)
+                out.append({"path": self._name(f.path), "size": size, "mtime_ns": mtime})
             return out
         for f in self.files:
-            st = os.stat(f.path)
+            try:
+                st = os.stat(f.path)
+            except FileNotFoundError:
+                out.append({"path": str(f.path.resolve()), "size": None, "mtime_ns": None})
+                continue
             out.append({"path": str(f.path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
         return out
+
+    # ------------------------------------------------------------------ kept metadata
+    def record(self) -> dict[str, Any]:
+        """The metadata a later open takes instead of reading footers (see :meth:`for_job`)."""
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, self.schema):
+            pass
+        return {
+            "version": INDEX_VERSION,
+            "input": self.source,
+            "kind": self.kind,
+            "compression": self.compression,
+            "num_rows": self.num_rows,
+            "files": [[str(f.path), f.first_row, f.num_rows] for f in self.files],
+            "schema": base64.b64encode(sink.getvalue().to_pybytes()).decode(),
+            "identity": self.identity(),
+            "line_offsets": [list(o) for o in self.line_offsets],
+        }
+
+    def _restore(self, kept: Mapping[str, Any]) -> None:
+        schema_bytes = base64.b64decode(kept["schema"])
+        self.schema = pa.ipc.open_stream(schema_bytes).schema
+        self.compression = kept.get("compression")
+        self.files = [InputFile(Path(p), int(first), int(n)) for p, first, n in kept["files"]]
+        self.num_rows = int(kept["num_rows"])
+        self.line_offsets = [(int(r), int(b), int(ln)) for r, b, ln in kept.get("line_offsets") or []]
+
+    @classmethod
+    def for_job(cls, path: str | Path, kept_at: Path | None) -> InputDataset:
+        """The input with its metadata read once per job: taken from ``kept_at`` (``<job_dir>/input.json``)
+        when that describes this input and its files still have the sizes and mtimes it recorded (no
+        footer read); else opened afresh and recorded there (when the job folder exists)."""
+        kept = read_json(kept_at) if kept_at is not None else None
+        if isinstance(kept, dict) and kept.get("version") == INDEX_VERSION and kept.get("input") == str(path):
+            try:
+                ds = cls(path, kept=kept)
+            except (KeyError, TypeError, ValueError, pa.ArrowException):
+                ds = None  # an unreadable record: read the input afresh
+            if ds is not None and ds.identity() == kept.get("identity"):
+                return ds
+        ds = cls(path)
+        if kept_at is not None and kept_at.parent.is_dir():
+            with suppress(OSError):
+                atomic_write_json(kept_at, ds.record())
+        return ds
 
     # ------------------------------------------------------------------ validate
     def check_columns(self, needed: Mapping[str, str], id_column: str | None, keep: list[str] | None = None) -> None:
@@ -283,26 +388,51 @@ class InputDataset:
             return total
         return sum(b.column(0).null_count for _, b in self.iter_range(0, self.num_rows, [column], 65536))
 
-    def check_unique_ids(self, id_column: str | None) -> None:
-        """Refuse null or duplicate ids, streaming the id column (memory: 8 bytes per row).
+    def check_unique_ids(self, id_column: str | None, partition_rows: int = ID_PARTITION_ROWS) -> None:
+        """Refuse null or duplicate ids, streaming the id column in bounded memory.
 
-        Ids are reduced to 64-bit hashes, sorted, and only the values behind equal hashes are
-        compared, so a 2M-row input costs ~16 MB, not a hash table of every id.
+        Ids are reduced to 64-bit hashes, and only the values behind equal hashes are compared. Up to
+        ``partition_rows`` rows the hashes are sorted in memory (8 bytes per row); a larger input's
+        hashes go to ``ceil(rows / partition_rows)`` temp files by hash (equal ids, equal hash, same
+        file), each sorted alone, so memory stays ~8 bytes x ``partition_rows`` at any size.
         """
         if not id_column:
             return
-        hashes = np.empty(self.num_rows, dtype=np.int64)
-        pos = 0
+        nparts = -(-self.num_rows // max(1, partition_rows))
+        if nparts <= 1:
+            hashes = np.concatenate([h for h in self._id_hash_batches(id_column)] or [np.empty(0, np.int64)])
+            suspects = _equal_hashes(hashes)
+        else:
+            suspects = self._partitioned_suspects(id_column, nparts)
+        if suspects:
+            self._confirm_duplicates(id_column, suspects)
+
+    def _id_hash_batches(self, id_column: str) -> Iterator[np.ndarray]:
         for _, batch in self.iter_range(0, self.num_rows, [id_column], 65536):
             arr = batch.column(0)
             if arr.null_count:
                 raise DatasetError(f"input {self.where}: id column '{id_column}' has empty (null) values.")
-            hashes[pos : pos + len(arr)] = _id_hashes(arr)
-            pos += len(arr)
-        hashes.sort()
-        same = hashes[1:][hashes[1:] == hashes[:-1]]
-        if same.size:
-            self._confirm_duplicates(id_column, set(same.tolist()))
+            yield _id_hashes(arr)
+
+    def _partitioned_suspects(self, id_column: str, nparts: int) -> set[int]:
+        """Hashes seen more than once, from ``nparts`` temp files the hashes are spread over by value."""
+        suspects: set[int] = set()
+        with tempfile.TemporaryDirectory(prefix="prefect-swarm-ids-") as tmp:
+            files = [open(Path(tmp) / f"{k}.i8", "wb") for k in range(nparts)]  # noqa: SIM115 - closed below
+            try:
+                for hashes in self._id_hash_batches(id_column):
+                    which = (hashes.view(np.uint64) % np.uint64(nparts)).astype(np.int64)
+                    order = np.argsort(which, kind="stable")
+                    bounds = np.searchsorted(which[order], np.arange(nparts + 1))
+                    for k in range(nparts):
+                        if bounds[k] < bounds[k + 1]:
+                            hashes[order[bounds[k] : bounds[k + 1]]].tofile(files[k])
+            finally:
+                for fh in files:
+                    fh.close()
+            for k in range(nparts):
+                suspects |= _equal_hashes(np.fromfile(Path(tmp) / f"{k}.i8", dtype=np.int64))
+        return suspects
 
     def _confirm_duplicates(self, id_column: str, suspects: set[int]) -> None:
         seen: set[object] = set()
@@ -367,8 +497,11 @@ class InputDataset:
     ) -> Iterator[tuple[int, pa.RecordBatch]]:
         cols = list(columns or _BATCH_COLUMNS)
         rows: dict[str, list[Any]] = {c: [] for c in cols}
-        first, idx, lineno = start, 0, 0
-        with self._open_lines() as fh:
+        first, idx, lineno, offset = start, 0, 0, 0
+        k = bisect.bisect_right(self.line_offsets, (start, 1 << 62, 0)) - 1
+        if k >= 0:  # seek to the indexed row at or before ``start``
+            idx, offset, lineno = self.line_offsets[k][0], self.line_offsets[k][1], self.line_offsets[k][2] - 1
+        with self._open_lines(offset) as fh:
             lines = iter(fh)
             while True:
                 try:
@@ -486,6 +619,13 @@ def check_output_location(output: str | Path, dataset: InputDataset, job_dir: st
     checks that apply there (:func:`_check_remote_output`).
     """
     loc = storage.parse(output, "output")
+    if storage.is_folder(output):  # a dataset (see prefect_swarm.jobs.output)
+        from prefect_swarm.jobs.output import check_dataset_location
+
+        files = (f.path.resolve() if dataset.fs is None else f.path for f in dataset.files)
+        named = [dataset.location.uri, *(dataset._name(p) for p in files)]
+        check_dataset_location(str(output), named, job_dir)
+        return Path(loc.path)
     if loc.remote:
         return _check_remote_output(loc, dataset)
     out = Path(loc.path)
@@ -580,6 +720,28 @@ def _id_hashes(arr: pa.Array) -> np.ndarray:
     if pa.types.is_integer(arr.type):
         return np.asarray(arr.cast(pa.int64(), safe=False).to_numpy(zero_copy_only=False), dtype=np.int64)
     return np.fromiter((hash(v) for v in arr.to_pylist()), dtype=np.int64, count=len(arr))
+
+
+def _equal_hashes(hashes: np.ndarray) -> set[int]:
+    """Values occurring more than once in ``hashes`` (sorted in place)."""
+    hashes.sort()
+    return set(hashes[1:][hashes[1:] == hashes[:-1]].tolist())
+
+
+def open_input(spec: JobSpec) -> InputDataset:
+    """``spec``'s input, its metadata kept with the job (``<job_dir>/input.json``, see
+    :meth:`InputDataset.for_job`); read afresh when the spec has no job folder yet."""
+    return InputDataset.for_job(spec.input, spec.paths.input_index if spec.job_dir else None)
+
+
+def input_rows(spec: JobSpec) -> int:
+    """Rows of ``spec``'s input as its kept metadata records them (no file of the input is touched; what
+    `job status`, `wait` and the flow's watch read on every poll); the input is opened when none is kept."""
+    kept = read_json(spec.paths.input_index) if spec.job_dir else None
+    if isinstance(kept, dict) and kept.get("version") == INDEX_VERSION and kept.get("input") == str(spec.input):
+        with suppress(KeyError, TypeError, ValueError):
+            return int(kept["num_rows"])
+    return open_input(spec).num_rows
 
 
 def _jsonl_batch(rows: dict[str, list[Any]], cols: list[str]) -> pa.RecordBatch:

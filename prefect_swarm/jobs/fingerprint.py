@@ -13,13 +13,13 @@ import json
 import os
 from typing import Any
 
-from prefect_swarm.jobs.dataset import InputDataset
+from prefect_swarm.jobs.dataset import InputDataset, open_input
 from prefect_swarm.jobs.spec import JobSpec
 
 
 def fingerprint_details(spec: JobSpec, dataset: InputDataset | None = None) -> dict[str, Any]:
     """The fields the fingerprint hashes, by name (shown when a resume is refused)."""
-    dataset = dataset or InputDataset(spec.input)
+    dataset = dataset or open_input(spec)  # kept metadata: a stat per file, no footer
     return {
         "input": dataset.identity(),
         "job": spec.job,

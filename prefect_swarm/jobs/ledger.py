@@ -11,6 +11,25 @@ last write wins, in part order.
 A kill -9 loses only rows finished since the last completed flush (a part still being written
 is not one); they are redone on resume.
 
+Resume reads a compact progress index, not every part: after each part, ``index.json`` records
+the rows done as a position k (every row before it is done), the done rows past k (a few: those
+that finished out of order), the rows whose latest answer is an error, the token sums and the
+first part number it does not cover. A resume loads the index and replays only the parts written
+after it (one or two, those a kill -9 left behind the index), so its first request goes out in
+seconds at any size, and its memory holds no per-row array. Without a usable index (another
+fingerprint or row range, a ledger written before the index existed) every part is replayed,
+one at a time.
+
+Parts are compacted so their number stays bounded, size-tiered: a part's level is its rows in
+powers of ``COMPACT_EVERY`` above ``COMPACT_BASE_ROWS``; once ``COMPACT_EVERY`` parts of one level
+end the ledger, they are merged (the latest write of each row kept, streamed batch by batch) into
+one part under the last one's number, written whole (atomic rename, or one object), and then the
+merged ones are deleted; a kill -9 in between leaves rows twice, which the part order resolves
+(the last write wins). A part of ``COMPACT_PART_ROWS`` rows or more is left as it is. So a shard
+of R rows keeps at most about R / ``COMPACT_PART_ROWS`` + ``COMPACT_EVERY`` x levels parts (~60 at
+1e8 rows, not ~10^5), and each row is rewritten about once per level. Merged parts are all before
+the index's first uncovered part, so a resume never re-reads them.
+
 While requests run, :meth:`ShardLedger.flush_in_background` hands the write (parquet encoding,
 fsync, rename, progress) to a writer thread so the event loop keeps serving responses (an fsync
 on a busy disk took up to 0.5 s); at most ``MAX_PENDING_WRITES`` parts wait for it (the next
@@ -30,12 +49,15 @@ from __future__ import annotations
 import fcntl
 import io
 import json
+import math
 import os
 import queue
+import shutil
+import tempfile
 import threading
 import time
-from collections.abc import Mapping
-from contextlib import suppress
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +73,7 @@ from prefect_swarm.jobs.fingerprint import describe_changes
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import (
     ShardPaths,
+    atomic_file,
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
@@ -60,6 +83,12 @@ from prefect_swarm.paths import (
 STATUS_OK, STATUS_ERROR = "ok", "error"
 MAX_PENDING_WRITES = 2
 """Parts queued for the writer thread at most (each ``checkpoint_every`` rows or fewer)."""
+COMPACT_EVERY = 16
+"""This many parts of one level at the end of the ledger are merged into one (see the module's docstring)."""
+COMPACT_BASE_ROWS = 50_000
+"""Parts under this many rows are level 0; each level above holds ``COMPACT_EVERY`` times more."""
+COMPACT_PART_ROWS = 1_000_000
+"""A part of this many rows or more is never merged again (a merge holds 8 bytes per merged row)."""
 
 
 @dataclass(slots=True)
@@ -190,6 +219,12 @@ class LocalShard:
     def write_part(self, seq: int, data: bytes) -> None:
         atomic_write_bytes(self.paths.part(seq), data)
 
+    @contextmanager
+    def part_file(self, seq: int) -> Iterator[Path]:
+        """A temp file to write part ``seq`` into; renamed into place when the block ends without error."""
+        with atomic_file(self.paths.part(seq)) as tmp:
+            yield tmp
+
     def delete(self, names: list[str]) -> None:
         for name in names:
             (self.paths.root / name).unlink(missing_ok=True)
@@ -255,6 +290,15 @@ class ObjectShard:
     def write_part(self, seq: int, data: bytes) -> None:
         self._put(self.paths.part(seq).name, data)
 
+    @contextmanager
+    def part_file(self, seq: int) -> Iterator[Path]:
+        """A local temp file to write part ``seq`` into; uploaded as the part when the block ends without error."""
+        with tempfile.TemporaryDirectory(prefix="prefect-swarm-part-") as tmp:
+            path = Path(tmp) / "part.parquet"
+            yield path
+            with open(path, "rb") as src, self.fs.open_output_stream(self._key(self.paths.part(seq).name)) as sink:
+                shutil.copyfileobj(src, sink, 8 << 20)
+
     def delete(self, names: list[str]) -> None:
         for name in names:
             with suppress(FileNotFoundError):
@@ -272,6 +316,13 @@ def shard_store(spec: JobSpec, i: int) -> ShardStore:
     return ObjectShard(storage.parse(spec.ledger, "ledger").child(paths.root.name), paths)
 
 
+def ledger_files(store: ShardStore) -> list[str]:
+    """Names of every checkpoint file of ``store``'s shard: its parts, index, progress, fingerprint, DONE."""
+    paths = store.paths
+    files = [paths.index, paths.progress, paths.fingerprint, paths.done_marker]
+    return [*(p.name for p in store.parts()), *(p.name for p in files)]
+
+
 def discard_ledger(spec: JobSpec) -> None:
     """Delete the checkpoint files of every shard on the object store (``--overwrite``; only the
     ledger's own names, nothing else under the prefix). A local ledger is removed with the job folder."""
@@ -279,12 +330,20 @@ def discard_ledger(spec: JobSpec) -> None:
         return
     for i in range(spec.shards):
         store = shard_store(spec, i)
-        files = [store.paths.progress, store.paths.fingerprint, store.paths.done_marker]
-        store.delete([*(p.name for p in store.parts()), *(p.name for p in files)])
+        store.delete(ledger_files(store))
 
 
 def _store(where: ShardPaths | ShardStore) -> ShardStore:
     return LocalShard(where) if isinstance(where, ShardPaths) else where
+
+
+def _level(rows: int) -> int:
+    """A part's compaction level: 0 under ``COMPACT_BASE_ROWS`` rows, +1 per ``COMPACT_EVERY`` times more."""
+    return 0 if rows < COMPACT_BASE_ROWS else 1 + int(math.log(rows / COMPACT_BASE_ROWS, COMPACT_EVERY))
+
+
+def _seq_of(part: Part) -> int:
+    return ShardPaths.part_seq(Path(part.name))
 
 
 def read_ledger(where: ShardPaths | ShardStore, columns: list[str] | None = None) -> pa.Table | None:
@@ -304,6 +363,54 @@ def latest_positions(rows: np.ndarray, start: int, end: int) -> np.ndarray:
     keep = (rel >= 0) & (rel < end - start)
     pos[rel[keep]] = np.nonzero(keep)[0]  # numpy assigns in order: the last write wins
     return pos
+
+
+class DoneRows:
+    """Which rows of ``[0, total)`` (shard-relative) are in the ledger, in memory that does not grow with
+    the rows done: every row before ``upto`` is, and ``beyond`` holds those done past it (rows finish
+    nearly in order, so it stays about as large as the requests in flight)."""
+
+    def __init__(self, total: int, upto: int = 0, beyond: set[int] | None = None) -> None:
+        self.total, self.upto, self.beyond = total, upto, beyond or set()
+
+    def __len__(self) -> int:
+        return self.upto + len(self.beyond)
+
+    def __contains__(self, rel: int) -> bool:
+        return rel < self.upto or rel in self.beyond
+
+    def add(self, rel: int) -> bool:
+        """Mark ``rel`` done; True when it was not."""
+        if rel < self.upto or rel in self.beyond:
+            return False
+        if rel != self.upto:
+            self.beyond.add(rel)
+            return True
+        self.upto += 1
+        while self.upto in self.beyond:
+            self.beyond.remove(self.upto)
+            self.upto += 1
+        return True
+
+    def add_many(self, rels: np.ndarray) -> int:
+        """Mark every row of ``rels`` done; return how many were not (vectorized: a replayed part)."""
+        rels = np.unique(rels[rels >= self.upto])
+        fresh = rels[~np.isin(rels, np.fromiter(self.beyond, dtype=np.int64, count=len(self.beyond)))]
+        merged = np.union1d(fresh, np.fromiter(self.beyond, dtype=np.int64, count=len(self.beyond)))
+        run = np.flatnonzero(merged != self.upto + np.arange(merged.size))
+        k = int(run[0]) if run.size else int(merged.size)
+        self.upto += k
+        self.beyond = set(merged[k:].tolist())
+        return int(fresh.size)
+
+    def missing(self, lo: int, hi: int) -> np.ndarray:
+        """Rows of ``[lo, hi)`` not done, as offsets from ``lo``."""
+        if hi <= self.upto:
+            return np.empty(0, dtype=np.int64)
+        idx = np.arange(max(lo, self.upto), hi, dtype=np.int64)
+        if self.beyond:
+            idx = idx[~np.isin(idx, np.fromiter(self.beyond, dtype=np.int64, count=len(self.beyond)))]
+        return idx - lo
 
 
 def check_resumable(where: ShardPaths | ShardStore, stamp: dict[str, Any]) -> None:
@@ -397,11 +504,15 @@ class ShardLedger:
         self.keep_raw = keep_raw
         self.buf: list[RowResult] = []  # finished rows (see add); turned into columns at flush
         self._writer: threading.Thread | None = None
-        self._queue: queue.Queue[tuple[list[RowResult], int | None, dict[str, Any]] | None] | None = None
+        self._queue: queue.Queue[tuple[list[RowResult], int | None, dict[str, Any], dict[str, Any]] | None] | None
+        self._queue = None
         self._write_error: BaseException | None = None
-        self.done = np.zeros(end - start, dtype=bool)  # rows to skip on this run
-        self.seen = np.zeros(end - start, dtype=bool)  # rows in the ledger
-        self.err = np.zeros(end - start, dtype=bool)  # rows whose latest status is error
+        self.seen = DoneRows(end - start)  # rows in the ledger (shard-relative)
+        self.errors: set[int] = set()  # rows whose latest status is error
+        self.retry: set[int] = set()  # error rows sent again on this run (retry_failed), until answered
+        self._retry_sorted = np.empty(0, dtype=np.int64)
+        self._parts: list[tuple[int, int]] = []  # (seq, rows) of the parts on the store, in order
+        self.compactions = 0
         self.n_done = self.n_failed = self.prompt_tokens = self.completion_tokens = 0
         self.requests = 0
         self.seq = 0
@@ -423,9 +534,8 @@ class ShardLedger:
         self._load(retry_failed)
 
     def discard(self) -> None:
-        """Remove every part, the progress, the fingerprint and the DONE marker."""
-        files = [self.paths.progress, self.paths.fingerprint, self.paths.done_marker]
-        self.store.delete([*(p.name for p in self.store.parts()), *(p.name for p in files)])
+        """Remove every part, the index, the progress, the fingerprint and the DONE marker."""
+        self.store.delete(ledger_files(self.store))
 
     def _stamp(self) -> dict[str, Any]:
         return {
@@ -441,22 +551,76 @@ class ShardLedger:
         check_resumable(self.store, self._stamp())
 
     def _load(self, retry_failed: bool) -> None:
-        table = read_ledger(self.store, ["_row", "status", "prompt_tokens", "completion_tokens"])
-        self.seq = self.store.next_seq()
-        if table is None:
-            return
-        rows = table.column("_row").to_numpy()
-        pos = latest_positions(rows, self.start, self.end)
-        seen = pos >= 0
-        ok = np.zeros_like(seen)
-        status = np.asarray(table.column("status").to_numpy(zero_copy_only=False) == STATUS_OK)
-        ok[seen] = status[pos[seen]]
-        self.seen, self.err = seen, seen & ~ok
-        self.done = ok if retry_failed else seen.copy()
-        self.n_done = int(seen.sum())
-        self.n_failed = int(self.err.sum())
-        self.prompt_tokens = int(np.nansum(table.column("prompt_tokens").to_numpy(zero_copy_only=False)))
-        self.completion_tokens = int(np.nansum(table.column("completion_tokens").to_numpy(zero_copy_only=False)))
+        """What is done: the index, then the parts it does not cover (every part without one)."""
+        parts = self.store.parts()
+        self.seq = _seq_of(parts[-1]) + 1 if parts else 0
+        first, known = self._load_index() if parts else (0, {})
+        for part in parts:
+            seq = _seq_of(part)
+            rows = self._replay(part) if seq >= first else known.get(seq)
+            if rows is None:  # a part the index does not list (a merge killed before its deletes)
+                rows = pq.read_metadata(part_source(part)).num_rows
+            self._parts.append((seq, rows))
+        self.n_done, self.n_failed = len(self.seen), len(self.errors)
+        if retry_failed:
+            self.retry = set(self.errors)
+            self._retry_sorted = np.array(sorted(self.retry), dtype=np.int64)
+
+    def _load_index(self) -> tuple[int, dict[int, int]]:
+        """Take the state the index records (when written for this fingerprint and row range); return the
+        first part number it does not cover (0: replay every part) and the rows of the parts it lists."""
+        index = self.store.read_json(self.paths.index.name)
+        if not isinstance(index, dict):
+            return 0, {}
+        if (index.get("fingerprint"), index.get("start"), index.get("end")) != (self.fingerprint, self.start, self.end):
+            return 0, {}
+        try:
+            self.seen = DoneRows(self.total, int(index["upto"]), {int(r) for r in index["beyond"]})
+            self.errors = {int(r) for r in index["errors"]}
+            self.prompt_tokens, self.completion_tokens = int(index["prompt_tokens"]), int(index["completion_tokens"])
+            return int(index["next_part"]), {int(seq): int(rows) for seq, rows in index.get("parts") or []}
+        except (KeyError, TypeError, ValueError):
+            self.seen, self.errors, self.prompt_tokens, self.completion_tokens = DoneRows(self.total), set(), 0, 0
+            return 0, {}
+
+    def _replay(self, part: Part) -> int:
+        """Apply one part's rows (in order: the last write of a row wins) to the state."""
+        table = pq.read_table(part_source(part), columns=["_row", "status", "prompt_tokens", "completion_tokens"])
+        rel = table.column("_row").to_numpy() - self.start
+        ok = np.asarray(table.column("status").to_numpy(zero_copy_only=False) == STATUS_OK)
+        keep = (rel >= 0) & (rel < self.total)
+        rel, ok = rel[keep], ok[keep]
+        self.seen.add_many(rel)
+        last = rel.size - 1 - np.unique(rel[::-1], return_index=True)[1]  # each row's last write
+        self.errors.difference_update(rel[last][ok[last]].tolist())
+        self.errors.update(rel[last][~ok[last]].tolist())
+        self.prompt_tokens += int(np.nansum(table.column("prompt_tokens").to_numpy(zero_copy_only=False)))
+        self.completion_tokens += int(np.nansum(table.column("completion_tokens").to_numpy(zero_copy_only=False)))
+        return table.num_rows
+
+    def is_done(self, rel: int) -> bool:
+        """Row ``rel`` (shard-relative) needs nothing on this run."""
+        return rel in self.seen and rel not in self.retry
+
+    def pending(self, lo: int, hi: int) -> np.ndarray:
+        """Rows of ``[lo, hi)`` (shard-relative) still to run, as offsets from ``lo``."""
+        todo = self.seen.missing(lo, hi)
+        if self.retry:
+            s = self._retry_sorted
+            again = s[np.searchsorted(s, lo) : np.searchsorted(s, hi)]
+            again = np.array([r for r in again.tolist() if r in self.retry], dtype=np.int64) - lo
+            if again.size:
+                todo = np.union1d(todo, again)
+        return todo
+
+    def first_pending(self) -> int:
+        """The first row (shard-relative) this run may still send: every row before it is done."""
+        return min(self.seen.upto, min(self.retry, default=self.total))
+
+    @property
+    def n_left(self) -> int:
+        """Rows this run still has to send."""
+        return self.total - len(self.seen) + len(self.retry)
 
     @property
     def total(self) -> int:
@@ -466,21 +630,23 @@ class ShardLedger:
     @property
     def complete(self) -> bool:
         """Every row of the shard is in the ledger (ok, or error unless retrying errors)."""
-        return bool(self.done.all())
+        return len(self.seen) == self.total and not self.retry
 
     # ------------------------------------------------------------------ write
     def add(self, result: RowResult) -> None:
         """Buffer one finished row (flushed by :meth:`flush`)."""
         self.buf.append(result)
         rel = result.row - self.start
-        self.done[rel] = True
-        if not self.seen[rel]:
-            self.seen[rel] = True
+        self.retry.discard(rel)
+        if self.seen.add(rel):
             self.n_done += 1
-        is_err = result.status != STATUS_OK
-        if is_err != self.err[rel]:
-            self.err[rel] = is_err
-            self.n_failed += 1 if is_err else -1
+        if result.status != STATUS_OK:
+            if rel not in self.errors:
+                self.errors.add(rel)
+                self.n_failed += 1
+        elif rel in self.errors:
+            self.errors.discard(rel)
+            self.n_failed -= 1
         self.prompt_tokens += result.prompt_tokens
         self.completion_tokens += result.completion_tokens
         self.rows_this_run += 1
@@ -493,14 +659,22 @@ class ShardLedger:
     def flush(self, state: str = "running") -> None:
         """Write buffered rows as one part (temp + rename), then the progress file; return when written."""
         self.join()
-        rows, seq, progress = self._cut(state)
+        rows, seq, index, progress = self._cut(state)
         try:
             self._write_part(rows, seq)
         except BaseException:  # keep the rows for the next flush, as if this one had not happened
             self.buf[:0] = rows
             self.seq = self.seq if seq is None else seq
             raise
+        self._after_part(index, progress)
+
+    def _after_part(self, index: dict[str, Any], progress: dict[str, Any]) -> None:
+        """Once a part is written: the index, the progress, then a compaction when one is due (and the
+        index again, listing the parts that are left). Runs where the part was written (the writer thread)."""
+        self.store.write_json(self.paths.index.name, {**index, "parts": [list(p) for p in self._parts]})
         self.store.write_json(self.paths.progress.name, progress)
+        if self._maybe_compact():
+            self.store.write_json(self.paths.index.name, {**index, "parts": [list(p) for p in self._parts]})
 
     def flush_in_background(self, state: str = "running") -> None:
         """Like :meth:`flush`, but the write is queued for the writer thread (parts keep their order).
@@ -532,26 +706,79 @@ class ShardLedger:
         while (cut := q.get()) is not None:
             if self._write_error is None:  # after a failure nothing more is written: join() reports it
                 try:
-                    rows, seq, progress = cut
+                    rows, seq, index, progress = cut
                     self._write_part(rows, seq)
-                    self.store.write_json(self.paths.progress.name, progress)
+                    self._after_part(index, progress)
                 except BaseException as exc:  # the part's rows are not on disk
                     self._write_error = exc
 
-    def _cut(self, state: str) -> tuple[list[RowResult], int | None, dict[str, Any]]:
-        """Take the buffer, a part number for it (None when empty) and the progress as of now."""
+    def _cut(self, state: str) -> tuple[list[RowResult], int | None, dict[str, Any], dict[str, Any]]:
+        """Take the buffer, a part number for it (None when empty), the index and the progress as of now."""
         rows, self.buf = self.buf, []
         seq = None
         if rows:
             seq, self.seq = self.seq, self.seq + 1
         self.last_flush = time.monotonic()
-        return rows, seq, self._progress(state)
+        return rows, seq, self._index(), self._progress(state)
+
+    def _index(self) -> dict[str, Any]:
+        """The progress index as of now: what the parts before ``next_part`` hold (see the module's docstring)."""
+        return {
+            "fingerprint": self.fingerprint,
+            "start": self.start,
+            "end": self.end,
+            "upto": self.seen.upto,
+            "beyond": sorted(self.seen.beyond),
+            "errors": sorted(self.errors),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "next_part": self.seq,
+        }
 
     def _write_part(self, rows: list[RowResult], seq: int | None) -> None:
         if rows and seq is not None:
             sink = io.BytesIO()
             pq.write_table(self._table(rows), sink, compression="zstd")
             self.store.write_part(seq, sink.getvalue())
+            self._parts.append((seq, len(rows)))
+
+    def _maybe_compact(self) -> bool:
+        """Merge the parts that end the ledger while ``COMPACT_EVERY`` of them share a level (cascading);
+        True when a merge happened."""
+        merged = False
+        while self._parts and self._parts[-1][1] < COMPACT_PART_ROWS:
+            level = _level(self._parts[-1][1])
+            run = 0
+            while run < len(self._parts) and self._parts[-1 - run][1] < COMPACT_PART_ROWS:
+                if _level(self._parts[-1 - run][1]) != level:
+                    break
+                run += 1
+            if run < COMPACT_EVERY:
+                break
+            self.compact(run)
+            merged = True
+        return merged
+
+    def compact(self, count: int) -> None:
+        """Merge the last ``count`` parts into one under the last one's number (each row's latest write
+        kept), then delete the others. Memory: the merged rows' ``_row`` (8 bytes each) and one batch."""
+        group = self._parts[-count:]
+        names = {p.name: p for p in self.store.parts()}
+        parts = [names[self.paths.part(seq).name] for seq, _ in group]
+        rows = [pq.read_table(part_source(p), columns=["_row"]).column("_row").to_numpy() for p in parts]
+        allrows = np.concatenate(rows)
+        keep = np.zeros(allrows.size, dtype=bool)
+        keep[allrows.size - 1 - np.unique(allrows[::-1], return_index=True)[1]] = True
+        last, offset = group[-1][0], 0
+        with self.store.part_file(last) as tmp, pq.ParquetWriter(tmp, self.schema, compression="zstd") as writer:
+            for part in parts:  # the merged part replaces the last one whole (rename, or one upload)
+                for batch in pq.ParquetFile(part_source(part)).iter_batches(batch_size=65_536):
+                    mask = pa.array(keep[offset : offset + batch.num_rows])
+                    offset += batch.num_rows
+                    writer.write_table(pa.Table.from_batches([batch]).filter(mask).cast(self.schema))
+        self.store.delete([self.paths.part(seq).name for seq, _ in group[:-1]])
+        self._parts[-count:] = [(last, int(keep.sum()))]
+        self.compactions += 1
 
     def _table(self, rows: list[RowResult]) -> pa.Table:
         data: dict[str, Any] = {

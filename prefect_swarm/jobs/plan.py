@@ -1,14 +1,14 @@
 """What is left to do, read from the ledger: pending shards and each shard's progress.
 
-Cheap (reads small JSON files and the input's metadata), so the Prefect layer and ``job status``
-can call it often.
+Cheap (reads small per-shard JSON files and the input's metadata kept in the job folder, never
+the input's footers), so the Prefect layer, ``job status`` and ``wait`` can call it on every poll.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from prefect_swarm.jobs.dataset import InputDataset, shard_range
+from prefect_swarm.jobs.dataset import InputDataset, input_rows, open_input, shard_range
 from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details, job_fingerprint
 from prefect_swarm.jobs.ledger import check_resumable, shard_store
 from prefect_swarm.jobs.spec import JobSpec
@@ -46,13 +46,16 @@ def shard_marked_done(spec: JobSpec, i: int) -> bool:
     return store.read_text(store.paths.done_marker.name) is not None
 
 
-def shard_progress(spec: JobSpec, i: int, dataset: InputDataset | None = None) -> dict[str, Any]:
-    """Progress of shard ``i``: state, done, failed, total, tokens, rate (``state`` pending if never run)."""
+def shard_progress(spec: JobSpec, i: int, rows: int | InputDataset | None = None) -> dict[str, Any]:
+    """Progress of shard ``i``: state, done, failed, total, tokens, rate (``state`` pending if never run).
+
+    ``rows``: the input's rows, or the input opened (default: as kept with the job, :func:`input_rows`)."""
     data = recorded_progress(spec, i)
     if data:
         return data
-    ds = dataset or InputDataset(spec.input)
-    start, end = shard_range(ds.num_rows, i, spec.shards)
+    if rows is None:
+        rows = input_rows(spec)
+    start, end = shard_range(rows if isinstance(rows, int) else rows.num_rows, i, spec.shards)
     return {
         "shard": i,
         "nshards": spec.shards,
@@ -68,8 +71,9 @@ def shard_progress(spec: JobSpec, i: int, dataset: InputDataset | None = None) -
 
 def job_progress(spec: JobSpec) -> dict[str, Any]:
     """Every shard's progress and the sums (done, failed, total, tokens, rate)."""
-    ds = InputDataset(spec.input)
-    shards = [shard_progress(spec, i, ds) for i in range(spec.shards)]
+    progress = [recorded_progress(spec, i) for i in range(spec.shards)]
+    rows = input_rows(spec) if not all(progress) else None  # a shard never run: its row range
+    shards = [p or shard_progress(spec, i, rows) for i, p in enumerate(progress)]
     total: dict[str, Any] = {
         k: sum(int(s.get(k) or 0) for s in shards)
         for k in ("done", "failed", "total", "prompt_tokens", "completion_tokens")
@@ -85,7 +89,7 @@ def check_resume(spec: JobSpec) -> None:
     checkpoints were written with other settings, before anything is submitted or rewritten."""
     if not spec.job_dir or (not spec.ledger and not spec.paths.shards_root().exists()):
         return
-    ds = InputDataset(spec.input)
+    ds = open_input(spec)
     details = fingerprint_details(spec, ds)
     fingerprint = hash_details(details)
     for i in range(spec.shards):

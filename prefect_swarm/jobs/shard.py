@@ -25,10 +25,11 @@ from prefect_swarm.interfaces.jobenv import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, 
 from prefect_swarm.interfaces.readiness import key_refused
 from prefect_swarm.jobs import fastjson, storage
 from prefect_swarm.jobs.api import SwarmJob, check_reserved, load_job
-from prefect_swarm.jobs.dataset import InputDataset, check_output_location, shard_range
-from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details
+from prefect_swarm.jobs.dataset import InputDataset, check_output_location, open_input, shard_range
+from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details, job_fingerprint
 from prefect_swarm.jobs.ledger import STATUS_OK, RowResult, ShardLedger, ShardLock, shard_store
 from prefect_swarm.jobs.metrics import ShardMetrics, metrics_address
+from prefect_swarm.jobs.output import check_dataset_output
 from prefect_swarm.jobs.runner import DEFAULT_CAPACITY, Item, Runner, RunnerConfig, prefix_key
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
@@ -98,12 +99,13 @@ def validate_input(spec: JobSpec, job: SwarmJob | None = None) -> InputDataset:
     are stamped in ``<job_dir>/validated.json`` so later shards and reruns skip them.
     """
     job = job or load_job(spec.job, spec.job_kwargs)
-    ds = InputDataset(spec.input)
+    ds = open_input(spec)  # the input's metadata: read once per job, kept in the job folder
     check_output_location(spec.output, ds, spec.job_dir)
     if spec.ledger:  # the checkpoints on an object store: proven writable like the output
         storage.check_writable(storage.parse(spec.ledger, "ledger"), "ledger", folder=True)
     ds.check_columns(job.all_columns(), spec.id_column, spec.input_columns)
     kept = spec.input_columns if spec.input_columns is not None else ds.schema.names
+    check_dataset_output(spec.output, job_fingerprint(spec, ds), [*kept, *job.outputs])  # another job's there
     check_reserved(f"job {spec.job}: output", job.outputs, "Rename the job's output(s).")
     check_reserved(
         f"input {ds.where}: column", kept, "Rename the column(s), or list the input columns to keep with input_columns."
@@ -201,7 +203,7 @@ class ShardRun:
             self.nshards,
             self.start,
             self.end,
-            int((~self.ledger.done).sum()),
+            self.ledger.n_left,
             ",".join(target.endpoints),
             target.model,
         )
@@ -278,6 +280,8 @@ class ShardRun:
             drain_seconds=spec.drain_seconds,
             keep_raw=self.ledger.keep_raw,
             outage_timeout_s=spec.outage_timeout_s,
+            requests_per_minute=spec.requests_per_minute,
+            tokens_per_minute=spec.tokens_per_minute,
         )
         self.runner = runner = Runner(
             self.job,
@@ -348,9 +352,10 @@ class ShardRun:
         needed = list(job.columns())
         if spec.id_column and spec.id_column not in cols:
             cols.append(spec.id_column)
-        for first, batch in self.ds.iter_range(self.start, self.end, cols, spec.read_batch_rows):
+        begin = self.start + ledger.first_pending()  # the rows before it are done: not even decoded
+        for first, batch in self.ds.iter_range(begin, self.end, cols, spec.read_batch_rows):
             rel0 = first - self.start
-            pending = np.flatnonzero(~ledger.done[rel0 : rel0 + batch.num_rows]).tolist()
+            pending = ledger.pending(rel0, rel0 + batch.num_rows).tolist()
             if not pending:
                 continue
             if len(pending) < batch.num_rows:

@@ -1,0 +1,331 @@
+"""Resume and status in O(shards), bounded memory: the ledger's progress index and compaction, the input's
+metadata kept with the job (status reads no footer), the JSONL line index, the partitioned id check."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from _jobkit import make_dataset, write_spec
+
+from prefect_swarm.exceptions import DatasetError
+from prefect_swarm.jobs import dataset as dataset_mod
+from prefect_swarm.jobs import ledger as ledger_mod
+from prefect_swarm.jobs.dataset import InputDataset, open_input
+from prefect_swarm.jobs.ledger import DoneRows, RowResult, ShardLedger, latest_positions, read_ledger
+from prefect_swarm.jobs.plan import job_progress, pending_shards
+from prefect_swarm.jobs.run import main as job_main
+from prefect_swarm.jobs.spec import JobSpec
+from prefect_swarm.paths import ShardPaths
+
+START, END = 1000, 1600
+
+
+def _ledger(root: Path, *, retry_failed: bool = False, start: int = START, end: int = END) -> ShardLedger:
+    led = ShardLedger(
+        ShardPaths(root),
+        shard=0,
+        nshards=1,
+        start=start,
+        end=end,
+        fingerprint="fp",
+        details={},
+        outputs={"text": pa.string()},
+    )
+    led.open(retry_failed=retry_failed)
+    return led
+
+
+def _add(led: ShardLedger, row: int, status: str = "ok") -> None:
+    err = None if status == "ok" else "boom"
+    led.add(RowResult(row, f"id{row}", status, err, 200, 3, 4, 1.5, 1, {"text": f"t{row}-{status}"}))
+
+
+def _state(led: ShardLedger) -> tuple:
+    pending = led.pending(0, led.total).tolist()
+    return (led.n_done, led.n_failed, led.prompt_tokens, led.completion_tokens, sorted(led.errors), pending, led.seq)
+
+
+def _run_rows(led: ShardLedger, order: list[tuple[int, str]], every: int) -> None:
+    for k, (row, status) in enumerate(order, 1):
+        _add(led, row, status)
+        if k % every == 0:
+            led.flush_in_background()
+    led.flush()
+
+
+def _shuffled_order(n: int, seed: int) -> list[tuple[int, str]]:
+    """Rows finishing nearly in order (a window of 16 in flight), a few errors, some retried to ok later."""
+    rng = random.Random(seed)
+    rows = list(range(START, START + n))
+    order = []
+    for i in range(0, n, 16):
+        window = rows[i : i + 16]
+        rng.shuffle(window)
+        order += [(r, "error" if r % 37 == 0 else "ok") for r in window]
+    order += [(r, "ok") for r in range(START, START + n) if r % 74 == 0]  # half the errors answered on a retry
+    return order
+
+
+def test_done_rows_keep_a_position_and_the_few_rows_past_it() -> None:
+    rows = DoneRows(10)
+    assert rows.add(2) and rows.add(0) and not rows.add(0)
+    assert (rows.upto, rows.beyond, len(rows)) == (1, {2}, 2)
+    assert rows.add(1) and (rows.upto, rows.beyond) == (3, set())
+    assert rows.add_many(np.array([5, 3, 3, 9, 2])) == 3
+    assert (rows.upto, rows.beyond, len(rows)) == (4, {5, 9}, 6)
+    assert rows.missing(0, 10).tolist() == [4, 6, 7, 8]
+    assert rows.missing(2, 6).tolist() == [2]
+
+
+def test_resume_reads_the_index_and_only_the_parts_after_it(tmp_path: Path, monkeypatch) -> None:
+    order = _shuffled_order(300, seed=1)
+    led = _ledger(tmp_path / "a")
+    _run_rows(led, order, every=7)
+    assert len(led.seen.beyond) == 0 and led.seen.upto == 300
+    replayed: list[str] = []
+    real = ShardLedger._replay
+    monkeypatch.setattr(ShardLedger, "_replay", lambda self, part: replayed.append(part.name) or real(self, part))
+    resumed = _ledger(tmp_path / "a")
+    assert replayed == []  # the index covers every part
+    assert _state(resumed) == _state(led)
+    # the same ledger without its index: every part replayed, the same state
+    (tmp_path / "a" / "index.json").unlink()
+    full = _ledger(tmp_path / "a")
+    assert len(replayed) == len(led.paths.parts()) and _state(full) == _state(led)
+    assert full.n_failed == sum(1 for r in range(START, START + 300) if r % 37 == 0 and r % 74 != 0)
+
+
+def test_a_kill_between_a_part_and_the_index_is_replayed_from_the_parts(tmp_path: Path) -> None:
+    order = _shuffled_order(400, seed=2)
+    led = _ledger(tmp_path / "k")
+    for k, (row, status) in enumerate(order[:200], 1):
+        _add(led, row, status)
+        if k % 50 == 0:
+            led.flush()
+    old_index = (tmp_path / "k" / "index.json").read_text()
+    for row, status in order[200:260]:  # finished after the index: out of order past the position
+        _add(led, row, status)
+    led.flush()
+    (tmp_path / "k" / "index.json").write_text(old_index)  # as if killed after the part, before its index
+    resumed = _ledger(tmp_path / "k")
+    assert _state(resumed) == _state(led)
+    done = {r for r, _ in order[:260]}
+    assert resumed.first_pending() == min(r for r in range(START, END) if r not in done) - START
+
+
+def test_retry_failed_sends_the_error_rows_again_from_the_first_of_them(tmp_path: Path) -> None:
+    led = _ledger(tmp_path / "r")
+    for row in range(START, END):
+        _add(led, row, "error" if row in (START + 5, START + 300) else "ok")
+    led.flush("done")
+    again = _ledger(tmp_path / "r", retry_failed=True)
+    assert not again.complete and again.n_left == 2 and again.first_pending() == 5
+    assert again.pending(0, 100).tolist() == [5] and again.pending(250, 350).tolist() == [50]
+    _add(again, START + 5)
+    assert again.pending(0, 100).tolist() == [] and again.first_pending() == 300
+    _add(again, START + 300)
+    assert again.complete and again.n_failed == 0
+
+
+def _latest(root: Path) -> dict[int, str]:
+    table = read_ledger(ShardPaths(root))
+    assert table is not None
+    pos = latest_positions(table.column("_row").to_numpy(), START, END)
+    texts = table.column("text").to_pylist()
+    return {START + i: texts[p] for i, p in enumerate(pos.tolist()) if p >= 0}
+
+
+def test_compaction_keeps_the_part_count_bounded_and_each_rows_latest_write(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(ledger_mod, "COMPACT_EVERY", 4)
+    order = _shuffled_order(320, seed=3)
+    led = _ledger(tmp_path / "c")
+    ref = _ledger(tmp_path / "ref", start=START, end=END)
+    monkeypatch.setattr(ref, "_maybe_compact", lambda: False)
+    _run_rows(led, order, every=5)
+    _run_rows(ref, order, every=5)
+    assert len(ref.paths.parts()) > 60 and led.compactions > 10
+    assert len(led.paths.parts()) <= 4
+    assert _latest(tmp_path / "c") == _latest(tmp_path / "ref")
+    merged = pq.read_table(led.paths.parts()[0], columns=["_row"]).column("_row").to_numpy()
+    assert merged.size > 250 and np.unique(merged).size == merged.size  # superseded writes dropped
+    assert _state(_ledger(tmp_path / "c")) == _state(_ledger(tmp_path / "ref"))
+
+
+def test_a_kill_in_the_middle_of_a_compaction_loses_nothing(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(ledger_mod, "COMPACT_EVERY", 4)
+    order = _shuffled_order(120, seed=4)
+    led = _ledger(tmp_path / "m")
+    ref = _ledger(tmp_path / "ref")
+    monkeypatch.setattr(ref, "_maybe_compact", lambda: False)
+    _run_rows(ref, order, every=10)
+
+    def killed(_names: list[str]) -> None:  # the merged part is written; the merged ones not yet deleted
+        raise KeyboardInterrupt
+
+    for k, (row, status) in enumerate(order[:39], 1):
+        _add(led, row, status)
+        if k % 10 == 0:
+            led.flush()
+    monkeypatch.setattr(led.store, "delete", killed)
+    for row, status in order[39:40]:
+        _add(led, row, status)
+    with pytest.raises(KeyboardInterrupt):
+        led.flush()
+    left = [p.name for p in led.paths.parts()]
+    assert len(left) == 4  # merged into the last part number, the others still there
+    resumed = _ledger(tmp_path / "m")
+    _run_rows(resumed, order[40:], every=10)
+    assert _latest(tmp_path / "m") == _latest(tmp_path / "ref")
+    assert _state(_ledger(tmp_path / "m"))[:5] == _state(_ledger(tmp_path / "ref"))[:5]
+
+
+# ---------------------------------------------------------------- input metadata, polling
+
+
+def _count_footer_reads(monkeypatch) -> list[str]:
+    reads: list[str] = []
+    real_meta, real_file = pq.read_metadata, pq.ParquetFile
+
+    def meta(where, *a, **kw):
+        reads.append(str(where))
+        return real_meta(where, *a, **kw)
+
+    class Counted(real_file):  # type: ignore[misc,valid-type]
+        def __init__(self, source, *a, **kw):
+            reads.append(str(source))
+            super().__init__(source, *a, **kw)
+
+    monkeypatch.setattr(pq, "read_metadata", meta)
+    monkeypatch.setattr(pq, "ParquetFile", Counted)
+    return reads
+
+
+def test_status_polls_read_no_input_footer(tmp_path: Path, monkeypatch) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for k in range(6):
+        make_dataset(folder / f"f{k}.parquet", 50, row_group=10, ids=[f"f{k}-{i}" for i in range(50)])
+    spec = JobSpec.load(write_spec(tmp_path, input=str(folder), shards=3))
+    first = open_input(spec)  # the job's one read of the footers (validate_input does this)
+    assert spec.paths.input_index.exists() and first.num_rows == 300
+    reads = _count_footer_reads(monkeypatch)
+    for _ in range(3):
+        progress = job_progress(spec)
+        assert pending_shards(spec) == [0, 1, 2]
+    assert progress["total"] == 300 and [s["total"] for s in progress["shards"]] == [100, 100, 100]
+    assert reads == []
+    # a shard reads only its own files' footers
+    ds = open_input(spec)
+    assert reads == []
+    list(ds.iter_range(100, 200, ["id"], 64))
+    assert sorted(Path(r).name for r in reads) == ["f2.parquet", "f3.parquet"]
+    # a changed input is read afresh: the kept metadata is for its old sizes and mtimes
+    make_dataset(folder / "f5.parquet", 70, row_group=10, ids=[f"n{i}" for i in range(70)])
+    assert open_input(spec).num_rows == 320 and json.loads(spec.paths.input_index.read_text())["num_rows"] == 320
+
+
+def test_a_jsonl_input_is_indexed_once_and_each_shard_seeks_to_its_rows(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(dataset_mod, "JSONL_OFFSET_EVERY", 10)
+    path = tmp_path / "in.jsonl"
+
+    def line(i: int) -> str:
+        return json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": {"i": i}})
+
+    lines = []
+    for i in range(95):
+        lines.append(line(i))
+        if i % 13 == 0:
+            lines.append("")  # blank lines do not count as rows
+    path.write_text("\n".join(lines) + "\n")
+    spec = JobSpec.load(write_spec(tmp_path, input=str(path), id_column="custom_id", output=str(tmp_path / "o.jsonl")))
+    ds = open_input(spec)
+    assert ds.num_rows == 95 and len(ds.line_offsets) == 10
+    counted: list[int] = []
+    real_count = InputDataset._count_lines
+    monkeypatch.setattr(InputDataset, "_count_lines", lambda self: counted.append(1) or 0)
+    again = open_input(spec)
+    assert counted == [] and again.num_rows == 95  # the kept index, not a recount
+    monkeypatch.setattr(InputDataset, "_count_lines", real_count)
+    got = [c for _, b in again.iter_range(37, 64, ["custom_id"], 8) for c in b.column(0).to_pylist()]
+    assert got == [f"c{i}" for i in range(37, 64)]
+    opened: list[int] = []
+    real_open = InputDataset._open_lines
+    monkeypatch.setattr(
+        InputDataset, "_open_lines", lambda self, offset=0: opened.append(offset) or real_open(self, offset)
+    )
+    next(again.iter_range(85, 95, None, 8))
+    assert opened and opened[0] > 0  # seeked, not read from line 0
+    # a damaged line past the seek point is named by its line number in the file
+    lines[lines.index(line(90))] = "{oops"
+    path.write_text("\n".join(lines) + "\n")
+    fresh = InputDataset(path)
+    assert fresh.line_offsets[-1][0] == 90
+    with pytest.raises(DatasetError, match=f"line {lines.index('{oops') + 1} is not JSON"):
+        list(fresh.iter_range(85, 95, None, 8))
+
+
+def test_gzip_jsonl_keeps_no_offsets_and_reads_correctly(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl.gz"
+    rows = [json.dumps({"custom_id": f"c{i}", "body": {"i": i}}) for i in range(30)]
+    path.write_bytes(gzip.compress(("\n".join(rows) + "\n").encode()))
+    ds = InputDataset(path)
+    assert ds.compression == "gzip" and ds.line_offsets[:1] == []
+    got = [c for _, b in ds.iter_range(12, 20, ["custom_id"], 4) for c in b.column(0).to_pylist()]
+    assert got == [f"c{i}" for i in range(12, 20)]
+
+
+# ---------------------------------------------------------------- bounded id check
+
+
+def test_the_partitioned_id_check_finds_duplicates_and_only_them(tmp_path: Path, monkeypatch) -> None:
+    n = 5000
+    ids = [f"id-{i}" for i in range(n)]
+    clean = make_dataset(tmp_path / "clean.parquet", n, ids=ids)
+    ds = InputDataset(clean)
+    held: list[int] = []
+    real = dataset_mod._equal_hashes
+    monkeypatch.setattr(dataset_mod, "_equal_hashes", lambda h: held.append(h.size) or real(h))
+    ds.check_unique_ids("id", partition_rows=600)
+    assert len(held) == 9 and sum(held) == n and max(held) < 1200  # one partition in memory at a time
+    dup = make_dataset(tmp_path / "dup.parquet", n, ids=[*ids[:-1], "id-1234"])
+    with pytest.raises(DatasetError, match=r"1 duplicated values \(e.g. 'id-1234'\)"):
+        InputDataset(dup).check_unique_ids("id", partition_rows=600)
+    ints = make_dataset(tmp_path / "ints.parquet", n, ids=[*range(n - 1), 17])
+    with pytest.raises(DatasetError, match=r"duplicated values \(e.g. 17\)"):
+        InputDataset(ints).check_unique_ids("id", partition_rows=600)
+    held.clear()
+    InputDataset(clean).check_unique_ids("id")  # small input: one in-memory sort
+    assert held == [n]
+
+
+def test_a_real_shard_resumes_from_the_index(tmp_path: Path, stub, own_signals) -> None:
+    """A job process stopped half-way, then rerun: the rerun reads the index and sends only the rest."""
+    make_dataset(tmp_path / "in.parquet", 600, row_group=100)
+    spec_path = write_spec(tmp_path, endpoints=[stub.url], checkpoint_every=50)
+    spec = JobSpec.load(spec_path)
+    root = spec.paths.shard(0).root
+    assert job_main(["--spec", str(spec_path), "--shard-id", "0", "--nshards", "1"]) == 0
+    index = json.loads((root / "index.json").read_text())
+    assert index["upto"] == 600 and index["beyond"] == [] and index["next_part"] == len(list(root.glob("part-*")))
+    # drop the last two parts and rewind the index as a kill -9 would have left them
+    parts = sorted(root.glob("part-*.parquet"))
+    kept_rows = sum(pq.read_metadata(p).num_rows for p in parts[:-2])
+    for p in parts[-2:]:
+        p.unlink()
+    (root / "DONE").unlink()
+    index.update(upto=kept_rows - 50, next_part=len(parts) - 3)  # an index one part behind
+    (root / "index.json").write_text(json.dumps(index))
+    before = stub.stats()["requests"]
+    assert job_main(["--spec", str(spec_path), "--shard-id", "0", "--nshards", "1"]) == 0
+    assert stub.stats()["requests"] - before == 600 - kept_rows
+    table = read_ledger(ShardPaths(root), ["_row"])
+    assert table is not None and sorted(set(table.column("_row").to_pylist())) == list(range(600))
+    shutil.rmtree(root)
