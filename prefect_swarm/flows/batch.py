@@ -1,4 +1,5 @@
-"""``batch_inference``: plan -> up -> ready -> map shards -> commit -> down.
+"""``batch_inference``: plan -> up -> ready -> map shards -> down -> commit (the swarm is released
+as soon as the last row is answered; the commit publishes after).
 
 A rerun with the same parameters skips finished shards (ledger + task cache) and, when the
 output is already committed, never brings a swarm up at all. Teardown runs in ``finally`` and
@@ -101,7 +102,9 @@ def batch_inference(
                 live = with_budget(swarm_up(cfg, keep=keep_swarm, reuse=reuse, source=block_ref(swarm)), budget)
                 up_at = time.monotonic()
                 wait_ready(live)
-            return run_and_commit(plan, live, cfg, started, up_at, max_failed_fraction)
+            # the swarm is released as soon as the last row is answered, before the commit publishes
+            release = lambda: teardown_owned(keep_swarm)  # noqa: E731
+            return run_and_commit(plan, live, cfg, started, up_at, max_failed_fraction, release=release)
         except BudgetReached:
             over_budget = True
             raise

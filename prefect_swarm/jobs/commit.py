@@ -44,10 +44,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prefect_swarm.exceptions import JobError
+from prefect_swarm.jobs import output as dataset_output
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.api import load_job
 from prefect_swarm.jobs.dataset import InputDataset, shard_range
-from prefect_swarm.jobs.fingerprint import job_fingerprint
+from prefect_swarm.jobs.fingerprint import hash_details, job_fingerprint
 from prefect_swarm.jobs.ledger import RAW_COLUMN, Part, latest_positions, part_size, part_source, shard_store
 from prefect_swarm.jobs.plan import pending_shards, shard_progress
 from prefect_swarm.jobs.spec import JobSpec
@@ -97,14 +98,22 @@ def commit_output(spec: JobSpec, *, force: bool = False, bucket_rows: int | None
         fp = job_fingerprint(spec)
         signature = _ledger_signature(spec, fp)
         old = read_json(spec.paths.manifest)
-        if not force and old and old.get("signature") == signature and storage.parse(spec.output, "output").exists():
+        if not force and old and old.get("signature") == signature and output_present(spec):
             return dict(old)
+        if dataset_output.is_dataset(spec.output):
+            return _commit_dataset(spec, fp, signature, _bucket_rows(bucket_rows), force=force)
         return _commit(spec, fp, signature, _bucket_rows(bucket_rows))
+
+
+def output_present(spec: JobSpec) -> bool:
+    """The output is there: the file, or a dataset folder's ``_SUCCESS`` (one request on an object store)."""
+    loc = storage.parse(spec.output, "output")
+    return dataset_output.published(loc) if dataset_output.is_dataset(spec.output) else loc.exists()
 
 
 def manifest_current(spec: JobSpec, manifest: Mapping[str, Any] | None) -> bool:
     """``manifest`` describes the output of the ledger as it is now (no row was rerun since the commit)."""
-    if not manifest or not storage.parse(spec.output, "output").exists():
+    if not manifest or not output_present(spec):
         return False
     spec = spec.model_copy(update={"retry_failed": False})
     return manifest.get("signature") == _ledger_signature(spec, job_fingerprint(spec))
@@ -163,6 +172,101 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
     }
     atomic_write_json(spec.paths.manifest, manifest)
     return manifest
+
+
+def _commit_dataset(
+    spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int, *, force: bool = False
+) -> dict[str, Any]:
+    """Write the output as a dataset (:mod:`prefect_swarm.jobs.output`): each shard's part files, then
+    the manifest and ``_SUCCESS``; a killed commit resumes at the first shard it had not written."""
+    t0 = time.time()
+    commit_id = hash_details(signature)[:12]
+    out = storage.parse(spec.output, "output")
+    state = spec.paths.commit_state(commit_id)
+    for stale in spec.paths.commit_state_dirs():
+        if stale != state or force:
+            shutil.rmtree(stale, ignore_errors=True)
+    ds = InputDataset(spec.input)
+    with storage.refusing(out, "output", "write", error=JobError, after=_KEPT):
+        current = dataset_output.read_manifest(out)
+        if force or not (current and current.get("commit") == commit_id and dataset_output.published(out)):
+            stage = dataset_output.prepare(out, commit_id, fresh=not state.exists())
+            state.mkdir(parents=True, exist_ok=True)
+            shards = [_write_shard(spec, ds, i, stage, state, commit_id, bucket_rows) for i in range(spec.shards)]
+            current = _dataset_manifest(spec, fp, commit_id, shards)
+            if current["rows"] != ds.num_rows:
+                raise JobError(f"commit of {spec.output} produced {current['rows']} rows for {ds.num_rows} input rows.")
+            dataset_output.publish(out, stage, current)
+    with atomic_file(spec.paths.failed_rows) as tmp, open(tmp, "w") as failed:
+        for i in range(spec.shards):  # the shards' failed rows, recorded as each was written
+            part = state / f"failed-{i:05d}.jsonl"
+            if part.exists():
+                with open(part) as src:
+                    shutil.copyfileobj(src, failed)
+        _as_new_file(tmp)
+    manifest = {
+        "job_id": spec.job_id,
+        "output": str(spec.output),
+        "format": spec.output_format,
+        "layout": dataset_output.LAYOUT,
+        "fingerprint": fp,
+        **{k: current[k] for k in ("rows", "ok", "failed", "prompt_tokens", "completion_tokens", "bytes", "commit")},
+        "files": len(current["files"]),
+        "shards": [shard_progress(spec, i, ds) for i in range(spec.shards)],
+        "failed_rows": str(spec.paths.failed_rows),
+        "committed_at": time.time(),
+        "commit_seconds": round(time.time() - t0, 3),
+        "signature": signature,
+    }
+    atomic_write_json(spec.paths.manifest, manifest)
+    shutil.rmtree(state, ignore_errors=True)
+    return manifest
+
+
+def _write_shard(
+    spec: JobSpec, ds: InputDataset, i: int, stage: storage.Location, state: Path, commit_id: str, bucket_rows: int
+) -> dict[str, Any]:
+    """Shard ``i``'s part files in ``stage`` and its failed rows in ``state``; recorded in ``state``
+    once written (a rerun of the commit takes the record and writes nothing)."""
+    record = state / f"shard-{i:05d}.json"
+    done = read_json(record)
+    if done:
+        return dict(done)
+    dataset_output.remove_shard_parts(stage, i, commit_id)  # what a killed commit cut short
+    job = load_job(spec.job, spec.job_kwargs)
+    outputs = [c for c in job.outputs if spec.output_columns is None or c in spec.output_columns]
+    keep = spec.input_columns if spec.input_columns is not None else ds.schema.names
+    counts = {"rows": 0, "ok": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    parts = dataset_output.ShardParts(stage, i, commit_id, shard_range(ds.num_rows, i, spec.shards)[0])
+    with atomic_file(state / f"failed-{i:05d}.jsonl") as tmp, open(tmp, "w") as failed:
+        for merged in _merge_shard(spec, ds, i, keep, outputs, bucket_rows):
+            _count(merged, counts, failed)
+            parts.write(_output_batch(job.finish_batch(merged)))
+        files = parts.close()
+    done = {"shard": i, **counts, "files": files}
+    atomic_write_json(record, done)
+    return done
+
+
+def _dataset_manifest(spec: JobSpec, fp: str, commit_id: str, shards: list[dict[str, Any]]) -> dict[str, Any]:
+    files = [f for s in shards for f in s["files"]]
+    sums = {k: sum(int(s[k]) for s in shards) for k in ("rows", "ok", "failed", "prompt_tokens", "completion_tokens")}
+    return {
+        "layout": dataset_output.LAYOUT,
+        "job_id": spec.job_id,
+        "fingerprint": fp,
+        "commit": commit_id,
+        "position_column": dataset_output.POSITION_COLUMN,
+        **sums,
+        "bytes": sum(int(f["bytes"]) for f in files),
+        "files": files,
+        "committed_at": time.time(),
+    }
+
+
+def _output_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A merged batch as the parquet output holds it (``_id`` and ledger internals dropped)."""
+    return batch.drop_columns([c for c in ("_id", *BATCH_COLUMNS) if c in batch.schema.names])
 
 
 _KEPT = (
@@ -386,13 +490,13 @@ class _ParquetWriter:
 
     def open(self, path: Path | pa.NativeFile) -> None:
         self.path = path
-        self.writer: pq.ParquetWriter | None = None
+        self.writer: dataset_output.RowGroupWriter | None = None
 
     def write(self, batch: pa.RecordBatch) -> None:
-        batch = batch.drop_columns([c for c in ("_id", *BATCH_COLUMNS) if c in batch.schema.names])
-        if self.writer is None:
-            self.writer = pq.ParquetWriter(self.path, batch.schema, compression="zstd")
-        self.writer.write_batch(batch)
+        batch = _output_batch(batch)
+        if self.writer is None:  # row groups of up to ROW_GROUP_ROWS rows / about ROW_GROUP_BYTES
+            self.writer = dataset_output.RowGroupWriter(self.path, batch.schema)
+        self.writer.write(batch)
 
     def close(self) -> None:
         if self.writer is not None:

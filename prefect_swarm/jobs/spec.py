@@ -33,8 +33,10 @@ class JobSpec(BaseModel):
         "OpenAI Batch input format (custom_id, method, url, body)."
     )
     output: str = Field(
-        description="Output file: parquet (input columns + outputs + status, error, tokens) or JSONL in "
-        "the OpenAI Batch output format (see output_format)."
+        description="Output: a folder or prefix ending with '/' (a parquet dataset: part files by shard, "
+        "_manifest.json, _SUCCESS, a row_position column; the choice for large jobs), or one file: parquet "
+        "(input columns + outputs + status, error, tokens) or JSONL in the OpenAI Batch output format (see "
+        "output_format)."
     )
     job_dir: str | None = Field(
         default=None,
@@ -205,6 +207,11 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="after")
     def _output_format_from_name(self) -> JobSpec:
+        if self.output.endswith("/") and self.output_format != "parquet":
+            raise ValueError(
+                f"output {self.output}: a folder (a name ending with '/') is a parquet dataset; the "
+                f"'{self.output_format}' output is one file: name it *{_SUFFIXES[self.output_format]}."
+            )
         named = output_format_of(self.output)
         if named is None or named == self.output_format:
             return self
@@ -263,7 +270,8 @@ class JobSpec(BaseModel):
             if "://" in value:
                 return value
             path = Path(value).expanduser()
-            return str(path if path.is_absolute() else base / path)
+            text = str(path if path.is_absolute() else base / path)
+            return text + "/" if value.endswith("/") else text  # a dataset output keeps its '/'
 
         update: dict[str, Any] = {"input": absolute(self.input), "output": absolute(self.output)}
         if self.job_dir:

@@ -115,6 +115,12 @@ class Location:
         return bool(self.info().type != pafs.FileType.NotFound)
 
 
+def is_folder(text: str | os.PathLike[str]) -> bool:
+    """``text`` names a folder or prefix: it ends with ``/`` (an output so named is a dataset, see
+    :mod:`prefect_swarm.jobs.output`)."""
+    return str(text).endswith(("/", os.sep))
+
+
 def is_remote(text: str | os.PathLike[str]) -> bool:
     """``text`` names an object-store location (validated or not)."""
     scheme = urlsplit(str(text)).scheme.lower() if "://" in str(text) else ""

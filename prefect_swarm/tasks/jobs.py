@@ -13,7 +13,7 @@ import contextlib
 import contextvars
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -280,16 +280,20 @@ def run_and_commit(
     started: float,
     up_at: float | None,
     max_failed_fraction: float | None = None,
+    release: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the shards, commit, publish the summary; return the run's numbers and paths.
+    """Run the shards, ``release`` the swarm (once the last row is answered: the GPUs are not held
+    for the bookkeeping), commit, publish the summary; return the run's numbers and paths.
 
     Raise JobFailed (the run ends Failed, with the counts and the failed-rows file) when more
     rows failed than ``max_failed_fraction`` (default: the job's own) allows.
     """
     before = sum(_tokens(shard_progress(plan.spec, i)) for i in plan.pending)
     results = run_shards(plan, live)
-    manifest = commit_output(plan.spec)
     swarm_s = time.monotonic() - up_at if up_at is not None else 0.0
+    if release is not None:
+        release()
+    manifest = commit_output(plan.spec)
     used = live.cfg if live else cfg
     row = summary_row(
         manifest,

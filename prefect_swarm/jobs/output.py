@@ -1,0 +1,392 @@
+"""A job's output as a dataset: part files, a manifest and ``_SUCCESS`` in a folder or prefix.
+
+An output whose name ends with ``/`` (``out/``, ``s3://bucket/run-7/``) is a dataset; any other
+name is one file (see :mod:`prefect_swarm.jobs.commit`). A dataset holds:
+
+- ``part-<shard>-<seq>-<commit>.parquet``: shard ``shard``'s rows in input order, ``seq`` counting
+  the files of that shard (a file rolls over past ``PART_BYTES`` of uncompressed data);
+  ``commit`` is the commit's id (12 hex characters). Row groups hold up to ``ROW_GROUP_ROWS`` rows
+  and about ``ROW_GROUP_BYTES``, so a reader opens a small footer whatever the size. Each row
+  carries ``row_position`` (int64): its 0-based position in the input, so ``ORDER BY row_position``
+  (or the files in name order) is the input order;
+- ``_manifest.json``: the files (name, shard, rows, bytes, sha256, first position), the totals, the
+  job id, the job fingerprint and the commit id;
+- ``_SUCCESS``: written last, once the folder holds exactly the manifest's files.
+
+pyarrow.dataset, pandas, polars, DuckDB and Spark read the folder as one table (they skip names
+starting with ``_`` or ``.``).
+
+Publishing costs O(files), never a rewrite of the bytes. On a filesystem the parts are written into
+a hidden sibling folder ``.<name>.<commit>.tmp`` with the manifest and ``_SUCCESS``; one rename
+(Linux: ``renameat2(RENAME_EXCHANGE)``, an atomic swap with the previous output) puts it in place,
+so a reader sees the previous complete output or the new one. An object store has no rename: the
+parts go straight to their final keys (each object appears whole or not at all; their names carry
+the commit id, so the previous commit's files are never overwritten), then ``_manifest.json`` (one
+PUT: the switch), then the previous commit's files are deleted and ``_SUCCESS`` written. A reader
+of the manifest's files sees one complete commit; a reader listing the prefix should wait for
+``_SUCCESS`` (it is deleted when a new commit starts).
+
+A commit killed at any point is resumed by the next one: each shard's files are recorded in the job
+folder (``<job_dir>/.commit-<commit>/``) once written, so a rerun skips the shards already written
+and rewrites only the one that was cut.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.jobs import storage
+from prefect_swarm.paths import TEMP_SUFFIX, atomic_write_json
+
+MANIFEST = "_manifest.json"
+"""The dataset's manifest (inside the output folder)."""
+SUCCESS = "_SUCCESS"
+"""Written last: the folder holds exactly the manifest's files."""
+POSITION_COLUMN = "row_position"
+"""Each output row's 0-based position in the input (dataset output)."""
+PART_PREFIX = "part-"
+LAYOUT = "prefect-swarm-dataset/1"
+ROW_GROUP_ROWS = 1_000_000
+"""Rows of one row group at most."""
+ROW_GROUP_BYTES = 128 * 2**20
+"""Uncompressed bytes of one row group, about."""
+PART_BYTES = 1024 * 2**20
+"""Uncompressed bytes of one part file, about (a shard writes more files past it)."""
+
+
+def is_dataset(output: str | os.PathLike[str]) -> bool:
+    """``output`` names a dataset folder or prefix (its name ends with ``/``)."""
+    return storage.is_folder(str(output))
+
+
+def part_name(shard: int, seq: int, commit: str) -> str:
+    """The file name of shard ``shard``'s ``seq``-th part in commit ``commit``."""
+    return f"{PART_PREFIX}{shard:05d}-{seq:05d}-{commit}.parquet"
+
+
+def _ours(name: str) -> bool:
+    """A name a dataset output holds (parts, manifest, marker)."""
+    return name in (MANIFEST, SUCCESS) or (name.startswith(PART_PREFIX) and name.endswith(".parquet"))
+
+
+# ------------------------------------------------------------------------------------------ checks
+def check_dataset_location(output: str, inputs: Iterable[str], job_dir: str | Path | None) -> None:
+    """Refuse, before any request, a dataset output that cannot be one: a file of that name exists;
+    the folder holds files that are not a dataset's (the publish replaces the folder whole); the
+    input is inside it, or it is inside the input folder or the job folder; it cannot be written.
+    ``inputs``: the input folder and files, as canonical locations."""
+    loc = storage.parse(output, "output")
+    uri = loc.uri.rstrip("/")
+    for name in inputs:
+        if name.rstrip("/") == uri or name.startswith(uri + "/"):
+            raise ConfigError(f"input {name} is inside the output folder {output}. Choose an output folder elsewhere.")
+        if uri.startswith(name.rstrip("/") + "/"):
+            raise ConfigError(
+                f"output {output} is inside the input folder {name}: the next run would read it back as "
+                "input. Write the output outside that folder."
+            )
+    if job_dir is not None and not loc.remote:
+        root = Path(job_dir).expanduser().resolve()
+        if Path(uri).is_relative_to(root) or root.is_relative_to(Path(uri)):
+            raise ConfigError(
+                f"output {output} overlaps the job folder {root}. Choose an output folder outside the job's ledger."
+            )
+    with storage.refusing(loc, "output", "read"):
+        info = loc.fs.get_file_info(loc.path.rstrip("/"))
+        if info.type == pafs.FileType.File:
+            raise ConfigError(
+                f"output {output} names a folder, but {loc.text.rstrip('/')} is a file. Remove that file, or "
+                "name another folder (or drop the trailing '/' for a single-file output)."
+            )
+        names = _listing(loc) if info.type == pafs.FileType.Directory else []
+    foreign = sorted(n for n in names if not _ours(n) and not n.startswith("."))
+    if foreign:
+        raise ConfigError(
+            f"output {output} is a folder holding files that are not a dataset's ({', '.join(foreign[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}); a commit replaces the folder whole. Choose an empty or "
+            "new folder."
+        )
+    if loc.remote:
+        storage.check_writable(loc, "output", folder=True)
+    else:
+        _probe_parent(Path(uri))
+
+
+def _probe_parent(out: Path) -> None:
+    folder = out.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"output {out}/: the folder {folder} cannot be written. Choose a writable place.")
+
+
+def check_dataset_output(output: str, fingerprint: str, columns: Iterable[str]) -> None:
+    """Refuse, before any request, an output folder that already holds another job's dataset (its
+    manifest names another fingerprint: the commit would replace it), and an output column named
+    ``row_position`` (the dataset's own). Nothing for a single-file output."""
+    if not is_dataset(output):
+        return
+    if POSITION_COLUMN in columns:
+        raise ConfigError(
+            f"output {output}: column '{POSITION_COLUMN}' would clash with the dataset's own (each row's "
+            "position in the input). Rename it, or list the input columns to keep with input_columns."
+        )
+    loc = storage.parse(output, "output")
+    manifest = read_manifest(loc)
+    if manifest is None or manifest.get("fingerprint") == fingerprint:
+        return
+    raise ConfigError(
+        f"output {output} holds another job's dataset ({loc.child(MANIFEST).text}: job "
+        f"{manifest.get('job_id')}, fingerprint {manifest.get('fingerprint')}; this job's is {fingerprint}). "
+        "A commit would replace it: choose another output folder, or remove that one."
+    )
+
+
+def read_manifest(loc: storage.Location) -> dict[str, Any] | None:
+    """The dataset manifest in output folder ``loc`` (None when there is none)."""
+    with storage.refusing(loc, "output", "read"):
+        try:
+            with loc.fs.open_input_stream(loc.child(MANIFEST).path) as fh:
+                data = json.loads(fh.read())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            if isinstance(exc, OSError) and "NotFound" not in str(exc) and "NO_SUCH_KEY" not in str(exc):
+                raise
+            return None
+    return data if isinstance(data, dict) else None
+
+
+def published(loc: storage.Location) -> bool:
+    """The output folder holds a complete dataset (its ``_SUCCESS``)."""
+    return loc.child(SUCCESS).exists()
+
+
+def _listing(loc: storage.Location) -> list[str]:
+    selector = pafs.FileSelector(loc.path.rstrip("/"), allow_not_found=True)
+    return [i.base_name for i in loc.fs.get_file_info(selector)]
+
+
+# ------------------------------------------------------------------------------------------ writing
+class _HashingSink:
+    """A binary sink that hashes (sha256) and counts what goes through it."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw, self.hash, self.size, self.closed = raw, hashlib.sha256(), 0, False
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.hash.update(view)
+        self.size += len(view)
+        self.raw.write(view)
+        return len(view)
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.raw.close()
+
+
+class RowGroupWriter:
+    """A parquet writer whose row groups hold up to ``ROW_GROUP_ROWS`` rows and about ``ROW_GROUP_BYTES``
+    (batches are gathered before they are written, so many small batches make few row groups)."""
+
+    def __init__(self, where: Any, schema: pa.Schema) -> None:
+        self.writer = pq.ParquetWriter(where, schema, compression="zstd")
+        self.buffer: list[pa.RecordBatch] = []
+        self.rows = self.nbytes = self.written_bytes = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.buffer.append(batch)
+        self.rows += batch.num_rows
+        self.nbytes += batch.nbytes
+        if self.rows >= ROW_GROUP_ROWS or self.nbytes >= ROW_GROUP_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buffer:
+            table = pa.Table.from_batches(self.buffer)
+            self.writer.write_table(table, row_group_size=max(table.num_rows, 1))
+            self.written_bytes += self.nbytes
+        self.buffer, self.rows, self.nbytes = [], 0, 0
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+
+
+class ShardParts:
+    """Writes one shard's rows as part files into ``folder`` (a Location); returns their records."""
+
+    def __init__(self, folder: storage.Location, shard: int, commit: str, start: int) -> None:
+        self.folder, self.shard, self.commit, self.position = folder, shard, commit, start
+        self.files: list[dict[str, Any]] = []
+        self.writer: RowGroupWriter | None = None
+        self.sink: _HashingSink | None = None
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        positions = pa.array(range(self.position, self.position + batch.num_rows), pa.int64())
+        batch = batch.append_column(POSITION_COLUMN, positions)
+        if self.writer is None:
+            self._open(batch.schema)
+        assert self.writer is not None
+        self.writer.write(batch)
+        self.files[-1]["rows"] += batch.num_rows
+        self.position += batch.num_rows
+        if self.writer.written_bytes + self.writer.nbytes >= PART_BYTES:
+            self._close()
+
+    def _open(self, schema: pa.Schema) -> None:
+        name = part_name(self.shard, len(self.files), self.commit)
+        path = self.folder.child(name).path
+        raw = open(path, "wb") if not self.folder.remote else self.folder.fs.open_output_stream(path, compression=None)  # noqa: SIM115
+        self.sink = _HashingSink(raw)
+        self.writer = RowGroupWriter(pa.PythonFile(self.sink, mode="w"), schema)
+        self.files.append({"path": name, "shard": self.shard, "first_position": self.position, "rows": 0})
+
+    def _close(self) -> None:
+        if self.writer is None or self.sink is None:
+            return
+        self.writer.close()
+        if not self.folder.remote:
+            self.sink.raw.flush()
+            os.fsync(self.sink.raw.fileno())
+        self.sink.close()
+        self.files[-1].update(bytes=self.sink.size, sha256=self.sink.hash.hexdigest())
+        self.writer = self.sink = None
+
+    def close(self) -> list[dict[str, Any]]:
+        self._close()
+        return self.files
+
+
+def remove_shard_parts(folder: storage.Location, shard: int, commit: str) -> None:
+    """Delete what a cut write of shard ``shard`` left in ``folder`` (and abort its open uploads)."""
+    start = f"{PART_PREFIX}{shard:05d}-"
+    if folder.remote:
+        prefix = folder.path.rstrip("/")
+        storage.abort_uploads(f"{prefix}/{start}", folder.scheme, lambda key: key.endswith(f"-{commit}.parquet"))
+    for name in _listing(folder):
+        if name.startswith(start) and name.endswith(f"-{commit}.parquet"):
+            _delete(folder, name)
+
+
+def _delete(folder: storage.Location, name: str) -> None:
+    if folder.remote:
+        storage.delete_object(folder.child(name).path, folder.scheme, folder.fs)
+    else:
+        Path(folder.child(name).path).unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------- publish
+def staging(out: storage.Location, commit: str) -> storage.Location:
+    """Where commit ``commit`` writes its parts: a hidden sibling folder (filesystem), the output
+    prefix itself (object store)."""
+    if out.remote:
+        return out
+    path = Path(out.path.rstrip("/"))
+    tmp = path.parent / f".{path.name}.{commit}{TEMP_SUFFIX}"
+    return storage.Location(str(tmp) + "/", "", str(tmp))
+
+
+def prepare(out: storage.Location, commit: str, *, fresh: bool) -> storage.Location:
+    """The staging folder of ``commit``, made; what other commits left is removed (object stores:
+    the previous ``_SUCCESS`` too, as the prefix is about to change). ``fresh``: start it empty."""
+    stage = staging(out, commit)
+    if out.remote:
+        parts = out.path.rstrip("/") + "/" + PART_PREFIX
+        storage.abort_uploads(parts, out.scheme, lambda key: not key.endswith(f"-{commit}.parquet"))
+        if out.child(SUCCESS).exists():
+            _delete(out, SUCCESS)
+        return stage
+    root = Path(out.path.rstrip("/"))
+    for old in root.parent.glob(f".{root.name}.*{TEMP_SUFFIX}"):
+        if old.name != Path(stage.path).name or fresh or _stale_stage(old, commit):
+            shutil.rmtree(old, ignore_errors=True)
+    Path(stage.path).mkdir(parents=True, exist_ok=True)
+    return stage
+
+
+def _stale_stage(folder: Path, commit: str) -> bool:
+    """The staging folder holds a previous output (what the swap left) rather than this commit's files."""
+    try:
+        return bool(json.loads((folder / MANIFEST).read_text()).get("commit") != commit)
+    except (OSError, ValueError):
+        return False
+
+
+def publish(out: storage.Location, stage: storage.Location, manifest: dict[str, Any]) -> None:
+    """Put commit ``manifest['commit']`` in place: manifest, then ``_SUCCESS`` last; O(files)."""
+    if out.remote:
+        fs = out.fs
+        with fs.open_output_stream(out.child(MANIFEST).path, compression=None) as sink:
+            sink.write(json.dumps(manifest, indent=1).encode())
+        keep = {f["path"] for f in manifest["files"]} | {MANIFEST}
+        for name in _listing(out):
+            if _ours(name) and name not in keep:
+                _delete(out, name)
+        with fs.open_output_stream(out.child(SUCCESS).path, compression=None) as sink:
+            sink.write(b"")
+        return
+    folder = Path(stage.path)
+    atomic_write_json(folder / MANIFEST, manifest)
+    (folder / SUCCESS).touch()
+    _fsync_dir(folder)
+    target = Path(out.path.rstrip("/"))
+    if target.exists():
+        _exchange(folder, target)
+        shutil.rmtree(folder, ignore_errors=True)  # the previous output, now at the staging name
+    else:
+        os.rename(folder, target)
+    _fsync_dir(target.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap folders ``a`` and ``b`` atomically (Linux ``renameat2``); elsewhere two renames (a reader
+    may then find no output for an instant, never a partial one)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None and fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return
+    aside = b.with_name(f".{b.name}.{time.time_ns()}.old{TEMP_SUFFIX}")
+    os.rename(b, aside)
+    os.rename(a, b)
+    os.rename(aside, a)
+
+
+def manifest_files(files: Iterator[dict[str, Any]] | list[dict[str, Any]]) -> dict[str, int]:
+    """Totals of a list of file records: files, rows, bytes."""
+    files = list(files)
+    return {"files": len(files), "bytes": sum(int(f["bytes"]) for f in files)}

@@ -1,0 +1,212 @@
+"""Output as a dataset (an output name ending with '/'): part files by shard, a manifest, _SUCCESS last.
+
+A commit killed with SIGKILL at random points and rerun holds each row exactly once; a reader
+during a commit sees the previous complete output or the new one; a rerun after the commit
+sends nothing; a folder holding another job's dataset, or a file of the folder's name, is refused
+before any request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as pds
+import pyarrow.parquet as pq
+import pytest
+from _jobkit import make_dataset, requests, run_job, write_spec
+from test_commit import _fake_ledger
+
+from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.jobs import output
+from prefect_swarm.jobs.commit import commit_output
+from prefect_swarm.jobs.ledger import ledger_schema
+from prefect_swarm.jobs.plan import pending_shards
+from prefect_swarm.jobs.shard import validate_input
+from prefect_swarm.jobs.spec import JobSpec
+from prefect_swarm.paths import TEMP_SUFFIX
+
+N = 6000
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> tuple[JobSpec, dict[int, dict[str, Any]]]:
+    make_dataset(tmp_path / "in.parquet", N, row_group=700)
+    spec = JobSpec.load(write_spec(tmp_path, shards=3, endpoints=["http://127.0.0.1:9"], output=f"{tmp_path}/out/"))
+    return spec, _fake_ledger(spec, N, seed=7)
+
+
+def _check_once(out: Path, latest: dict[int, dict[str, Any]]) -> pa.Table:
+    """The dataset holds each input row exactly once, with its last write; files and manifest agree."""
+    table = pds.dataset(out, format="parquet").to_table().sort_by(output.POSITION_COLUMN)
+    assert table.column(output.POSITION_COLUMN).to_pylist() == list(range(N))
+    assert table.column("id").to_pylist() == [f"r{i:06d}" for i in range(N)]
+    assert table.column("text").to_pylist() == [latest[i]["text"] for i in range(N)]
+    manifest = json.loads((out / output.MANIFEST).read_text())
+    parts = sorted(p.name for p in out.iterdir() if p.name.startswith("part-"))
+    assert parts == sorted(f["path"] for f in manifest["files"])
+    for f in manifest["files"]:
+        data = (out / f["path"]).read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (f["bytes"], f["sha256"])
+    assert manifest["rows"] == N and (out / output.SUCCESS).exists()
+    return table
+
+
+def test_dataset_layout_manifest_and_readers(job, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec, latest = job
+    monkeypatch.setattr(output, "PART_BYTES", 60_000)  # several files per shard
+    monkeypatch.setattr(output, "ROW_GROUP_ROWS", 700)
+    m = commit_output(spec, bucket_rows=300)
+    out = Path(spec.output)
+    table = _check_once(out, latest)
+    inside = json.loads((out / output.MANIFEST).read_text())
+    assert (inside["job_id"], inside["fingerprint"], inside["commit"]) == (spec.job_id, m["fingerprint"], m["commit"])
+    assert m["files"] == len(inside["files"]) > 3 and m["rows"] == N
+    names = [f["path"] for f in inside["files"]]
+    assert names == sorted(names) and names[0] == output.part_name(0, 0, m["commit"])
+    # the files in name order are the input order; row groups are gathered, not one per batch
+    in_order = pa.concat_tables(pq.read_table(out / n) for n in names)
+    assert in_order.column("id").equals(table.column("id"))
+    groups = [pq.ParquetFile(out / n).metadata.num_row_groups for n in names]
+    assert max(groups) <= 2, groups
+    single = pq.read_table(out / names[0])
+    assert single.schema.names[-1] == output.POSITION_COLUMN
+    import pandas as pd
+
+    assert len(pd.read_parquet(out)) == N  # pandas reads the folder as one table
+    assert commit_output(spec) == m  # unchanged ledger: nothing written again
+    assert not list(out.parent.glob(f".out.*{TEMP_SUFFIX}")) and not spec.paths.commit_state_dirs()
+
+
+_COMMIT = (
+    "import sys\n"
+    "from prefect_swarm.jobs import output\n"
+    "from prefect_swarm.jobs.commit import commit_output\n"
+    "from prefect_swarm.jobs.spec import JobSpec\n"
+    "output.PART_BYTES = 40_000\n"
+    "output.ROW_GROUP_ROWS = 400\n"
+    "commit_output(JobSpec.load(sys.argv[1]), force=sys.argv[2] == 'force', bucket_rows=250)\n"
+)
+
+
+def _commit_process(spec: JobSpec, force: bool = False) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-c", _COMMIT, str(spec.paths.spec), "force" if force else "-"]
+    return subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+def test_commit_killed_at_random_points_then_rerun_holds_each_row_once(job) -> None:
+    spec, latest = job
+    spec.save()
+    t0 = time.monotonic()
+    assert _commit_process(spec).wait(timeout=120) == 0  # a whole commit, timed (and published once)
+    took = time.monotonic() - t0
+    out = Path(spec.output)
+    _rewrite(spec, latest, "v2")  # a new ledger: the next commits replace the output
+    rng = random.Random(11)
+    kills = 0
+    for _ in range(5):
+        proc = _commit_process(spec)
+        time.sleep(rng.uniform(0.2, took))
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            kills += 1
+        proc.wait(timeout=60)
+        if (out / output.SUCCESS).exists():  # after any kill: the old or the new dataset, whole
+            got = pds.dataset(out, format="parquet").to_table()
+            assert sorted(got.column(output.POSITION_COLUMN).to_pylist()) == list(range(N))
+    assert kills >= 2
+    commit_output(spec, bucket_rows=250)
+    _check_once(out, latest)
+    assert not list(out.parent.glob(f".out.*{TEMP_SUFFIX}")) and not spec.paths.commit_state_dirs()
+
+
+def _rewrite(spec: JobSpec, latest: dict[int, dict[str, Any]], tag: str) -> None:
+    """Append a ledger part to every shard rewriting each of its rows' answers (as a rerun would)."""
+    from prefect_swarm.jobs.api import load_job
+    from prefect_swarm.jobs.dataset import shard_range
+
+    schema = ledger_schema(load_job(spec.job, spec.job_kwargs).outputs, keep_raw=False)
+    for i in range(spec.shards):
+        start, end = shard_range(N, i, spec.shards)
+        rows = [{**latest[r], "text": f"{tag} {r}", "status": "ok", "error": None} for r in range(start, end)]
+        latest.update({r["_row"]: r for r in rows})
+        paths = spec.paths.shard(i)
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), paths.part(len(paths.parts())))
+
+
+def test_a_reader_during_a_commit_sees_the_old_or_the_new_output(job) -> None:
+    spec, latest = job
+    spec.save()
+    commit_output(spec, bucket_rows=250)
+    out = Path(spec.output)
+    old = [latest[i]["text"] for i in range(N)]
+    _rewrite(spec, latest, "v2")
+    new = [latest[i]["text"] for i in range(N)]
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                got = pds.dataset(out, format="parquet").to_table().sort_by(output.POSITION_COLUMN)
+            except (FileNotFoundError, OSError):  # listed before a swap, opened after: read again
+                continue
+            texts = got.column("text").to_pylist()
+            seen.append("old" if texts == old else "new" if texts == new else f"partial ({got.num_rows} rows)")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        assert _commit_process(spec).wait(timeout=120) == 0
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        reader.join()
+    assert seen and set(seen) <= {"old", "new"}, sorted(set(seen))
+    assert seen[-1] == "new" and "old" in seen
+
+
+def test_another_jobs_dataset_or_a_file_of_that_name_is_refused(job, tmp_path: Path) -> None:
+    spec, _ = job
+    commit_output(spec)
+    validate_input(spec)  # its own dataset: a rerun may replace it
+    other = spec.model_copy(update={"job_kwargs": {"sampling": {"max_tokens": 99}}})
+    with pytest.raises(ConfigError, match=r"holds another job's dataset \(.*out/_manifest.json"):
+        validate_input(other)
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(ConfigError, match="names a folder, but .*file is a file"):
+        validate_input(spec.model_copy(update={"output": f"{tmp_path}/file/"}))
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="holding files that are not a dataset's"):
+        validate_input(spec.model_copy(update={"output": f"{tmp_path}/mixed/"}))
+    with pytest.raises(ConfigError, match="is inside the output folder"):
+        validate_input(spec.model_copy(update={"output": f"{tmp_path}/"}))
+    with pytest.raises(ValueError, match="a folder .* is a parquet dataset"):
+        JobSpec.model_validate({**spec.model_dump(), "output_format": "openai-batch"})
+
+
+def test_a_rerun_after_a_committed_dataset_sends_nothing(tmp_path: Path, stub) -> None:
+    make_dataset(tmp_path / "in.parquet", 300)
+    spec_file = write_spec(tmp_path, output=f"{tmp_path}/ds/", endpoints=[stub.url])
+    before = requests(stub)
+    proc = run_job(spec_file)
+    assert proc.returncode == 0, proc.stderr
+    assert requests(stub) - before == 300
+    spec = JobSpec.load(spec_file)
+    table = pds.dataset(tmp_path / "ds", format="parquet").to_table()
+    assert table.num_rows == 300 and (tmp_path / "ds" / output.SUCCESS).exists()
+    assert pending_shards(spec) == []  # the flow and `job submit` bring up no swarm for it
+    again = run_job(spec_file)
+    assert again.returncode == 0, again.stderr
+    assert requests(stub) - before == 300
