@@ -303,16 +303,17 @@ def submit_job(
     assert spec.job_id is not None
     todo = sorted(set(shard_ids)) if shard_ids is not None else plan.pending
     if todo:
-        from prefect_swarm.swarm import job_lease
+        from prefect_swarm.holding import Holding
 
         swarm.check_key()  # a wrong or missing key is found by one request, not by every row
-        lease = store.put_lease(job_lease(swarm.cfg.name, spec.job_id))  # the swarm stays up while the job is active
-        try:
+        job_id = spec.job_id
+
+        def still_running() -> bool:
+            return bool(running_submissions(job_id, store=store))
+
+        # the swarm stays up while the job is active; refused or interrupted with nothing running, it holds nothing
+        with Holding(store).job_hold(swarm.cfg.name, job_id, still_running):
             submit_shards(swarm, spec, todo, store=store)
-        except BaseException:  # refused or interrupted: a job with nothing running holds no swarm up
-            if not running_submissions(spec.job_id, store=store):
-                store.release_lease(lease.swarm, lease.owner)
-            raise
     if detach:
         return store.require_job(spec.job_id)
     wait_job(spec.job_id, commit=commit is not False and shard_ids is None, store=store)
@@ -742,9 +743,9 @@ def _probe_all(rec: JobRecord, compute: ComputeBackend | None = None) -> list[di
         return []
     try:
         if compute is None:
-            from prefect_swarm.swarm import Swarm
+            from prefect_swarm.holding import Holding
 
-            compute = Swarm.from_state(rec.swarm).compute
+            compute = Holding().attach(rec.swarm).compute
         probes = compute.probe_many([JobHandle.from_dict(sub) for sub in subs])
     except Exception as exc:
         return [
@@ -880,10 +881,14 @@ def wait_job(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     budget = _job_budget(rec, store)
     compute = _job_compute(rec)
+    holding = rec.swarm is not None and "input" in rec.spec  # a batch job on a swarm
     while True:
         doc = job_status(job_id, store=store, compute=compute)
         if on_progress:
             on_progress(doc)
+        if holding and not pending_shards(JobSpec.model_validate(rec.spec)):
+            holding = False
+            let_go_of_swarm(rec, store)  # the last row is answered: the swarm is not held for the commit
         if JobStatus(doc["status"]) not in ACTIVE:
             if budget is not None and doc["status"] == JobStatus.PREEMPTED:
                 _stopped_at_budget(budget[0], doc)
@@ -902,14 +907,32 @@ def wait_job(
     return doc
 
 
+def let_go_of_swarm(rec: JobRecord, store: StateStore) -> None:
+    """Job ``rec`` stops holding its swarm (its last row is answered; publishing needs no GPU): with
+    other holders (``up``'s KEEP hold, a flow run, another job) the swarm stops when none of them is
+    left live; a swarm nobody else holds by a lease (a library user's ``with Swarm(...)``) is its user's."""
+    from prefect_swarm.holding import Holding
+    from prefect_swarm.swarm import job_lease
+
+    assert rec.swarm is not None
+    holding, owner = Holding(store), job_lease(rec.swarm, rec.id).owner
+    if not holding.holds(rec.swarm, owner):
+        return
+    try:  # held by the job alone (a library user's ``with Swarm(...)``): its lease is dead now, left to be reaped
+        if any(x.owner != owner for x in holding.holders(rec.swarm)):
+            holding.release(rec.swarm, owner)
+    except Exception as exc:  # letting go early is an optimisation; the lease also ends with the job
+        log.warning("job %s: could not let go of swarm '%s' before the commit: %s", rec.id, rec.swarm, exc)
+
+
 def _job_compute(rec: JobRecord) -> ComputeBackend | None:
     """The compute backend of the job's swarm, made once for a whole wait (None: job_status says why)."""
     if not rec.swarm:
         return None
     try:
-        from prefect_swarm.swarm import Swarm
+        from prefect_swarm.holding import Holding
 
-        return Swarm.from_state(rec.swarm).compute
+        return Holding().attach(rec.swarm).compute
     except Exception:
         return None
 
@@ -919,9 +942,9 @@ def _job_budget(rec: JobRecord, store: StateStore) -> tuple[Swarm, BudgetGuard] 
     swarm_rec = store.get_swarm(rec.swarm) if rec.swarm else None
     if swarm_rec is None or not recorded_cost(swarm_rec.config).capped:
         return None
-    from prefect_swarm.swarm import Swarm
+    from prefect_swarm.holding import Holding
 
-    swarm = Swarm.from_state(swarm_rec.name, store=store)
+    swarm = Holding(store).attach(swarm_rec.name)
     return swarm, budget_guard(swarm)
 
 
@@ -973,9 +996,9 @@ def cancel_job(
     rec = store.require_job(job_id)
     subs = (rec.handle or {}).get("submissions", [])
     if compute is None and subs and rec.swarm and store.get_swarm(rec.swarm) is not None:
-        from prefect_swarm.swarm import Swarm
+        from prefect_swarm.holding import Holding
 
-        compute = Swarm.from_state(rec.swarm).compute
+        compute = Holding(store).attach(rec.swarm).compute
     if compute is not None:
         for sub in subs:
             compute.cancel(JobHandle.from_dict(sub))

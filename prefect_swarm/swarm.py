@@ -52,8 +52,9 @@ BRING_UP_GRACE_S = 30.0
 """A PENDING record with no handle and no bring-up lease older than this was left by a bring-up
 that died before it could say so (or by a version without bring-up leases): it blocks nobody."""
 
-TerminalRuns = Callable[[list[str]], set[str]]
-"""Given flow run ids, the ones that have ended (the Prefect layer asks the API; may raise)."""
+TerminalRuns = Callable[[list[str]], dict[str, bool]]
+"""Given flow run ids, whether each has ended, for the runs the Prefect API knows (the Prefect layer
+asks it; may raise). A run it does not know, or every run when it cannot be asked, is absent."""
 
 
 def this_host() -> str:
@@ -114,17 +115,18 @@ def _pid_alive(pid: int | None) -> bool:
 def dead_owners(
     leases: Iterable[LeaseRecord], store: StateStore, terminal_runs: TerminalRuns | None = None
 ) -> set[str]:
-    """Owners whose leases are dead: a flow run ``terminal_runs`` says has ended; a process whose
-    pid is gone on this host (a killed flow process that was tearing the swarm down must not block
-    the teardown that follows it); once a lease has expired, a job no longer active or whose
-    processes have all ended (:func:`_job_gone`). A KEEP lease, and anything that cannot be judged,
-    count as live."""
+    """Owners whose leases are dead: a flow run ``terminal_runs`` says has ended; a flow run it cannot
+    judge (no API to ask, or one that does not know the run: a temporary server that is gone) whose
+    process is gone on this host; a process whose pid is gone on this host (a killed flow process
+    that was tearing the swarm down must not block the teardown that follows it); once a lease has
+    expired, a job no longer active or whose processes have all ended (:func:`_job_gone`). A KEEP
+    lease, and anything that cannot be judged, count as live."""
     now, host = time.time(), this_host()
     dead: set[str] = set()
-    runs: dict[str, str] = {}
+    runs: dict[str, LeaseRecord] = {}
     for lease in leases:
         if lease.kind is LeaseKind.FLOW_RUN:  # Prefect's word is final, expired or not
-            runs[lease.owner.removeprefix("flow-run:")] = lease.owner
+            runs[lease.owner.removeprefix("flow-run:")] = lease
             continue
         if lease.kind in (LeaseKind.PROCESS, LeaseKind.TEARDOWN, LeaseKind.BRING_UP):
             if lease.host == host and not _pid_alive(lease.pid):  # the process's own word, expired or not
@@ -134,8 +136,20 @@ def dead_owners(
             continue
         if lease.kind is LeaseKind.JOB and _job_gone(lease, store, now):
             dead.add(lease.owner)
-    if runs and terminal_runs is not None:
-        dead |= {runs[r] for r in terminal_runs(list(runs)) if r in runs}
+    if runs:
+        return dead | _dead_runs(runs, terminal_runs, host)
+    return dead
+
+
+def _dead_runs(runs: dict[str, LeaseRecord], terminal_runs: TerminalRuns | None, host: str) -> set[str]:
+    """The owners of flow-run leases ``runs`` (by run id) that are dead: Prefect's word where it has
+    one; where it has none, the run's process (gone on this host: the run cannot use the swarm)."""
+    ended = terminal_runs(list(runs)) if terminal_runs is not None else {}
+    dead = set()
+    for run_id, lease in runs.items():
+        said = ended.get(run_id)
+        if said or (said is None and lease.host == host and not _pid_alive(lease.pid)):
+            dead.add(lease.owner)
     return dead
 
 
@@ -151,7 +165,7 @@ def _job_gone(lease: LeaseRecord, store: StateStore, now: float) -> bool:
     JOB_SUBMIT_GRACE_S after the lease was taken. A job being submitted (PENDING, within the
     grace) and anything the backend cannot tell count as live."""
     job = store.get_job(lease.owner.removeprefix("job:"))
-    if job is None or not job.status.active:
+    if job is None or not job.status.active or _rows_all_answered(job.spec):
         return True
     if job.status is JobStatus.PENDING and now - lease.heartbeat < JOB_SUBMIT_GRACE_S:
         return False
@@ -166,6 +180,20 @@ def _job_gone(lease: LeaseRecord, store: StateStore, now: float) -> bool:
     except Exception:  # cannot tell: live
         return False
     return all(p.error is None and p.status is not None and p.status.finished for p in probes)
+
+
+def _rows_all_answered(spec: dict[str, Any]) -> bool:
+    """Every shard of the batch job ``spec`` is done: it needs its swarm no more, even while its last
+    process publishes the output (that is bookkeeping, no GPU). False when it cannot be told."""
+    if "input" not in spec:
+        return False
+    try:
+        from prefect_swarm.jobs.plan import pending_shards
+        from prefect_swarm.jobs.spec import JobSpec
+
+        return not pending_shards(JobSpec.model_validate(spec))
+    except Exception:
+        return False
 
 
 def engine_fingerprint(cfg: SwarmConfig) -> str:

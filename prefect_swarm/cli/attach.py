@@ -1,18 +1,25 @@
-"""Reattach to a swarm by name from the CLI, secrets included when a block holds them."""
+"""The CLI's :class:`~prefect_swarm.holding.Holding`: secrets from a block when the environment lacks
+them, Prefect's word on flow runs when a Prefect API is configured."""
 
 from __future__ import annotations
 
-from prefect_swarm.state import StateStore
-from prefect_swarm.swarm import Swarm
+from prefect_swarm.config import SwarmConfig
+from prefect_swarm.holding import Holding
+from prefect_swarm.state import StateStore, SwarmRecord
 
 
-def attach(name: str, store: StateStore | None = None) -> Swarm:
-    """:meth:`Swarm.from_state`; for a swarm brought up from a saved SwarmSpec block whose secrets
-    the environment lacks, reload them from that block (through the Prefect API)."""
-    store = store or StateStore()
-    rec = store.require_swarm(name)
-    if rec.source:
-        from prefect_swarm.tasks.swarm import reattach  # imports Prefect: only for block-based swarms
+def _block_secrets(rec: SwarmRecord) -> SwarmConfig | None:
+    from prefect_swarm.tasks.swarm import block_secrets  # imports Prefect: only for block-based swarms
 
-        return reattach(name, store)
-    return Swarm.from_state(name, store=store)
+    return block_secrets(rec)
+
+
+def _terminal_runs(run_ids: list[str]) -> dict[str, bool]:
+    from prefect_swarm.tasks.reaper import terminal_runs  # imports Prefect: only when flow runs hold a swarm
+
+    return terminal_runs(run_ids)
+
+
+def holding(store: StateStore | None = None) -> Holding:
+    """Holding for CLI commands (``holding().attach(name)`` reattaches to a swarm by name)."""
+    return Holding(store or StateStore(), terminal_runs=_terminal_runs, secrets=_block_secrets)

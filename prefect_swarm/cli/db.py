@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from prefect_swarm.cli.attach import attach
+from prefect_swarm.cli.attach import holding
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
 from prefect_swarm.cli.swarms import OutputOpt, YesOpt, confirm
 from prefect_swarm.interfaces import ServingPhase
@@ -29,7 +29,7 @@ def certainly_gone(rec: SwarmRecord, store: StateStore) -> tuple[bool, str]:
     if not rec.handle:
         return False, f"recorded {rec.phase} with no backend handle; cannot ask the backend"
     try:
-        phase = attach(rec.name, store).status().phase
+        phase = holding(store).attach(rec.name).status().phase
     except Exception as exc:  # "could not tell" is never "gone"
         return False, f"could not ask the {rec.backend} backend ({type(exc).__name__}: {exc})"
     if phase is ServingPhase.STOPPED:

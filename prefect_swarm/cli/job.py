@@ -34,7 +34,7 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from prefect_swarm.cli.attach import attach
+from prefect_swarm.cli.attach import holding
 from prefect_swarm.cli.errors import ExitCode
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
 from prefect_swarm.cli.views import cost_text, job_view
@@ -163,7 +163,7 @@ def submit(
         },
     )
     attached: list[str] = []
-    rec = submit_job(attach(swarm), spec, detach=True, overwrite=overwrite, on_attach=_attached(attached))
+    rec = submit_job(holding().attach(swarm), spec, detach=True, overwrite=overwrite, on_attach=_attached(attached))
     if not attached:
         err_console.print(f"submitted job [bold]{rec.id}[/] ({spec.shards} shard(s)) to swarm '{swarm}'")
     if detach:
@@ -202,7 +202,7 @@ def _restored(name: str) -> Any:
     """The swarm, reconciled with the config it was brought up with before a resume: jobs at their
     time limit are waited for and submitted afresh, a lost LB or replica is resubmitted (what `up`
     does); returns once every replica answers, so the resumed shards get a swarm that lives."""
-    swarm = attach(name)
+    swarm = holding().attach(name)
     swarm.up()
     swarm.wait_ready()
     return swarm
@@ -236,7 +236,7 @@ def retry(
         raise ConfigError(f"job {job_id} is not a batch job on a swarm; nothing to retry.")
     spec = JobSpec.model_validate(rec.spec)
     submit_job(
-        attach(rec.swarm),
+        holding().attach(rec.swarm),
         spec,
         detach=True,
         retry_failed=not overwrite,
@@ -453,7 +453,7 @@ def submit_script_cmd(
 
     if not Path(script).is_file():
         raise ConfigError(f"script {script} does not exist.")
-    rec = submit_script(attach(swarm), script, list(args or []), detach=detach)
+    rec = submit_script(holding().attach(swarm), script, list(args or []), detach=detach)
     console.print(f"{rec.id} {rec.status}")
     if not detach and rec.status is not JobStatus.SUCCEEDED:
         raise typer.Exit(1)

@@ -10,12 +10,12 @@ import typer
 import yaml
 from rich.syntax import Syntax
 
-from prefect_swarm.cli.attach import attach
+from prefect_swarm.cli.attach import holding
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
 from prefect_swarm.cli.views import cost_text, job_view, live_status, paths_view, prefect_history, record_view
 from prefect_swarm.config import load_config
 from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError, StateError
-from prefect_swarm.interfaces import ServingPhase, ServingStatus
+from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.state import StateStore
 
 if TYPE_CHECKING:
@@ -39,8 +39,13 @@ TimeoutOpt = Annotated[
 
 def make_swarm(cfg: SwarmConfig, **kwargs: Any) -> Swarm:
     """``Swarm(cfg)`` (starts nothing); a backend that cannot be imported is a BackendError with the fix."""
+    from prefect_swarm.config import ExternalConfig
     from prefect_swarm.swarm import Swarm
 
+    if isinstance(cfg.backend, ExternalConfig) and cfg.backend.api_key_secret:  # the Prefect API: only then
+        from prefect_swarm.blocks import with_secret_key
+
+        cfg = with_secret_key(cfg)
     try:
         return Swarm(cfg, **kwargs)
     except ImportError as exc:
@@ -93,52 +98,30 @@ def scale(
     rec = store.require_swarm(name)
     if rec.phase not in LIVE_PHASES:
         raise StateError(f"swarm '{name}' is {rec.phase}: nothing to scale. `prefect-swarm up -c FILE` brings it up.")
-    current = attach(name, store).cfg
+    current = holding(store).attach(name).cfg
     cfg = type(current).model_validate({**current.model_dump(by_alias=True), "replicas": replicas})
     bring_up(cfg, keep=rec.keep, no_wait=no_wait, timeout=timeout, output=output)
 
 
 def bring_up(cfg: SwarmConfig, *, keep: bool, no_wait: bool, timeout: float | None, output: OutputFormat) -> None:
-    """``up`` of ``cfg``: bring it up, or reconcile the live swarm of its name with it; then show its status."""
+    """``up`` of ``cfg``: bring it up, or reconcile the live swarm of its name with it; then show its status.
+
+    Held until `down` (the KEEP hold); waits if a run is bringing it up. What this command started
+    is torn down when it fails (unless ``keep``); a swarm it joined belongs to its users."""
+    from prefect_swarm.swarm import keep_lease
+
     swarm = make_swarm(cfg, keep=keep, delete_on_exit=not keep)
     log.info("bringing up swarm '%s': %d x %s on %s", cfg.name, cfg.replicas, cfg.model_name, cfg.backend.type)
-    ready: ServingStatus | None = None
-    from prefect_swarm.swarm import LIVE_PHASES, keep_lease
-
-    before = swarm.store.get_swarm(cfg.name)
-    joined = before is not None and before.phase in LIVE_PHASES  # someone's live swarm: never ours to stop
-    try:
-        # held until `down`; waits if a run is bringing it up; a live swarm is reconciled, not restarted
-        swarm.join(keep_lease(cfg.name), reconcile=True)
-        if no_wait:
-            log.info("submitted; `prefect-swarm status %s` shows its progress", cfg.name)
-        else:
-            with err_console.status(f"waiting for {cfg.replicas} replica(s) of '{cfg.name}' to be ready..."):
-                ready = swarm.wait_ready(timeout)
-    except ConfigError:
-        raise  # refused before anything started: there is nothing to tear down
-    except BaseException:
-        if not joined:  # tear down what this command started; a swarm it joined belongs to its users
-            _after_failed_up(swarm, keep)
-        raise
-    # what wait_ready saw is fresher than a second look (a watchdog may not have written yet)
-    show_status(cfg.name, output, history=False, live=ready.to_dict() if ready else None)
-
-
-def _after_failed_up(swarm: Swarm, keep: bool) -> None:
-    name = swarm.cfg.name
-    if keep:
-        log.warning(
-            "bring-up of '%s' failed; leaving it as it is (--keep). `prefect-swarm down %s` stops it.",
-            name,
-            name,
-        )
+    if no_wait:
+        holding(swarm.store).bring_up(swarm, keep_lease(cfg.name), reconcile=True, leave_on_failure=keep)
+        log.info("submitted; `prefect-swarm status %s` shows its progress", cfg.name)
+        show_status(cfg.name, output, history=False)
         return
-    log.warning("bring-up of '%s' failed; tearing down what started", name)
-    try:
-        swarm.down()
-    except Exception as exc:  # the bring-up error matters more; say the teardown also failed
-        log.error("teardown of '%s' failed too: %s. Run `prefect-swarm down %s`.", name, exc, name)
+    with err_console.status(f"waiting for {cfg.replicas} replica(s) of '{cfg.name}' to be ready..."):
+        held = holding(swarm.store).bring_up(
+            swarm, keep_lease(cfg.name), reconcile=True, wait=True, timeout_s=timeout, leave_on_failure=keep
+        )
+    show_status(cfg.name, output, history=False, live=held.ready.to_dict() if held.ready else None)
 
 
 def status(
@@ -292,24 +275,16 @@ def down(
 
 
 def _stop(name: str, store: StateStore, force: bool) -> bool:
-    """Release the KEEP lease of swarm ``name`` and stop it if no live lease is left (or ``force``)."""
-    from prefect_swarm.swarm import KEEP_OWNER
-
-    swarm = attach(name, store)
+    """Release the KEEP hold of swarm ``name`` and stop it if no live holder is left (or ``force``);
+    a stop under way by another command is waited for."""
+    hold = holding(store)
     if force:
-        swarm.down()
+        hold.stop(name)
         return True
-    left = swarm.release(KEEP_OWNER, terminal_runs=_terminal_runs())
+    left = hold.release_keep(name)
     for lease in left:
         log.warning("swarm '%s' is held by %s (%s lease)", name, lease.owner, lease.kind)
     return not left
-
-
-def _terminal_runs() -> Any:
-    """Ask Prefect which flow runs ended, when it is configured (else flow-run leases count as live)."""
-    from prefect_swarm.tasks.reaper import terminal_runs
-
-    return terminal_runs
 
 
 def confirm(question: str, yes: bool) -> None:

@@ -31,7 +31,7 @@ import typer
 from rich.console import Group
 from rich.live import Live
 
-from prefect_swarm.cli.attach import attach
+from prefect_swarm.cli.attach import holding
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, table
 from prefect_swarm.config.cost import job_projection
 from prefect_swarm.interfaces.metrics import Samples, authorized, scrape, total
@@ -74,7 +74,7 @@ class TopSampler:
     def __init__(self, name: str, store: StateStore | None = None) -> None:
         self.name = name
         self.store = store or StateStore()
-        self.swarm = attach(name, self.store)
+        self.swarm = holding(self.store).attach(name)
         self.previous: dict[str, tuple[float, Samples]] = {}
         self.previous_lb: tuple[float, int] | None = None
         self.key = self.swarm.backends.serving.client_key()  # a closed swarm wants it on /metrics too

@@ -139,7 +139,7 @@ def _pilot_spec(
 def pilot_estimate(cfg: SwarmConfig, config: Path, spec: JobSpec, k: int) -> dict[str, Any]:
     """Run the pilot on the swarm named by ``cfg`` (it must be up: else ConfigError, exit 2, with the
     command that brings it up) and return its figures and the projection for ``cfg``."""
-    from prefect_swarm.cli.attach import attach
+    from prefect_swarm.cli.attach import holding
     from prefect_swarm.launch import pilot_job
 
     rec = StateStore().get_swarm(cfg.name)
@@ -149,7 +149,7 @@ def pilot_estimate(cfg: SwarmConfig, config: Path, spec: JobSpec, k: int) -> dic
         raise ConfigError(
             f"--estimate runs a pilot on the running swarm '{cfg.name}', and it is not up ({state}): {up}."
         )
-    swarm = attach(cfg.name)
+    swarm = holding().attach(cfg.name)
     if swarm.status().healthy == 0:
         raise ConfigError(f"--estimate: swarm '{cfg.name}' has no healthy replica now: {up} (or wait for it).")
     return pilot_job(spec, swarm, k, target=cfg)

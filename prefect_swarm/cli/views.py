@@ -10,7 +10,7 @@ import logging
 import threading
 from typing import Any
 
-from prefect_swarm.cli.attach import attach
+from prefect_swarm.cli.attach import holding
 from prefect_swarm.cli.output import iso
 from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.interfaces.usage import GpuUsage
@@ -85,7 +85,7 @@ def live_status(rec: SwarmRecord, store: StateStore) -> dict[str, Any]:
             "detail": "no backend handle recorded (bring-up never submitted)",
         }
     try:
-        swarm = attach(rec.name, store)
+        swarm = holding(store).attach(rec.name)
         return {**swarm.status().to_dict(), "cost": cost_view(swarm, store)}
     except Exception as exc:  # a status look must not fail the command: it reports what it could not see
         log.debug("status of %s failed", rec.name, exc_info=True)

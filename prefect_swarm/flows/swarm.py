@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Annotated, Any
 
@@ -23,12 +22,11 @@ from prefect_swarm.flows.params import (
     SwarmArg,
     job_spec,
 )
-from prefect_swarm.state import StateStore
-from prefect_swarm.swarm import flow_run_lease, flow_run_owner, keep_lease
+from prefect_swarm.swarm import flow_run_lease, flow_run_owner
 from prefect_swarm.tasks._common import current_flow_run_id, flow_result_storage, label_run, run_stop_event
 from prefect_swarm.tasks.jobs import plan_shards, run_and_commit
 from prefect_swarm.tasks.reaper import reap_quietly
-from prefect_swarm.tasks.swarm import block_ref, reattach, resolve_swarm, teardown_flow_run, wait_ready
+from prefect_swarm.tasks.swarm import block_ref, holding, resolve_swarm, teardown_flow_run, wait_ready
 from prefect_swarm.tasks.swarm import swarm_down as swarm_down_task
 from prefect_swarm.tasks.swarm import swarm_up as swarm_up_task
 
@@ -57,9 +55,7 @@ def swarm_up(
     except BaseException:
         teardown_flow_run(run_id, include_kept=True)
         raise
-    store = StateStore()
-    store.put_lease(keep_lease(live.cfg.name))  # held until `swarm-down` / `prefect-swarm down`
-    store.release_lease(live.cfg.name, flow_run_owner(run_id))
+    holding().keep(live.cfg.name, flow_run_owner(run_id))  # held until `swarm-down` / `prefect-swarm down`
     return {"name": live.cfg.name, "endpoints": endpoints, "fingerprint": live.fingerprint}
 
 
@@ -111,18 +107,16 @@ def run_job(
             default: the job's.
     """
     started = time.monotonic()
-    live = reattach(name, StateStore())
+    hold = holding()
+    live = hold.attach(name)
     if live.handle is None:
         raise StateError(f"swarm '{name}' has no handle: it was never brought up. `prefect-swarm up -c FILE` it first.")
     spec = job_spec(live.cfg, job, input, output, shards, max_failed_fraction, concurrency)
     plan = plan_shards(spec, name, live.cfg.run_dir)
     label_run(name, plan.spec.job_id)
     run_id = current_flow_run_id()
-    store = live.store
     if run_id is not None:  # hold it while the job runs: a `down` meanwhile leaves it to this run
-        if not store.list_leases(name):
-            store.put_lease(keep_lease(name))  # recorded before leases existed: it was meant to stay up
-        store.put_lease(dataclasses.replace(flow_run_lease(run_id), swarm=name))
+        hold.hold(name, flow_run_lease(run_id))
     with run_stop_event():
         try:
             if plan.pending:

@@ -86,54 +86,38 @@ def flow_run_states(run_ids: list[str]) -> dict[str, str]:
     return {str(r.id): r.state.type.value for r in runs if r.state is not None}
 
 
-def terminal_runs(run_ids: list[str]) -> set[str]:
-    """The flow runs among ``run_ids`` that Prefect says have ended; none when it cannot be asked."""
+def terminal_runs(run_ids: list[str]) -> dict[str, bool]:
+    """Whether each flow run among ``run_ids`` that Prefect knows has ended (the
+    :data:`~prefect_swarm.swarm.TerminalRuns` of the Prefect layer); none when it cannot be asked
+    (their leases are then judged by their processes)."""
     try:
         states = flow_run_states(run_ids)
     except PrefectUnavailable as exc:
-        log.warning("cannot tell whether flow runs ended (%s): their leases count as live.", exc)
-        return set()
-    return {rid for rid, state in states.items() if state in TERMINAL}
+        log.warning("cannot ask whether flow runs ended (%s): their leases are judged by their processes.", exc)
+        return {}
+    return {rid: state in TERMINAL for rid, state in states.items()}
 
 
-def _strict_terminal_runs(run_ids: list[str]) -> set[str]:
+def _strict_terminal_runs(run_ids: list[str]) -> dict[str, bool]:
     states = flow_run_states(run_ids)  # PrefectUnavailable goes up: the reaper then does nothing
-    return {rid for rid, state in states.items() if state in TERMINAL}
-
-
-def orphan_candidates(store: StateStore) -> list[SwarmRecord]:
-    """Live swarms no KEEP lease holds and, without leases, not kept and brought up by a flow run."""
-    from prefect_swarm.state import LeaseKind
-    from prefect_swarm.swarm import LIVE_PHASES
-
-    out = []
-    for rec in store.list_swarms():
-        if rec.phase not in LIVE_PHASES:
-            continue
-        leases = store.list_leases(rec.name)
-        if leases:
-            if not any(x.kind in (LeaseKind.KEEP, LeaseKind.TEARDOWN) for x in leases):
-                out.append(rec)
-        elif rec.flow_run_id and not rec.keep:
-            out.append(rec)
-    return out
+    return {rid: state in TERMINAL for rid, state in states.items()}
 
 
 def reap_orphans(store: StateStore | None = None, *, dry_run: bool = False, logger: Any = None) -> list[str]:
-    """Stop every orphan swarm; return their names. Does nothing when Prefect cannot be asked.
+    """Stop every orphan swarm (:meth:`~prefect_swarm.holding.Holding.orphans`); return their names.
+    Does nothing when Prefect cannot be asked.
 
     Messages go to ``logger`` (the run logger of the run doing it), else this module's logger.
     """
-    from prefect_swarm.swarm import dead_owners
+    from prefect_swarm.holding import Holding
 
     say = logger or log
-    store = store or StateStore()
+    hold = Holding(store or StateStore(), terminal_runs=_strict_terminal_runs)
     reaped = []
     try:
-        for rec in orphan_candidates(store):
-            leases = store.list_leases(rec.name)
+        for rec, leases in hold.orphans():
             if leases:
-                dead = dead_owners(leases, store, _strict_terminal_runs)
+                dead = hold.gone(leases)
                 if {x.owner for x in leases} - dead:
                     continue
                 why = "its lease holders are gone: " + ", ".join(sorted(dead))
@@ -145,7 +129,7 @@ def reap_orphans(store: StateStore | None = None, *, dry_run: bool = False, logg
                     continue
                 why = f"its flow run {rec.flow_run_id} is {state}"
             say.warning("swarm '%s' outlived its users (%s): stopping it", rec.name, why)
-            if not dry_run and not _stop(rec, store, [x.owner for x in leases], say):
+            if not dry_run and not _stop(rec, hold.store, [x.owner for x in leases], say):
                 continue
             if not dry_run:
                 from prefect_swarm.tasks.events import swarm_event
@@ -190,7 +174,7 @@ def _crash_dead_runs(owners: set[str], say: Any) -> None:
 
 
 def _stop(rec: SwarmRecord, store: StateStore, owners: list[str], say: Any) -> bool:
-    from prefect_swarm.tasks.swarm import cancel_flow_run_jobs, reattach, teardown_flow_run
+    from prefect_swarm.tasks.swarm import cancel_flow_run_jobs, holding, teardown_flow_run
 
     try:
         if not owners:
@@ -199,7 +183,9 @@ def _stop(rec: SwarmRecord, store: StateStore, owners: list[str], say: Any) -> b
         for owner in owners:
             if owner.startswith("flow-run:"):
                 cancel_flow_run_jobs(owner.removeprefix("flow-run:"), store)
-        reattach(rec.name, store).release(None, terminal_runs=_strict_terminal_runs, log=say.info)
+        hold = holding(store, log=say)
+        hold.terminal_runs = _strict_terminal_runs
+        hold.release(rec.name, None)
     except Exception as exc:
         say.error("could not stop orphan swarm '%s': %s", rec.name, exc)
         return False

@@ -1,19 +1,24 @@
 """Swarm tasks: resolve the ``swarm`` parameter, bring up (or share), wait ready, release.
 
+The public pieces for flows of your own: :func:`hold_swarm` (a context manager yielding a
+:class:`LiveSwarm`, always released), and the tasks it is made of, :func:`swarm_up`,
+:func:`wait_ready` and :func:`swarm_down` (see docs/own-flow.md).
+
 A flow run holds a lease on every swarm it uses (``flow-run:<id>``, see
 :class:`~prefect_swarm.state.LeaseRecord`): the first run brings the swarm up, a concurrent one
-waits for it and shares it. Teardown releases the run's leases; a swarm stops only when no live
-lease is left. The flow's ``finally``, its hooks and the reaper all do it the same way
+waits for it and shares it; whoever lets go last stops it. Holding lives in
+:mod:`prefect_swarm.holding`; this module gives it Prefect's word on flow runs and the blocks'
+secrets. The flow's ``finally``, its hooks and the reaper all tear down the same way
 (:func:`teardown_flow_run`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +29,13 @@ from prefect_swarm import launch
 from prefect_swarm.config import SwarmConfig, load_config
 from prefect_swarm.config.swarm import Sharing
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.interfaces import ServingHandle
+from prefect_swarm.holding import Holding
 from prefect_swarm.state import LeaseRecord, StateStore, SwarmRecord
 from prefect_swarm.swarm import (
     KEEP_OWNER,
-    LIVE_PHASES,
     Swarm,
-    engine_fingerprint,
     flow_run_lease,
     flow_run_owner,
-    keep_lease,
     missing_secrets,
     process_lease,
 )
@@ -57,7 +59,14 @@ def _as_block(swarm: SwarmParam) -> Any:
 
 
 def resolve_swarm(swarm: SwarmParam) -> SwarmConfig:
-    """Turn a ``swarm`` parameter into a SwarmConfig (secrets from the block or the environment)."""
+    """Turn a ``swarm`` parameter into a SwarmConfig (secrets from the block or the environment; an
+    external swarm's key from the Secret block it names)."""
+    from prefect_swarm.blocks import with_secret_key
+
+    return with_secret_key(_resolve_swarm(swarm))
+
+
+def _resolve_swarm(swarm: SwarmParam) -> SwarmConfig:
     block = _as_block(swarm)
     if block is not None:
         return block.to_config()
@@ -105,22 +114,14 @@ def _load_block(name: str) -> SwarmConfig:
         ) from None
 
 
-def reattach(name: str, store: StateStore | None = None) -> Swarm:
-    """:meth:`Swarm.from_state`, with the secrets the record dropped reloaded from the block the
-    swarm came from when the environment lacks them.
+def block_secrets(rec: SwarmRecord) -> SwarmConfig | None:
+    """The :data:`~prefect_swarm.holding.SecretSource` of the Prefect layer: the SwarmSpec block the
+    swarm came from (its record's ``source``), for the secrets the record dropped.
 
     Teardown runs in processes that may not have the token in their environment (the flow run a
-    worker started, the worker's cancel/crash hooks, the reaper): the SwarmSpec block named in
-    the record (``source``) still holds it.
-    """
-    store = store or StateStore()
-    rec = store.require_swarm(name)
-    return Swarm.from_state(name, store=store, secrets=_source_secrets(rec))
-
-
-def _source_secrets(rec: SwarmRecord) -> SwarmConfig | None:
-    missing = missing_secrets(rec.config)
-    if rec.source is None or not missing:
+    worker started, the worker's cancel/crash hooks, the reaper): the block still holds it. A block
+    that cannot be loaded leaves the environment's (a warning says so)."""
+    if rec.source is None:
         return None
     try:
         return _load_block(rec.source)
@@ -128,7 +129,7 @@ def _source_secrets(rec: SwarmRecord) -> SwarmConfig | None:
         logger.warning(
             "swarm '%s': could not reload %s from block '%s' (%s: %s); using the environment's.",
             rec.name,
-            " and ".join(missing),
+            " and ".join(missing_secrets(rec.config)),
             rec.source,
             type(exc).__name__,
             exc,
@@ -136,34 +137,19 @@ def _source_secrets(rec: SwarmRecord) -> SwarmConfig | None:
         return None
 
 
-def reusable_swarm(cfg: SwarmConfig, store: StateStore) -> SwarmRecord | None:
-    """A live swarm serving the same engine on the same backend that nobody else's flow owns."""
-    want = engine_fingerprint(cfg)
-    for rec in store.list_swarms():
-        if rec.phase not in LIVE_PHASES or rec.fingerprint != want or rec.backend != cfg.backend.type:
-            continue
-        if rec.keep or rec.flow_run_id is None:
-            return rec
-    return None
+def holding(store: StateStore | None = None, log: Any = None) -> Holding:
+    """The :class:`~prefect_swarm.holding.Holding` of the Prefect layer: Prefect's word on flow runs,
+    secrets from the block a swarm came from; what it does goes to ``log`` (a logger), if given."""
+    from prefect_swarm.tasks.reaper import terminal_runs
+
+    say = log.info if log is not None else None
+    return Holding(store or StateStore(), terminal_runs=terminal_runs, secrets=block_secrets, say=say)
 
 
-def attach(cfg: SwarmConfig, rec: SwarmRecord, store: StateStore) -> Swarm:
-    """A Swarm object for an existing record, keeping ``cfg``'s secrets (the record has none)."""
-    handle = ServingHandle.from_dict(rec.handle) if rec.handle else None
-    cfg = cfg if cfg.name == rec.name else cfg.model_copy(update={"name": rec.name})
-    return Swarm(cfg, store=store, handle=handle, flow_run_id=rec.flow_run_id, keep=rec.keep, source=rec.source)
-
-
-def _current_lease() -> LeaseRecord:
+def current_owner() -> LeaseRecord:
+    """The lease the caller holds a swarm with: its flow run's, else (outside a flow) its process's."""
     run_id = current_flow_run_id()
     return flow_run_lease(run_id) if run_id else process_lease()
-
-
-def _adopt_unleased(rec: SwarmRecord, store: StateStore) -> None:
-    """A live swarm with no lease at all was brought up before leases existed (or by hand):
-    give it the KEEP lease its keep flag / lack of owner meant, so a sharer does not stop it."""
-    if (rec.keep or rec.flow_run_id is None) and not store.list_leases(rec.name):
-        store.put_lease(keep_lease(rec.name))
 
 
 @task(
@@ -182,25 +168,16 @@ def swarm_up(cfg: SwarmConfig, keep: bool = False, reuse: bool = True, source: s
     ``source`` (see :func:`block_ref`) is recorded so teardown elsewhere can reload the secrets.
     """
     log = get_run_logger()
-    store = StateStore()
-    flow_run_id = current_flow_run_id()
-    lease = _current_lease()
-    found = reusable_swarm(cfg, store) if reuse else None
-    if found is not None and found.name != cfg.name:
-        _adopt_unleased(found, store)
-        store.put_lease(dataclasses.replace(lease, swarm=found.name))
+    swarm = Swarm(cfg, flow_run_id=current_flow_run_id(), keep=keep, source=source)
+    held = holding(swarm.store).bring_up(swarm, current_owner(), reuse=reuse)
+    if held.shared is not None:
         log.info(
             "Sharing live swarm '%s' (same engine fingerprint %s): this run holds a lease on it and "
             "stops it only if it is the last holder.",
-            found.name,
-            found.fingerprint,
+            held.shared,
+            held.swarm.fingerprint,
         )
-        return attach(cfg, found, store)
-    existing = store.get_swarm(cfg.name)
-    if existing is not None and existing.phase in LIVE_PHASES:
-        _adopt_unleased(existing, store)
-    swarm = Swarm(cfg, store=store, flow_run_id=flow_run_id, keep=keep, source=source)
-    if swarm.join(lease):
+    elif held.started:
         swarm_event(
             "up", cfg.name, source=source, model=cfg.model_name, replicas=cfg.replicas, backend=cfg.backend.type
         )
@@ -218,7 +195,7 @@ def swarm_up(cfg: SwarmConfig, keep: bool = False, reuse: bool = True, source: s
             cfg.name,
             f"flow run {swarm.flow_run_id}" if swarm.flow_run_id else "the CLI",
         )
-    return swarm
+    return held.swarm
 
 
 def _wall_time(cfg: SwarmConfig) -> str:
@@ -255,93 +232,81 @@ def wait_ready(swarm: Swarm, timeout_s: float | None = None) -> list[str]:
     retry_condition_fn=retry_on_type,
 )
 def swarm_down(name: str, owner: str | None = None, force: bool = False) -> bool:
-    """Release ``owner``'s lease on swarm ``name`` (default: the KEEP lease of `up`/`keep_swarm`)
-    and stop the swarm if no live lease is left; with ``force``, stop it whatever holds it.
-    Return whether it was stopped. An unknown name is a StateError (never retried)."""
-    from prefect_swarm.tasks.reaper import terminal_runs
+    """Let go of swarm ``name`` and stop it if no live holder is left; with ``force``, stop it
+    whatever holds it. Return whether it was stopped. An unknown name is a StateError (never retried).
 
+    ``owner`` is the hold released; default: the calling run's own (the flow run, or outside a flow
+    this process, that brought it up or shares it with :func:`swarm_up`), else the KEEP hold of
+    `prefect-swarm up` / ``keep_swarm``. So ``swarm_up`` -> ``wait_ready`` -> ``swarm_down`` in a flow
+    of your own stops the swarm unless someone else still holds it."""
     log = get_run_logger()
-    swarm = reattach(name)
+    hold = holding(log=log)
+    source = hold.store.require_swarm(name).source
     if force:
-        holders = [x.owner for x in swarm.store.list_leases(name)]
-        swarm.down()
-        swarm_event("down", name, source=swarm.source, forced=True, held_by=holders)
+        holders = hold.stop(name)
+        swarm_event("down", name, source=source, forced=True, held_by=holders)
         log.info("Swarm '%s' stopped (forced; it was held by: %s).", name, ", ".join(holders) or "nobody")
         return True
-    owner = owner or KEEP_OWNER
-    if swarm.release(owner, terminal_runs=terminal_runs, log=log.info):
+    mine = current_owner().owner
+    owner = owner or (mine if hold.holds(name, mine) else KEEP_OWNER)
+    if hold.release(name, owner):
         return False
-    swarm_event("down", name, source=swarm.source, forced=False, released_by=owner)
+    swarm_event("down", name, source=source, forced=False, released_by=owner)
     log.info("Swarm '%s' stopped.", name)
     return True
 
 
 def cancel_flow_run_jobs(flow_run_id: str, store: StateStore | None = None) -> list[str]:
     """Cancel the job processes flow run ``flow_run_id`` started that may still run; return their ids."""
-    store = store or StateStore()
+    hold = holding(store)
     cancelled = []
-    for rec in store.jobs_of_flow_run(flow_run_id):
-        if rec.status not in launch.ACTIVE or rec.swarm is None or store.get_swarm(rec.swarm) is None:
+    for rec in hold.store.jobs_of_flow_run(flow_run_id):
+        if rec.status not in launch.ACTIVE or rec.swarm is None or hold.store.get_swarm(rec.swarm) is None:
             continue
-        launch.cancel_job(rec.id, store=store, compute=reattach(rec.swarm, store).compute)
+        launch.cancel_job(rec.id, store=hold.store, compute=hold.attach(rec.swarm).compute)
         cancelled.append(rec.id)
     return cancelled
 
 
 def teardown_flow_run(flow_run_id: str, *, include_kept: bool = False, log: Any = None) -> list[str]:
-    """Cancel the jobs of flow run ``flow_run_id`` and release its leases; stop each swarm it held
-    that no live lease holds any more.
-
-    A swarm it brought up that has no lease at all (recorded before leases existed) is stopped
+    """Cancel the jobs of flow run ``flow_run_id`` and let go of what it holds
+    (:meth:`~prefect_swarm.holding.Holding.teardown_owner`): each swarm it held stops when no live
+    holder is left; one it brought up that nobody holds (recorded before leases existed) stops
     unless kept (``include_kept`` stops that too).
 
     Plain function (no task): called from ``finally``, from cancel/crash hooks (which may run in
     the worker process) and from the reaper. Idempotent. Messages go to ``log`` (default: the
     current run's logger). Returns the swarm names stopped.
     """
-    from prefect_swarm.tasks.reaper import terminal_runs
-
     log = log or run_logger()
-    stopped = []
     store = StateStore()
-    owner = flow_run_owner(flow_run_id)
     cancelled = cancel_flow_run_jobs(flow_run_id, store)
     if cancelled:
         log.info("Cancelled job(s) %s of flow run %s.", ", ".join(cancelled), flow_run_id)
-    for lease in store.leases_of(owner):
-        if store.get_swarm(lease.swarm) is None:
-            store.release_lease(lease.swarm, owner)
-            continue
-        if not reattach(lease.swarm, store).release(owner, terminal_runs=terminal_runs, log=log.info):
-            swarm_event("down", lease.swarm, flow_run_id=flow_run_id, released_by=owner)
-            log.info("Swarm '%s' stopped (flow run %s released the last lease).", lease.swarm, flow_run_id)
-            stopped.append(lease.swarm)
-    for rec in store.find_swarms_by_flow_run(flow_run_id):
-        if rec.phase in LIVE_PHASES and (include_kept or not rec.keep) and not store.list_leases(rec.name):
-            reattach(rec.name, store).down()
-            log.info("Swarm '%s' stopped (brought up by flow run %s, held by no one).", rec.name, flow_run_id)
-            stopped.append(rec.name)
+    owner = flow_run_owner(flow_run_id)
+    stopped = holding(store, log=log).teardown_owner(owner, flow_run_id, include_kept=include_kept)
+    for name in stopped:
+        swarm_event("down", name, flow_run_id=flow_run_id, released_by=owner)
+        log.info("Swarm '%s' stopped (flow run %s let go of it, the last holder).", name, flow_run_id)
     return stopped
 
 
 def teardown_owned(keep_swarm: bool) -> None:
-    """Release the current flow run's leases as visible ``swarm-down`` tasks (each stops its swarm
+    """Release the current flow run's holds as visible ``swarm-down`` tasks (each stops its swarm
     when this run was the last holder), then run the idempotent safety net (which also cancels
-    the run's jobs). With ``keep_swarm``, the run's leases become KEEP leases: its swarms stay up
+    the run's jobs). With ``keep_swarm``, the run's holds become the KEEP hold: its swarms stay up
     until `prefect-swarm down` / the ``swarm-down`` flow."""
     run_id = current_flow_run_id()
     if run_id is None:
         return
-    store = StateStore()
+    hold = holding()
     owner = flow_run_owner(run_id)
-    held = [x.swarm for x in store.leases_of(owner)]
+    held = hold.held_by(owner)
     if not held:
         return
     if keep_swarm:
         for name in held:
-            store.put_lease(keep_lease(name))
-            store.update_swarm(name, keep=True)
-            store.release_lease(name, owner)
+            hold.keep(name, owner)
             get_run_logger().info("Swarm '%s' kept (keep_swarm): `prefect-swarm down %s` stops it.", name, name)
         return
     try:
@@ -349,6 +314,57 @@ def teardown_owned(keep_swarm: bool) -> None:
             swarm_down(name, owner=owner)
     finally:
         teardown_flow_run(run_id)
+
+
+@dataclass(frozen=True)
+class LiveSwarm:
+    """A ready swarm :func:`hold_swarm` holds for you: where to send requests and with what."""
+
+    name: str
+    """The swarm's name (``prefect-swarm status NAME``; ``run_job(name=...)`` runs a batch job on it)."""
+    model: str
+    """The model name requests ask for (the served model name)."""
+    endpoint: str
+    """Base URL of the OpenAI-compatible API (``{endpoint}/v1/chat/completions``)."""
+    endpoints: list[str]
+    """Every URL requests may be spread over (the replicas where they are reachable, else ``endpoint``)."""
+    api_key: str | None = field(default=None, repr=False)
+    """The key the swarm requires (None: none)."""
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The HTTP headers a request needs (the bearer key, when the swarm has one)."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+@contextmanager
+def hold_swarm(
+    swarm: SwarmParam, *, reuse: bool = True, keep: bool = False, timeout_s: float | None = None
+) -> Iterator[LiveSwarm]:
+    """Hold a ready swarm for the body of a ``with`` in a flow of your own, and always let go of it.
+
+    ``swarm`` is what a flow's ``swarm`` parameter takes (a SwarmSpec block or its name, a YAML
+    path, an inline config, a SwarmConfig). On entry it runs the tasks :func:`swarm_up` (bring it
+    up, or share it: a concurrent run waits and shares, with ``reuse`` a live kept swarm of the same
+    engine) and :func:`wait_ready`; on exit, however the body ends, :func:`swarm_down` lets go of
+    this run's hold: the swarm stops unless another run, job or ``prefect-swarm up`` still holds it.
+    With ``keep`` the hold becomes the KEEP hold instead (``prefect-swarm down NAME`` stops it).
+
+    A run cancelled or killed runs no ``finally``: give the flow ``on_cancellation`` and
+    ``on_crashed`` hooks :func:`prefect_swarm.flows.hooks.teardown_hook` (the reaper covers a SIGKILL).
+    """
+    cfg = resolve_swarm(swarm)
+    live = swarm_up(cfg, keep=keep, reuse=reuse, source=block_ref(swarm))
+    name, owner = live.cfg.name, current_owner().owner
+    try:
+        endpoints = wait_ready(live, timeout_s)
+        key = live.backends.serving.client_key()
+        yield LiveSwarm(name, live.cfg.model_name, live.endpoint, endpoints, key)
+    finally:
+        if keep:
+            holding().keep(name, owner)
+        else:
+            swarm_down(name, owner=owner)
 
 
 SHARING: tuple[str, ...] = typing.get_args(Sharing)

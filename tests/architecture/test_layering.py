@@ -28,14 +28,15 @@ LAYER = {
     "jobs": 1,
     "backends": 2,
     "testing": 2,
-    # the control plane
+    # the control plane: a swarm, who holds it, jobs on it
     "swarm": 3,
-    "launch": 4,
+    "holding": 4,
+    "launch": 5,
     # the Prefect layer
-    "blocks": 5,
-    "tasks": 6,
-    "flows": 7,
-    "cli": 8,
+    "blocks": 6,
+    "tasks": 7,
+    "flows": 8,
+    "cli": 9,
 }
 """An area may import its own layer and the ones below it, never one above."""
 
@@ -51,6 +52,7 @@ PREFECT_FREE = {
     "backends",
     "testing",
     "swarm",
+    "holding",
     "launch",
 }
 """Areas that never import Prefect (the job process and the backends run without it)."""
@@ -138,3 +140,30 @@ def test_the_checker_catches_a_violation(
     (copy / area / "_planted.py").write_text(f"{line}\n")
     monkeypatch.setattr(__name__ + ".PACKAGE", copy)
     assert any(expected in p and "_planted" in p for p in _violations())
+
+
+LEASE_CALLS = (
+    ".put_lease(",
+    ".release_lease(",
+    ".list_leases(",
+    ".leases_of(",
+    ".clear_leases(",
+    ".claim_swarm(",
+    ".release_and_claim_teardown(",
+    ".from_state(",
+)
+"""Who holds a swarm, and turning a record into a Swarm: the state database's lease rows, used only by
+the primitives (``swarm.py``) and the one home of holding (``holding.py``)."""
+
+LEASE_HOMES = {"prefect_swarm.state.store", "prefect_swarm.swarm", "prefect_swarm.holding"}
+
+
+def test_lease_calls_live_in_the_holding_module() -> None:
+    outside = [
+        f"{module}: {call}"
+        for module, path in _modules()
+        if module not in LEASE_HOMES
+        for call in LEASE_CALLS
+        if call in path.read_text()
+    ]
+    assert outside == [], "hold, release and attach swarms through prefect_swarm.holding.Holding"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -78,10 +79,29 @@ def test_dead_owners(tmp_path: Path) -> None:
         flow_run_lease("running"),
     ]
     time.sleep(0.01)
-    dead = dead_owners(leases, store, lambda ids: {i for i in ids if i == "ended"})
+    dead = dead_owners(leases, store, lambda ids: {i: i == "ended" for i in ids})
     assert dead == {"pid:x", "job:j2", "flow-run:ended"}
-    # Prefect cannot be asked: a flow run's lease counts as live
+    # Prefect cannot be asked: a flow run's lease is judged by its process (alive here: this one)
     assert "flow-run:ended" not in dead_owners(leases, store, None)
+
+
+def test_a_flow_run_nobody_can_ask_about_is_judged_by_its_process(tmp_path: Path) -> None:
+    """A flow run on a server that is gone (Prefect's temporary one) or that the API does not know:
+    its lease is dead once its process is gone on this host; Prefect's word, where it has one, wins."""
+    store = StateStore(tmp_path / "state.db")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    orphan = dataclasses.replace(flow_run_lease("temp-server-run"), swarm="s", pid=gone.pid)
+    running = dataclasses.replace(flow_run_lease("still-running"), swarm="s", pid=gone.pid)
+    alive = dataclasses.replace(flow_run_lease("alive"), swarm="s")
+    leases = [orphan, running, alive]
+    assert dead_owners(leases, store, None) == {"flow-run:temp-server-run", "flow-run:still-running"}
+    # the API knows one of them and says it still runs (its process may be elsewhere): live
+    said = dead_owners(leases, store, lambda ids: {"still-running": False})
+    assert said == {"flow-run:temp-server-run"}
+    # another host's process cannot be looked at: live until Prefect says otherwise
+    remote = dataclasses.replace(orphan, host="elsewhere")
+    assert dead_owners([remote], store, None) == set()
 
 
 def test_detached_job_lease_ends_with_its_processes_without_a_status_call(
