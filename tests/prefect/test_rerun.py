@@ -132,3 +132,30 @@ def test_openai_batch_in_and_out_through_the_flow(prefect_api: PrefectStack, tmp
     )  # fmt: skip
     assert state.is_failed() and "Drop output_format" in str(state.message)
     assert StateStore().get_swarm("batch-flow-bad") is None, "a refused job brought a swarm up"
+
+
+def test_dataset_output_swarm_released_before_the_commit_and_rerun_brings_up_none(
+    prefect_api: PrefectStack, tmp_path: Path
+) -> None:
+    """The timeline shows swarm-down ending before commit-output starts; the dataset is whole; a
+    rerun sends nothing and brings no swarm up."""
+    import pyarrow.dataset as pds
+
+    from prefect_swarm.jobs.output import POSITION_COLUMN, SUCCESS
+
+    cfg = stub_swarm("dsout", latency_ms=5)
+    inp, out = prompts(tmp_path / "in.parquet", 30), f"{tmp_path}/ds/"
+    state = batch_inference(cfg, job_options(), str(inp), out, shards=2, return_state=True)
+    assert state.result()["rows"] == 30
+    _, tasks = _runs(state.state_details.flow_run_id)
+    by_name = {t.name: t for t in tasks}
+    down, commit = by_name["swarm-down-dsout"], next(t for t in tasks if t.name.startswith("commit-output-"))
+    assert down.end_time is not None and commit.start_time is not None
+    assert down.end_time <= commit.start_time, (down.end_time, commit.start_time)
+    table = pds.dataset(tmp_path / "ds", format="parquet").to_table().sort_by(POSITION_COLUMN)
+    assert table.column("id").to_pylist() == [f"r{i:05d}" for i in range(30)] and (tmp_path / "ds" / SUCCESS).exists()
+    rec = StateStore().get_swarm("dsout")
+    assert rec is not None and rec.phase == "STOPPED"
+    again = batch_inference(cfg, job_options(), str(inp), out, shards=2)
+    assert again["skipped"] == 30 and again["rows"] == 30
+    assert StateStore().get_swarm("dsout").updated_at == rec.updated_at  # type: ignore[union-attr]
