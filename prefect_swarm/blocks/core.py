@@ -15,6 +15,7 @@ logo ships beside this module (:data:`LOGO`) for whoever hosts the package's pag
 from __future__ import annotations
 
 import re
+from abc import ABC
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import ComputedFieldInfo, FieldInfo
 from pydantic.json_schema import GenerateJsonSchema
 
-from prefect_swarm.config import LeptonConfig, LocalConfig, SlurmConfig, SwarmConfig
+from prefect_swarm.config import ExternalConfig, LeptonConfig, LocalConfig, SlurmConfig, SwarmConfig
 
 DOCS_URL = "https://docs.prefect.io/v3/concepts/blocks"
 """Prefect's page on blocks: how to register, save and load them."""
@@ -103,8 +104,12 @@ def _field_values(model: BaseModel, config_cls: type[BaseModel]) -> dict[str, An
     return {name: getattr(model, name) for name in config_cls.model_fields}
 
 
-class _SwarmBlock(Block):
-    """What every prefect-swarm block adds to its config model (``config_model``)."""
+class _SwarmBlock(Block, ABC):
+    """What every prefect-swarm block adds to its config model (``config_model``).
+
+    ``ABC`` among its bases keeps this base class out of Prefect's block registry, which a Prefect
+    server registers whole: without it the catalog would offer a "Swarm Block" to create.
+    """
 
     config_model: ClassVar[type[BaseModel]]
     model_config = ConfigDict(field_title_generator=field_title)
@@ -169,18 +174,30 @@ class LeptonBackend(_SwarmBlock, LeptonConfig):
     config_model: ClassVar[type[BaseModel]] = LeptonConfig
 
 
-BackendBlock = LocalBackend | SlurmBackend | LeptonBackend
+class ExternalBackend(_SwarmBlock, ExternalConfig):
+    """Use an OpenAI-compatible endpoint someone else runs (a vLLM server, a gateway, a hosted provider).
+
+    No lifecycle: a flow records it after one real completion and never stops it. The key stays in a
+    Prefect Secret block (api_key_secret) or an environment variable (api_key_env).
+    """
+
+    _block_type_name = "Swarm External Backend"
+    config_model: ClassVar[type[BaseModel]] = ExternalConfig
+
+
+BackendBlock = LocalBackend | SlurmBackend | LeptonBackend | ExternalBackend
 """Any backend block."""
 
-BACKEND_BLOCKS: dict[str, type[LocalBackend] | type[SlurmBackend] | type[LeptonBackend]] = {
+BACKEND_BLOCKS: dict[str, type[LocalBackend] | type[SlurmBackend] | type[LeptonBackend] | type[ExternalBackend]] = {
     "local": LocalBackend,
     "slurm": SlurmBackend,
     "lepton": LeptonBackend,
+    "external": ExternalBackend,
 }
 """Backend ``type`` -> block class."""
 
 
-def backend_block_for(cfg: LocalConfig | SlurmConfig | LeptonConfig) -> BackendBlock:
+def backend_block_for(cfg: LocalConfig | SlurmConfig | LeptonConfig | ExternalConfig) -> BackendBlock:
     """The backend block holding a backend config's values."""
     return BACKEND_BLOCKS[cfg.type].from_config(cfg)
 
@@ -195,7 +212,7 @@ class SwarmSpec(_SwarmBlock, SwarmConfig):
     _block_type_name = "Swarm Spec"
     config_model: ClassVar[type[BaseModel]] = SwarmConfig
 
-    backend: LocalBackend | SlurmBackend | LeptonBackend = Field(
+    backend: LocalBackend | SlurmBackend | LeptonBackend | ExternalBackend = Field(
         default_factory=LocalBackend,
         description=SwarmConfig.model_fields["backend"].description,
     )
@@ -212,3 +229,30 @@ class SwarmSpec(_SwarmBlock, SwarmConfig):
         data = _field_values(cfg, SwarmConfig)
         data["backend"] = backend_block_for(data["backend"])
         return cls.model_validate(data)
+
+
+def with_secret_key(cfg: SwarmConfig) -> SwarmConfig:
+    """``cfg`` with the key of an external swarm loaded from the Prefect Secret block its
+    ``backend.api_key_secret`` names (through the Prefect API); ``cfg`` itself when there is none to load.
+
+    The key becomes the swarm's ``api_key`` (a SecretStr: redacted from state rows and plans, passed to
+    job processes through their environment only)."""
+    from prefect.blocks.system import Secret
+    from pydantic import SecretStr
+
+    from prefect_swarm.exceptions import ConfigError
+
+    backend = cfg.backend
+    if not isinstance(backend, ExternalConfig) or not backend.api_key_secret or cfg.api_key is not None:
+        return cfg
+    try:
+        value = Secret.load(backend.api_key_secret, _sync=True).get()  # type: ignore[call-arg, union-attr]
+    except ValueError as exc:
+        raise ConfigError(
+            f"backend.api_key_secret: no Secret block '{backend.api_key_secret}' ({exc}). Create it "
+            f"(`prefect block create secret` or Secret(value=...).save('{backend.api_key_secret}')), or name "
+            "an environment variable in backend.api_key_env instead."
+        ) from None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"backend.api_key_secret: the Secret block '{backend.api_key_secret}' holds no string key.")
+    return cfg.model_copy(update={"api_key": SecretStr(value)})

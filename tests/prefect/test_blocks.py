@@ -15,7 +15,7 @@ from prefect.testing.standard_test_suites import BlockStandardTestSuite
 from pydantic import SecretStr
 from stack import PrefectStack
 
-from prefect_swarm.blocks import LeptonBackend, LocalBackend, SlurmBackend, SwarmSpec
+from prefect_swarm.blocks import BACKEND_BLOCKS, LeptonBackend, LocalBackend, SlurmBackend, SwarmSpec
 from prefect_swarm.config import LeptonConfig, LocalConfig, SlurmConfig, SwarmConfig, load_config
 
 PAIRS = [
@@ -84,6 +84,22 @@ def test_logo_ships_as_package_data() -> None:
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     assert "blocks/logo.png" in pyproject["tool"]["setuptools"]["package-data"]["prefect_swarm"]
+
+
+def test_the_catalog_offers_only_the_public_blocks() -> None:
+    """A Prefect server registers every class in the client's block registry (its catalog): ours are
+    the public blocks, never their private base class."""
+    import subprocess
+    import sys
+
+    code = (
+        "from prefect.blocks.core import Block; from prefect.utilities.dispatch import get_registry_for_type; "
+        "import prefect_swarm.blocks as b; "
+        "print(sorted(c.__name__ for c in get_registry_for_type(Block).values() if c.__module__.startswith(b.__name__)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    public = sorted(cls.__name__ for cls in (*BACKEND_BLOCKS.values(), SwarmSpec))
+    assert out.stdout.strip() == repr(public), (out.stdout, public)
 
 
 def test_register_top_package_lazily() -> None:
