@@ -88,45 +88,15 @@ _JOB_ALIASES: dict[str, JobStatus] = {
     "error": JobStatus.FAILED,
     "cancelled": JobStatus.CANCELLED,
     "canceled": JobStatus.CANCELLED,
-    # slurm (squeue/sacct state names and short codes)
-    "pd": JobStatus.PENDING,
-    "configuring": JobStatus.PENDING,
-    "cf": JobStatus.PENDING,
-    "requeued": JobStatus.PENDING,
-    "resv_del_hold": JobStatus.PENDING,
-    "requeue_hold": JobStatus.PENDING,
-    "requeue_fed": JobStatus.PENDING,
-    "suspended": JobStatus.PENDING,
-    "s": JobStatus.PENDING,
-    "r": JobStatus.RUNNING,
-    "completing": JobStatus.RUNNING,
-    "cg": JobStatus.RUNNING,
-    "stage_out": JobStatus.RUNNING,
-    "signaling": JobStatus.RUNNING,
-    "resizing": JobStatus.RUNNING,
-    "cd": JobStatus.SUCCEEDED,
-    "f": JobStatus.FAILED,
-    "timeout": JobStatus.FAILED,
-    "to": JobStatus.FAILED,
-    "node_fail": JobStatus.FAILED,
-    "nf": JobStatus.FAILED,
-    "out_of_memory": JobStatus.FAILED,
-    "oom": JobStatus.FAILED,
-    "boot_fail": JobStatus.FAILED,
-    "bf": JobStatus.FAILED,
-    "deadline": JobStatus.FAILED,
-    "dl": JobStatus.FAILED,
-    "preempted": JobStatus.PREEMPTED,
-    "pr": JobStatus.PREEMPTED,
-    "revoked": JobStatus.FAILED,
-    "ca": JobStatus.CANCELLED,
 }
 
 
-def coerce_job_status(raw: str | JobStatus | None) -> JobStatus:
-    """Normalise a raw status (ours, Slurm's ``CANCELLED by 0``, ``COMPLETED``...) to a JobStatus.
+def coerce_job_status(raw: str | JobStatus | None, aliases: Mapping[str, JobStatus] | None = None) -> JobStatus:
+    """Normalise a raw status (ours, generic words, a scheduler's ``CANCELLED by 0``...) to a JobStatus.
 
-    Unknown values raise ValueError: silently mapping them would report wrong outcomes.
+    ``aliases`` are a backend's own state names (lower case), e.g. Slurm's in
+    ``prefect_swarm.backends.slurm.states``. Unknown values raise ValueError: silently mapping them
+    would report wrong outcomes.
     """
     if isinstance(raw, JobStatus):
         return raw
@@ -139,6 +109,8 @@ def coerce_job_status(raw: str | JobStatus | None) -> JobStatus:
         pass
     if key in _JOB_ALIASES:
         return _JOB_ALIASES[key]
+    if aliases and key in aliases:
+        return aliases[key]
     raise ValueError(f"unknown job status {raw!r}")
 
 

@@ -43,9 +43,9 @@ from prefect_swarm.backends.slurm import identity, members, render
 from prefect_swarm.backends.slurm.client import AcctEntry, QueueEntry, SlurmClient, clean_env
 from prefect_swarm.backends.slurm.lb import read_heads
 from prefect_swarm.backends.slurm.lb import resolve as lb_resolve
+from prefect_swarm.backends.slurm.states import slurm_job_status
 from prefect_swarm.exceptions import BackendError, CapacityError, ReadinessError
 from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus, jobenv
-from prefect_swarm.interfaces.types import coerce_job_status
 from prefect_swarm.paths import JobPaths, SwarmPaths, read_json, read_text
 
 if TYPE_CHECKING:
@@ -455,7 +455,7 @@ def _aggregate(
         if entry is None:
             unknown.append(step)
             continue
-        status = coerce_job_status(entry.state)
+        status = slurm_job_status(entry.state)
         if status is JobStatus.FAILED and entry.exit_code == jobenv.EXIT_REQUEUE:
             status = JobStatus.PREEMPTED  # flushed, then stopped by Slurm's signal
         if status in (JobStatus.FAILED, JobStatus.PREEMPTED) and step in (cancelled or set()):
@@ -473,7 +473,7 @@ def _aggregate(
 def _ended(entry: AcctEntry) -> bool:
     """The accounting line is final (the step or job ended); an unknown state is not."""
     try:
-        return coerce_job_status(entry.state).finished
+        return slurm_job_status(entry.state).finished
     except ValueError:
         return False
 
