@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from prefect_swarm.interfaces import jobenv
 from prefect_swarm.tasks._common import signal_stop
 from prefect_swarm.tasks.reaper import crash_task_runs
 from prefect_swarm.tasks.swarm import teardown_flow_run
@@ -24,17 +25,17 @@ log = logging.getLogger("prefect_swarm.flows")
 @contextmanager
 def _swarm_home_of(flow_run: Any) -> Iterator[None]:
     env = (getattr(flow_run, "job_variables", None) or {}).get("env") or {}
-    home = env.get("PREFECT_SWARM_HOME")
-    old = os.environ.get("PREFECT_SWARM_HOME")
+    home = env.get(jobenv.HOME)
+    old = os.environ.get(jobenv.HOME)
     if home:
-        os.environ["PREFECT_SWARM_HOME"] = home
+        os.environ[jobenv.HOME] = home
     try:
         yield
     finally:
         if home and old is not None:
-            os.environ["PREFECT_SWARM_HOME"] = old
+            os.environ[jobenv.HOME] = old
         elif home:
-            os.environ.pop("PREFECT_SWARM_HOME", None)
+            os.environ.pop(jobenv.HOME, None)
 
 
 def teardown_hook(flow: Any, flow_run: Any, state: Any) -> None:
