@@ -28,6 +28,10 @@ BUILTIN: dict[str, tuple[str, str]] = {
         "prefect_swarm.backends.lepton.serving:LeptonServing",
         "prefect_swarm.backends.lepton.compute:LeptonCompute",
     ),
+    "external": (
+        "prefect_swarm.backends.external.serving:ExternalServing",
+        "prefect_swarm.backends.external.compute:ExternalCompute",
+    ),
 }
 
 

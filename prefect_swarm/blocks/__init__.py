@@ -10,18 +10,22 @@ types, defaults, descriptions and validators have one source: ``prefect_swarm.co
 
 from prefect_swarm.blocks.core import (
     BACKEND_BLOCKS,
+    ExternalBackend,
     LeptonBackend,
     LocalBackend,
     SlurmBackend,
     SwarmSpec,
     backend_block_for,
+    with_secret_key,
 )
 
 __all__ = [
     "BACKEND_BLOCKS",
+    "ExternalBackend",
     "LeptonBackend",
     "LocalBackend",
     "SlurmBackend",
     "SwarmSpec",
     "backend_block_for",
+    "with_secret_key",
 ]

@@ -54,6 +54,15 @@ class CostConfig(StrictModel):
         description="Price of one GPU-hour per resource shape (e.g. Lepton's gpu.h100-sxm), in USD; "
         "overrides gpu_hour_usd for that shape.",
     )
+    input_usd_per_million: Usd | None = Field(
+        default=None,
+        description="Price of one million prompt tokens, in USD (a priced provider behind an external swarm); "
+        "with it a job's cost is its tokens x the token prices, not GPU time.",
+    )
+    output_usd_per_million: Usd | None = Field(
+        default=None,
+        description="Price of one million completion tokens, in USD; default: input_usd_per_million.",
+    )
     max_gpu_hours: Annotated[float, Field(gt=0)] | None = Field(
         default=None,
         description="Budget: stop the jobs and tear the swarm down once it has used this many GPU-hours.",
@@ -86,6 +95,19 @@ class CostConfig(StrictModel):
         per_m = round(usd / tokens * 1e6, 4) if usd is not None and tokens else None
         hours = None if gpu_hours is None else round(gpu_hours, 6)
         return {"gpu_hours": hours, "usd": usd, "usd_per_million_tokens": per_m}
+
+    @property
+    def token_priced(self) -> bool:
+        """Tokens have a price (``input_usd_per_million`` / ``output_usd_per_million``)."""
+        return self.input_usd_per_million is not None or self.output_usd_per_million is not None
+
+    def token_usd(self, prompt_tokens: int, completion_tokens: int) -> float | None:
+        """USD of these tokens at the token prices (output defaults to input, input to output); None without one."""
+        if not self.token_priced:
+            return None
+        into = self.input_usd_per_million if self.input_usd_per_million is not None else self.output_usd_per_million
+        out = self.output_usd_per_million if self.output_usd_per_million is not None else into
+        return round(((into or 0.0) * prompt_tokens + (out or 0.0) * completion_tokens) / 1e6, 6)
 
     def budget(self, gpu_hours: float | None, shape: str | None = None) -> tuple[float, str] | None:
         """``(share of the tightest cap used, "X of Y")``; None without a cap or a figure to hold it to."""
@@ -224,9 +246,15 @@ def job_cost(progress: Mapping[str, Any], swarm_config: Mapping[str, Any] | None
     progress) x the swarm's GPUs, priced by the swarm's ``backend.cost``; tokens from the progress."""
     shards = [s for s in progress.get("shards") or [] if s.get("started_at") and s.get("updated_at")]
     wall_s = max(s["updated_at"] for s in shards) - min(s["started_at"] for s in shards) if shards else 0.0
-    tokens = int(progress.get("prompt_tokens") or 0) + int(progress.get("completion_tokens") or 0)
+    pt, ct = int(progress.get("prompt_tokens") or 0), int(progress.get("completion_tokens") or 0)
     hours = max(wall_s, 0.0) * swarm_gpus(swarm_config) / 3600.0
-    return {**recorded_cost(swarm_config).figures(hours, tokens), "source": "wall", "wall_s": round(wall_s, 2)}
+    cost = recorded_cost(swarm_config)
+    out = {**cost.figures(hours, pt + ct), "source": "wall", "wall_s": round(wall_s, 2)}
+    usd = cost.token_usd(pt, ct)
+    if usd is not None:  # a priced provider: its tokens are the bill
+        per_m = round(usd / (pt + ct) * 1e6, 4) if pt + ct else None
+        out.update(usd=usd, usd_per_million_tokens=per_m, source="tokens")
+    return out
 
 
 MIN_ELAPSED_S = 5.0

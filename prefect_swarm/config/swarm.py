@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
-from prefect_swarm.config.backends import BackendConfig, LocalConfig, SlurmConfig
+from prefect_swarm.config.backends import BackendConfig, ExternalConfig, LocalConfig, SlurmConfig
 from prefect_swarm.config.base import Count, NonNegativeInt, Port, Seconds, StrictModel
 from prefect_swarm.config.engine import EngineConfig
 
@@ -117,6 +117,16 @@ class SwarmConfig(StrictModel):
     @classmethod
     def _expand_home(cls, value: str) -> str:
         return os.path.expanduser(value) if value.startswith("~") else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_gpus_of_ours(cls, data: object) -> object:
+        """An external swarm holds no GPUs of ours: gpus_per_replica defaults to 0 there (no GPU-hours)."""
+        if isinstance(data, dict) and "gpus_per_replica" not in data:
+            backend = data.get("backend")
+            if isinstance(backend, ExternalConfig) or (isinstance(backend, dict) and backend.get("type") == "external"):
+                return {**data, "gpus_per_replica": 0}
+        return data
 
     @model_validator(mode="after")
     def _fits_on_node(self) -> SwarmConfig:

@@ -75,6 +75,7 @@ from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import InvalidAnswer, SwarmJob
 from prefect_swarm.jobs.control import Controller, process_cap
 from prefect_swarm.jobs.ledger import STATUS_ERROR, STATUS_OK, RowResult
+from prefect_swarm.jobs.ratelimit import RateLimiter
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 OVERLOAD_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -111,6 +112,9 @@ class RunnerConfig:
     eject_max_s: float = 30.0
     outage_timeout_s: float = 900.0
     """How long every endpoint may be out before the runner stops itself (the shard exits 75, resumable)."""
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    """The job's rate limits (all shards together; this process holds its share: see jobs.ratelimit)."""
 
 
 class Item(NamedTuple):
@@ -468,6 +472,7 @@ class Runner:
         """Why the runner stopped before every row was sent, when not by a signal (an outage past
         ``outage_timeout_s``, or what the caller passed to :meth:`request_stop`)."""
         self.requests = 0
+        self.rate = RateLimiter.of(cfg.requests_per_minute, cfg.tokens_per_minute, share=cfg.nshards)
         self.limit: AdaptiveLimit | None = None
         self.control: Controller | None = None
         self.cap = 1
@@ -641,7 +646,9 @@ class Runner:
     async def _post(
         self, session: aiohttp.ClientSession, ep: Endpoint, item: Item
     ) -> tuple[int, bytes, str | None, str, float]:
-        """One request: (status, body, Retry-After, error, latency ms); status 0 when nothing was answered."""
+        """One request: (status, body, Retry-After, error, latency ms); status 0 when nothing was answered.
+        Every attempt waits for the rate limits first (:mod:`prefect_swarm.jobs.ratelimit`)."""
+        estimate = await self.rate.acquire(item.body) if self.rate is not None else 0
         started = time.monotonic()
         status, error, retry_after, data = 0, "", None, b""
         self.requests += 1
@@ -665,6 +672,8 @@ class Runner:
             self.pool.release(ep)
         latency = (time.monotonic() - started) * 1000
         if status == 200:
+            if self.rate is not None:
+                self.rate.settle(estimate, data)
             ep.lat_ewma_ms = latency if not ep.lat_ewma_ms else 0.9 * ep.lat_ewma_ms + 0.1 * latency
             ep.lat_floor_ms = min(ep.lat_floor_ms, latency)
         if self.limit is not None:

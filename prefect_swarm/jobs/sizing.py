@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 
-from prefect_swarm.config import SwarmConfig
+from prefect_swarm.config import ExternalConfig, SwarmConfig
 from prefect_swarm.jobs.control import queue_margin
+from prefect_swarm.jobs.metrics import AUTO_HOST
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import SwarmPaths
 
@@ -57,4 +58,27 @@ def size_for_swarm(spec: JobSpec, cfg: SwarmConfig) -> JobSpec:
 
             shards = auto_shards(cfg, InputDataset(spec.input).num_rows)
         update["shards"] = shards
+    if isinstance(cfg.backend, ExternalConfig):
+        update.update(external_limits(spec, cfg.backend, int(update.get("shards", spec.shards))))  # type: ignore[call-overload]
     return spec.model_copy(update=update)
+
+
+def external_limits(spec: JobSpec, ext: ExternalConfig, shards: int) -> dict[str, object]:
+    """What an external swarm's limits make of a job: the in-flight cap split over the shards, the rate
+    limits (the lower of the job's and the swarm's wins), and the job's /metrics on loopback (its
+    processes run on this machine; the endpoint is not)."""
+    update: dict[str, object] = {
+        "requests_per_minute": _lower(spec.requests_per_minute, ext.requests_per_minute),
+        "tokens_per_minute": _lower(spec.tokens_per_minute, ext.tokens_per_minute),
+    }
+    if ext.max_concurrency is not None:
+        share = max(1, ext.max_concurrency // max(1, shards))
+        update["concurrency"] = min(spec.concurrency or share, share)
+        update["replica_capacity"] = ext.max_concurrency
+    if spec.metrics_host == AUTO_HOST:
+        update["metrics_host"] = "127.0.0.1"
+    return update
+
+
+def _lower(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)

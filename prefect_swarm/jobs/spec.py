@@ -103,6 +103,20 @@ class JobSpec(BaseModel):
         description="Back off the in-flight limit on 429/503 or rising latency; grow it again when healthy "
         "(never above concurrency).",
     )
+    requests_per_minute: float | None = Field(
+        default=None,
+        gt=0,
+        description="Rate limit of the whole job in requests a minute (retries count), each shard holding "
+        "its share; filled at submit from an external swarm's backend.requests_per_minute (the lower of the "
+        "two wins). Default: none. Not part of the fingerprint.",
+    )
+    tokens_per_minute: float | None = Field(
+        default=None,
+        gt=0,
+        description="Rate limit of the whole job in prompt + completion tokens a minute, each shard holding its "
+        "share; filled at submit from an external swarm's backend.tokens_per_minute (the lower wins). Default: "
+        "none. Not part of the fingerprint.",
+    )
     max_retries: int = Field(
         default=5,
         ge=0,

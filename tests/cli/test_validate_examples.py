@@ -19,6 +19,7 @@ EXPECTED_FILES = {
     "local": ["watchdog-0.json"],
     "slurm": ["replicas.sbatch", "lb.sbatch", "nginx.conf", "watchdog-0.json"],
     "lepton": ["deployment.json", "job-template.json"],
+    "external": ["external.json"],
 }
 SECRET = "sk-example-never-printed-93c1"
 
