@@ -23,12 +23,15 @@ import pytest
 from prefect_swarm.testing import free_port_block
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = ["README.md", "deployments/README.md", "CONTRIBUTING.md"]
+DOCS = ["README.md", "deployments/README.md", "CONTRIBUTING.md", "docs/own-flow.md"]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+EXTERNAL_CLI_TEST = "tests/external/test_external.py::test_cli_up_status_job_down_on_a_stub_it_never_stops"
 
 NOT_RUN_HERE: dict[str, str] = {
     # Installing and running the whole suite: what CI (.ci/run) does; not from inside a test.
     "make demo": "runs examples/demo.py: tests/prefect/test_demo_vllm.py runs it against the vLLM CPU build",
+    "python examples/own_flow.py": "tests/prefect/test_own_flow.py runs its flow through a real worker",
     "make test": "the whole suite (CI's entry point, .ci/run)",
     "make unit": "the fast subset of the whole suite",
     "make venv": "installs the venv these tests run in",
@@ -48,6 +51,11 @@ NOT_RUN_HERE: dict[str, str] = {
     "prefect worker start": "tests/prefect/stack.py (start_worker)",
     "prefect deployment run": "tests/prefect/test_deployment_e2e.py (needs blocks a reader saved: swarm-spec/qwen-7b)",
     "prefect-swarm automations install": "needs a Prefect server: tests/prefect/stack.py (deploy) runs it",
+    # The external backend needs a server someone else runs: the test starts one and runs these commands
+    # with examples/external.yaml aimed at it (tests/external/test_external.py, test_external_vllm.py).
+    "prefect-swarm up -c examples/external.yaml": EXTERNAL_CLI_TEST,
+    "prefect-swarm job submit -n external": EXTERNAL_CLI_TEST,
+    "prefect-swarm down external": EXTERNAL_CLI_TEST,
 }
 """Command prefixes that do not run here, each with the reason or the test that covers it."""
 

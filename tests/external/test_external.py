@@ -194,5 +194,7 @@ def test_the_job_holds_requests_per_minute_across_its_shards(tmp_path: Path, key
     first = next(t for t, c in samples if c > 0)
     span = samples[-1][0] - first
     assert span >= (n - burst - 1) / per_s * 0.9, span  # the limit, not the stub, paced the job
-    print(f"{n} requests at R={rpm}/min over 2 shards in {span:.1f}s: {(n - burst) / span * 60:.0f}/min past the bursts")
+    print(
+        f"{n} requests at R={rpm}/min over 2 shards in {span:.1f}s: {(n - burst) / span * 60:.0f}/min past the bursts"
+    )
     assert cli("down", "ext", "-y", env=env).returncode == 0

@@ -1,0 +1,105 @@
+"""The external backend against a real vLLM (CPU build, tiny model) that the test starts itself,
+outside prefect-swarm, with an API key: `up` (one real completion), a job whose every row reaches
+the server exactly once (counted by vLLM's own request counter), a rerun that sends nothing, and
+`down`, after which the server still runs and answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pyarrow.parquet as pq
+import pytest
+import services
+from external_kit import KEY_ENV, cli, dataset, external_config, files_holding
+
+from prefect_swarm.testing import free_port
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+KEY = "sk-vllm-external-5e2a"
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A vLLM server with an API key, started by this test (its own process group, stopped at the end)."""
+    services.gate(services.missing_vllm())
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm-external") / "vllm.log"
+    argv = [
+        str(services.vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(services.tiny_model()),
+        "--served-model-name", "tiny", *services.VLLM_ARGS, "--host", "127.0.0.1", "--port", str(port),
+        "--api-key", KEY,
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, env={**os.environ, **services.VLLM_ENV}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        yield url, proc
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+def _served(url: str) -> int:
+    """Requests vLLM has finished, by its own counter (``vllm:request_success_total``, every finish reason)."""
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).text
+    found = re.findall(r"^vllm:request_success_total\{[^}]*\}\s+([0-9.e+]+)$", text, flags=re.M)
+    assert found, text[:2000]
+    return round(sum(float(v) for v in found))
+
+
+def test_a_job_on_an_external_vllm_runs_each_row_exactly_once(
+    tmp_path: Path, vllm_server: tuple[str, subprocess.Popen[bytes]], swarm_home: Path
+) -> None:
+    url, proc = vllm_server
+    env = {KEY_ENV: KEY}
+    config = external_config(tmp_path, url + "/v1", requests_per_minute=None, tokens_per_minute=None)
+    before = _served(url)
+    res = cli("up", "-c", str(config), env=env, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert _served(url) == before + 1  # readiness: one real completion
+
+    n = 40
+    data, out = dataset(tmp_path / "in.parquet", n), tmp_path / "out.parquet"
+    kwargs = json.dumps({"sampling": {"max_tokens": 4, "temperature": 0}})
+    args = ("job", "submit", "-n", "ext", "--input", str(data), "--output", str(out), "--job-kwargs", kwargs)
+    res = cli(*args, env=env, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = pq.read_table(out).to_pylist()
+    assert sorted(r["id"] for r in rows) == [f"r{i:04d}" for i in range(n)]
+    assert all(r["status"] == "ok" and isinstance(r["text"], str) and 0 < r["completion_tokens"] <= 4 for r in rows)
+    assert _served(url) == before + 1 + n
+
+    res = cli(*args, env=env, timeout=300)  # the same job again: answered from its ledger, nothing sent
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert _served(url) == before + 1 + n
+
+    res = cli("down", "ext", "-y", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert proc.poll() is None  # down never touches the server
+    assert httpx.get(url + "/health", timeout=5).status_code == 200
+    assert _served(url) == before + 1 + n
+    assert files_holding(swarm_home, KEY) == []
