@@ -38,7 +38,9 @@ automations_app = typer.Typer(help="Prefect automations prefect-swarm relies on.
 def zombie_automation(within_s: float = 90.0) -> Any:
     """The automation object (not yet created): a flow run tagged ``prefect-swarm`` with no
     heartbeat for ``within_s`` -> Crashed. Not forced: a run that already ended (a last heartbeat
-    can arrive after its Completed event) keeps its state, the server refuses the change."""
+    can arrive after its Completed event) keeps its state, the server refuses the change. A run
+    that suspends or pauses stops its heartbeats on purpose: entering those states counts as the
+    expected event, so such a run is left alone until it runs (and beats) again."""
     from prefect.automations import Automation
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
@@ -46,13 +48,14 @@ def zombie_automation(within_s: float = 90.0) -> Any:
     from prefect.events.schemas.events import ResourceSpecification
 
     ends = ("Completed", "Failed", "Cancelled", "Crashed")
+    quiet = ("Suspended", "Paused")  # no heartbeats while in them, by design
     return Automation(
         name=ZOMBIE_AUTOMATION,
         description=f"Marks flow runs tagged {SCOPE_TAG!r} Crashed when their heartbeats stop; the reaper then "
         "stops their swarms.",
         trigger=EventTrigger(
             after={"prefect.flow-run.heartbeat"},
-            expect={"prefect.flow-run.heartbeat", *(f"prefect.flow-run.{s}" for s in ends)},
+            expect={"prefect.flow-run.heartbeat", *(f"prefect.flow-run.{s}" for s in (*ends, *quiet))},
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
             match_related=ResourceSpecification(
                 {"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{SCOPE_TAG}"}

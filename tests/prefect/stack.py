@@ -76,7 +76,7 @@ class PrefectStack:
             start_new_session=True,
         )
 
-    def start_server(self, timeout_s: float = 90) -> None:
+    def start_server(self, timeout_s: float = 180) -> None:
         """Start the server (with its UI: tests/prefect/test_ui_browser.py looks at it) and wait for /api/health."""
         self.home.mkdir(parents=True, exist_ok=True)
         self._spawn(

@@ -3,6 +3,7 @@ automation (deployments/prefect.yaml, `failed-rows-notice/on-failed-rows`) fires
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -50,18 +51,24 @@ def _state(run_id: uuid.UUID) -> str:
 
 
 def test_zombie_automation_is_scoped_to_this_package(prefect_stack: PrefectStack) -> None:
+    from prefect import get_client
     from prefect.events.worker import EventsWorker
-    from prefect.states import Completed, Running
+    from prefect.states import Completed, Running, Suspended
 
     ours = _new_run(SCOPE_TAG, Running())
     unrelated = _new_run("somebody-else", Running())
     done = _new_run(SCOPE_TAG, Completed())
-    for run_id, tag in ((ours, SCOPE_TAG), (unrelated, "somebody-else"), (done, SCOPE_TAG)):
+    suspended = _new_run(SCOPE_TAG, Running())
+    for run_id, tag in ((ours, SCOPE_TAG), (unrelated, "somebody-else"), (done, SCOPE_TAG), (suspended, SCOPE_TAG)):
         _heartbeat(run_id, tag)  # then silence
     EventsWorker.drain_all()
+    with get_client(sync_client=True) as client:  # suspends after its heartbeat, as a run waiting for input does
+        client.set_flow_run_state(suspended, Suspended(timeout_seconds=3600), force=True)
     took = wait_for(lambda: _state(ours) == "CRASHED", ZOMBIE_WITHIN_S + 60, step_s=1, what="our silent run Crashed")
+    time.sleep(10)  # the automation has had its chance at the suspended run too (same heartbeat, same window)
     assert _state(unrelated) == "RUNNING", "the zombie automation touched a flow run outside prefect-swarm"
     assert _state(done) == "COMPLETED", "the zombie automation changed a Completed run"
+    assert _state(suspended) == "PAUSED", "the zombie automation crashed a Suspended run"
     print(f"silent prefect-swarm run Crashed after {took:.0f} s; unrelated Running, Completed kept")
 
 
