@@ -169,3 +169,62 @@ def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
         return subprocess.run([*cli_argv(), *args], capture_output=True, text=True, env=full_env, timeout=timeout)
 
     return run
+
+
+class FollowedCli:
+    """A ``prefect-swarm`` command left running (``logs --follow``), its stdout gathered in a thread."""
+
+    def __init__(self, args: tuple[str, ...], env: dict[str, str]) -> None:
+        import threading
+
+        self.proc = subprocess.Popen(
+            [*cli_argv(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        self.out = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.out += line
+
+    def wait_for(self, text: str, timeout: float = 30) -> None:
+        """Until ``text`` was printed (AssertionError with what was, after ``timeout`` seconds)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while text not in self.out:
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                err = self.proc.stderr.read() if self.proc.stderr else ""
+                raise AssertionError(f"exited {self.proc.returncode} before {text!r}: {self.out!r} {err!r}")
+            assert time.monotonic() < deadline, f"{text!r} not printed within {timeout}s: {self.out!r}"
+            time.sleep(0.1)
+
+    def stop(self) -> int:
+        """Ctrl-C it; its exit code."""
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(15)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def follow_cli() -> Iterator[Callable[..., FollowedCli]]:
+    """Start ``prefect-swarm ARGS`` left running (Ctrl-C'd at the end of the test if still alive)."""
+    started: list[FollowedCli] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> FollowedCli:
+        cli = FollowedCli(args, {**os.environ, "COLUMNS": "200", **(env or {})})
+        started.append(cli)
+        return cli
+
+    yield start
+    for cli in started:
+        cli.stop()

@@ -3,14 +3,16 @@
 * a head file holds ``host:port`` of a process once it serves (Slurm replicas and LB);
   :func:`head_url` turns it into a base URL;
 * :func:`start_logged` starts a process in its own session with its output appended to a log;
-* :class:`LogFollower` prints what log files gained since the last look (``wait(stream_logs=True)``).
+* :class:`LogFollower` prints what log files gained since the last look (``wait(stream_logs=True)``);
+* :func:`tail_file` yields a log file, and with ``follow`` what it gains (``prefect-swarm logs -f``).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from prefect_swarm.paths import read_text
@@ -70,4 +72,25 @@ class LogFollower:
             sys.stdout.flush()
 
 
-__all__ = ["LogFollower", "head_url", "host_port", "start_logged"]
+def tail_file(path: Path, *, follow: bool, alive: Callable[[], bool], poll_s: float = 0.5) -> Iterator[str]:
+    """``path``'s text; with ``follow`` then what it gains, until ``alive()`` says the writer is gone
+    (asked only when nothing new came; what it wrote before going is still yielded)."""
+    offset = 0
+    while True:
+        running = alive() if follow else False
+        try:
+            with path.open("rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+        except OSError:
+            data = b""
+        if data:
+            offset += len(data)
+            yield data.decode("utf-8", "replace")
+        if not running:
+            return
+        if not data:
+            time.sleep(poll_s)
+
+
+__all__ = ["LogFollower", "head_url", "host_port", "start_logged", "tail_file"]

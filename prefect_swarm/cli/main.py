@@ -51,6 +51,7 @@ from prefect_swarm.cli.errors import EXIT_CODES_HELP, SwarmGroup
 from prefect_swarm.cli.exec import exec_cmd
 from prefect_swarm.cli.history import history_cmd
 from prefect_swarm.cli.job import job_app
+from prefect_swarm.cli.logs import logs_cmd
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, setup_logging
 from prefect_swarm.cli.volumes import volumes_app
 from prefect_swarm.settings import get_settings
@@ -92,6 +93,7 @@ app.command("down", epilog=EXIT_CODES_HELP)(swarms.down)
 app.command("top", epilog=EXIT_CODES_HELP)(top.top)
 app.command("validate", epilog=EXIT_CODES_HELP)(validate.validate)
 app.command("exec", epilog=EXIT_CODES_HELP)(exec_cmd)
+app.command("logs", epilog=EXIT_CODES_HELP)(logs_cmd)
 app.add_typer(db.db_app, name="db")
 
 

@@ -8,7 +8,7 @@ Each model only *describes* where replicas and jobs run; the code that acts on i
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AliasChoices, Field, SecretStr, field_validator, model_validator
 
@@ -374,6 +374,87 @@ class LeptonConfig(Priced):
         "wrote under shared_path (proving both see the same storage) and import prefect_swarm with "
         "job_python, within this many seconds; null skips the check.",
     )
+    secret_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables of the endpoint read from Lepton workspace secrets, "
+        "{ENV_NAME: secret-name} (e.g. {HF_TOKEN: hf-token} for a gated model): the spec carries only "
+        "the reference. Each secret must exist in the workspace (checked before anything starts).",
+    )
+    reservation: str | None = Field(
+        default=None,
+        description="Node reservation id the endpoint and the jobs run in (needs node_groups).",
+    )
+    job_priority: str | None = Field(
+        default=None,
+        description="Queue priority of batch jobs: low, mid, high, 1-9 or a class such as mid-4000 "
+        "(needs node_groups); default: the workspace's.",
+    )
+    job_preemptible: bool | None = Field(
+        default=None,
+        description="Whether higher-priority work may preempt the batch jobs (needs node_groups); a "
+        "preempted shard resumes from its ledger when it runs again. Default: the workspace's.",
+    )
+    deployment_spec: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further fields of the Lepton endpoint spec (LeptonDeploymentUserSpec), passed "
+        "as given, e.g. {health: {liveness: {initial_delay_seconds: 600}}, ingress_timeout_seconds: "
+        "600}; the fields prefect-swarm sets itself are refused.",
+    )
+    job_spec: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further fields of each Lepton batch job's spec (LeptonJobUserSpec), passed as "
+        "given, e.g. {shared_memory_size: 1024, max_job_failure_retry: 2}; the fields prefect-swarm "
+        "sets itself are refused.",
+    )
+
+    @field_validator("job_priority", mode="before")
+    @classmethod
+    def _priority(cls, value: object) -> str | None:
+        return None if value is None else lepton_priority_class(value)
+
+    @model_validator(mode="after")
+    def _queue_needs_node_groups(self) -> LeptonConfig:
+        # the SDK's CLI: "queue/preempt/reservation flags require --node-group (dedicated node group)"
+        used = [
+            name
+            for name, value in (
+                ("reservation", self.reservation),
+                ("job_priority", self.job_priority),
+                ("job_preemptible", self.job_preemptible),
+            )
+            if value is not None
+        ]
+        if used and not self.node_groups:
+            raise ValueError(
+                f"{', '.join(used)} need(s) node_groups: Lepton applies queue priority, preemption and "
+                "reservations on dedicated node groups only; add node_groups: [<node group id>]"
+            )
+        return self
+
+
+_PRIORITY_BANDS = {"low": (1, 3), "mid": (4, 6), "high": (7, 9)}
+
+
+def lepton_priority_class(value: object) -> str:
+    """A Lepton queue priority class (``low-1000`` .. ``high-9000``) from a band name (its lowest
+    level), a level 1-9, ``<band>-<level>`` or the class itself."""
+    text = str(value).strip().lower()
+    level: int | None = None
+    if text.isdigit():
+        level = int(text)
+    elif text in _PRIORITY_BANDS:
+        level = _PRIORITY_BANDS[text][0]
+    else:
+        m = re.fullmatch(r"(low|mid|high)-(\d)(?:000)?", text)
+        if m and _PRIORITY_BANDS[m.group(1)][0] <= int(m.group(2)) <= _PRIORITY_BANDS[m.group(1)][1]:
+            level = int(m.group(2))
+    if level is None or not 1 <= level <= 9:
+        raise ValueError(
+            f"'{value}' is not a Lepton queue priority: use low, mid, high, a level 1-9, or a class "
+            "such as low-1000, mid-4000, high-9000"
+        )
+    band = next(b for b, (lo, hi) in _PRIORITY_BANDS.items() if lo <= level <= hi)
+    return f"{band}-{level}000"
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

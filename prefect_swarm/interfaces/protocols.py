@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from prefect_swarm.interfaces.capabilities import Capabilities
@@ -98,6 +98,13 @@ class ServingBackend(Protocol):
         replica count. ConfigError when the backend lacks :attr:`Capability.EXEC` (with its reason) or
         the command cannot start; ReadinessError when the replica is not running. Secrets never reach
         the command line or a log."""
+        ...
+
+    def replica_log(self, handle: ServingHandle, replica: int, *, follow: bool = False) -> Iterator[str]:
+        """Replica ``replica``'s engine log as text chunks: what it holds now, and with ``follow`` what
+        it gains while the replica runs (the caller may stop early: Ctrl-C, or closing the iterator).
+        The caller checks ``replica`` against the swarm's replica count. ConfigError when the backend
+        keeps no log of its replicas (with the reason)."""
         ...
 
 

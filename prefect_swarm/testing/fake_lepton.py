@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -118,6 +119,39 @@ class _Injection:
     match: str
     retry_after: float | None
     apply: bool = False
+
+
+@dataclass
+class _LogStream:
+    """A replica's log, streamed: what the file holds, then what it gains while the process lives.
+
+    leptonai 0.47.1 api/v2/job.py ``get_log``: "The log is streamed in chunks until timeout is
+    reached. If timeout is not specified, the log will be streamed indefinitely". So a live
+    replica's stream stays open (the SDK's read timeout then ends it: ``requests`` raises
+    ConnectionError from ``iter_content``); a finished one's ends with its last line."""
+
+    workload: _Workload
+    poll_s: float = 0.05
+
+    def write(self, out: Any) -> None:
+        """Write the stream to ``out`` (the socket file) as HTTP/1.1 chunks."""
+        w, offset = self.workload, 0
+        while True:
+            alive = w.alive()  # read before the file: what a finished process wrote is all there
+            data = b""
+            if w.log_path.exists():
+                with w.log_path.open("rb") as fh:
+                    fh.seek(offset)
+                    data = fh.read()
+            if data:
+                offset += len(data)
+                out.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                out.flush()
+            if not alive:
+                out.write(b"0\r\n\r\n")
+                out.flush()
+                return
+            time.sleep(self.poll_s)
 
 
 @dataclass
@@ -183,6 +217,9 @@ class FakeLepton:
         delete_s: float = 0.0,
         legacy_create_response: bool = False,
         unknown_reads: int = 0,
+        group_volumes: Mapping[str, tuple[str, ...]] | None = None,
+        group_shapes: Mapping[str, tuple[str, ...]] | None = None,
+        malformed_node_groups: tuple[str, ...] = (),
     ) -> None:
         self.token = token or "fake-lepton-" + secrets.token_hex(12)
         self.workspace_id = workspace_id
@@ -204,6 +241,9 @@ class FakeLepton:
         self.delete_s = delete_s
         self.legacy_create_response = legacy_create_response
         self.unknown_reads = unknown_reads
+        self.group_volumes = dict(group_volumes) if group_volumes is not None else None
+        self.group_shapes = dict(group_shapes) if group_shapes is not None else None
+        self.malformed_node_groups = tuple(malformed_node_groups)
         self._name_free_at: dict[str, float] = {}
         self.volumes: dict[str, Path | None] = (
             {name: None if root is None else Path(root) for name, root in volumes.items()}
@@ -361,10 +401,7 @@ class FakeLepton:
             (r"^POST /endpoints$", self._create_endpoint),
             (r"^GET /jobs$", self._list_jobs),
             (r"^POST /jobs$", self._create_job),
-            (
-                r"^GET /shapes$",
-                lambda **kw: (200, [{"metadata": {"id": s, "name": s}, "spec": {"name": s}} for s in self.shapes]),
-            ),
+            (r"^GET /shapes$", self._shapes_json),
             (r"^GET /dedicated-node-groups$", lambda **kw: (200, self._node_groups_json())),
             (
                 r"^GET /imagepullsecrets$",
@@ -379,10 +416,7 @@ class FakeLepton:
         """``VERB /rest`` -> handler(name, workload) of one existing deployment or job."""
         shared: dict[str, Callable[..., Reply]] = {
             "GET /replicas": lambda n, w, **kw: (200, self._replicas_json(n, w)),
-            "GET /replicas/*/log": lambda n, w, **kw: (
-                200,
-                w.log_path.read_text(errors="replace") if w.log_path.exists() else "",
-            ),
+            "GET /replicas/*/log": lambda n, w, **kw: (200, _LogStream(w)),
             "GET /events": lambda n, w, **kw: (200, self._events(w)),
         }
         own: dict[str, Callable[..., Reply]]
@@ -410,17 +444,51 @@ class FakeLepton:
         status = {} if w.extra.get("queued") else {"node": {"name": "node-0", "id": "node-0"}}
         return [{"id": rid, "metadata": {"id": rid, "name": rid}, "status": status}]
 
+    def _group_has_volume(self, ng: str, source: str) -> bool:
+        return self.group_volumes is None or source in self.group_volumes.get(ng, ())
+
+    def _group_shapes(self, ng: str) -> tuple[str, ...]:
+        return self.shapes if self.group_shapes is None else tuple(self.group_shapes.get(ng, ()))
+
     def _node_groups_json(self) -> list[dict[str, Any]]:
-        """The node groups, each holding every named volume (``node-<type>:<name>``) of the workspace."""
-        volumes = []
-        for source in sorted(self.volumes):
-            kind, sep, name = source.partition(":")
-            if kind.startswith("node-") and sep and name:
-                volumes.append({"from": kind.removeprefix("node-"), "name": name, "size_in_gb": 1024})
-        return [
-            {"metadata": {"id": ng, "name": name}, "spec": {"volumes": volumes}, "status": {"ready_nodes": 1}}
-            for ng, name in sorted(self.node_groups.items())
-        ]
+        """The node groups, each with its own volume list ("each node group has its own Node Local
+        Volume list", Lepton's docs; ``group_volumes``, default: every named volume on every group).
+        A group in ``malformed_node_groups`` lists a volume without ``size_in_gb``, which leptonai
+        0.47.1's ``Volume`` model requires: its ``ensure_list`` (api/v2/api_resource.py) then skips
+        the whole group with only a "[lepton-error] Skipped ..." line on stderr."""
+        out = []
+        for ng, name in sorted(self.node_groups.items()):
+            volumes: list[dict[str, Any]] = []
+            for source in sorted(self.volumes):
+                kind, sep, vname = source.partition(":")
+                if kind.startswith("node-") and sep and vname and self._group_has_volume(ng, source):
+                    volumes.append({"from": kind.removeprefix("node-"), "name": vname, "size_in_gb": 1024})
+            if ng in self.malformed_node_groups:
+                volumes.append({"from": "nfs", "name": "scratch-without-size"})
+            out.append(
+                {"metadata": {"id": ng, "name": name}, "spec": {"volumes": volumes}, "status": {"ready_nodes": 1}}
+            )
+        return out
+
+    def _shapes_json(self, *, query: dict[str, list[str]], **_: Any) -> Reply:
+        """Resource shapes per node group (leptonai 0.47.1 api/v2/resource_shape.py ``list_shapes``
+        filters by ``node_groups`` and ``purpose``; types/shape.py gives each a ``spec.name`` and
+        ``spec.node_group_id``; cli/node.py names a shape by ``spec.name`` first and keeps those
+        whose ``listable_in`` holds the purpose). The id is the server's, not the name."""
+        groups = query.get("node_groups") or sorted(self.node_groups)
+        purpose = next(iter(query.get("purpose") or []), None)
+        out = []
+        for ng in sorted(self.node_groups):
+            if ng not in groups and self.node_groups[ng] not in groups:
+                continue
+            for shape in self._group_shapes(ng):
+                listable = ["pod", "deployment", "job"]
+                if purpose and purpose not in listable:
+                    continue
+                sid = "shp-" + hashlib.sha256(f"{ng}/{shape}".encode()).hexdigest()[:10]
+                spec = {"name": shape, "node_group_id": ng, "listable_in": listable}
+                out.append({"metadata": {"id": sid}, "spec": spec})
+        return 200, out
 
     def _workspace_info(self) -> dict[str, Any]:
         zero = {"cpu": 0.0, "memory": 0, "accelerator_num": 0.0}
@@ -771,12 +839,14 @@ class FakeLepton:
         """What the API refuses in a spec: an unknown volume, a relative mount path, public access
         together with tokens (None: fine)."""
         shape = spec.get("resource_shape") or (spec.get("resource_requirement") or {}).get("resource_shape")
-        if shape and shape not in self.shapes:
-            return f"resource_shape: unknown shape {shape!r}"
         affinity = spec.get("affinity") or (spec.get("resource_requirement") or {}).get("affinity") or {}
-        for ng in affinity.get("allowed_dedicated_node_groups") or []:
+        pinned = list(affinity.get("allowed_dedicated_node_groups") or [])
+        for ng in pinned:
             if ng not in self.node_groups:
                 return f"affinity.allowed_dedicated_node_groups: unknown node group id {ng!r}"
+        groups = pinned or sorted(self.node_groups)
+        if shape and not any(shape in self._group_shapes(ng) for ng in groups):
+            return f"resource_shape: unknown shape {shape!r} on node groups {groups}"
         for secret in spec.get("image_pull_secrets") or []:
             if secret not in self.image_pull_secrets:
                 return f"image_pull_secrets: unknown image pull secret {secret!r}"
@@ -786,10 +856,16 @@ class FakeLepton:
             name = str(var.get("name") or "")
             if not re.fullmatch(r"[A-Za-z_.-][A-Za-z0-9_.-]*", name) or name in RESERVED_ENV_NAMES:
                 return f"envs: {name!r} is not a usable environment variable name (reserved or malformed)"
+        return self._mount_problem(spec, groups)
+
+    def _mount_problem(self, spec: dict[str, Any], groups: list[str]) -> str | None:
+        """An unknown volume, one no node group the spec may use has, or a relative path (None: fine)."""
         for i, m in enumerate(spec.get("mounts") or []):
             source = m.get("from") or DEFAULT_VOLUME
             if source not in self.volumes:
                 return f"mounts[{i}].from: unknown volume {source!r} (the workspace has {sorted(self.volumes)})"
+            if ":" in source and not any(self._group_has_volume(ng, source) for ng in groups):
+                return f"mounts[{i}].from: no node group of {groups} has volume {source!r}"
             if not str(m.get("mount_path") or "").startswith("/") or not str(m.get("path") or "").startswith("/"):
                 return f"mounts[{i}]: path and mount_path must be absolute paths"
         return None
@@ -903,9 +979,9 @@ class FakeLepton:
 
     # ------------------------------------------------------------------ secrets, env, processes
     def _create_secrets(self, *, body: Any, **_: Any) -> Reply:
-        for item in body if isinstance(body, list) else []:
-            if item.get("name") in self.secrets:
-                return 409, {"code": "conflict", "message": f"secret {item['name']} already exists"}
+        """Nothing in the SDK or docs shows the API refusing an existing secret name: leptonai 0.47.1's
+        own ``lep secret create`` (cli/secret.py) lists the secrets and refuses an existing name
+        itself before it posts. So this fake takes the post as the platform may: the value replaced."""
         for item in body if isinstance(body, list) else []:
             self.secrets[item["name"]] = item.get("value") or ""
         return 200, {}
@@ -1063,6 +1139,16 @@ def _make_server(fake: FakeLepton, port: int) -> ThreadingHTTPServer:
                 body = None
             status, payload = fake.handle(self.command, url.path, parse_qs(url.query), body, self.headers)
             fake.requests.append((self.command, url.path, status))
+            if isinstance(payload, _LogStream):  # streamed outside the lock, until the process ends
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                try:
+                    payload.write(self.wfile)
+                except OSError:  # the client stopped reading (its read timeout)
+                    self.close_connection = True
+                return
             extra = {}
             if isinstance(payload, dict) and "_retry_after" in payload:
                 after = payload.pop("_retry_after")

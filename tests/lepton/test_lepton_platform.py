@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -153,3 +154,52 @@ def test_a_crash_loop_on_the_new_endpoint_api_fails_readiness_early(lepton_cfg: 
     assert time.monotonic() - t0 < 15
     assert not any(p.endswith("/termination") for _m, p, _s in fake_lepton.requests)  # no such route there
     srv.delete(handle)
+
+
+# ---------------------------------------------------------------------------------- logs
+def test_a_live_replica_log_streams_until_the_read_timeout(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
+    import requests
+
+    from prefect_swarm.interfaces import JobRequest
+
+    cfg = lepton_cfg()
+    compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)
+    code = "import time; print('first line', flush=True); time.sleep(60)"
+    job = compute.submit(JobRequest(name="live", command=[compute.job_runtime().python, "-c", code]))
+    api = _api(fake_lepton)
+    (rep,) = api.job.get_replicas(job.id)
+    deadline = time.monotonic() + 20
+    while "first line" not in fake_lepton.jobs[job.id].log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    got: list[str] = []
+    with pytest.raises(requests.ConnectionError):  # the SDK: streamed until the read timeout
+        got.extend(api.job.get_log(job.id, rep, timeout=1))
+    assert "first line" in "".join(got)
+    t0 = time.monotonic()
+    assert compute.logs(job, timeout_s=1) == f"[{job.id}] first line"  # kept, not retried away
+    assert time.monotonic() - t0 < 8
+    compute.cancel(job)
+
+
+def test_logs_cli_prints_and_follows_a_lepton_replica(
+    lepton_cfg: Make, fake_lepton: FakeLepton, follow_cli: Callable[..., Any]
+) -> None:
+    from prefect_swarm.swarm import Swarm
+
+    cfg = lepton_cfg(storage_check_timeout_s=None)
+    with Swarm(cfg) as swarm:
+        log = fake_lepton.deployments["lep"].log_path
+        with log.open("a") as fh:
+            fh.write("replica said: before\n")
+        serving, handle = swarm.backends.serving, swarm.handle
+        assert handle is not None
+        assert "replica said: before" in "".join(serving.replica_log(handle, 0))  # read until quiet
+        with pytest.raises(ReadinessError, match="replica 1 has no log"):
+            list(serving.replica_log(handle, 1))
+        # the CLI: the state's config holds no token, so it comes from the environment
+        followed = follow_cli("logs", "lep", "--follow", env={"LEPTON_WORKSPACE_TOKEN": fake_lepton.token})
+        followed.wait_for("replica said: before")  # the stream stays open while the replica runs ...
+        with log.open("a") as fh:
+            fh.write("replica said: after\n")
+        followed.wait_for("replica said: after")  # ... and carries what it gains
+        assert followed.stop() == 0

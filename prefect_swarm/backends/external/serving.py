@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import httpx
@@ -221,3 +221,11 @@ class ExternalServing:
         """Refused: there is no replica of ours to run a command in."""
         self.capabilities().require(Capability.EXEC, "`prefect-swarm exec`")
         return 1  # pragma: no cover - require raised
+
+    def replica_log(self, handle: ServingHandle, replica: int, *, follow: bool = False) -> Iterator[str]:
+        """Refused: the endpoint's server keeps its own logs; prefect-swarm has none of it."""
+        del handle, replica, follow
+        raise ConfigError(
+            "an external endpoint has no replica logs prefect-swarm can read: they are the server's own; "
+            "ask whoever runs it."
+        )

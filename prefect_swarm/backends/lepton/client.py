@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenacity import RetryCallState, retry, retry_if_exception, stop_after_attempt
@@ -244,23 +244,29 @@ class LeptonClient:
         self.call("read the workspace", lambda api: api.info())
 
     # ---------------------------------------------------------------- secrets
+    def secret_names(self) -> set[str]:
+        """Names of the workspace's secrets (values are never listed)."""
+        return {s.name for s in self.call("list secrets", lambda api: api.secret.list_all()) or []}
+
     def ensure_secret(self, name: str, value: str, *, replace: bool = False) -> None:
         """Create workspace secret ``name`` (the value goes only to the API). When it exists already
-        it is kept, or with ``replace`` deleted and created again. The API has no update: replace
-        only where no other writer or starting pod can race (one caller per name)."""
+        it is kept, or with ``replace`` deleted and created again. Existence is read first, as the
+        SDK's own ``lep secret create`` does (leptonai 0.47.1 cli/secret.py): nothing says the API
+        refuses an existing name, so a create must not be relied on to. The API has no update:
+        replace only where no other writer or starting pod can race (one caller per name)."""
         import_sdk()
         from leptonai.api.v2.types.secret import SecretItem
 
         item = SecretItem(name=name, value=value)
+        if name in self.secret_names():
+            if not replace:
+                return
+            self.call(f"delete old secret '{name}'", lambda api: api.secret.delete(name), missing_ok=True)
         try:
             self.call(f"create secret '{name}'", lambda api: api.secret.create([item]))
-            return
         except BackendError as exc:
-            if not is_conflict(exc):
-                raise
-        if replace:
-            self.call(f"delete old secret '{name}'", lambda api: api.secret.delete(name), missing_ok=True)
-            self.call(f"create secret '{name}'", lambda api: api.secret.create([item]))
+            if not is_conflict(exc) or replace:
+                raise  # a concurrent writer made it between the read and the create: theirs is kept
 
     def delete_secrets(self, prefix: str) -> None:
         """Delete every workspace secret whose name starts with ``prefix`` (idempotent)."""
@@ -273,6 +279,28 @@ class LeptonClient:
                     item.name,
                     missing_ok=True,
                 )
+
+
+def read_log(stream: Iterator[str]) -> str:
+    """What a replica's log stream yields until it ends or goes quiet past its read timeout.
+
+    leptonai 0.47.1's ``get_log`` (api/v2/job.py, endpoint.py) streams "until timeout is reached":
+    a live replica's stream stays open, and the read timeout then surfaces from ``iter_content``
+    as ``requests.ConnectionError`` wrapping urllib3's ``ReadTimeoutError``. That ends the read and
+    keeps what came; any other failure is raised (a lost connection is retried by the caller)."""
+    import requests
+    from urllib3.exceptions import ReadTimeoutError
+
+    chunks: list[str] = []
+    try:
+        for chunk in stream:
+            chunks.append(chunk)
+    except requests.ConnectionError as exc:
+        if not (exc.args and isinstance(exc.args[0], ReadTimeoutError)):
+            raise
+    except requests.ReadTimeout:  # quiet before the first byte: nothing to keep
+        pass
+    return "".join(chunks)
 
 
 def image_pull_secret_names(api: Any) -> list[str]:
@@ -288,37 +316,100 @@ def image_pull_secret_names(api: Any) -> list[str]:
     return ImagePullSecretAPI(api).list_names()
 
 
+def node_group_catalog(api: Any) -> list[dict[str, Any]]:
+    """The workspace's node groups as the API lists them (``GET /dedicated-node-groups``), raw.
+
+    leptonai 0.47.1's ``nodegroup.list_all`` drops an entry its models refuse with only a
+    "[lepton-error] Skipped ..." line on stderr (api/v2/api_resource.py ``ensure_list``), and reads
+    a volume type it does not know as "UNK" (types/dedicated_node_group.py ``VolumeFrom``): a
+    pre-flight on its answer would refuse a node group that exists, or accept a volume of another
+    type. The raw list keeps both; :func:`check_catalogs` warns about an entry the SDK cannot read."""
+    from leptonai.api.v2.api_resource import APIResourse
+
+    class NodeGroupCatalog(APIResourse):
+        def raw(self) -> list[dict[str, Any]]:
+            items = self.ensure_json(self._get("/dedicated-node-groups")) or []
+            return [it for it in items if isinstance(it, dict)]
+
+    return NodeGroupCatalog(api).raw()
+
+
+def _group_id(group: Mapping[str, Any]) -> str:
+    return str((group.get("metadata") or {}).get("id") or "")
+
+
+def _group_volumes(group: Mapping[str, Any]) -> set[str]:
+    """``node-<type>:<name>`` of each volume a node group lists (each group has its own list)."""
+    vols = (group.get("spec") or {}).get("volumes") or []
+    return {f"node-{v.get('from')}:{v.get('name')}" for v in vols if isinstance(v, dict) and v.get("name")}
+
+
+def _warn_unreadable(groups: list[dict[str, Any]], where: str) -> None:
+    from leptonai.api.v2.types.dedicated_node_group import DedicatedNodeGroup
+
+    for group in groups:
+        try:
+            DedicatedNodeGroup.model_validate(group)
+        except ValueError as exc:
+            log.warning(
+                "node group '%s' of %s: the leptonai SDK cannot read its catalog entry (%s) and leaves it out "
+                "of nodegroup.list_all(); checked from the API's own entry",
+                _group_id(group),
+                where,
+                str(exc).splitlines()[0],
+            )
+
+
+def _check_node_groups(b: LeptonConfig, groups: list[dict[str, Any]], where: str) -> None:
+    ids = {_group_id(g): str((g.get("metadata") or {}).get("name") or _group_id(g)) for g in groups}
+    listed = ", ".join(f"{name} (id {gid})" for gid, name in sorted(ids.items())) or "none"
+    for ng in b.node_groups:
+        if ng in ids:
+            continue
+        by_name = [gid for gid, name in ids.items() if name == ng]
+        if by_name:
+            raise ConfigError(
+                f"backend.node_groups: '{ng}' is the name of node group '{by_name[0]}' in {where}; "
+                f"the API takes ids: use '{by_name[0]}'."
+            )
+        raise ConfigError(f"backend.node_groups: {where} has no node group '{ng}'; it has: {listed}.")
+
+
+def _check_mounts(b: LeptonConfig, groups: list[dict[str, Any]], where: str) -> None:
+    """Each mount's volume must be on a node group the workloads may use; with ``backend.node_groups``
+    on every one of them (a replica placed on a group without it could not mount it)."""
+    usable = [g for g in groups if not b.node_groups or _group_id(g) in b.node_groups]
+    have = {_group_id(g): _group_volumes(g) for g in usable}
+    volumes = {"node-local"}.union(*have.values())
+    for i, m in enumerate(b.mounts):
+        if m.from_ == "node-local":
+            continue
+        lacking = sorted(gid for gid, vols in have.items() if m.from_ not in vols)
+        if m.from_ in volumes and not (b.node_groups and lacking):
+            continue
+        scope = (
+            f"node group '{lacking[0]}'"
+            if m.from_ in volumes
+            else ("backend.node_groups" if b.node_groups else "its node groups")
+        )
+        raise ConfigError(
+            f"backend.mounts[{i}].from: {where} has no volume '{m.from_}' on {scope}; "
+            f"it has: {', '.join(sorted(volumes))}."
+            + (" Each node group has its own volumes: pin node groups that all have it." if b.node_groups else "")
+        )
+
+
 def check_catalogs(client: LeptonClient) -> None:
     """Refuse ``backend.node_groups``, mount volumes and ``image_pull_secrets`` the workspace does
     not have, naming the field and what the workspace has, before anything is created. A catalog
     whose route the workspace does not serve (404) is left to the create call."""
     b = client.cfg
     where = f"workspace '{b.workspace_id}'"
-    groups = client.call("list node groups", lambda api: api.nodegroup.list_all(), missing_ok=True)
+    groups = client.call("list node groups", node_group_catalog, missing_ok=True)
     if groups is not None:
-        ids = {str(g.metadata.id_): str(g.metadata.name or g.metadata.id_) for g in groups}
-        listed = ", ".join(f"{name} (id {gid})" for gid, name in sorted(ids.items())) or "none"
-        for ng in b.node_groups:
-            if ng in ids:
-                continue
-            by_name = [gid for gid, name in ids.items() if name == ng]
-            if by_name:
-                raise ConfigError(
-                    f"backend.node_groups: '{ng}' is the name of node group '{by_name[0]}' in {where}; "
-                    f"the API takes ids: use '{by_name[0]}'."
-                )
-            raise ConfigError(f"backend.node_groups: {where} has no node group '{ng}'; it has: {listed}.")
-        usable = [g for g in groups if not b.node_groups or str(g.metadata.id_) in b.node_groups]
-        found = {(str(getattr(v.from_, "value", v.from_)), v.name) for g in usable for v in (g.spec.volumes or [])}
-        volumes = {"node-local"} | {f"node-{kind}:{name}" for kind, name in found}
-        for i, m in enumerate(b.mounts):
-            _kind, _sep, name = m.from_.removeprefix("node-").partition(":")
-            if m.from_ not in volumes and ("UNK", name) not in found:  # a volume type newer than the SDK
-                raise ConfigError(
-                    f"backend.mounts[{i}].from: {where} has no volume '{m.from_}' on "
-                    + ("backend.node_groups" if b.node_groups else "its node groups")
-                    + f"; it has: {', '.join(sorted(volumes))}."
-                )
+        _warn_unreadable(groups, where)
+        _check_node_groups(b, groups, where)
+        _check_mounts(b, groups, where)
     if b.image_pull_secrets:
         names = client.call("list image pull secrets", image_pull_secret_names, missing_ok=True)
         if names is not None:
@@ -359,6 +450,93 @@ def affinity(cfg: LeptonConfig) -> Any:
     from leptonai.api.v2.types.affinity import LeptonResourceAffinity
 
     return LeptonResourceAffinity(allowed_dedicated_node_groups=list(cfg.node_groups)) if cfg.node_groups else None
+
+
+OWNED_DEPLOYMENT_FIELDS = frozenset(
+    {
+        "container",
+        "envs",
+        "mounts",
+        "api_tokens",
+        "allow_unauthenticated_access",
+        "image_pull_secrets",
+        "reservation_config",
+        "resource_requirement.resource_shape",
+        "resource_requirement.min_replicas",
+        "resource_requirement.affinity",
+    }
+)
+"""Fields of the endpoint spec prefect-swarm sets from its own config (``backend.deployment_spec``
+may not)."""
+OWNED_JOB_FIELDS = frozenset(
+    {
+        "container",
+        "envs",
+        "mounts",
+        "image_pull_secrets",
+        "resource_shape",
+        "affinity",
+        "completions",
+        "parallelism",
+        "stopped",
+        "queue_config",
+        "reservation_config",
+    }
+)
+"""Fields of a job spec prefect-swarm sets from its own config (``backend.job_spec`` may not)."""
+
+
+def _deep_merge(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(ours)
+    for key, value in theirs.items():
+        mine = out.get(key)
+        out[key] = _deep_merge(mine, value) if isinstance(mine, Mapping) and isinstance(value, Mapping) else value
+    return out
+
+
+def with_passthrough(spec: Any, extra: Mapping[str, Any], field: str, owned: frozenset[str]) -> Any:
+    """``spec`` (an SDK user-spec model) with ``backend.<field>`` merged in, validated by the SDK's
+    own model; ConfigError naming the key for a field prefect-swarm owns, one the SDK does not
+    know, or a value it refuses."""
+    model = type(spec)
+    known = {name for name, f in model.model_fields.items()} | {f.alias for f in model.model_fields.values() if f.alias}
+    for key, value in extra.items():
+        subkeys = [f"{key}.{sub}" for sub in value] if isinstance(value, Mapping) else []
+        taken = [k for k in (key, *subkeys) if k in owned]
+        if taken:
+            raise ConfigError(
+                f"backend.{field}.{taken[0]}: prefect-swarm sets this field itself from the backend config "
+                "(resource shapes, node_groups, reservation, job_priority, mounts, secret_env...); remove it."
+            )
+        if key not in known:
+            raise ConfigError(
+                f"backend.{field}.{key}: not a field of the Lepton SDK's {model.__name__}; "
+                f"it has: {', '.join(sorted(known))}."
+            )
+    if not extra:
+        return spec
+    try:
+        return model.model_validate(_deep_merge(spec.model_dump(by_alias=True, exclude_none=True), extra))
+    except ValueError as exc:
+        raise ConfigError(f"backend.{field}: the Lepton SDK refuses it: {exc}") from None
+
+
+def queue_config(cfg: LeptonConfig) -> Any:
+    """SDK ``QueueConfig`` of a batch job from ``job_priority`` / ``job_preemptible`` (None when
+    neither is set); the priority defaults to mid-4000 when only preemption is set, as the SDK's
+    CLI does (cli/util.py ``apply_nodegroup_and_queue_config``)."""
+    from leptonai.api.v2.types.deployment import QueueConfig
+
+    if cfg.job_priority is None and cfg.job_preemptible is None:
+        return None
+    return QueueConfig(priority_class=cfg.job_priority or "mid-4000", can_be_preempted=cfg.job_preemptible)
+
+
+def reservation_config(cfg: LeptonConfig) -> Any:
+    """SDK ``ReservationConfig`` for ``backend.reservation`` (None when unset)."""
+    from leptonai.api.v2.types.deployment import ReservationConfig
+
+    return ReservationConfig(reservation_id=cfg.reservation) if cfg.reservation else None
 
 
 def _digest(text: str, n: int) -> str:

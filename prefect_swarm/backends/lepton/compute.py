@@ -24,13 +24,18 @@ from prefect_swarm.backends.lepton.client import (
     LABEL_CREATE,
     LABEL_JOB,
     LABEL_SWARM,
+    OWNED_JOB_FIELDS,
     LeptonClient,
     affinity,
     env_vars,
     job_secret_name,
     mounts,
+    queue_config,
+    read_log,
+    reservation_config,
     swarm_secret_name,
     under_mount,
+    with_passthrough,
 )
 from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError
 from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus
@@ -216,7 +221,7 @@ class LeptonCompute(ComputeBase):
                 text = (
                     self.client.call(
                         f"read log of '{jid}'",
-                        lambda api, j, r: "".join(api.job.get_log(j, r, timeout=timeout_s)),
+                        lambda api, j, r: read_log(api.job.get_log(j, r, timeout=timeout_s)),
                         jid,
                         rep,
                         missing_ok=True,
@@ -258,6 +263,7 @@ class LeptonCompute(ComputeBase):
                 parallelism=1,
                 mounts=mounts(b),
                 image_pull_secrets=list(b.image_pull_secrets),
+                reservation_config=reservation_config(b),
             ),
         )
         log.info("checking that Lepton jobs see %s (job '%s')", b.shared_path, job_name)
@@ -409,25 +415,28 @@ class LeptonCompute(ComputeBase):
 
         b, runtime = self.backend, self.job_runtime()
         label = re.sub(r"[^A-Za-z0-9._-]", "-", request.name)[:63].strip("-._") or "job"
+        user_spec = LeptonJobUserSpec(
+            resource_shape=request.resources.get("resource_shape") or b.job_resource_shape,
+            affinity=affinity(b),
+            container=LeptonContainer(
+                image=runtime.image,
+                command=_wrap(request.argv(shard), request.workdir or runtime.workdir, b.job_setup),
+            ),
+            completions=1,
+            parallelism=1,
+            envs=env_vars(self.job_env(request, shard), refs),
+            mounts=mounts(b),
+            image_pull_secrets=list(b.image_pull_secrets),
+            queue_config=queue_config(b),
+            reservation_config=reservation_config(b),
+        )
         return LeptonJob(
             metadata=Metadata(
                 id=job_name,
                 name=job_name,
                 labels={LABEL_SWARM: self.cfg.name, LABEL_JOB: label, LABEL_CREATE: job_name},
             ),
-            spec=LeptonJobUserSpec(
-                resource_shape=request.resources.get("resource_shape") or b.job_resource_shape,
-                affinity=affinity(b),
-                container=LeptonContainer(
-                    image=runtime.image,
-                    command=_wrap(request.argv(shard), request.workdir or runtime.workdir, b.job_setup),
-                ),
-                completions=1,
-                parallelism=1,
-                envs=env_vars(self.job_env(request, shard), refs),
-                mounts=mounts(b),
-                image_pull_secrets=list(b.image_pull_secrets),
-            ),
+            spec=with_passthrough(user_spec, b.job_spec, "job_spec", OWNED_JOB_FIELDS),
         )
 
 

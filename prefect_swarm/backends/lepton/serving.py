@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.engine import engine_argv, engine_env
 from prefect_swarm.backends.lepton.client import (
     LABEL_SWARM,
+    OWNED_DEPLOYMENT_FIELDS,
     LeptonClient,
     affinity,
     check_catalogs,
@@ -24,8 +25,11 @@ from prefect_swarm.backends.lepton.client import (
     import_sdk,
     is_conflict,
     mounts,
+    read_log,
+    reservation_config,
     secret_prefix,
     validate_lepton,
+    with_passthrough,
 )
 from prefect_swarm.backends.lepton.compute import LeptonCompute
 from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError, PrefectSwarmError, ReadinessError
@@ -64,6 +68,10 @@ FATAL_REASONS = frozenset({"ConfigError"})
 DELETE_WAIT_S = 60.0
 CRASH_LOOP_RESTARTS = 3
 """Exits of one replica after which readiness gives up rather than wait for ``ready_timeout_s``."""
+LOG_QUIET_S = 3
+"""``prefect-swarm logs`` without --follow: a live replica's stream is read until quiet this long."""
+SECRET_ENV_NAMES = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
+"""Engine variables that are credentials: refused in plain env, taken through ``backend.secret_env``."""
 CRASH_LOOP_REASONS = frozenset({"BackOff", "CrashLoopBackOff"})
 """Event reasons of a container the platform keeps restarting (Kubernetes' kubelet names)."""
 _UNSCHEDULED = "Queueing: no node has taken the replica yet"
@@ -129,6 +137,20 @@ class LeptonServing:
                 validate_environment_variable_name(name)
             except ValueError as exc:
                 raise ConfigError(f"env / engine.env: {name!r} cannot be used on Lepton: {exc}") from None
+            if name in SECRET_ENV_NAMES:
+                raise ConfigError(
+                    f"env / engine.env: {name} would sit in plain text in the Lepton endpoint's spec. Keep it in "
+                    f"a workspace secret (`lep secret create -n {name.lower().replace('_', '-')} -v ...`) and "
+                    f"name it in backend.secret_env: {{{name}: {name.lower().replace('_', '-')}}}."
+                )
+        for name in cfg.backend.secret_env:  # type: ignore[union-attr]
+            try:
+                validate_environment_variable_name(name)
+            except ValueError as exc:
+                raise ConfigError(f"backend.secret_env: {name!r} cannot be used on Lepton: {exc}") from None
+            if name in engine_env(cfg):
+                raise ConfigError(f"backend.secret_env: {name} is set in env / engine.env too; keep one.")
+        self.plan()  # backend.deployment_spec / job_spec merged and checked by the SDK's models
         for i, m in enumerate(cfg.backend.mounts):  # type: ignore[union-attr]
             try:  # the SDK's own check of a volume name (node-local, or node-<type>:<name>)
                 make_mounts_from_strings([f"{m.path}:{m.mount_path}:{m.from_}"])
@@ -162,9 +184,9 @@ class LeptonServing:
                 )
             existing = None
         spec = self._spec(cfg, labels=not self._new_api())
+        check_catalogs(self.client)  # node groups first: the shapes are listed per node group
         self._check_shapes()
-        check_catalogs(self.client)
-        self._check_token_secret()
+        self._check_secrets()
         compute = LeptonCompute(cfg, self.paths, None)
         if existing is None and self.backend.storage_check_timeout_s is not None:
             compute.check_shared_storage(self.backend.storage_check_timeout_s)
@@ -284,6 +306,29 @@ class LeptonServing:
         hours = max(0.0, time.time() - float(created_ms) / 1000) * gpus / 3600.0
         return GpuUsage(hours, "lepton deployment age", shape=shape, gpus=gpus)
 
+    def replica_log(self, handle: ServingHandle, replica: int, *, follow: bool = False) -> Iterator[str]:
+        """Replica ``replica``'s log (the deployment's replicas in id order) as the API streams it.
+        Without ``follow`` the stream is read until it goes quiet for LOG_QUIET_S (the SDK's read timeout);
+        with it, until the replica's stream ends or the connection drops (the SDK's ``get_log`` with no
+        timeout streams "indefinitely", leptonai 0.47.1 api/v2/deployment.py / endpoint.py)."""
+        name = handle.name
+        reps = self.client.call(
+            f"list replicas of '{name}'", lambda api: api.deployment.get_replicas(name), missing_ok=True
+        )
+        ordered = sorted(reps or [], key=lambda r: str(r.id_))
+        if replica >= len(ordered):
+            raise ReadinessError(
+                f"Lepton deployment '{name}' has {len(ordered)} replica(s) now: replica {replica} has no log.",
+                hint=f"`prefect-swarm status {name}` shows its replicas.",
+            )
+        rep = ordered[replica]
+        if not follow:
+            text = self.client.call(
+                f"read log of '{rep.id_}'", lambda api: read_log(api.deployment.get_log(name, rep, timeout=LOG_QUIET_S))
+            )
+            return iter([text] if text else [])
+        return _follow(self.client.api.deployment.get_log(name, rep, timeout=None))
+
     def client_key(self) -> str | None:
         """See :meth:`ServingBackend.client_key`."""
         return self.cfg.api_key.get_secret_value() if self.cfg.api_key is not None else None
@@ -339,31 +384,52 @@ class LeptonServing:
                 return f"the platform restarted a replica {event.count} times ({event.type_} {event.reason})"
         return None
 
-    def _check_token_secret(self) -> None:
-        """``endpoint_token_secret`` must name a secret of the workspace (a misspelt one would leave
-        the endpoint's token, and every job's API key, unresolvable)."""
-        name = self.backend.endpoint_token_secret
-        if not name:
+    def _check_secrets(self) -> None:
+        """``endpoint_token_secret`` and each ``secret_env`` secret must be a secret of the workspace
+        (a misspelt one would leave the endpoint's token, every job's API key, or the engine's
+        variable unresolvable)."""
+        b = self.backend
+        wanted = [("backend.endpoint_token_secret", b.endpoint_token_secret)] if b.endpoint_token_secret else []
+        wanted += [(f"backend.secret_env.{env}", name) for env, name in b.secret_env.items()]
+        if not wanted:
             return
-        names = {s.name for s in self.client.call("list secrets", lambda api: api.secret.list_all()) or []}
-        if name not in names:
-            raise ConfigError(
-                f"backend.endpoint_token_secret: workspace '{self.backend.workspace_id}' has no secret "
-                f"'{name}'. Create it (`lep secret create -n {name} -v ...`) or fix the name."
-            )
+        names = self.client.secret_names()
+        for field, name in wanted:
+            if name not in names:
+                raise ConfigError(
+                    f"{field}: workspace '{b.workspace_id}' has no secret '{name}'. Create it "
+                    f"(`lep secret create -n {name} -v ...`) or fix the name."
+                )
 
     def _check_shapes(self) -> None:
-        """``resource_shape`` and ``job_resource_shape`` must be shapes of the workspace."""
+        """``resource_shape`` (for endpoints) and ``job_resource_shape`` (for jobs) must be shapes of
+        the node groups the workloads may use. Shapes are listed per node group and purpose and named
+        by ``spec.name`` (leptonai 0.47.1 cli/node.py ``resource_shape_command``)."""
         b = self.backend
-        shapes = self.client.call("list resource shapes", lambda api: api.shapes.list_shapes(), missing_ok=True)
-        if shapes is None:  # a workspace without the shapes route: the create call will tell
-            return
-        known = {str(s.metadata.id_ or s.metadata.name) for s in shapes}
-        for field, shape in (("resource_shape", b.resource_shape), ("job_resource_shape", b.job_resource_shape)):
+        where = f"workspace '{b.workspace_id}'" + (
+            f" on node groups {', '.join(b.node_groups)}" if b.node_groups else ""
+        )
+        for field, shape, purpose in (
+            ("resource_shape", b.resource_shape, "deployment"),
+            ("job_resource_shape", b.job_resource_shape, "job"),
+        ):
+            known: set[str] = set()
+            groups: list[str | None] = [*b.node_groups] or [None]
+            for group in groups:
+                shapes = self.client.call(
+                    "list resource shapes",
+                    lambda api, g, p: api.shapes.list_shapes(node_group=g, purpose=p),
+                    group,
+                    purpose,
+                    missing_ok=True,
+                )
+                if shapes is None:  # a workspace without the shapes route: the create call will tell
+                    return
+                known |= {_shape_name(s) for s in shapes}
             if shape not in known:
                 raise ConfigError(
-                    f"backend.{field}: workspace '{b.workspace_id}' has no resource shape '{shape}'; "
-                    f"it has: {', '.join(sorted(known))}."
+                    f"backend.{field}: {where} has no resource shape '{shape}' for {purpose}s; "
+                    f"it has: {', '.join(sorted(known)) or 'none'}."
                 )
 
     def _new_api(self) -> bool:
@@ -396,24 +462,26 @@ class LeptonServing:
                 "backend.endpoint_token_secret to require one",
                 cfg.name,
             )
+        user_spec = LeptonDeploymentUserSpec(
+            container=LeptonContainer(
+                image=b.image, command=engine_command(cfg), ports=[ContainerPort(container_port=cfg.port)]
+            ),
+            resource_requirement=ResourceRequirement(
+                resource_shape=b.resource_shape,
+                min_replicas=cfg.replicas,
+                max_replicas=cfg.replicas,
+                affinity=affinity(b),
+            ),
+            api_tokens=tokens,
+            allow_unauthenticated_access=not tokens,  # false with tokens, as the SDK's CLI sends
+            envs=env_vars(engine_env(cfg), b.secret_env),
+            mounts=mounts(b),
+            image_pull_secrets=list(b.image_pull_secrets) or None,
+            reservation_config=reservation_config(b),
+        )
         return LeptonDeployment(
             metadata=Metadata(id=cfg.name, name=cfg.name, labels={LABEL_SWARM: cfg.name} if labels else None),
-            spec=LeptonDeploymentUserSpec(
-                container=LeptonContainer(
-                    image=b.image, command=engine_command(cfg), ports=[ContainerPort(container_port=cfg.port)]
-                ),
-                resource_requirement=ResourceRequirement(
-                    resource_shape=b.resource_shape,
-                    min_replicas=cfg.replicas,
-                    max_replicas=cfg.replicas,
-                    affinity=affinity(b),
-                ),
-                api_tokens=tokens,
-                allow_unauthenticated_access=not tokens,  # false with tokens, as the SDK's CLI sends
-                envs=env_vars(engine_env(cfg)),
-                mounts=mounts(b),
-                image_pull_secrets=list(b.image_pull_secrets) or None,
-            ),
+            spec=with_passthrough(user_spec, b.deployment_spec, "deployment_spec", OWNED_DEPLOYMENT_FIELDS),
         )
 
     def _get(self, name: str) -> Any:
@@ -502,7 +570,7 @@ class LeptonServing:
                 text = (
                     self.client.call(
                         "read replica log",
-                        lambda api, r: "".join(api.deployment.get_log(name, r, timeout=5)),
+                        lambda api, r: read_log(api.deployment.get_log(name, r, timeout=5)),
                         rep,
                     )
                     or ""
@@ -527,6 +595,22 @@ class LeptonServing:
                 return False
             time.sleep(min(1.0, self.backend.ready_poll_s))
         return True
+
+
+def _shape_name(shape: Any) -> str:
+    """A shape's name as the SDK's CLI shows it: ``spec.name``, else ``metadata.name``, else its id."""
+    spec, meta = getattr(shape, "spec", None), getattr(shape, "metadata", None)
+    return str(getattr(spec, "name", None) or getattr(meta, "name", None) or getattr(meta, "id_", None) or "")
+
+
+def _follow(stream: Iterator[str]) -> Iterator[str]:
+    """A followed log stream; a dropped connection ends it (what came is kept), as a read timeout does."""
+    import requests
+
+    try:
+        yield from stream
+    except (requests.ConnectionError, requests.Timeout):
+        return
 
 
 def _json(spec: Any) -> str:

@@ -18,10 +18,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefect_swarm.backends.common import tail_file
 from prefect_swarm.backends.engine import engine_launch, engine_secret_env
 from prefect_swarm.backends.local.processes import ProcRef, spawn, stop
 from prefect_swarm.config import LocalConfig
@@ -389,6 +390,13 @@ class LocalServing:
             return subprocess.run(list(argv), env=env, cwd=self.paths.root, check=False).returncode
         except OSError as exc:  # not found, not executable
             raise ConfigError(f"cannot run {argv[0]!r} in replica {replica}: {exc.strerror}.") from exc
+
+    def replica_log(self, handle: ServingHandle, replica: int, *, follow: bool = False) -> Iterator[str]:
+        """The replica's engine log file; followed while its watchdog lives."""
+        del handle
+        return tail_file(
+            self.paths.replica_log(replica), follow=follow, alive=lambda: self._watchdog(replica) is not None
+        )
 
     def client_key(self) -> str | None:
         """See :meth:`ServingBackend.client_key`."""

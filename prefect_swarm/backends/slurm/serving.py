@@ -18,12 +18,12 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.backends.common import head_url, host_port
+from prefect_swarm.backends.common import head_url, host_port, tail_file
 from prefect_swarm.backends.engine import engine_env, engine_secret_env, uses_ray
 from prefect_swarm.backends.slurm import accounting, identity, members, render
 from prefect_swarm.backends.slurm.client import QueueEntry, SlurmClient, clean_env
@@ -325,6 +325,17 @@ class SlurmServing:
         """sacct: elapsed x allocated GPUs of the replica and LB jobs (see :mod:`.accounting`)."""
         hours = accounting.swarm_gpu_hours(self.client, self.paths, self.sc.gres_name, handle.meta)
         return GpuUsage(hours, "sacct", gpus=self.cfg.replicas * max(self.cfg.gpus_per_replica, 0))
+
+    def replica_log(self, handle: ServingHandle, replica: int, *, follow: bool = False) -> Iterator[str]:
+        """The replica's engine log on the shared run dir; followed while its array task is queued or
+        running (one squeue a second at most, and only while the log is quiet)."""
+
+        def alive() -> bool:
+            task = str(replica // int(handle.meta.get("per_task") or render.per_task(self.cfg)))
+            entry = next((e for e in self._jobs(handle.meta).replicas if e.task_id == task), None)
+            return entry is not None and entry.state in ("PENDING", "CONFIGURING", "RUNNING")
+
+        return tail_file(self.paths.replica_log(replica), follow=follow, alive=alive, poll_s=1.0)
 
     def exec_command(self, handle: ServingHandle, replica: int, argv: Sequence[str]) -> int:
         """``srun --jobid=<replica's array task> --overlap`` on the replica's node (its head file; the
