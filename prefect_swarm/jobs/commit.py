@@ -239,10 +239,14 @@ def _write_shard(
     counts = {"rows": 0, "ok": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
     parts = dataset_output.ShardParts(stage, i, commit_id, shard_range(ds.num_rows, i, spec.shards)[0])
     with atomic_file(state / f"failed-{i:05d}.jsonl") as tmp, open(tmp, "w") as failed:
-        for merged in _merge_shard(spec, ds, i, keep, outputs, bucket_rows):
-            _count(merged, counts, failed)
-            parts.write(_output_batch(job.finish_batch(merged)))
-        files = parts.close()
+        try:
+            for merged in _merge_shard(spec, ds, i, keep, outputs, bucket_rows):
+                _count(merged, counts, failed)
+                parts.write(_output_batch(job.finish_batch(merged)))
+            files = parts.close()
+        except BaseException:
+            parts.abort()
+            raise
     done = {"shard": i, **counts, "files": files}
     atomic_write_json(record, done)
     return done

@@ -259,7 +259,13 @@ class ShardParts:
     def _open(self, schema: pa.Schema) -> None:
         name = part_name(self.shard, len(self.files), self.commit)
         path = self.folder.child(name).path
-        raw = open(path, "wb") if not self.folder.remote else self.folder.fs.open_output_stream(path, compression=None)  # noqa: SIM115
+        raw: Any
+        if not self.folder.remote:
+            raw = open(path, "wb")  # noqa: SIM115
+        elif self.folder.scheme == "s3":  # parts that grow with the file; whole at finish, or aborted
+            raw = storage.S3Upload(path)
+        else:
+            raw = self.folder.fs.open_output_stream(path, compression=None)
         self.sink = _HashingSink(raw)
         self.writer = RowGroupWriter(pa.PythonFile(self.sink, mode="w"), schema)
         self.files.append({"path": name, "shard": self.shard, "first_position": self.position, "rows": 0})
@@ -271,6 +277,8 @@ class ShardParts:
         if not self.folder.remote:
             self.sink.raw.flush()
             os.fsync(self.sink.raw.fileno())
+        elif isinstance(self.sink.raw, storage.S3Upload):
+            self.sink.raw.finish()
         self.sink.close()
         self.files[-1].update(bytes=self.sink.size, sha256=self.sink.hash.hexdigest())
         self.writer = self.sink = None
@@ -278,6 +286,12 @@ class ShardParts:
     def close(self) -> list[dict[str, Any]]:
         self._close()
         return self.files
+
+    def abort(self) -> None:
+        """Drop the file being written (an S3 upload is aborted; a rerun removes the rest)."""
+        if self.sink is not None and isinstance(self.sink.raw, storage.S3Upload):
+            self.sink.raw.abort()
+        self.writer = self.sink = None
 
 
 def remove_shard_parts(folder: storage.Location, shard: int, commit: str) -> None:

@@ -14,10 +14,15 @@ S3-compatible store (MinIO, moto, ...), ``AWS_REGION``/``AWS_DEFAULT_REGION`` pi
 GCS uses Google's default credentials. Job processes inherit these variables from the environment
 they are started in (a Prefect credentials block would hand them over the same way).
 
-Publish rule (object stores have no rename): an output is written to a unique temporary key
-beside it (``.<name>.<uuid>.tmp``), then server-side copied to its final key in one request (an
-object appears whole or not at all) and the temporary key deleted; a crash leaves at most a
-temporary key (removed by the next commit), never a half output under the final name. The
+Publish rule (object stores have no rename): on S3 an output is uploaded straight to its final
+key by a multipart upload whose part size follows the object's size (:func:`upload_part_size`:
+8 MiB parts first, doubling every 1,000 parts, so 10,000 parts reach S3's 5 TiB object limit); the
+object appears whole when the upload completes, an error aborts it, and a crash leaves an open
+upload the next commit aborts, never a half output under the final name. No copy is made, so
+S3's 5 GiB CopyObject limit does not apply. On GCS an output is written to a unique temporary key
+beside it (``.<name>.<uuid>.tmp``), then copied to its final key (a GCS rewrite has no such limit)
+and the temporary key deleted. A dataset output (a name ending with ``/``) is written file by file
+to the final keys (see :mod:`prefect_swarm.jobs.output`). The
 job's manifest, written after the output, is read as the truth (see :mod:`prefect_swarm.jobs.commit`).
 Local paths keep their write-to-temp-then-rename (:func:`prefect_swarm.paths.atomic_file`).
 
@@ -372,17 +377,125 @@ def _s3_client() -> Any:
     return botocore.session.get_session().create_client("s3", endpoint_url=endpoint, region_name=region, config=config)
 
 
+MIN_PART_BYTES = 8 * 2**20
+"""Size of the first parts of a multipart upload (S3's least is 5 MiB)."""
+PARTS_PER_SIZE = 1000
+"""Parts uploaded at one size before the size doubles."""
+MAX_PART_BYTES = 5 * 2**30
+"""S3's largest part."""
+MAX_PARTS = 10_000
+"""S3's most parts of one upload."""
+
+
+def upload_part_size(index: int) -> int:
+    """The size of part ``index`` (0-based) of an upload: ``MIN_PART_BYTES`` for the first
+    ``PARTS_PER_SIZE`` parts, doubling every ``PARTS_PER_SIZE`` parts (capped at 5 GiB), so the part
+    size follows the object's size: 10,000 parts reach about 8 TB, past S3's 5 TiB object limit,
+    while a small object still goes in 8 MiB parts."""
+    return int(min(MIN_PART_BYTES << (index // PARTS_PER_SIZE), MAX_PART_BYTES))
+
+
+class S3Upload:
+    """A binary sink writing object ``bucket/key`` on S3 by a multipart upload of growing parts
+    (:func:`upload_part_size`). The object appears whole at :meth:`finish` (one PutObject when it
+    fits one part, else CompleteMultipartUpload) or not at all: :meth:`abort` drops what was sent.
+    Memory holds one part. ``close`` (as a wrapping :class:`pyarrow.PythonFile` calls it) completes nothing."""
+
+    def __init__(self, path: str) -> None:
+        self.bucket, _, self.key = path.partition("/")
+        self.client = _s3_client()
+        self.buffer = bytearray()
+        self.upload_id: str | None = None
+        self.parts: list[dict[str, Any]] = []
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.buffer += view
+        while len(self.buffer) >= upload_part_size(len(self.parts)):
+            size = upload_part_size(len(self.parts))
+            self._send(bytes(self.buffer[:size]))
+            del self.buffer[:size]
+        return len(view)
+
+    def _send(self, body: bytes) -> None:
+        if len(self.parts) >= MAX_PARTS:
+            raise OSError(f"s3://{self.bucket}/{self.key}: more than {MAX_PARTS} upload parts (S3's limit)")
+        if self.upload_id is None:
+            self.upload_id = self._call("create_multipart_upload")["UploadId"]
+        number = len(self.parts) + 1
+        answer = self._call("upload_part", UploadId=self.upload_id, PartNumber=number, Body=body)
+        self.parts.append({"PartNumber": number, "ETag": answer["ETag"]})
+
+    def _call(self, method: str, **kw: Any) -> Any:
+        """One S3 request; its error is an OSError naming the AWS error (as pyarrow's are, see :func:`store_error`)."""
+        try:
+            return getattr(self.client, method)(Bucket=self.bucket, Key=self.key, **kw)
+        except Exception as exc:  # botocore's ClientError / EndpointConnectionError
+            raise OSError(f"{type(exc).__name__}: {exc} (during {method} of s3://{self.bucket}/{self.key})") from exc
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def finish(self) -> None:
+        """Make the object appear, whole."""
+        if self.upload_id is None:
+            self._call("put_object", Body=bytes(self.buffer))
+        else:
+            if self.buffer:
+                self._send(bytes(self.buffer))
+            self._call("complete_multipart_upload", UploadId=self.upload_id, MultipartUpload={"Parts": self.parts})
+        self.buffer = bytearray()
+
+    def abort(self) -> None:
+        """Drop what was sent (the upload's parts); nothing appears."""
+        if self.upload_id is not None:
+            with suppress(Exception):
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self.upload_id)
+            self.upload_id = None
+
+
+@contextmanager
+def upload(loc: Location) -> Iterator[pa.NativeFile]:
+    """Yield a stream writing object ``loc`` straight to its key: on S3 an :class:`S3Upload` (the
+    object appears whole when the block ends, or not at all on error: its upload is aborted);
+    elsewhere the store's own stream (GCS: a resumable upload, whole or absent)."""
+    if loc.scheme != "s3":
+        with loc.fs.open_output_stream(loc.path, compression=None) as sink:
+            yield sink
+        return
+    sink = S3Upload(loc.path)
+    try:
+        yield pa.PythonFile(sink, mode="w")
+        sink.finish()
+    except BaseException:
+        sink.abort()
+        raise
+
+
 # ---------------------------------------------------------------------------------------- publish
 @contextmanager
 def publish(loc: Location) -> Iterator[Path | pa.NativeFile]:
     """Yield where to write ``loc``'s new content; on success it replaces ``loc`` whole, on error nothing changes.
 
     Local: a temp path beside it, fsynced and renamed (:func:`prefect_swarm.paths.atomic_file`).
-    Object store: a stream to a unique temporary key, then copied to the final key (see the module doc).
+    S3: straight to the final key by a multipart upload of growing parts (:func:`upload`): the object
+    appears at its completion, whole, and an error aborts it; no copy, so no 5 GiB CopyObject limit.
+    GCS: a stream to a unique temporary key, then copied to the final key (see the module doc).
     """
     if not loc.remote:
         with atomic_file(loc.local_path) as local_tmp:
             yield local_tmp
+        return
+    if loc.scheme == "s3":
+        with upload(loc) as sink:
+            yield sink
         return
     fs = loc.fs
     parent, _, name = loc.path.rpartition("/")
@@ -410,7 +523,8 @@ def remove_stale_temps(loc: Location) -> None:
     if not loc.remote:
         return
     parent, _, name = loc.path.rpartition("/")
-    abort_uploads(f"{parent}/.{name}.", loc.scheme, lambda key: _is_temp_of(name, key.rpartition("/")[2]))
+    final = loc.path.partition("/")[2]  # an S3 output is uploaded to its own key (see publish)
+    abort_uploads(f"{parent}/", loc.scheme, lambda key: key == final or _is_temp_of(name, key.rpartition("/")[2]))
     try:
         found = loc.fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True))
     except (OSError, pa.ArrowException):

@@ -130,14 +130,14 @@ def test_commit_killed_at_random_points_then_rerun_holds_each_row_once(job) -> N
     assert not list(out.parent.glob(f".out.*{TEMP_SUFFIX}")) and not spec.paths.commit_state_dirs()
 
 
-def _rewrite(spec: JobSpec, latest: dict[int, dict[str, Any]], tag: str) -> None:
+def _rewrite(spec: JobSpec, latest: dict[int, dict[str, Any]], tag: str, n: int = N) -> None:
     """Append a ledger part to every shard rewriting each of its rows' answers (as a rerun would)."""
     from prefect_swarm.jobs.api import load_job
     from prefect_swarm.jobs.dataset import shard_range
 
     schema = ledger_schema(load_job(spec.job, spec.job_kwargs).outputs, keep_raw=False)
     for i in range(spec.shards):
-        start, end = shard_range(N, i, spec.shards)
+        start, end = shard_range(n, i, spec.shards)
         rows = [{**latest[r], "text": f"{tag} {r}", "status": "ok", "error": None} for r in range(start, end)]
         latest.update({r["_row"]: r for r in rows})
         paths = spec.paths.shard(i)
@@ -184,7 +184,7 @@ def test_another_jobs_dataset_or_a_file_of_that_name_is_refused(job, tmp_path: P
     with pytest.raises(ConfigError, match=r"holds another job's dataset \(.*out/_manifest.json"):
         validate_input(other)
     (tmp_path / "file").write_text("not a folder")
-    with pytest.raises(ConfigError, match="names a folder, but .*file is a file"):
+    with pytest.raises(ConfigError, match=r"names a folder, but .*file is a file"):
         validate_input(spec.model_copy(update={"output": f"{tmp_path}/file/"}))
     (tmp_path / "mixed").mkdir()
     (tmp_path / "mixed" / "notes.txt").write_text("mine")
@@ -192,7 +192,7 @@ def test_another_jobs_dataset_or_a_file_of_that_name_is_refused(job, tmp_path: P
         validate_input(spec.model_copy(update={"output": f"{tmp_path}/mixed/"}))
     with pytest.raises(ConfigError, match="is inside the output folder"):
         validate_input(spec.model_copy(update={"output": f"{tmp_path}/"}))
-    with pytest.raises(ValueError, match="a folder .* is a parquet dataset"):
+    with pytest.raises(ValueError, match=r"a folder .* is a parquet dataset"):
         JobSpec.model_validate({**spec.model_dump(), "output_format": "openai-batch"})
 
 

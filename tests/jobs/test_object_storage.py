@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -279,3 +280,60 @@ def test_ledger_on_s3_resume_checks_and_overwrite(tmp_path: Path, s3: MotoS3, st
     assert requests(stub) - before == 2 * n
     table = read_ledger(shard_store(JobSpec.load(changed), 0), ["_row"])
     assert table is not None and sorted(table.column("_row").to_pylist()) == list(range(n))
+
+
+def test_upload_parts_grow_with_the_object(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Part sizes follow the object's size (no fixed-part ceiling): 8 MiB parts first, doubling every
+    1,000 parts, 10,000 parts reach past S3's 5 TiB; an upload of growing parts reads back whole."""
+    sizes = [storage.upload_part_size(i) for i in range(storage.MAX_PARTS)]
+    assert sizes[0] == sizes[999] == 8 * 2**20 and sizes[1000] == 16 * 2**20
+    assert sum(sizes) > 5 * 2**40 and max(sizes) <= storage.MAX_PART_BYTES
+    monkeypatch.setattr(storage, "MIN_PART_BYTES", 5 * 2**20)
+    monkeypatch.setattr(storage, "PARTS_PER_SIZE", 2)  # the doubling seen in a 33 MiB object
+    sent: list[int] = []
+    send = storage.S3Upload._send
+    monkeypatch.setattr(storage.S3Upload, "_send", lambda self, body: (sent.append(len(body)), send(self, body))[1])
+    data = random.Random(3).randbytes(33 * 2**20)
+    loc = storage.parse(f"s3://{BUCKET}/grow/big.bin", "output")
+    with storage.publish(loc) as sink:
+        for k in range(0, len(data), 3 * 2**20 + 7):
+            sink.write(data[k : k + 3 * 2**20 + 7])
+    assert [s // 2**20 for s in sent] == [5, 5, 10, 10, 3]
+    assert _fs().open_input_stream(f"{BUCKET}/grow/big.bin").read() == data
+
+
+def test_a_dataset_on_s3_is_published_by_its_manifest(tmp_path: Path, s3: MotoS3) -> None:
+    """Parts go straight to their keys (no copy); the manifest switches commits; the previous commit's
+    files are deleted and _SUCCESS written last; a killed part upload is aborted by the next commit."""
+    import pyarrow.dataset as pds
+    from test_commit import _fake_ledger
+    from test_dataset_output import _rewrite
+
+    from prefect_swarm.jobs import output
+    from prefect_swarm.jobs.commit import commit_output
+
+    n = 2000
+    make_dataset(tmp_path / "in.parquet", n, row_group=500)
+    spec = JobSpec.load(write_spec(tmp_path, shards=2, endpoints=["http://127.0.0.1:9"], output=f"s3://{BUCKET}/ds/"))
+    latest = _fake_ledger(spec, n, seed=3)
+    first = commit_output(spec, bucket_rows=300)
+
+    def check() -> dict[str, Any]:
+        manifest = json.loads(_fs().open_input_stream(f"{BUCKET}/ds/{output.MANIFEST}").read())
+        keys = sorted(k.removeprefix(f"{BUCKET}/ds/") for k in _keys("ds/"))
+        assert keys == sorted([*(f["path"] for f in manifest["files"]), output.MANIFEST, output.SUCCESS])
+        table = pds.dataset(f"{BUCKET}/ds", filesystem=_fs(), format="parquet").to_table()
+        table = table.sort_by(output.POSITION_COLUMN)
+        assert table.column("text").to_pylist() == [latest[i]["text"] for i in range(n)]
+        return manifest
+
+    assert check()["commit"] == first["commit"]
+    _rewrite(spec, latest, "v2", n)
+    killed = f"ds/{output.part_name(0, 0, 'f' * 12)}"
+    client = s3.client()
+    upload = client.create_multipart_upload(Bucket=BUCKET, Key=killed)["UploadId"]
+    client.upload_part(Bucket=BUCKET, Key=killed, UploadId=upload, PartNumber=1, Body=b"x" * (5 * 2**20))
+    second = commit_output(spec, bucket_rows=300)
+    assert second["commit"] != first["commit"] and check()["commit"] == second["commit"]
+    assert client.list_multipart_uploads(Bucket=BUCKET, Prefix="ds/").get("Uploads", []) == []
+    assert commit_output(spec) == second

@@ -273,26 +273,33 @@ def test_a_rerun_aborts_the_uploads_its_killed_commit_and_flush_left(
 
 
 def test_a_failed_upload_is_aborted_not_left_open(s3: MotoS3, aws_env, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An error while the output streams (here: while it is copied into place) aborts its upload at once."""
+    """An error while the output streams (a part already up), or when its upload completes, aborts the
+    upload at once: no object, no open upload, no temp key."""
+    monkeypatch.setattr(storage, "MIN_PART_BYTES", 5 * 2**20)  # S3's least part: one goes up at 5 MiB
     loc = storage.parse(f"s3://{BUCKET}/fail/out.parquet", "output")
-    fs = loc.fs
+    with pytest.raises(RuntimeError, match="boom"), storage.publish(loc) as sink:
+        sink.write(b"x" * (6 * 2**20))
+        assert _uploads(s3, "fail/") == ["fail/out.parquet"]  # straight to its key, not yet visible
+        assert _objects(s3, "fail/") == {}
+        raise RuntimeError("boom")
+    assert _uploads(s3, "fail/") == [] and _objects(s3, "fail/") == {}
+    real = storage._s3_client
 
     class Failing:
-        """The store's filesystem whose copy fails, as a network error would, after the upload began."""
+        """The store's client whose completion fails, as a network error would, after the parts went up."""
+
+        def __init__(self) -> None:
+            self.client = real()
 
         def __getattr__(self, name: str) -> Any:
-            return getattr(fs, name)
+            return getattr(self.client, name)
 
-        def open_output_stream(self, path: str, **kw: Any) -> Any:
-            _open_upload(s3, path.partition("/")[2])  # the upload a large stream has open on the store
-            return fs.open_output_stream(path, **kw)
+        def complete_multipart_upload(self, **kw: Any) -> None:
+            raise ConnectionError("Could not connect to the endpoint URL")
 
-        def copy_file(self, src: str, dst: str) -> None:
-            raise OSError("AWS Error NETWORK_CONNECTION during CopyObject operation")
-
-    monkeypatch.setattr(storage.Location, "fs", property(lambda self: Failing()))
-    with pytest.raises(OSError, match="NETWORK_CONNECTION"), storage.publish(loc) as sink:
-        sink.write(b"x")
+    monkeypatch.setattr(storage, "_s3_client", Failing)
+    with pytest.raises(OSError, match="Could not connect"), storage.publish(loc) as sink:
+        sink.write(b"y" * (6 * 2**20))
     assert _uploads(s3, "fail/") == [] and _objects(s3, "fail/") == {}  # no temp key, no folder marker
 
 
