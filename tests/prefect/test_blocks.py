@@ -15,13 +15,14 @@ from prefect.testing.standard_test_suites import BlockStandardTestSuite
 from pydantic import SecretStr
 from stack import PrefectStack
 
-from prefect_swarm.blocks import BACKEND_BLOCKS, LeptonBackend, LocalBackend, SlurmBackend, SwarmSpec
-from prefect_swarm.config import LeptonConfig, LocalConfig, SlurmConfig, SwarmConfig, load_config
+from prefect_swarm.blocks import BACKEND_BLOCKS, ExternalBackend, LeptonBackend, LocalBackend, SlurmBackend, SwarmSpec
+from prefect_swarm.config import ExternalConfig, LeptonConfig, LocalConfig, SlurmConfig, SwarmConfig, load_config
 
 PAIRS = [
     (LocalBackend, LocalConfig),
     (SlurmBackend, SlurmConfig),
     (LeptonBackend, LeptonConfig),
+    (ExternalBackend, ExternalConfig),
     (SwarmSpec, SwarmConfig),
 ]
 SECRET = "lepton-token-DO-NOT-LEAK-7f3a9c"
@@ -36,7 +37,7 @@ def test_block_fields_cannot_drift(block: type[Block], config: type) -> None:
         assert got.alias == want.alias, name
         if block is SwarmSpec and name == "backend":  # the one override: backend configs -> backend blocks
             members = typing.get_args(got.annotation)
-            assert {m.config_model for m in members} == {LocalConfig, SlurmConfig, LeptonConfig}
+            assert {m.config_model for m in members} == {LocalConfig, SlurmConfig, LeptonConfig, ExternalConfig}
             assert all(issubclass(m, m.config_model) for m in members)
             assert got.default_factory.config_model is want.default_factory  # type: ignore[union-attr]
             continue
@@ -61,7 +62,9 @@ def test_round_trip_config_block_config() -> None:
     assert back.backend.token.get_secret_value() == SECRET  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("block", [LocalBackend, SlurmBackend, LeptonBackend, SwarmSpec], ids=lambda b: b.__name__)
+@pytest.mark.parametrize(
+    "block", [LocalBackend, SlurmBackend, LeptonBackend, ExternalBackend, SwarmSpec], ids=lambda b: b.__name__
+)
 class TestBlockStandards(BlockStandardTestSuite):
     @pytest.fixture
     def block(self, block: type[Block]) -> type[Block]:
@@ -193,3 +196,27 @@ def _state_db_dump(home: Path) -> list[str]:
         return [json.dumps(row) for table in ("swarms", "jobs") for row in db.execute(f"SELECT * FROM {table}")]
     finally:
         db.close()
+
+
+@pytest.mark.prefect_server
+def test_the_documented_block_script_saves_a_loadable_block(prefect_api: PrefectStack) -> None:
+    """docs/blocks.md's command: `python examples/swarm_spec_block.py --config FILE --name NAME`."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    prefect_api.cli("block", "register", "-m", "prefect_swarm")
+    argv = [sys.executable, "examples/swarm_spec_block.py", "--config", "examples/local-stub.yaml", "--name", "doc-stub"]
+    out = subprocess.run(argv, cwd=repo, env=prefect_api.env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "saved swarm-spec/doc-stub" in out.stdout
+    again = subprocess.run(argv, cwd=repo, env=prefect_api.env, capture_output=True, text=True, timeout=120)
+    assert again.returncode != 0 and "--overwrite" not in again.stdout  # an existing block is not replaced silently
+    expected = load_config(repo / "examples" / "local-stub.yaml", use_defaults_file=False, environ={})
+    loaded = SwarmSpec.load("doc-stub").to_config()
+    assert (loaded.name, loaded.model, loaded.replicas, loaded.backend.type) == (
+        expected.name,
+        expected.model,
+        expected.replicas,
+        expected.backend.type,
+    )
