@@ -198,12 +198,14 @@ def _rows_all_answered(spec: dict[str, Any]) -> bool:
 
 def engine_fingerprint(cfg: SwarmConfig) -> str:
     """What makes two swarms interchangeable: model, served name, engine and backend (not the name, nor
-    the backend's price and budget: a larger budget resumes the same checkpoints)."""
+    the backend's price, budget or client-side limits: a larger budget resumes the same checkpoints)."""
     import hashlib
     import json
 
+    from prefect_swarm.config.backends import CLIENT_SIDE_FIELDS
+
     data = cfg.redacted()
-    data["backend"] = {k: v for k, v in data["backend"].items() if k != "cost"}
+    data["backend"] = {k: v for k, v in data["backend"].items() if k not in CLIENT_SIDE_FIELDS}
     data["engine"] = {k: v for k, v in data["engine"].items() if k != "capacity"}  # a client-side sizing hint
     keep = {k: data[k] for k in ("model", "served_model_name", "gpus_per_replica", "engine", "backend")}
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]

@@ -542,6 +542,20 @@ class ExternalConfig(Priced):
         return self.url.removesuffix("/v1")
 
 
+CLIENT_SIDE_FIELDS: frozenset[str] = frozenset(
+    {
+        "cost",
+        "max_concurrency",
+        "requests_per_minute",
+        "tokens_per_minute",
+        "request_timeout_s",
+        "api_key_env",
+        "api_key_secret",
+    }
+)
+"""Backend fields that say how clients use a swarm (its price, budget, limits, where its key is read), not
+which engine answers: left out of the engine fingerprint, so changing them resumes the same checkpoints."""
+
 BackendConfig = Annotated[LocalConfig | SlurmConfig | LeptonConfig | ExternalConfig, Field(discriminator="type")]
 """Any backend config; the ``type`` key picks the model."""
 

@@ -72,6 +72,19 @@ def test_more_than_one_replica_is_refused_before_anything_starts() -> None:
         Swarm(SwarmConfig.model_validate({**_cfg(), "replicas": 2})).validate()
 
 
+def test_limits_price_and_key_source_are_not_the_engine_identity() -> None:
+    """Lowering a rate limit after 429s (or moving the key) resumes the same checkpoints; another URL or
+    model does not."""
+    from prefect_swarm.swarm import engine_fingerprint
+
+    base = engine_fingerprint(load_config(data=_cfg(api_key_env="A")))
+    tuned = _cfg(api_key_secret="b", max_concurrency=4, requests_per_minute=30, tokens_per_minute=1000)
+    tuned["backend"]["cost"] = {"input_usd_per_million": 2.0}
+    assert engine_fingerprint(load_config(data=tuned)) == base
+    assert engine_fingerprint(load_config(data=_cfg(url="http://127.0.0.1:10"))) != base
+    assert engine_fingerprint(load_config(data={**_cfg(), "model": "other"})) != base
+
+
 def test_token_prices_make_the_job_cost() -> None:
     cfg = load_config(data=_cfg(cost={"input_usd_per_million": 1.0, "output_usd_per_million": 4.0}))
     progress = {"prompt_tokens": 2_000_000, "completion_tokens": 500_000, "shards": []}
