@@ -110,6 +110,31 @@ def test_the_bucket_holds_its_rate_over_any_window() -> None:
     assert estimate_tokens(body) == len(body) // 4 + 7
 
 
+def test_tokens_per_minute_counts_the_estimate_then_the_reported_usage() -> None:
+    """24,000 tokens/min = 400/s (400 of burst); requests estimated at 100 tokens: 4 at once, then 4/s.
+    An answer that reports 300 tokens used puts the bucket 200 further behind."""
+    import asyncio
+
+    from prefect_swarm.jobs.ratelimit import RateLimiter
+
+    body = json.dumps({"messages": [], "max_tokens": 100 - len(b'{"messages": [], "max_tokens": 100}') // 4}).encode()
+    assert estimate_tokens(body) == 100
+
+    async def send(n: int, used: int | None = None) -> float:
+        limiter = RateLimiter(tokens_per_minute=24_000)
+        started = time.monotonic()
+        for _ in range(n):
+            estimate = await limiter.acquire(body)
+            if used is not None:
+                limiter.settle(estimate, json.dumps({"usage": {"total_tokens": used}}).encode())
+        return time.monotonic() - started
+
+    plain = asyncio.run(send(12))
+    assert 8 / 4 * 0.9 <= plain < 8 / 4 + 3, plain  # 8 past the burst at 4/s
+    heavy = asyncio.run(send(6, used=300))
+    assert heavy >= (5 * 300 + 100 - 400) / 400 * 0.9, heavy  # the 6th waits for 5 answers' usage, not estimates
+
+
 @pytest.fixture
 def keyed_stub() -> Any:
     with StubEngine(free_port(), api_key=KEY, model="tiny") as stub:
