@@ -569,6 +569,8 @@ def swarm_budget(swarm: Swarm) -> SwarmBudget | None:
     if not cost.capped or handle is None:
         return None
     _refuse_if_stopped_at_budget(swarm)
+    if cost.token_priced:  # a priced provider: the bill is tokens, held by the job processes on theirs
+        return SwarmBudget(swarm=swarm.cfg.name, cost=cost, gpu_hours=0.0, at=time.time(), usd_spent=token_spend(swarm))
     try:
         used = swarm.backends.serving.gpu_usage(handle)
     except Exception as exc:  # as the guard does: a flaky accounting call is not a reason to refuse a job
@@ -580,6 +582,19 @@ def swarm_budget(swarm: Swarm) -> SwarmBudget | None:
     return SwarmBudget(
         swarm=swarm.cfg.name, cost=cost, gpu_hours=used.gpu_hours, at=time.time(), gpus=used.gpus, shape=used.shape
     )
+
+
+def token_spend(swarm: Swarm) -> float:
+    """What the swarm's jobs since it came up have spent at its token prices (their recorded progress)."""
+    rec = swarm.store.get_swarm(swarm.cfg.name)
+    since = rec.created_at if rec is not None else 0.0
+    cost, spent = swarm.cfg.backend.cost, 0.0
+    for job in swarm.store.list_jobs(swarm=swarm.cfg.name):
+        progress = job.progress or {}
+        if job.created_at >= since:
+            pt, ct = int(progress.get("prompt_tokens") or 0), int(progress.get("completion_tokens") or 0)
+            spent += cost.token_usd(pt, ct) or 0.0
+    return spent
 
 
 def _refuse_if_stopped_at_budget(swarm: Swarm) -> None:

@@ -528,11 +528,15 @@ class ExternalConfig(Priced):
     def _one_key_source(self) -> ExternalConfig:
         if self.api_key_env and self.api_key_secret:
             raise ValueError("give api_key_env or api_key_secret, not both: the key has one source")
-        if self.cost.capped:
+        if self.cost.max_gpu_hours is not None:
             raise ValueError(
-                "cost.max_gpu_hours / cost.max_cost_usd are not held for an external swarm (it has no GPUs of "
-                "ours to stop); remove them. Token prices (cost.input_usd_per_million, "
-                "cost.output_usd_per_million) are reported in each job's cost."
+                "cost.max_gpu_hours: an external swarm holds no GPUs of ours; cap its bill with cost.max_cost_usd "
+                "and the provider's token prices (cost.input_usd_per_million, cost.output_usd_per_million)"
+            )
+        if self.cost.max_cost_usd is not None and not self.cost.token_priced:
+            raise ValueError(
+                "cost.max_cost_usd: an external swarm's bill is its tokens; set cost.input_usd_per_million "
+                "(and output_usd_per_million) so the cap can be held"
             )
         return self
 

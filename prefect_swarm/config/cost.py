@@ -75,10 +75,11 @@ class CostConfig(StrictModel):
     @model_validator(mode="after")
     def _cost_cap_needs_a_price(self) -> CostConfig:
         """A ``max_cost_usd`` without a price could never be reached: refused, not silently ignored."""
-        if self.max_cost_usd is not None and self.gpu_hour_usd is None and not self.per_shape:
+        if self.max_cost_usd is not None and self.gpu_hour_usd is None and not self.per_shape and not self.token_priced:
             raise ValueError(
                 f"max_cost_usd={self.max_cost_usd:g} needs a price: without one the cap can never be reached. "
-                "Set backend.cost.gpu_hour_usd (or per_shape), or cap by max_gpu_hours instead."
+                "Set backend.cost.gpu_hour_usd (or per_shape, or a provider's input_usd_per_million), or cap by "
+                "max_gpu_hours instead."
             )
         return self
 
@@ -109,16 +110,19 @@ class CostConfig(StrictModel):
         out = self.output_usd_per_million if self.output_usd_per_million is not None else into
         return round(((into or 0.0) * prompt_tokens + (out or 0.0) * completion_tokens) / 1e6, 6)
 
-    def budget(self, gpu_hours: float | None, shape: str | None = None) -> tuple[float, str] | None:
-        """``(share of the tightest cap used, "X of Y")``; None without a cap or a figure to hold it to."""
-        if gpu_hours is None:
+    def budget(
+        self, gpu_hours: float | None, shape: str | None = None, usd: float | None = None
+    ) -> tuple[float, str] | None:
+        """``(share of the tightest cap used, "X of Y")``; None without a cap or a figure to hold it to.
+        ``usd``: the bill when it is not GPU time (a priced provider's tokens, :meth:`token_usd`)."""
+        if gpu_hours is None and usd is None:
             return None
         found = []
-        if self.max_gpu_hours is not None:
+        if self.max_gpu_hours is not None and gpu_hours is not None:
             found.append(
                 (gpu_hours / self.max_gpu_hours, f"{gpu_hours:.4g} of {self.max_gpu_hours:g} GPU-hours (max_gpu_hours)")
             )
-        usd = self.figures(gpu_hours, shape=shape)["usd"]
+        usd = self.figures(gpu_hours, shape=shape)["usd"] if usd is None else usd
         if self.max_cost_usd is not None and usd is not None:
             share = usd / self.max_cost_usd if self.max_cost_usd else float("inf")
             found.append((share, f"${usd:.4g} of ${self.max_cost_usd:g} (max_cost_usd)"))
@@ -158,9 +162,14 @@ class BudgetGuard:
     """
 
     def __init__(
-        self, name: str, cost: CostConfig, usage: Callable[[], tuple[float | None, str | None]], every_s: float = 5.0
+        self,
+        name: str,
+        cost: CostConfig,
+        usage: Callable[[], tuple[float | None, str | None]],
+        every_s: float = 5.0,
+        bill: Callable[[], float | None] | None = None,
     ) -> None:
-        self.name, self.cost, self.usage, self.every_s = name, cost, usage, every_s
+        self.name, self.cost, self.usage, self.every_s, self.bill = name, cost, usage, every_s, bill
         self.next_at = 0.0
         self.warned = False
 
@@ -174,7 +183,7 @@ class BudgetGuard:
         except Exception as exc:  # a budget is not a reason to fail on a flaky accounting call
             log.warning("swarm %s: could not read its GPU usage for the budget: %s", self.name, exc)
             return
-        verdict = self.cost.budget(hours, shape)
+        verdict = self.cost.budget(hours, shape, usd=self.bill() if self.bill is not None else None)
         if verdict is None:
             return
         share, text = verdict
@@ -208,15 +217,29 @@ class SwarmBudget(StrictModel):
     gpus: Annotated[int, Field(ge=0)] = 0
     """GPUs the swarm held then."""
     shape: str | None = None
+    usd_spent: Annotated[float, Field(ge=0)] | None = None
+    """A priced provider's bill (tokens x ``cost``'s token prices) of the swarm's jobs when this one was
+    submitted; set, the cap is held on tokens (:meth:`guard` with the process's own tokens), not GPU time."""
 
     def used(self, now: float | None = None) -> float:
         """GPU-hours the swarm has used by ``now`` (default: now)."""
         now = time.time() if now is None else now
         return self.gpu_hours + self.gpus * max(0.0, now - self.at) / 3600.0
 
-    def guard(self, every_s: float = 1.0) -> BudgetGuard:
-        """The budget guard over this figure (cheap to read: checked every ``every_s``)."""
-        return BudgetGuard(self.swarm, self.cost, lambda: (self.used(), self.shape), every_s=every_s)
+    def guard(
+        self, every_s: float = 1.0, tokens: Callable[[], tuple[int, int]] | None = None, shares: int = 1
+    ) -> BudgetGuard:
+        """The budget guard over this figure (cheap to read: checked every ``every_s``). A token bill
+        (``usd_spent`` set) adds this process's ``tokens()`` (prompt, completion) at the token prices, times
+        ``shares`` (the job's processes, each assumed to spend as much: none sees the others' tokens)."""
+        if self.usd_spent is None or tokens is None:
+            return BudgetGuard(self.swarm, self.cost, lambda: (self.used(), self.shape), every_s=every_s)
+        spent, cost = self.usd_spent, self.cost
+
+        def bill() -> float:
+            return spent + max(1, shares) * (cost.token_usd(*tokens()) or 0.0)
+
+        return BudgetGuard(self.swarm, cost, lambda: (None, self.shape), every_s=every_s, bill=bill)
 
 
 class Priced(StrictModel):

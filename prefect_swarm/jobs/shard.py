@@ -151,7 +151,9 @@ class ShardRun:
             store=shard_store(spec, shard_id),
         )
         self.runner: Runner | None = None
-        self.guard = spec.budget.guard() if spec.budget is not None else None
+        self.tokens = [0, 0]
+        """Prompt and completion tokens this process's requests used (a token budget counts them)."""
+        self.guard = spec.budget.guard(tokens=self._tokens, shares=self.nshards) if spec.budget is not None else None
         """The swarm's budget, held by this process (see :meth:`_hold_to_budget`)."""
         self._stop_kind: str | None = None
         """Why the shard stops early when this process decided it (``budget``); else the runner's reason."""
@@ -310,7 +312,12 @@ class ShardRun:
         if self.runner:
             self.runner.request_stop()
 
+    def _tokens(self) -> tuple[int, int]:
+        return self.tokens[0], self.tokens[1]
+
     def _on_result(self, r: RowResult) -> None:
+        self.tokens[0] += r.prompt_tokens
+        self.tokens[1] += r.completion_tokens
         self.ledger.add(r)
         self.metrics.observe(r)
         if self.ledger.buffered >= self.spec.checkpoint_every:

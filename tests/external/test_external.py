@@ -54,7 +54,8 @@ def test_an_external_config_validates() -> None:
         ({"api_key_env": "A", "api_key_secret": "b"}, {}, "not both"),
         ({"requests_per_minute": 0}, {}, "backend.requests_per_minute"),
         ({"max_concurrency": 0}, {}, "backend.max_concurrency"),
-        ({"cost": {"max_gpu_hours": 1}}, {}, "not held for an external swarm"),
+        ({"cost": {"max_gpu_hours": 1}}, {}, "holds no GPUs of ours"),
+        ({"cost": {"gpu_hour_usd": 2, "max_cost_usd": 5}}, {}, "bill is its tokens"),
         ({"lb_port": 9000}, {}, "lb_port"),
         ({}, {"stage": {"to": "/local"}}, "stage"),
     ],
@@ -235,4 +236,35 @@ def test_the_job_holds_requests_per_minute_across_its_shards(tmp_path: Path, key
     print(
         f"{n} requests at R={rpm}/min over 2 shards in {span:.1f}s: {(n - burst) / span * 60:.0f}/min past the bursts"
     )
+    assert cli("down", "ext", "-y", env=env).returncode == 0
+
+
+def test_a_token_budget_stops_the_job_resumable_and_a_larger_one_finishes_it_exactly_once(
+    tmp_path: Path, keyed_stub: StubEngine
+) -> None:
+    """$1 a token (a row: ~6 tokens), a $150 cap: the job's processes hold it on their own tokens (paced at
+    10 requests/s, a check a second), stop resumable with the cap named; `up` with a larger cap, the same
+    submit sends only the rows left."""
+    env, n = {KEY_ENV: KEY}, 100
+    cost = {"input_usd_per_million": 1e6, "output_usd_per_million": 1e6, "max_cost_usd": 150}
+    config = external_config(tmp_path, keyed_stub.url, requests_per_minute=600, tokens_per_minute=None, cost=cost)
+    assert cli("up", "-c", str(config), env=env).returncode == 0
+    data, out = dataset(tmp_path / "in.parquet", n), tmp_path / "out.parquet"
+    args = ("job", "submit", "-n", "ext", "--input", str(data), "--output", str(out), "--id-column", "id")
+    res = cli(*args, "--job-kwargs", SAMPLING, env=env)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "budget reached: $" in res.stdout + res.stderr and "(max_cost_usd)" in res.stdout + res.stderr
+    first = _sent(keyed_stub) - 1
+    assert 0 < first < n * 3 / 4, first  # the cap is ~25 rows; a loaded machine checks late
+    assert not out.exists()
+
+    config = external_config(
+        tmp_path, keyed_stub.url, requests_per_minute=None, tokens_per_minute=None, cost={**cost, "max_cost_usd": 1e6}
+    )
+    assert cli("up", "-c", str(config), env=env).returncode == 0
+    res = cli(*args, "--job-kwargs", SAMPLING, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert len(pq.read_table(out)) == n
+    assert _sent(keyed_stub) == 2 + n  # two readiness completions; every row once across the stop
+    assert "from tokens" in res.stdout
     assert cli("down", "ext", "-y", env=env).returncode == 0
