@@ -402,6 +402,19 @@ class ShardPaths(Folder):
         """Held (flock) by the one live job process of this shard; holds its pid."""
         return self.root / "shard.lock"
 
+    @property
+    def output_lock(self) -> Path:
+        """Held (flock) while this shard's part of a dataset output is written."""
+        return self.root / "output.lock"
+
+    def output_record(self, token: str) -> Path:
+        """The dataset part files (and counts) written for this shard's ledger state ``token``."""
+        return self.root / f"output-{token}.json"
+
+    def output_failed(self, token: str) -> Path:
+        """The failed rows (JSONL: id, error) of this shard's ledger state ``token``."""
+        return self.root / f"output-{token}-failed.jsonl"
+
 
 class JobPaths(Folder):
     """Files of one job: spec, shard ledgers, manifest, failed rows."""
@@ -442,17 +455,6 @@ class JobPaths(Folder):
     def commit_tmp_dirs(self) -> list[Path]:
         """Bucket folders left by a commit that was killed mid-merge."""
         return sorted(self.root.glob(self.COMMIT_TMP_PREFIX + "*"))
-
-    COMMIT_STATE_PREFIX = ".commit-"
-    """Prefix of the folder a dataset commit records each written shard in (``.commit-<commit id>``)."""
-
-    def commit_state(self, commit: str) -> Path:
-        """Folder recording the shards dataset commit ``commit`` has written (a killed commit resumes from it)."""
-        return self.root / f"{self.COMMIT_STATE_PREFIX}{commit}"
-
-    def commit_state_dirs(self) -> list[Path]:
-        """Dataset commit records (not the merge's bucket folders)."""
-        return sorted(p for p in self.root.glob(self.COMMIT_STATE_PREFIX + "*") if p not in self.commit_tmp_dirs())
 
     def shards_root(self) -> Path:
         """Folder holding every shard's ledger."""

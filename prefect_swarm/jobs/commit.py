@@ -177,29 +177,29 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
 def _commit_dataset(
     spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int, *, force: bool = False
 ) -> dict[str, Any]:
-    """Write the output as a dataset (:mod:`prefect_swarm.jobs.output`): each shard's part files, then
-    the manifest and ``_SUCCESS``; a killed commit resumes at the first shard it had not written."""
+    """Publish the output as a dataset (:mod:`prefect_swarm.jobs.output`): each shard's part files
+    (written by the shard as it finished, see :func:`write_shard_output`; else written now), then the
+    manifest and ``_SUCCESS``. With every shard's files written, this costs O(files)."""
     t0 = time.time()
-    commit_id = hash_details(signature)[:12]
+    tokens = [shard_token(spec, i, fp) for i in range(spec.shards)]
+    commit_id = hash_details({"shards": tokens, "fingerprint": fp})[:12]
     out = storage.parse(spec.output, "output")
-    state = spec.paths.commit_state(commit_id)
-    for stale in spec.paths.commit_state_dirs():
-        if stale != state or force:
-            shutil.rmtree(stale, ignore_errors=True)
     ds = InputDataset(spec.input)
     with storage.refusing(out, "output", "write", error=JobError, after=_KEPT):
         current = dataset_output.read_manifest(out)
         if force or not (current and current.get("commit") == commit_id and dataset_output.published(out)):
-            stage = dataset_output.prepare(out, commit_id, fresh=not state.exists())
-            state.mkdir(parents=True, exist_ok=True)
-            shards = [_write_shard(spec, ds, i, stage, state, commit_id, bucket_rows) for i in range(spec.shards)]
+            stage = dataset_output.prepare(out, commit_id)
+            shards = [_shard_output(spec, ds, i, tokens[i], bucket_rows, rewrite=force) for i in range(spec.shards)]
+            for i, shard in enumerate(shards):  # a filesystem: hard links into the staging folder
+                dataset_output.stage_files(out, stage, tokens[i], [f["path"] for f in shard["files"]])
             current = _dataset_manifest(spec, fp, commit_id, shards)
             if current["rows"] != ds.num_rows:
                 raise JobError(f"commit of {spec.output} produced {current['rows']} rows for {ds.num_rows} input rows.")
             dataset_output.publish(out, stage, current)
+        dataset_output.keep_parts(out, tokens)  # a filesystem: drop pre-written files of older ledger states
     with atomic_file(spec.paths.failed_rows) as tmp, open(tmp, "w") as failed:
         for i in range(spec.shards):  # the shards' failed rows, recorded as each was written
-            part = state / f"failed-{i:05d}.jsonl"
+            part = spec.paths.shard(i).output_failed(tokens[i])
             if part.exists():
                 with open(part) as src:
                     shutil.copyfileobj(src, failed)
@@ -219,37 +219,70 @@ def _commit_dataset(
         "signature": signature,
     }
     atomic_write_json(spec.paths.manifest, manifest)
-    shutil.rmtree(state, ignore_errors=True)
     return manifest
 
 
-def _write_shard(
-    spec: JobSpec, ds: InputDataset, i: int, stage: storage.Location, state: Path, commit_id: str, bucket_rows: int
+def shard_token(spec: JobSpec, i: int, fp: str) -> str:
+    """Shard ``i``'s ledger state as its part of a dataset output sees it (12 hex characters): a
+    file written for one token holds that shard's rows as the ledger had them."""
+    parts = [[p.name, part_size(p)] for p in shard_store(spec, i).parts()]
+    details = {
+        "fingerprint": fp,
+        "shard": i,
+        "shards": spec.shards,
+        "parts": parts,
+        "output": spec.output,
+        "input_columns": spec.input_columns,
+        "output_columns": spec.output_columns,
+    }
+    return hash_details(details)[:12]
+
+
+def write_shard_output(spec: JobSpec, i: int) -> dict[str, Any] | None:
+    """Write finished shard ``i``'s part of a dataset output (its job process calls this once its last
+    row is answered, in parallel with the other shards), so the commit only publishes. Returns the
+    record, or None for a single-file output."""
+    if not dataset_output.is_dataset(spec.output):
+        return None
+    spec = spec.model_copy(update={"retry_failed": False})
+    ds = InputDataset(spec.input)
+    return _shard_output(spec, ds, i, shard_token(spec, i, job_fingerprint(spec, ds)), _bucket_rows(None))
+
+
+def _shard_output(
+    spec: JobSpec, ds: InputDataset, i: int, token: str, bucket_rows: int, *, rewrite: bool = False
 ) -> dict[str, Any]:
-    """Shard ``i``'s part files in ``stage`` and its failed rows in ``state``; recorded in ``state``
-    once written (a rerun of the commit takes the record and writes nothing)."""
-    record = state / f"shard-{i:05d}.json"
-    done = read_json(record)
-    if done:
-        return dict(done)
-    dataset_output.remove_shard_parts(stage, i, commit_id)  # what a killed commit cut short
-    job = load_job(spec.job, spec.job_kwargs)
-    outputs = [c for c in job.outputs if spec.output_columns is None or c in spec.output_columns]
-    keep = spec.input_columns if spec.input_columns is not None else ds.schema.names
-    counts = {"rows": 0, "ok": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
-    parts = dataset_output.ShardParts(stage, i, commit_id, shard_range(ds.num_rows, i, spec.shards)[0])
-    with atomic_file(state / f"failed-{i:05d}.jsonl") as tmp, open(tmp, "w") as failed:
-        try:
-            for merged in _merge_shard(spec, ds, i, keep, outputs, bucket_rows):
-                _count(merged, counts, failed)
-                parts.write(_output_batch(job.finish_batch(merged)))
-            files = parts.close()
-        except BaseException:
-            parts.abort()
-            raise
-    done = {"shard": i, **counts, "files": files}
-    atomic_write_json(record, done)
-    return done
+    """Shard ``i``'s part files for ledger state ``token`` and its failed rows: the record of those
+    already written, else written now (under the shard's output lock) and recorded once whole."""
+    paths = spec.paths.shard(i)
+    record = paths.output_record(token)
+    with file_lock(paths.output_lock):
+        done = None if rewrite else read_json(record)
+        if done:
+            return dict(done)
+        out = storage.parse(spec.output, "output")
+        folder = dataset_output.parts_folder(out, token)
+        dataset_output.remove_shard_parts(folder, i, token)  # what a killed write cut short
+        job = load_job(spec.job, spec.job_kwargs)
+        outputs = [c for c in job.outputs if spec.output_columns is None or c in spec.output_columns]
+        keep = spec.input_columns if spec.input_columns is not None else ds.schema.names
+        counts = {"rows": 0, "ok": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        parts = dataset_output.ShardParts(folder, i, token, shard_range(ds.num_rows, i, spec.shards)[0])
+        with atomic_file(paths.output_failed(token)) as tmp, open(tmp, "w") as failed:
+            try:
+                for merged in _merge_shard(spec, ds, i, keep, outputs, bucket_rows):
+                    _count(merged, counts, failed)
+                    parts.write(_output_batch(job.finish_batch(merged)))
+                files = parts.close()
+            except BaseException:
+                parts.abort()
+                raise
+        for old in paths.root.glob("output-*"):  # records of older ledger states
+            if token not in old.name:
+                old.unlink(missing_ok=True)
+        done = {"shard": i, "token": token, **counts, "files": files}
+        atomic_write_json(record, done)
+        return done
 
 
 def _dataset_manifest(spec: JobSpec, fp: str, commit_id: str, shards: list[dict[str, Any]]) -> dict[str, Any]:

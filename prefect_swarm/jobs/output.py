@@ -3,12 +3,12 @@
 An output whose name ends with ``/`` (``out/``, ``s3://bucket/run-7/``) is a dataset; any other
 name is one file (see :mod:`prefect_swarm.jobs.commit`). A dataset holds:
 
-- ``part-<shard>-<seq>-<commit>.parquet``: shard ``shard``'s rows in input order, ``seq`` counting
-  the files of that shard (a file rolls over past ``PART_BYTES`` of uncompressed data);
-  ``commit`` is the commit's id (12 hex characters). Row groups hold up to ``ROW_GROUP_ROWS`` rows
-  and about ``ROW_GROUP_BYTES``, so a reader opens a small footer whatever the size. Each row
-  carries ``row_position`` (int64): its 0-based position in the input, so ``ORDER BY row_position``
-  (or the files in name order) is the input order;
+- ``part-<shard>-<seq>-<token>.parquet``: shard ``shard``'s rows in input order, ``seq`` counting
+  the files of that shard (a file rolls over past ``PART_BYTES`` of uncompressed data); ``token``
+  names the shard's ledger state the file was written from (12 hex characters). Row groups hold up
+  to ``ROW_GROUP_ROWS`` rows and about ``ROW_GROUP_BYTES``, so a reader opens a small footer whatever
+  the size. Each row carries ``row_position`` (int64): its 0-based position in the input, so
+  ``ORDER BY row_position`` (or the files in name order) is the input order;
 - ``_manifest.json``: the files (name, shard, rows, bytes, sha256, first position), the totals, the
   job id, the job fingerprint and the commit id;
 - ``_SUCCESS``: written last, once the folder holds exactly the manifest's files.
@@ -16,19 +16,23 @@ name is one file (see :mod:`prefect_swarm.jobs.commit`). A dataset holds:
 pyarrow.dataset, pandas, polars, DuckDB and Spark read the folder as one table (they skip names
 starting with ``_`` or ``.``).
 
-Publishing costs O(files), never a rewrite of the bytes. On a filesystem the parts are written into
-a hidden sibling folder ``.<name>.<commit>.tmp`` with the manifest and ``_SUCCESS``; one rename
-(Linux: ``renameat2(RENAME_EXCHANGE)``, an atomic swap with the previous output) puts it in place,
-so a reader sees the previous complete output or the new one. An object store has no rename: the
-parts go straight to their final keys (each object appears whole or not at all; their names carry
-the commit id, so the previous commit's files are never overwritten), then ``_manifest.json`` (one
-PUT: the switch), then the previous commit's files are deleted and ``_SUCCESS`` written. A reader
-of the manifest's files sees one complete commit; a reader listing the prefix should wait for
-``_SUCCESS`` (it is deleted when a new commit starts).
+Who writes what: each shard's job process writes its own part files as soon as its last row is
+answered (:func:`prefect_swarm.jobs.commit.write_shard_output`, the shards in parallel), so the
+commit only publishes; a shard whose files are missing or stale (its ledger changed since, a retry)
+is written by the commit. A shard's files are recorded in its ledger folder once whole
+(``output-<token>.json``), so a killed write is redone from that shard alone, and a killed commit
+redoes nothing it had.
 
-A commit killed at any point is resumed by the next one: each shard's files are recorded in the job
-folder (``<job_dir>/.commit-<commit>/``) once written, so a rerun skips the shards already written
-and rewrites only the one that was cut.
+Publishing costs O(files), never a rewrite of the bytes. On a filesystem the shards write into a
+hidden sibling folder ``.<name>.parts/<token>/``; the commit hard-links the files into a hidden
+staging folder ``.<name>.<commit>.tmp`` with the manifest and ``_SUCCESS``, and one rename (Linux:
+``renameat2(RENAME_EXCHANGE)``, an atomic swap with the previous output) puts it in place, so a
+reader sees the previous complete output or the new one. An object store has no rename: the parts
+go straight to their final keys (each object appears whole or not at all; names carry the token, so
+the previous commit's files are never overwritten); the commit deletes ``_SUCCESS``, writes
+``_manifest.json`` (one PUT: the switch), deletes the files no longer listed and writes
+``_SUCCESS``. A reader of the manifest's files sees one complete commit; a reader listing the
+prefix should wait for ``_SUCCESS``.
 """
 
 from __future__ import annotations
@@ -314,7 +318,7 @@ def _delete(folder: storage.Location, name: str) -> None:
 
 # ----------------------------------------------------------------------------------------- publish
 def staging(out: storage.Location, commit: str) -> storage.Location:
-    """Where commit ``commit`` writes its parts: a hidden sibling folder (filesystem), the output
+    """Where commit ``commit`` gathers its files: a hidden sibling folder (filesystem), the output
     prefix itself (object store)."""
     if out.remote:
         return out
@@ -323,30 +327,58 @@ def staging(out: storage.Location, commit: str) -> storage.Location:
     return storage.Location(str(tmp) + "/", "", str(tmp))
 
 
-def prepare(out: storage.Location, commit: str, *, fresh: bool) -> storage.Location:
-    """The staging folder of ``commit``, made; what other commits left is removed (object stores:
-    the previous ``_SUCCESS`` too, as the prefix is about to change). ``fresh``: start it empty."""
+def parts_folder(out: storage.Location, token: str) -> storage.Location:
+    """Where a shard writes its part files for ledger state ``token``: a hidden sibling folder
+    ``.<name>.parts/<token>`` (filesystem: the commit hard-links them into place), the output prefix
+    itself (object store: the files' names carry the token)."""
+    if out.remote:
+        return out
+    path = Path(out.path.rstrip("/"))
+    folder = path.parent / f".{path.name}.parts" / token
+    folder.mkdir(parents=True, exist_ok=True)
+    return storage.Location(str(folder) + "/", "", str(folder))
+
+
+def prepare(out: storage.Location, commit: str) -> storage.Location:
+    """The staging folder of ``commit``, made empty (what other commits left is removed); on an
+    object store, the previous ``_SUCCESS`` is deleted as the prefix is about to change."""
     stage = staging(out, commit)
     if out.remote:
-        parts = out.path.rstrip("/") + "/" + PART_PREFIX
-        storage.abort_uploads(parts, out.scheme, lambda key: not key.endswith(f"-{commit}.parquet"))
         if out.child(SUCCESS).exists():
             _delete(out, SUCCESS)
         return stage
     root = Path(out.path.rstrip("/"))
     for old in root.parent.glob(f".{root.name}.*{TEMP_SUFFIX}"):
-        if old.name != Path(stage.path).name or fresh or _stale_stage(old, commit):
-            shutil.rmtree(old, ignore_errors=True)
-    Path(stage.path).mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(old, ignore_errors=True)
+    Path(stage.path).mkdir(parents=True)
     return stage
 
 
-def _stale_stage(folder: Path, commit: str) -> bool:
-    """The staging folder holds a previous output (what the swap left) rather than this commit's files."""
-    try:
-        return bool(json.loads((folder / MANIFEST).read_text()).get("commit") != commit)
-    except (OSError, ValueError):
-        return False
+def stage_files(out: storage.Location, stage: storage.Location, token: str, names: Iterable[str]) -> None:
+    """Put a shard's part files (written for ``token``) into the staging folder: hard links, O(files),
+    no byte rewritten (a copy only where the filesystem has no hard links). Nothing on an object store."""
+    if out.remote:
+        return
+    src = Path(parts_folder(out, token).path)
+    for name in names:
+        dst = Path(stage.path) / name
+        if not dst.exists():
+            try:
+                os.link(src / name, dst)
+            except OSError:
+                shutil.copy2(src / name, dst)
+
+
+def keep_parts(out: storage.Location, tokens: Iterable[str]) -> None:
+    """Drop the pre-written part files of ledger states other than ``tokens`` (filesystem; an object
+    store's are deleted by :func:`publish`)."""
+    if out.remote:
+        return
+    keep = set(tokens)
+    root = Path(out.path.rstrip("/"))
+    for folder in (root.parent / f".{root.name}.parts").glob("*"):
+        if folder.name not in keep:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def publish(out: storage.Location, stage: storage.Location, manifest: dict[str, Any]) -> None:

@@ -252,7 +252,25 @@ class ShardRun:
             return EXIT_FAILED
         self.ledger.mark_done()
         log.info("shard %d done: %d rows, %d failed", self.shard_id, self.ledger.n_done, self.ledger.n_failed)
+        self._write_output()
         return self._auto_commit()
+
+    def _write_output(self) -> None:
+        """A dataset output: write this shard's part files now, in parallel with the other shards, so
+        the commit only publishes (a failure is left to the commit, which writes what is missing)."""
+        from prefect_swarm.jobs.commit import write_shard_output
+
+        if self.nshards != self.spec.shards:
+            return
+        try:
+            record = write_shard_output(self.spec, self.shard_id)
+        except Exception as exc:
+            log.warning(
+                "shard %d: its part of the output was not written (the commit writes it): %s", self.shard_id, exc
+            )
+            return
+        if record is not None:
+            log.info("shard %d: %d output file(s) written for the commit", self.shard_id, len(record["files"]))
 
     def _auto_commit(self) -> int:
         from prefect_swarm.jobs.commit import commit_output, manifest_verdict

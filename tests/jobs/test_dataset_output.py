@@ -28,8 +28,8 @@ from _jobkit import make_dataset, requests, run_job, write_spec
 from test_commit import _fake_ledger
 
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.jobs import output
-from prefect_swarm.jobs.commit import commit_output
+from prefect_swarm.jobs import commit, output
+from prefect_swarm.jobs.commit import commit_output, shard_token, write_shard_output
 from prefect_swarm.jobs.ledger import ledger_schema
 from prefect_swarm.jobs.plan import pending_shards
 from prefect_swarm.jobs.shard import validate_input
@@ -73,7 +73,7 @@ def test_dataset_layout_manifest_and_readers(job, monkeypatch: pytest.MonkeyPatc
     assert (inside["job_id"], inside["fingerprint"], inside["commit"]) == (spec.job_id, m["fingerprint"], m["commit"])
     assert m["files"] == len(inside["files"]) > 3 and m["rows"] == N
     names = [f["path"] for f in inside["files"]]
-    assert names == sorted(names) and names[0] == output.part_name(0, 0, m["commit"])
+    assert names == sorted(names) and names[0] == output.part_name(0, 0, shard_token(spec, 0, m["fingerprint"]))
     # the files in name order are the input order; row groups are gathered, not one per batch
     in_order = pa.concat_tables(pq.read_table(out / n) for n in names)
     assert in_order.column("id").equals(table.column("id"))
@@ -85,7 +85,31 @@ def test_dataset_layout_manifest_and_readers(job, monkeypatch: pytest.MonkeyPatc
 
     assert len(pd.read_parquet(out)) == N  # pandas reads the folder as one table
     assert commit_output(spec) == m  # unchanged ledger: nothing written again
-    assert not list(out.parent.glob(f".out.*{TEMP_SUFFIX}")) and not spec.paths.commit_state_dirs()
+    assert not list(out.parent.glob(f".out.*{TEMP_SUFFIX}"))
+
+
+def test_shards_write_their_files_and_the_commit_only_publishes(job, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each finished shard writes its own part files (as its job process does); the commit then reads
+    no ledger row and rewrites no byte: it links the files into place and writes the manifest."""
+    spec, latest = job
+    records = [write_shard_output(spec, i) for i in range(spec.shards)]
+    assert all(r is not None and r["files"] for r in records)
+
+    def no_merge(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the commit merged a shard its job process had written")
+
+    monkeypatch.setattr(commit, "_merge_shard", no_merge)
+    m = commit_output(spec)
+    out = Path(spec.output)
+    _check_once(out, latest)
+    written = {f["path"] for r in records if r for f in r["files"]}
+    assert {f["path"] for f in json.loads((out / output.MANIFEST).read_text())["files"]} == written
+    parts = out.parent / ".out.parts"
+    for r in records:  # the published files are the shards' own (hard links), not copies
+        assert r is not None
+        for f in r["files"]:
+            assert (out / f["path"]).stat().st_ino == (parts / r["token"] / f["path"]).stat().st_ino
+    assert m["files"] == len(written)
 
 
 _COMMIT = (
@@ -114,7 +138,7 @@ def test_commit_killed_at_random_points_then_rerun_holds_each_row_once(job) -> N
     _rewrite(spec, latest, "v2")  # a new ledger: the next commits replace the output
     rng = random.Random(11)
     kills = 0
-    for _ in range(5):
+    for _ in range(4):
         proc = _commit_process(spec)
         time.sleep(rng.uniform(0.2, took))
         if proc.poll() is None:
@@ -127,7 +151,7 @@ def test_commit_killed_at_random_points_then_rerun_holds_each_row_once(job) -> N
     assert kills >= 2
     commit_output(spec, bucket_rows=250)
     _check_once(out, latest)
-    assert not list(out.parent.glob(f".out.*{TEMP_SUFFIX}")) and not spec.paths.commit_state_dirs()
+    assert not list(out.parent.glob(f".out.*{TEMP_SUFFIX}"))
 
 
 def _rewrite(spec: JobSpec, latest: dict[int, dict[str, Any]], tag: str, n: int = N) -> None:
