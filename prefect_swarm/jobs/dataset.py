@@ -400,7 +400,10 @@ class InputDataset:
             return
         nparts = -(-self.num_rows // max(1, partition_rows))
         if nparts <= 1:
-            hashes = np.concatenate([h for h in self._id_hash_batches(id_column)] or [np.empty(0, np.int64)])
+            hashes, pos = np.empty(self.num_rows, dtype=np.int64), 0
+            for batch in self._id_hash_batches(id_column):
+                hashes[pos : pos + batch.size] = batch
+                pos += batch.size
             suspects = _equal_hashes(hashes)
         else:
             suspects = self._partitioned_suspects(id_column, nparts)

@@ -585,7 +585,12 @@ class ShardLedger:
 
     def _replay(self, part: Part) -> int:
         """Apply one part's rows (in order: the last write of a row wins) to the state."""
-        table = pq.read_table(part_source(part), columns=["_row", "status", "prompt_tokens", "completion_tokens"])
+        return self._apply(
+            pq.read_table(part_source(part), columns=["_row", "status", "prompt_tokens", "completion_tokens"])
+        )
+
+    def _apply(self, table: pa.Table) -> int:
+        """Apply ``table``'s rows (ledger columns; the last write of a row wins) to the state; return its rows."""
         rel = table.column("_row").to_numpy() - self.start
         ok = np.asarray(table.column("status").to_numpy(zero_copy_only=False) == STATUS_OK)
         keep = (rel >= 0) & (rel < self.total)
@@ -741,6 +746,22 @@ class ShardLedger:
             pq.write_table(self._table(rows), sink, compression="zstd")
             self.store.write_part(seq, sink.getvalue())
             self._parts.append((seq, len(rows)))
+
+    def append_part(self, table: pa.Table, *, index: bool = True) -> None:
+        """Write ``table`` (rows in the ledger's schema) as the next part, as a flush of those rows would:
+        the state, the part, then (``index``) the index, the progress and a due compaction. A bulk path
+        for rows made elsewhere (benchmarks build a synthetic ledger with it); ``index=False`` leaves the
+        index one part behind, as a kill -9 between a part and its index does."""
+        self.join()
+        seq, self.seq = self.seq, self.seq + 1
+        sink = io.BytesIO()
+        pq.write_table(table.cast(self.schema), sink, compression="zstd")
+        self.store.write_part(seq, sink.getvalue())
+        self._parts.append((seq, table.num_rows))
+        self._apply(table)
+        self.n_done, self.n_failed = len(self.seen), len(self.errors)
+        if index:
+            self._after_part(self._index(), self._progress("running"))
 
     def _maybe_compact(self) -> bool:
         """Merge the parts that end the ledger while ``COMPACT_EVERY`` of them share a level (cascading);

@@ -190,6 +190,8 @@ class ShardRun:
 
     def _run(self, overwrite: bool) -> int:
         self.ledger.open(overwrite=overwrite, retry_failed=self.spec.retry_failed)
+        if not self.spec.id_column:
+            log.info("shard %d: no id_column: each row's id is its position in the input (0-based)", self.shard_id)
         if self.ledger.complete:
             log.info(
                 "shard %d: all %d rows already in the ledger; nothing to send",
