@@ -23,7 +23,12 @@ import pytest
 from prefect_swarm.testing import free_port_block
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = ["README.md", "deployments/README.md", "CONTRIBUTING.md", "docs/own-flow.md"]
+DOCS = [
+    "README.md",
+    "deployments/README.md",
+    "CONTRIBUTING.md",
+    *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md")),
+]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 EXTERNAL_CLI_TEST = "tests/external/test_external.py::test_cli_up_status_job_down_on_a_stub_it_never_stops"
@@ -32,6 +37,9 @@ NOT_RUN_HERE: dict[str, str] = {
     # Installing and running the whole suite: what CI (.ci/run) does; not from inside a test.
     "make demo": "runs examples/demo.py: tests/prefect/test_demo_vllm.py runs it against the vLLM CPU build",
     "python examples/own_flow.py": "tests/prefect/test_own_flow.py runs its flow through a real worker",
+    "python examples/swarm_spec_block.py": "needs a Prefect server: tests/prefect/test_blocks.py::"
+    "test_the_documented_block_script_saves_a_loadable_block",
+    "mkdocs build": "tests/docs/test_site.py builds the site in strict mode",
     "make test": "the whole suite (CI's entry point, .ci/run)",
     "make unit": "the fast subset of the whole suite",
     "make venv": "installs the venv these tests run in",

@@ -98,7 +98,8 @@ def test_the_catalog_offers_only_the_public_blocks() -> None:
     code = (
         "from prefect.blocks.core import Block; from prefect.utilities.dispatch import get_registry_for_type; "
         "import prefect_swarm.blocks as b; "
-        "print(sorted(c.__name__ for c in get_registry_for_type(Block).values() if c.__module__.startswith(b.__name__)))"
+        "ours = [c for c in get_registry_for_type(Block).values() if c.__module__.startswith(b.__name__)]; "
+        "print(sorted(c.__name__ for c in ours))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     public = sorted(cls.__name__ for cls in (*BACKEND_BLOCKS.values(), SwarmSpec))
@@ -206,7 +207,8 @@ def test_the_documented_block_script_saves_a_loadable_block(prefect_api: Prefect
 
     repo = Path(__file__).resolve().parents[2]
     prefect_api.cli("block", "register", "-m", "prefect_swarm")
-    argv = [sys.executable, "examples/swarm_spec_block.py", "--config", "examples/local-stub.yaml", "--name", "doc-stub"]
+    script = ["examples/swarm_spec_block.py", "--config", "examples/local-stub.yaml", "--name", "doc-stub"]
+    argv = [sys.executable, *script]
     out = subprocess.run(argv, cwd=repo, env=prefect_api.env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "saved swarm-spec/doc-stub" in out.stdout
