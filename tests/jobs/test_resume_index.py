@@ -329,3 +329,18 @@ def test_a_real_shard_resumes_from_the_index(tmp_path: Path, stub, own_signals) 
     table = read_ledger(ShardPaths(root), ["_row"])
     assert table is not None and sorted(set(table.column("_row").to_pylist())) == list(range(600))
     shutil.rmtree(root)
+
+
+def test_append_part_writes_what_a_flush_of_the_same_rows_writes(tmp_path: Path) -> None:
+    """The bulk path (benchmarks' synthetic ledgers): the same parts, index and state as added rows."""
+    order = _shuffled_order(200, seed=5)
+    ref = _ledger(tmp_path / "ref")
+    _run_rows(ref, order, every=50)
+    bulk = _ledger(tmp_path / "bulk")
+    parts = [pq.read_table(p) for p in ref.paths.parts()]
+    for k, table in enumerate(parts):
+        bulk.append_part(table, index=k < len(parts) - 1)  # the last one as a kill -9 leaves it: not indexed
+    assert _state(bulk) == _state(ref)
+    index = json.loads((tmp_path / "bulk" / "index.json").read_text())
+    assert index["next_part"] == len(parts) - 1
+    assert _state(_ledger(tmp_path / "bulk")) == _state(ref)  # the unindexed part replayed on resume
