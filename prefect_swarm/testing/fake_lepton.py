@@ -57,7 +57,18 @@ image-pull secret outside ``image_pull_secrets`` (``GET /imagepullsecrets``). ``
 (deployments whose name contains one of these are never scheduled: ``Not Ready``, readiness
 ``NoCapacity``, replicas without a node). ``restart_crashed``: a
 deployment whose engine exits is restarted, as the platform does, its state ``Not Ready`` and each
-crash listed at ``GET /deployments/<n>/termination``, instead of turning ``Error``.
+crash listed at ``GET /deployments/<n>/termination`` and counted in a ``BackOff`` event (the new
+API's only trace of it), instead of turning ``Error``.
+
+Where the platform differs from what a client would assume, the fake does as the SDK's source
+says (each cited next to its code): a job's id is the server's (``<name>-<hex>``) and a name may
+be taken twice; a secret posted again replaces the old value; replica logs stream while the
+process lives. Knobs for the rest: ``delete_s`` (deletes finish in the background: ``Deleting``,
+then 404, the name refused with 409 until the delete is done), ``legacy_create_response`` (a
+create answers 200 with an empty body, as old servers do), ``unknown_reads`` (a new or updated
+deployment reads the unknown state ``""`` that many times), ``group_volumes`` / ``group_shapes``
+(node group id -> its own volumes / shapes; default every group has all), ``malformed_node_groups``
+(their catalog entry carries a volume the SDK's model refuses, so ``nodegroup.list_all`` skips it).
 """
 
 from __future__ import annotations
