@@ -68,7 +68,11 @@ def submit(
     ] = None,
     output: Annotated[
         str | None,
-        typer.Option("--output", help="Output file: *.parquet, or *.jsonl / *.jsonl.gz (OpenAI Batch output)."),
+        typer.Option(
+            "--output",
+            help="A folder ending with '/' (a parquet dataset: part files, _manifest.json, _SUCCESS; for large "
+            "jobs), or one file: *.parquet, or *.jsonl / *.jsonl.gz (OpenAI Batch output).",
+        ),
     ] = None,
     shards: Annotated[
         int | None,

@@ -69,7 +69,9 @@ def batch_inference(
             or an inline config (mapping).
         job: a job kind ('chat', 'completion', 'embedding', 'module:Class') or JobOptions.
         input: parquet file/folder or OpenAI Batch JSONL.
-        output: output file (one row per input row).
+        output: a folder or prefix ending with '/' (a parquet dataset: part files by shard,
+            _manifest.json, _SUCCESS, a row_position column; the choice for large jobs), or one
+            file (*.parquet, *.jsonl); one row per input row either way.
         shards: number of shards (job processes), at least 1; default: sized from the swarm (one
             process per 4096 requests in flight its replicas need).
         concurrency: most requests in flight per shard (a cap); default: each replica kept full

@@ -131,7 +131,14 @@ SwarmArg = SwarmSpec | str | dict[str, Any]
 mapping, pydantic's smart union picks the exact type)."""
 JobArg = JobOptions | str
 InputArg = Annotated[str, Field(min_length=1)]
-OutputArg = Annotated[str, Field(min_length=1)]
+OutputArg = Annotated[
+    str,
+    Field(
+        min_length=1,
+        description="A folder or prefix ending with '/' (a parquet dataset: part files, _manifest.json, "
+        "_SUCCESS; the choice for large jobs), or one file: *.parquet, *.jsonl (OpenAI Batch output).",
+    ),
+]
 MAX_SHARDS = 10_000
 """Most shards a flow run maps (one shard task each)."""
 TASK_THREADS = MAX_SHARDS + 8

@@ -371,10 +371,12 @@ def stage_files(out: storage.Location, stage: storage.Location, token: str, name
 
 def keep_parts(out: storage.Location, tokens: Iterable[str]) -> None:
     """Drop the pre-written part files of ledger states other than ``tokens`` (filesystem; an object
-    store's are deleted by :func:`publish`)."""
-    if out.remote:
-        return
+    store's are deleted by :func:`publish`, and their unfinished uploads, left by a kill, aborted here)."""
     keep = set(tokens)
+    if out.remote:
+        prefix = out.path.rstrip("/") + "/" + PART_PREFIX
+        storage.abort_uploads(prefix, out.scheme, lambda key: key.removesuffix(".parquet")[-12:] not in keep)
+        return
     root = Path(out.path.rstrip("/"))
     for folder in (root.parent / f".{root.name}.parts").glob("*"):
         if folder.name not in keep:
