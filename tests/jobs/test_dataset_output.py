@@ -234,3 +234,43 @@ def test_a_rerun_after_a_committed_dataset_sends_nothing(tmp_path: Path, stub) -
     again = run_job(spec_file)
     assert again.returncode == 0, again.stderr
     assert requests(stub) - before == 300
+
+
+def test_a_cli_job_lets_go_of_its_swarm_before_the_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`job submit` (waiting): once the last row is answered the job's hold on the swarm is dropped, before
+    the commit; a detached job whose rows are all answered holds it no more (its last process may still
+    be publishing)."""
+    from prefect_swarm import launch
+    from prefect_swarm.config import SwarmConfig
+    from prefect_swarm.state import StateStore
+    from prefect_swarm.swarm import Swarm, dead_owners, keep_lease
+    from prefect_swarm.testing.stub_engine import stub_swarm_config
+
+    make_dataset(tmp_path / "in.parquet", 200)
+    cfg = SwarmConfig.model_validate(stub_swarm_config("let-go", replicas=1, latency_ms=1))
+    held_at_commit: list[list[str]] = []
+    commit_job = launch.commit_job
+
+    def spy(job_id: str, **kw: Any) -> dict[str, Any]:
+        held_at_commit.append([x.owner for x in StateStore().list_leases("let-go")])
+        return commit_job(job_id, **kw)
+
+    monkeypatch.setattr(launch, "commit_job", spy)
+    with Swarm(cfg) as swarm:
+        store = StateStore()
+        store.put_lease(keep_lease("let-go"))  # as `up` leaves it: the swarm stays up for the next job
+        fields = {"input": str(tmp_path / "in.parquet"), "id_column": "id", "shards": 2}
+        spec = JobSpec(output=f"{tmp_path}/a/", auto_commit=False, **fields)
+        rec = launch.submit_job(swarm, spec, detach=False)
+        assert rec.status == "SUCCEEDED" and held_at_commit, held_at_commit
+        assert not [o for o in held_at_commit[0] if o.startswith("job:")], held_at_commit
+        detached = launch.submit_job(swarm, JobSpec(output=f"{tmp_path}/b/", **fields), detach=True)
+        leases = [x for x in store.list_leases("let-go") if x.owner == f"job:{detached.id}"]
+        assert leases
+        deadline = time.monotonic() + 60
+        while pending_shards(JobSpec.model_validate(detached.spec)):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert f"job:{detached.id}" in dead_owners(leases, store)
+        launch.wait_job(detached.id)
+    assert pds.dataset(tmp_path / "b", format="parquet").to_table().num_rows == 200
