@@ -173,7 +173,9 @@ def swarm_config(name: str, replicas: int, port: int, speed: float) -> dict[str,
 def slurm_config(name: str, replicas: int, speed: float) -> tuple[Any, dict[str, Any]]:
     """N simulated replicas on the single-node Slurm: the Slurm tests' stub swarm (one CPU and one GPU
     per replica, an LB job, a generated API key) running the simulator; (SwarmConfig, its YAML data)."""
-    sys.path.insert(0, str(ROOT / "tests" / "slurm"))
+    kit = str(ROOT / "tests" / "slurm")
+    if kit not in sys.path:
+        sys.path.insert(0, kit)
     from _slurmkit import stub_config
 
     from prefect_swarm.testing.stub_engine import engine_command
