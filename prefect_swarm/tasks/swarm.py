@@ -76,8 +76,22 @@ def _resolve_swarm(swarm: SwarmParam) -> SwarmConfig:
         return load_config(data=swarm)
     ref = block_ref(swarm)
     if ref is None:
-        return load_config(Path(swarm).expanduser())
+        return load_config(_config_file(swarm))
     return _load_block(ref)
+
+
+def _config_file(swarm: str) -> Path:
+    """The ``swarm`` parameter as a config file this process can read; else a ConfigError for a run's user."""
+    path = Path(swarm).expanduser()
+    if path.is_file():
+        return path
+    where = "" if path.is_absolute() else f", relative to this run's working folder {Path.cwd()}"
+    raise ConfigError(
+        f"swarm: no config file {swarm} on this host{where}. A worker runs each flow in a folder of its own "
+        "and reads paths on its own host: give an absolute path the worker can read, or save the config as "
+        "a SwarmSpec block (the UI's Blocks page, or `SwarmSpec.from_config(load_config(FILE)).save(NAME)`) "
+        "and pass swarm-spec/NAME."
+    )
 
 
 def block_ref(swarm: SwarmParam) -> str | None:
