@@ -34,6 +34,7 @@ from prefect_swarm.flows.params import (
     with_budget,
 )
 from prefect_swarm.tasks._common import flow_result_storage, label_run, run_stop_event
+from prefect_swarm.tasks.events import job_event
 from prefect_swarm.tasks.jobs import plan_shards, run_and_commit
 from prefect_swarm.tasks.reaper import reap_quietly
 from prefect_swarm.tasks.swarm import block_ref, resolve_swarm, swarm_up, swarm_use, teardown_owned, wait_ready
@@ -107,8 +108,9 @@ def batch_inference(
             # the swarm is released as soon as the last row is answered, before the commit publishes
             release = lambda: teardown_owned(keep_swarm)  # noqa: E731
             return run_and_commit(plan, live, cfg, started, up_at, max_failed_fraction, release=release)
-        except BudgetReached:
+        except BudgetReached as exc:
             over_budget = True
+            job_event("budget-reached", str(plan.spec.job_id), cfg.name, message=str(exc).splitlines()[0])
             raise
         finally:
             if up_at is not None:

@@ -1,7 +1,10 @@
 """Prefect events this package emits, for automations to trigger on.
 
 ``prefect-swarm.swarm.{up,ready,down,reaped}`` on resource ``prefect-swarm.swarm.<name>`` and
-``prefect-swarm.job.{shard.completed,shard.failed,committed}`` on ``prefect-swarm.job.<id>``,
+``prefect-swarm.job.{shard.completed,shard.failed,committed,succeeded,failed,budget-reached}`` on
+``prefect-swarm.job.<id>`` (``committed`` once per commit, not again for a rerun that finds the
+output committed; ``succeeded``/``failed`` the run's verdict against ``max_failed_fraction``;
+``budget-reached`` when a run's GPU-hour or $ budget stopped it),
 each related to the swarm, the SwarmSpec block it came from (when any) and the flow run, with the
 counts in the payload. Job events with a ``failed`` count also carry the resource label
 ``prefect-swarm.failed-rows`` (``"true"`` when it is above 0), so an automation can trigger on
@@ -53,7 +56,8 @@ def swarm_event(
 
 
 def job_event(what: str, job_id: str, swarm: str | None, **payload: Any) -> None:
-    """Emit ``prefect-swarm.job.<what>`` (shard.completed, shard.failed, committed) for job ``job_id``.
+    """Emit ``prefect-swarm.job.<what>`` (shard.completed, shard.failed, committed, succeeded, failed,
+    budget-reached) for job ``job_id``.
 
     ``committed`` also carries the job's ``cost`` (gpu_hours, usd, usd_per_million_tokens: see
     :func:`~prefect_swarm.config.cost.job_cost`)."""

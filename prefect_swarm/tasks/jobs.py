@@ -31,6 +31,7 @@ from prefect_swarm.jobs.commit import manifest_verdict
 from prefect_swarm.jobs.plan import job_progress, shard_done, shard_progress
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.launch import JobPlan, ShardStopped, ShardWatch
+from prefect_swarm.paths import read_json
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.tasks._common import (
     current_flow_run_id,
@@ -260,9 +261,13 @@ def run_shards(plan: JobPlan, live: Swarm | None) -> list[dict[str, Any]]:
 def commit_output(spec: JobSpec) -> dict[str, Any]:
     """Merge the shard ledgers into the output (cheap when already committed); return the manifest."""
     assert spec.job_id is not None
+    before = read_json(spec.paths.manifest)
     manifest = launch.commit_job(spec.job_id)
     counts = {k: manifest.get(k) for k in ("rows", "ok", "failed", "output", "failed_rows")}
-    job_event("committed", spec.job_id, spec.swarm, **counts)
+    if before is None or before.get("committed_at") != manifest.get("committed_at"):
+        job_event("committed", spec.job_id, spec.swarm, **counts)  # once per commit, not per cached rerun
+    else:
+        get_run_logger().info("Output %s was already committed from these ledgers: nothing to redo.", spec.output)
     get_run_logger().info(
         "Output %s: %s rows (%s ok, %s failed).",
         manifest.get("output"),
@@ -319,6 +324,16 @@ def run_and_commit(
         )
     limit = plan.spec.max_failed_fraction if max_failed_fraction is None else max_failed_fraction
     verdict = manifest_verdict(manifest, limit)
+    job_event(
+        "succeeded" if verdict.succeeded else "failed",
+        str(plan.spec.job_id),
+        used.name,
+        rows=manifest.get("rows"),
+        ok=manifest.get("ok"),
+        failed=manifest.get("failed"),
+        max_failed_fraction=limit,
+        message=verdict.message(),
+    )
     if not verdict.succeeded:
         raise JobFailed(f"job {plan.spec.job_id} {verdict.message()}")
     log.info("Job %s %s", plan.spec.job_id, verdict.message())

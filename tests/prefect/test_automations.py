@@ -94,3 +94,24 @@ def test_example_automation_fires_on_failed_rows(prefect_stack: PrefectStack, tm
     assert int(run.parameters["failed"]) == res["failed"] and run.parameters["swarm"] == "notice"
     assert str(run.parameters["failed_rows"]).endswith(".jsonl")
     print(f"failed-rows-notice ran for job {res['job_id']} ({res['failed']} failed rows)")
+    # a rerun finds the job committed: no second job.committed event, so no second notice
+    again = batch_inference(
+        cfg, job_options(max_retries=0), str(inp), str(tmp_path / "out.parquet"), max_failed_fraction=0.9
+    )
+    assert again["job_id"] == res["job_id"]
+    time.sleep(5)  # the event, had there been one, is recorded within a second or two
+    assert _committed_events(prefect_stack.api_url, res["job_id"]) == 1
+
+
+def _committed_events(api_url: str, job_id: str) -> int:
+    import httpx
+
+    body = {
+        "filter": {
+            "event": {"name": ["prefect-swarm.job.committed"]},
+            "resource": {"id": [f"prefect-swarm.job.{job_id}"]},
+        }
+    }
+    resp = httpx.post(api_url + "/events/filter", json={**body, "limit": 50}, timeout=10)
+    resp.raise_for_status()
+    return len(resp.json()["events"])

@@ -28,6 +28,7 @@ def test_budget_stops_the_flow_and_the_rerun_resumes(
     cfg = stub_swarm("budgeted", latency_ms=20, cost={"max_gpu_hours": 1.0})
     cfg["gpus_per_replica"] = 1
     opts = job_options(concurrency=2)
+    first = datetime.now(UTC) - timedelta(seconds=5)
     # the run's own cap (16 GPU-seconds: the job processes hold it to the second, so it leaves room for
     # the flow to bring the swarm up and start them on a loaded machine) is tighter than the swarm's hour:
     # it wins; the budget stops the swarm even though the run asked to keep it
@@ -39,6 +40,8 @@ def test_budget_stops_the_flow_and_the_rerun_resumes(
     wait_for(lambda: not swarm_processes(swarm_home, "budgeted", cfg["port"]), 30, what="no process left")
     assert StateStore().require_swarm("budgeted").phase == "STOPPED"
     assert not out.exists()
+    reached = _event(prefect_api.api_url, "prefect-swarm.job.budget-reached", first)
+    assert reached["payload"]["swarm"] == "budgeted" and "budget reached" in reached["payload"]["message"]
     recorded = StateStore().require_swarm("budgeted").config["backend"]["cost"]
     assert recorded["max_gpu_hours"] == 1.0, recorded  # the run's cap held this run only
 
@@ -86,7 +89,11 @@ def _job_progress_artifact(flow_run_id: str) -> Any:
 
 
 def _committed_event(api_url: str, since: datetime) -> dict[str, Any]:
-    body = {"filter": {"event": {"name": ["prefect-swarm.job.committed"]}, "occurred": {"since": since.isoformat()}}}
+    return _event(api_url, "prefect-swarm.job.committed", since)
+
+
+def _event(api_url: str, name: str, since: datetime) -> dict[str, Any]:
+    body = {"filter": {"event": {"name": [name]}, "occurred": {"since": since.isoformat()}}}
     found: list[dict[str, Any]] = []
 
     def read() -> bool:
@@ -95,5 +102,5 @@ def _committed_event(api_url: str, since: datetime) -> dict[str, Any]:
         found[:] = resp.json()["events"]
         return bool(found)
 
-    wait_for(read, 30, what="the job.committed event")
+    wait_for(read, 30, what=f"the {name} event")
     return found[0]

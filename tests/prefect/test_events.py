@@ -35,6 +35,7 @@ def test_run_emits_swarm_and_job_events(prefect_api: PrefectStack, tmp_path: Pat
         "prefect-swarm.swarm.ready",
         "prefect-swarm.job.shard.completed",
         "prefect-swarm.job.committed",
+        "prefect-swarm.job.succeeded",
         "prefect-swarm.swarm.down",
     }
 
@@ -52,5 +53,7 @@ def test_run_emits_swarm_and_job_events(prefect_api: PrefectStack, tmp_path: Pat
     assert committed["payload"]["rows"] == 20 and committed["payload"]["failed"] == 0
     related = {r["prefect.resource.id"] for r in committed["related"]}
     assert {f"prefect.flow-run.{run_id}", "prefect-swarm.swarm.evented"} <= related
+    verdict = next(e for e in events if e["event"] == "prefect-swarm.job.succeeded")
+    assert verdict["payload"]["ok"] == 20 and "failed" not in {e["event"].rsplit(".", 1)[-1] for e in events}
     up = next(e for e in events if e["event"] == "prefect-swarm.swarm.up")
     assert up["resource"]["prefect.resource.id"] == "prefect-swarm.swarm.evented"
