@@ -68,6 +68,20 @@ def test_a_bad_external_config_names_the_field(backend: dict[str, Any], top: dic
     assert says in str(err.value)
 
 
+def test_the_backend_has_every_seam_and_refuses_what_it_cannot_do(tmp_path: Path) -> None:
+    from prefect_swarm.interfaces import ComputeBackend, ServingBackend, ServingHandle
+
+    swarm = Swarm(load_config(data=_cfg(api_key_env=KEY_ENV)))
+    assert isinstance(swarm.backends.serving, ServingBackend)
+    assert isinstance(swarm.backends.compute(None), ComputeBackend)
+    handle = ServingHandle(name="ext", backend="external", url="http://127.0.0.1:9")
+    with pytest.raises(ConfigError, match="has no replica logs prefect-swarm can read"):
+        next(iter(swarm.backends.serving.replica_log(handle, 0)))
+    with pytest.raises(ConfigError, match="needs exec, which the external backend lacks"):
+        swarm.backends.serving.exec_command(handle, 0, ["true"])
+    assert swarm.backends.serving.status(handle).phase == "UNKNOWN"  # nothing listens: unknown, not failed
+
+
 def test_more_than_one_replica_is_refused_before_anything_starts() -> None:
     with pytest.raises(ConfigError, match="replicas: 2 asked, the external backend runs at most 1"):
         Swarm(SwarmConfig.model_validate({**_cfg(), "replicas": 2})).validate()
