@@ -12,6 +12,12 @@
     └── StateError             the SQLite state is missing a record or is inconsistent
 
 Tasks decide whether to retry by exception type, never by matching message strings.
+
+Also here, outside that tree because they are control flow, not errors a user acts on:
+``JobFailed`` (a run's verdict), ``ShardStopped`` and ``ShardBusy`` (a shard's process),
+``InvalidAnswer`` and ``RowRefused`` (raised by a job's own code about one row, re-exported by
+``prefect_swarm.jobs.api``), ``StageError`` (model staging on a node) and ``PrefectUnavailable``
+(the Prefect API could not be asked).
 """
 
 from __future__ import annotations
@@ -92,3 +98,34 @@ class BudgetReached(PrefectSwarmError):
 
 class StateError(PrefectSwarmError):
     """The state database has no such record, or the record is inconsistent."""
+
+
+class JobFailed(JobError):
+    """More rows failed than the run's ``max_failed_fraction`` allows (the output is committed)."""
+
+
+class ShardStopped(Exception):
+    """The run that watched a shard is ending; the shard's process was cancelled (it flushes)."""
+
+
+class ShardBusy(ConfigError):
+    """Another live process holds the shard's lock: one process per shard (exit 2, nothing touched)."""
+
+
+class InvalidAnswer(ValueError):
+    """A 200 answer the job refuses (e.g. it breaks the response schema): the runner asks the engine
+    again, at most :attr:`prefect_swarm.jobs.api.SwarmJob.answer_retries` times, then the row is an
+    error row with this message."""
+
+
+class RowRefused(ValueError):
+    """Raised by ``request`` for a row that cannot be sent as it is (bad image, ``stream: true``): the row
+    is an error row with this message and no request is sent."""
+
+
+class StageError(RuntimeError):
+    """The source cannot be staged (missing, not a folder, or the copy failed)."""
+
+
+class PrefectUnavailable(Exception):
+    """The Prefect API could not be asked (down, not configured); nothing was done."""

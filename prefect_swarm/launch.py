@@ -34,7 +34,7 @@ from prefect_swarm.config.cost import (
     job_projection,
     recorded_cost,
 )
-from prefect_swarm.exceptions import BudgetReached, CapacityError, ConfigError, DatasetError, JobError
+from prefect_swarm.exceptions import BudgetReached, CapacityError, ConfigError, DatasetError, JobError, ShardStopped
 from prefect_swarm.interfaces import ComputeBackend, JobEnv, JobHandle, JobProbe, JobRequest, JobStatus
 from prefect_swarm.interfaces.jobenv import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE
 from prefect_swarm.interfaces.types import ServingPhase
@@ -619,10 +619,6 @@ def stopped_by_budget(progress: dict[str, Any]) -> str | None:
         if stopped.get("cause") == "budget":
             return str(stopped.get("message"))
     return None
-
-
-class ShardStopped(Exception):
-    """The run that watched a shard is ending; the shard's process was cancelled (it flushes)."""
 
 
 def poll_until_finished(

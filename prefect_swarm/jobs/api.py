@@ -33,6 +33,10 @@ import pyarrow as pa
 
 from prefect_swarm.exceptions import ConfigError
 
+# a job's own code raises these about one row: public here, defined with every other error
+from prefect_swarm.exceptions import InvalidAnswer as InvalidAnswer
+from prefect_swarm.exceptions import RowRefused as RowRefused
+
 if TYPE_CHECKING:
     from prefect_swarm.jobs.structured import ResponseSchema
 
@@ -47,16 +51,6 @@ BUILTIN_JOBS: dict[str, str] = {
 ColumnKind = str
 """What a job needs of an input column: ``string``, ``messages`` (list of {role, content} or a JSON
 string of one), ``json`` (a struct/map or a JSON string), ``number`` or ``any``."""
-
-
-class InvalidAnswer(ValueError):
-    """A 200 answer the job refuses (e.g. it breaks the response schema): the runner asks the engine
-    again, at most :attr:`SwarmJob.answer_retries` times, then the row is an error row with this message."""
-
-
-class RowRefused(ValueError):
-    """Raised by ``request`` for a row that cannot be sent as it is (bad image, ``stream: true``): the row
-    is an error row with this message and no request is sent."""
 
 
 class SwarmJob(abc.ABC):

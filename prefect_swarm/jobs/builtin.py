@@ -8,8 +8,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.jobs.api import RowRefused, SwarmJob
+from prefect_swarm.exceptions import ConfigError, RowRefused
+from prefect_swarm.jobs.api import SwarmJob
 from prefect_swarm.jobs.dataset import batch_url_problem
 from prefect_swarm.jobs.images import check_messages, image_part
 

@@ -15,7 +15,7 @@ import binascii
 from typing import Any
 from urllib.parse import urlsplit
 
-from prefect_swarm.jobs.api import RowRefused
+from prefect_swarm.exceptions import RowRefused
 
 _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"\x89PNG\r\n\x1a\n", "image/png"),

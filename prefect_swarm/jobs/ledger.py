@@ -67,7 +67,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from prefect_swarm.exceptions import ConfigError, FingerprintMismatch
+from prefect_swarm.exceptions import FingerprintMismatch, ShardBusy
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.fingerprint import describe_changes
 from prefect_swarm.jobs.spec import JobSpec
@@ -81,6 +81,10 @@ from prefect_swarm.paths import (
 )
 
 STATUS_OK, STATUS_ERROR = "ok", "error"
+EARLIER_ERRORS = " | earlier: "
+"""Joins a retried row's new error to the error it had before (``job retry``, the flow's
+``retry_failed``): a row failing again keeps every run's reason, newest first, in its one ``error``
+(the output's and the failed-rows file's); a row answered on the retry has none (status ok)."""
 MAX_PENDING_WRITES = 2
 """Parts queued for the writer thread at most (each ``checkpoint_every`` rows or fewer)."""
 COMPACT_EVERY = 16
@@ -437,10 +441,6 @@ def check_resumable(where: ShardPaths | ShardStore, stamp: dict[str, Any]) -> No
     )
 
 
-class ShardBusy(ConfigError):
-    """Another live process holds the shard's lock: one process per shard (exit 2, nothing touched)."""
-
-
 class ShardLock:
     """The one-live-process-per-shard lock: ``flock`` on ``paths.lock``, held for the process's life.
 
@@ -510,6 +510,7 @@ class ShardLedger:
         self.seen = DoneRows(end - start)  # rows in the ledger (shard-relative)
         self.errors: set[int] = set()  # rows whose latest status is error
         self.retry: set[int] = set()  # error rows sent again on this run (retry_failed), until answered
+        self.earlier: dict[int, str] = {}  # the latest error of each row in retry, kept in its next error
         self._retry_sorted = np.empty(0, dtype=np.int64)
         self._parts: list[tuple[int, int]] = []  # (seq, rows) of the parts on the store, in order
         self.compactions = 0
@@ -565,6 +566,19 @@ class ShardLedger:
         if retry_failed:
             self.retry = set(self.errors)
             self._retry_sorted = np.array(sorted(self.retry), dtype=np.int64)
+            self.earlier = self._latest_errors() if self.retry else {}
+
+    def _latest_errors(self) -> dict[int, str]:
+        """The latest error of each row to retry (shard-relative), from the parts in order (a retry
+        reads the ``_row`` and ``error`` columns of every part once; its memory holds the error rows only)."""
+        found: dict[int, str] = {}
+        for part in self.store.parts():
+            table = pq.read_table(part_source(part), columns=["_row", "error"])
+            rel = table.column("_row").to_numpy() - self.start
+            hit = np.flatnonzero(np.isin(rel, self._retry_sorted))
+            errors = table.column("error").take(pa.array(hit)).to_pylist()
+            found.update((int(r), e) for r, e in zip(rel[hit].tolist(), errors, strict=True) if e)
+        return found
 
     def _load_index(self) -> tuple[int, dict[int, int]]:
         """Take the state the index records (when written for this fingerprint and row range); return the
@@ -642,6 +656,9 @@ class ShardLedger:
         """Buffer one finished row (flushed by :meth:`flush`)."""
         self.buf.append(result)
         rel = result.row - self.start
+        earlier = self.earlier.pop(rel, None)
+        if earlier and result.status != STATUS_OK:  # an earlier run's reason is kept, never overwritten
+            result.error = f"{result.error or 'error'}{EARLIER_ERRORS}{earlier}"
         self.retry.discard(rel)
         if self.seen.add(rel):
             self.n_done += 1

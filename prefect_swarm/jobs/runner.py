@@ -71,8 +71,9 @@ from typing import Any, NamedTuple
 import aiohttp
 from yarl import URL
 
+from prefect_swarm.exceptions import InvalidAnswer
 from prefect_swarm.jobs import fastjson
-from prefect_swarm.jobs.api import InvalidAnswer, SwarmJob
+from prefect_swarm.jobs.api import SwarmJob
 from prefect_swarm.jobs.control import Controller, process_cap
 from prefect_swarm.jobs.ledger import STATUS_ERROR, STATUS_OK, RowResult
 from prefect_swarm.jobs.ratelimit import RateLimiter

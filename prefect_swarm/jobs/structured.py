@@ -28,8 +28,7 @@ from typing import Any
 import pyarrow as pa
 from pydantic import BaseModel, ValidationError
 
-from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.jobs.api import InvalidAnswer
+from prefect_swarm.exceptions import ConfigError, InvalidAnswer
 
 _SCALARS: dict[str, pa.DataType] = {
     "string": pa.string(),

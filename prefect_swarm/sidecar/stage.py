@@ -29,16 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prefect_swarm.exceptions import StageError
 from prefect_swarm.paths import atomic_write_json, file_lock, read_json
 
 MARKER = ".prefect-swarm-stage.json"
 """The marker file in a staged folder: source, hash, file count, bytes, when and how long."""
 
 log = logging.getLogger("prefect_swarm.stage")
-
-
-class StageError(RuntimeError):
-    """The source cannot be staged (missing, not a folder, or the copy failed)."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from prefect.states import Cancelled
 from prefect_swarm import launch
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.config.cost import duration, job_projection, projection_text
-from prefect_swarm.exceptions import ConfigError, JobError
+from prefect_swarm.exceptions import ConfigError, JobError, JobFailed
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.commit import manifest_verdict
 from prefect_swarm.jobs.plan import job_progress, shard_done, shard_progress
@@ -42,11 +42,6 @@ from prefect_swarm.tasks._common import (
 )
 from prefect_swarm.tasks.artifacts import publish_all_cached, publish_summary, summary_row
 from prefect_swarm.tasks.events import job_event
-
-
-class JobFailed(JobError):
-    """More rows failed than the run's ``max_failed_fraction`` allows (the output is committed)."""
-
 
 SHARD_STOP_WAIT_S = 10.0
 """Most seconds an ending run waits for its shard tasks to stop and report Cancelled."""
@@ -227,7 +222,7 @@ def run_shards(plan: JobPlan, live: Swarm | None) -> list[dict[str, Any]]:
     """Map shards: pending ones always run (refresh the cache), finished ones may come from the cache."""
     spec = plan.spec
     if live is not None:
-        spec = launch.for_swarm(spec, live)
+        spec = launch.for_swarm(spec, live, retry_failed=spec.retry_failed)
         spec.save()
     task = run_shard.with_options(result_storage=results_dir())
     futures = [

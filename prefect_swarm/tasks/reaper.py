@@ -19,6 +19,7 @@ import logging
 import uuid
 from typing import Any
 
+from prefect_swarm.exceptions import PrefectUnavailable
 from prefect_swarm.settings import get_settings
 from prefect_swarm.state import StateStore, SwarmRecord
 
@@ -26,10 +27,6 @@ log = logging.getLogger("prefect_swarm.tasks.reaper")
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "CRASHED"})
 """Prefect state types after which a flow run will never tear its swarm down itself."""
-
-
-class PrefectUnavailable(Exception):
-    """The Prefect API could not be asked (down, not configured); nothing was done."""
 
 
 def _in_flow_run() -> bool:
