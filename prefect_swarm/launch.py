@@ -621,31 +621,6 @@ def stopped_by_budget(progress: dict[str, Any]) -> str | None:
     return None
 
 
-def poll_until_finished(
-    probe: Callable[[], JobProbe],
-    *,
-    stop: threading.Event | None = None,
-    on_step: Callable[[], None] | None = None,
-    deadline: float | None = None,
-    what: str = "job",
-    mark: Path | None = None,
-) -> JobProbe:
-    """Probe on a :class:`PollSchedule` (woken early by ``mark``) until the job has finished.
-    ``stop`` set raises ShardStopped; passing the monotonic ``deadline`` raises JobError (the job
-    keeps running). Probe errors ("could not tell") keep waiting."""
-    schedule = PollSchedule(mark, stop=stop)
-    while True:
-        last = probe()
-        if last.status is not None and last.status.finished:
-            return last
-        if on_step is not None:
-            on_step()
-        if deadline is not None and time.monotonic() > deadline:
-            raise JobError(f"{what} still running at its deadline; it keeps running.")
-        if not schedule.wait():
-            raise ShardStopped(f"{what}: the run is ending")
-
-
 class PollSchedule:
     """The waits between two looks at a running job: steps growing from POLL_MIN_S to ``most``
     seconds, cut short, and started over, when ``mark`` changes. The mark is a file the job writes

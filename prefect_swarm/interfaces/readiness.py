@@ -51,15 +51,6 @@ def check_chat(base_url: str, model: str, api_key: str | None = None, timeout_s:
     return ProbeResult(ok, "" if ok else "no choices in response")
 
 
-def check_replica(base_url: str, model: str, health_path: str = "/health", api_key: str | None = None) -> ProbeResult:
-    """Health, then a chat completion."""
-    health = check_health(base_url, health_path, api_key=api_key)
-    if not health.ok:
-        return ProbeResult(False, f"health: {health.detail}")
-    chat = check_chat(base_url, model, api_key)
-    return chat if chat.ok else ProbeResult(False, f"chat: {chat.detail}")
-
-
 def key_refused(base_url: str, api_key: str | None, timeout_s: float = 5.0) -> str | None:
     """One GET of ``/v1/models`` with ``api_key`` (none when None): ``"HTTP 401"``/``"HTTP 403"`` when the
     swarm refuses the key (or its absence), else None. Whether the swarm is up is not this probe's

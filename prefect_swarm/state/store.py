@@ -422,16 +422,6 @@ class StateStore:
         """Every lease ``owner`` holds."""
         return self._select(LeaseRecord, "SELECT * FROM leases WHERE owner = ? ORDER BY created_at", (owner,))
 
-    def heartbeat_lease(self, swarm: str, owner: str, ttl_s: float) -> bool:
-        """Renew a lease for ``ttl_s`` more seconds; False if it is gone."""
-        now = time.time()
-        with self._connect(write=True) as db:
-            cur = db.execute(
-                "UPDATE leases SET heartbeat = ?, expires_at = ? WHERE swarm = ? AND owner = ?",
-                (now, now + ttl_s, swarm, owner),
-            )
-            return cur.rowcount > 0
-
     def release_lease(self, swarm: str, owner: str) -> bool:
         """Drop ``owner``'s lease on ``swarm``; True if there was one."""
         with self._connect(write=True) as db:

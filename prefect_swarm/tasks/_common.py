@@ -92,12 +92,6 @@ def signal_stop(flow_run_id: str) -> None:
         event.set()
 
 
-def live_stop_events() -> int:
-    """How many runs have a stop event now (0 when no flow body is running)."""
-    with _STOP_LOCK:
-        return len(_STOP_EVENTS)
-
-
 def retry_on_type(task: Any, task_run: Any, state: Any) -> bool:
     """``retry_condition_fn``: retry transient failures (by exception type), never bad input, and
     never once the run is stopping (a cancel makes shards fail with JobError; retrying them would
