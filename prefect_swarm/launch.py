@@ -47,7 +47,7 @@ from prefect_swarm.jobs.shard import validate_input
 from prefect_swarm.jobs.sizing import size_for_swarm
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, SwarmPaths, read_json, read_tail
-from prefect_swarm.state import JobRecord, StateStore
+from prefect_swarm.state import JobRecord, StateStore, Submission
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
@@ -204,7 +204,7 @@ def record_job(spec: JobSpec, *, store: StateStore | None = None, flow_run_id: s
             spec=spec.model_dump(mode="json"),
             status=JobStatus.PENDING,
             swarm=spec.swarm,
-            handle={"submissions": list((old.handle or {}).get("submissions", [])) if old else []},
+            handle={"submissions": old.submissions if old else []},
             nshards=spec.shards,
             job_dir=spec.job_dir,
             flow_run_id=flow_run_id or (old.flow_run_id if old else None),
@@ -661,7 +661,7 @@ def shard_summary(spec: JobSpec, shard: int, how: str) -> dict[str, Any]:
     return {**shard_progress(spec, shard), "shard": shard, "how": how}
 
 
-def shard_log(spec: JobSpec, shard: int, lines: int = 20, subs: Sequence[dict[str, Any]] = ()) -> tuple[Path, str]:
+def shard_log(spec: JobSpec, shard: int, lines: int = 20, subs: Sequence[Submission] = ()) -> tuple[Path, str]:
     """Shard ``shard``'s process log and its last ``lines`` lines: the job log in its ledger, else
     the process's stdout+stderr (where a process that died before its ledger opened wrote): in the
     job folder, or where the backend's submission (one of ``subs``) recorded it."""
@@ -673,7 +673,7 @@ def shard_log(spec: JobSpec, shard: int, lines: int = 20, subs: Sequence[dict[st
     return candidates[-1], ""
 
 
-def _recorded_logs(subs: Sequence[dict[str, Any]], shard: int) -> list[Path]:
+def _recorded_logs(subs: Sequence[Submission], shard: int) -> list[Path]:
     """The process log of ``shard`` a submission recorded (a JobHandle's ``meta``: ``shards`` and
     ``logs`` side by side; Slurm keeps each step's under the swarm's ``steps/``), latest first."""
     found = []
@@ -693,7 +693,7 @@ def shard_log_tail(spec: JobSpec, shard: int, lines: int = 20) -> str:
 
 
 def shard_failures(
-    spec: JobSpec, probes: list[dict[str, Any]], subs: Sequence[dict[str, Any]] = (), lines: int = 5
+    spec: JobSpec, probes: list[dict[str, Any]], subs: Sequence[Submission] = (), lines: int = 5
 ) -> list[dict[str, Any]]:
     """Why each unfinished shard of an ended job stopped: how its process ended (the backend's
     probe of the submission that ran it), its log's path and last ``lines`` lines (``subs``: the
@@ -711,12 +711,13 @@ def shard_failures(
 
 
 # ------------------------------------------------------------------------------ status of a job
-def latest_submissions(subs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def latest_submissions(subs: list[Submission]) -> list[Submission]:
     """The submissions that may still matter: for each shard the latest one that ran it (a retry
     supersedes the attempts before it); a script job's latest one. Oldest first."""
     latest: dict[int | None, int] = {}
     for k, sub in enumerate(subs):
-        for shard in sub.get("shards") or [None]:
+        shards: list[int | None] = [*sub.get("shards", [])] or [None]
+        for shard in shards:
             latest[shard] = k
     return [subs[k] for k in sorted(set(latest.values()))]
 
@@ -724,7 +725,7 @@ def latest_submissions(subs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _probe_all(rec: JobRecord, compute: ComputeBackend | None = None) -> list[dict[str, Any]]:
     """The compute backend's view of the job's latest submissions (:func:`latest_submissions`), in
     one batched :meth:`~ComputeBackend.probe_many` (never raises: errors are 'could not tell')."""
-    subs = latest_submissions((rec.handle or {}).get("submissions", []))
+    subs = latest_submissions(rec.submissions)
     if not subs or not rec.swarm:
         return []
     try:
@@ -821,7 +822,7 @@ def job_status(
     progress = job_progress(spec)
     status, committed, manifest = _overall(spec, probes, rec.status)
     verdict = verdict_of(spec, manifest) if committed and manifest else None
-    subs = (rec.handle or {}).get("submissions") or []
+    subs = rec.submissions
     failures = shard_failures(spec, probes, subs) if status is JobStatus.FAILED and not committed else []
     store.update_job(job_id, status=status, progress={k: v for k, v in progress.items() if k != "shards"})
     swarm_rec = store.get_swarm(rec.swarm) if rec.swarm else None
@@ -980,7 +981,7 @@ def cancel_job(
     with the secrets of the block the swarm came from); else it is found from the state database."""
     store = store or StateStore()
     rec = store.require_job(job_id)
-    subs = (rec.handle or {}).get("submissions", [])
+    subs = rec.submissions
     if compute is None and subs and rec.swarm and store.get_swarm(rec.swarm) is not None:
         from prefect_swarm.holding import Holding
 

@@ -169,7 +169,7 @@ def _job_gone(lease: LeaseRecord, store: StateStore, now: float) -> bool:
         return True
     if job.status is JobStatus.PENDING and now - lease.heartbeat < JOB_SUBMIT_GRACE_S:
         return False
-    subs = (job.handle or {}).get("submissions") or []
+    subs = job.submissions
     if not subs:  # never submitted: its submitter died before it could, once the grace is over
         return now - lease.heartbeat >= JOB_SUBMIT_GRACE_S
     if not job.swarm or store.get_swarm(job.swarm) is None:

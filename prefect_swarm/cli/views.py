@@ -42,7 +42,7 @@ def record_view(rec: SwarmRecord) -> dict[str, Any]:
 
 def job_view(rec: JobRecord) -> dict[str, Any]:
     """The stored facts about a job (stable keys), the same whoever submitted it (CLI or flow run)."""
-    subs = (rec.handle or {}).get("submissions", [])
+    subs = rec.submissions
     progress = rec.progress or {}
     return {
         "id": rec.id,

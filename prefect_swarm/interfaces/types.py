@@ -192,7 +192,7 @@ class JobHandle:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> JobHandle:
+    def from_dict(cls, data: Mapping[str, Any]) -> JobHandle:
         """Inverse of :meth:`to_dict`."""
         return cls(id=data["id"], backend=data["backend"], name=data.get("name", ""), meta=dict(data.get("meta", {})))
 

@@ -7,7 +7,17 @@ from prefect_swarm.state.store import (
     LeaseKind,
     LeaseRecord,
     StateStore,
+    Submission,
     SwarmRecord,
 )
 
-__all__ = ["SCHEMA_VERSION", "Claim", "JobRecord", "LeaseKind", "LeaseRecord", "StateStore", "SwarmRecord"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Claim",
+    "JobRecord",
+    "LeaseKind",
+    "LeaseRecord",
+    "StateStore",
+    "Submission",
+    "SwarmRecord",
+]

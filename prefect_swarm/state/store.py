@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypedDict, TypeVar, cast
 
 from prefect_swarm.exceptions import StateError
 from prefect_swarm.interfaces.types import JobStatus, ServingPhase
@@ -174,6 +174,24 @@ class JobRecord:
     job_dir: str | None = None
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
+
+    @property
+    def submissions(self) -> list[Submission]:
+        """Every submission of the job to its compute backend, oldest first (a copy)."""
+        return [cast(Submission, dict(sub)) for sub in (self.handle or {}).get("submissions") or []]
+
+
+class Submission(TypedDict, total=False):
+    """One submission of a job as :class:`JobRecord` stores it: a
+    :class:`~prefect_swarm.interfaces.JobHandle` dict (``id``, ``backend``, ``name``, ``meta``) plus
+    the ``shards`` it runs (empty for a script job) and, from a flow, the ``task_run_id``."""
+
+    id: str
+    backend: str
+    name: str
+    meta: dict[str, Any]
+    shards: list[int]
+    task_run_id: str | None
 
 
 class LeaseKind(enum.StrEnum):
@@ -489,7 +507,7 @@ class StateStore:
             if row is None:
                 raise StateError(f"no job '{job_id}' in {self.path}")
             rec = JobRecord(**_load(row))
-            subs = [*(rec.handle or {}).get("submissions", []), submission]
+            subs = [*rec.submissions, submission]
             rec = replace(rec, handle={"submissions": subs}, status=status, updated_at=time.time())
             db.execute(
                 "UPDATE jobs SET handle = ?, status = ?, updated_at = ? WHERE id = ?",
