@@ -8,7 +8,7 @@
     prefect-swarm job wait ID [--timeout S]
     prefect-swarm job cancel ID
     prefect-swarm job list [-n SWARM] [-o json]
-    prefect-swarm job retry ID [--detach] [--overwrite]   rerun only the error rows, then commit
+    prefect-swarm job retry ID [--detach] [--overwrite] [--up]   rerun only the error rows, then commit
     prefect-swarm job submit-script -n SWARM SCRIPT [ARGS]...
 
 A job succeeds (exit 0, status SUCCEEDED) when every row is in its ledger and the share of
@@ -228,11 +228,17 @@ def retry(
         bool,
         typer.Option("--overwrite", help="Discard the checkpoint and rerun every row (e.g. after an engine change)."),
     ] = False,
+    up: Annotated[
+        bool,
+        typer.Option("--up", help="Bring the job's swarm up again first when it is stopped (it stays up after)."),
+    ] = False,
 ) -> None:
     """Rerun only the rows that ended as errors, then commit the output again.
 
     The swarm is looked up again (its endpoints, model and engine fingerprint as they are now); a
-    swarm whose engine changed since the job ran is refused (exit 2) unless --overwrite starts over."""
+    swarm whose engine changed since the job ran is refused (exit 2) unless --overwrite starts over.
+    A stopped swarm is refused before any row is sent (exit 4, naming `prefect-swarm up -c ...`)
+    unless --up brings it up again. Each row's earlier error reasons are kept in its error."""
     from prefect_swarm.launch import submit_job
 
     rec = StateStore().require_job(job_id)
@@ -240,7 +246,7 @@ def retry(
         raise ConfigError(f"job {job_id} is not a batch job on a swarm; nothing to retry.")
     spec = JobSpec.model_validate(rec.spec)
     submit_job(
-        holding().attach(rec.swarm),
+        _live_swarm(rec.swarm, job_id, up),
         spec,
         detach=True,
         retry_failed=not overwrite,
@@ -249,6 +255,23 @@ def retry(
     )
     if not detach:
         _wait_and_show(job_id)
+
+
+def _live_swarm(name: str, job_id: str, up: bool) -> Any:
+    """The job's swarm, when it is live; stopped: brought up again with ``up`` (:func:`_restored`),
+    else ReadinessError (exit 4) before any row is sent, naming how to bring it up."""
+    from prefect_swarm.exceptions import ReadinessError
+
+    rec = StateStore().require_swarm(name)
+    if holding().live(name) is not None:
+        return holding().attach(name)
+    if up:
+        err_console.print(f"swarm '{name}' is {rec.phase}: bringing it up again for job {job_id}")
+        return _restored(name)
+    raise ReadinessError(
+        f"swarm '{name}' of job {job_id} is {rec.phase}: no row was sent. Bring it up again, then retry: "
+        f"`prefect-swarm up -c {holding().attach(name).paths.config}`, or `prefect-swarm job retry {job_id} --up`."
+    )
 
 
 def _attached(log: list[str]) -> Callable[[Any, list[dict[str, Any]]], None]:

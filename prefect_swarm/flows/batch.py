@@ -61,6 +61,7 @@ def batch_inference(
     sharing: Sharing | None = None,
     max_gpu_hours: MaxGpuHoursArg = None,
     max_cost_usd: MaxCostArg = None,
+    retry_failed: bool = False,
 ) -> dict[str, Any]:
     """Run a batch job on a swarm brought up (or shared) for it, then release the swarm: it is
     stopped when no other run or job holds it.
@@ -89,12 +90,18 @@ def batch_inference(
             the swarm is torn down and the run ends Failed with "budget reached: X of Y"; a rerun
             with a larger budget resumes.
         max_cost_usd: the same in USD (needs a price in the swarm's backend.cost).
+        retry_failed: rerun only the rows the job's ledger holds as errors (a run that ended
+            Failed on failed rows, rerun with the same other parameters): the swarm is brought up
+            again when it is gone, only those rows are sent, the output is committed again and the
+            run is Completed when the verdict passes. Each row's earlier error reasons are kept in
+            its ``error`` (see the failed-rows file). What `prefect-swarm job retry` does.
     """
     started = time.monotonic()
     cfg = resolve_swarm(swarm)
     budget = run_budget(cfg, max_gpu_hours, max_cost_usd)
     reap_quietly()
     spec = job_spec(cfg, job, input, output, shards, max_failed_fraction, concurrency)
+    spec = spec.model_copy(update={"retry_failed": retry_failed})  # the ledger's error rows count as pending
     plan = plan_shards(spec, cfg.name, cfg.run_dir)
     label_run(cfg.name, plan.spec.job_id)  # the flow run's tags; its task runs carry none (see label_run)
     up_at = None

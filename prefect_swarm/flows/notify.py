@@ -36,7 +36,8 @@ def failed_rows_notice(
     create_markdown_artifact(
         key=artifact_key(f"{swarm or 'job'}-{Path(output).stem or job_id}", "failed-rows"),
         markdown=f"# Job `{job_id}`: {failed} of {rows} rows failed\n\nSwarm: `{swarm}`\n\nFailed rows (JSONL: id, "
-        f"error): `{failed_rows}`\n\n`prefect-swarm job retry {job_id}` resends only those rows.",
+        f"error): `{failed_rows}`\n\n`prefect-swarm job retry {job_id}` (or the flow rerun with "
+        "`retry_failed: true`) resends only those rows.",
         description=f"job {job_id}: failed rows",
     )
     return message

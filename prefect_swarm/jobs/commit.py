@@ -354,7 +354,8 @@ class Verdict:
             return f"succeeded: {counts}, within max_failed_fraction {self.max_failed_fraction:g}{where}"
         return (
             f"failed: {counts}, more than max_failed_fraction {self.max_failed_fraction:g}{where}. "
-            "Rerun the failed rows (`prefect-swarm job retry`), or raise max_failed_fraction."
+            "Rerun only the failed rows (`prefect-swarm job retry JOB_ID`, or the batch_inference flow with "
+            "retry_failed=True), or raise max_failed_fraction."
         )
 
 

@@ -80,6 +80,9 @@ class StubOptions:
     """Delay before every answer."""
     error_rate: float = 0.0
     """Share of 500/503 answers."""
+    fail_while: str | None = None
+    """A file: ``error_rate`` applies only while it exists (a test deletes it between two runs, so the
+    rows that failed on the first run are answered on the retry by a stub started with the same flags)."""
     rate_429: float = 0.0
     """Share of 429 answers (with ``Retry-After: retry_after_s``)."""
     timeout_rate: float = 0.0
@@ -374,11 +377,12 @@ class StubProtocol(asyncio.Protocol):
             self.send(429, b'{"error":{"message":"rate limited"}}', extra=f"Retry-After: {opts.retry_after_s:g}\r\n")
             return
         roll -= opts.rate_429
-        if roll < opts.error_rate:
+        error_rate = opts.error_rate if opts.fail_while is None or os.path.exists(opts.fail_while) else 0.0
+        if roll < error_rate:
             stats["5xx"] += 1
-            self.send(500 if roll < opts.error_rate / 2 else 503, b'{"error":{"message":"injected failure"}}')
+            self.send(500 if roll < error_rate / 2 else 503, b'{"error":{"message":"injected failure"}}')
             return
-        roll -= opts.error_rate
+        roll -= error_rate
         body_out = answer(path, req, opts.model)
         if opts.invalid_json_rate and req.get("response_format"):
             bad = self.rng.random()
@@ -538,6 +542,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
     ap.add_argument("--model", "--served-model-name", dest="model", default="stub-model")
     ap.add_argument("--latency-ms", type=float, default=0.0)
     ap.add_argument("--error-rate", type=float, default=0.0, help="share of 500/503 answers")
+    ap.add_argument("--fail-while", default=None, help="a file: --error-rate applies only while it exists")
     ap.add_argument("--rate-429", type=float, default=0.0, help="share of 429 answers")
     ap.add_argument("--timeout-rate", type=float, default=0.0, help="share of requests never answered")
     ap.add_argument("--truncate-rate", type=float, default=0.0, help="share of 200s cut by a dropped connection")
@@ -567,6 +572,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
         model=a.model,
         latency_s=a.latency_ms / 1000,
         error_rate=a.error_rate,
+        fail_while=a.fail_while,
         rate_429=a.rate_429,
         timeout_rate=a.timeout_rate,
         truncate_rate=a.truncate_rate,
