@@ -76,3 +76,11 @@ def test_a_failed_rows_run_is_fixed_from_prefect(prefect_api: PrefectStack, tmp_
             assert row["status"] == "error" and row["error"].endswith(EARLIER_ERRORS + reasons[row["id"]]), row
         else:
             assert row["status"] == "ok" and row["error"] is None, row
+
+
+def test_retry_failed_is_in_the_run_form_with_its_description() -> None:
+    from prefect.utilities.callables import parameter_schema
+
+    field = parameter_schema(batch_inference).model_dump()["properties"]["retry_failed"]
+    assert field["type"] == "boolean" and field["default"] is False
+    assert "only the rows" in field["description"] and "brought up" in field["description"], field
