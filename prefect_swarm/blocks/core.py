@@ -92,6 +92,17 @@ def _human_model_titles(schema: dict[str, Any]) -> None:
             prop.setdefault("title", field_title(field))
 
 
+def _null_first(schema: dict[str, Any]) -> None:
+    """An optional field whose default is None lists ``null`` first among its types: the UI's form
+    opens on the first type, so an optional nested model (``stage``) would open as an empty object
+    whose required fields ("To is required") keep the form from being submitted as it opens."""
+    for definition in (schema, *(schema.get("definitions") or {}).values()):
+        for prop in (definition.get("properties") or {}).values():
+            options = prop.get("anyOf")
+            if options and prop.get("default", ...) is None and {"type": "null"} in options:
+                prop["anyOf"] = [{"type": "null"}, *(o for o in options if o != {"type": "null"})]
+
+
 def _drop_block_slug(cls: type, data: Any) -> Any:
     # Block.model_dump() adds 'block_type_slug' (to pick a union member on load); the config
     # models forbid unknown keys, so drop it before validation.
@@ -129,6 +140,7 @@ class _SwarmBlock(Block, ABC):
         """Prefect's block schema, with human titles on nested config models and their fields."""
         schema = super().model_json_schema(by_alias, ref_template, schema_generator, mode, **kwargs)
         _human_model_titles(schema)
+        _null_first(schema)
         return schema
 
     @classmethod
