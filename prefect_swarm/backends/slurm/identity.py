@@ -62,9 +62,7 @@ def ensure_ray_token(paths: SwarmPaths) -> str:
     return _ensure_secret(paths, paths.ray_token_file, "the swarm's Ray token", secrets.token_hex)
 
 
-def _ensure_secret(
-    paths: SwarmPaths, path: Path, what: str, make: Callable[[int], str] = secrets.token_urlsafe
-) -> str:
+def _ensure_secret(paths: SwarmPaths, path: Path, what: str, make: Callable[[int], str] = secrets.token_urlsafe) -> str:
     """The secret in ``path``, created (random, mode 0600) when there is none yet."""
     secret = _read_secret(path, what)
     if secret:
