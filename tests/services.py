@@ -11,11 +11,13 @@ through the root ``conftest.py``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -149,3 +151,45 @@ def gate(reason: str | None) -> None:
     if os.environ.get("PREFECT_SWARM_REQUIRE_SERVICES") == "1":
         pytest.fail(f"required service missing in CI: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def vllm_server(log: Path, *extra: str, timeout_s: float = 300) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A vLLM OpenAI server (CPU build, the tiny model served as ``tiny``) started outside
+    prefect-swarm, as someone else's server would be: ``(url, process)`` once it answers /health;
+    stopped by its process group on exit. ``extra`` are more server options (``--api-key K``)."""
+    from prefect_swarm.testing import free_port
+
+    port = free_port()
+    argv = [
+        str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model()),
+        "--served-model-name", "tiny", *VLLM_ARGS, "--host", "127.0.0.1", "--port", str(port), *extra,
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, env={**os.environ, **VLLM_ENV}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not _answers(url + "/health"):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        yield url, proc
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+def _answers(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -158,20 +158,7 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
         _as_new_file(failed_tmp)
         if counts["rows"] != ds.num_rows:  # failed.jsonl is then left as it was
             raise JobError(f"commit of {spec.output} produced {counts['rows']} rows for {ds.num_rows} input rows.")
-    manifest = {
-        "job_id": spec.job_id,
-        "output": str(spec.output),
-        "format": spec.output_format,
-        "fingerprint": fp,
-        **counts,
-        "shards": [shard_progress(spec, i, ds) for i in range(spec.shards)],
-        "failed_rows": str(spec.paths.failed_rows),
-        "committed_at": time.time(),
-        "commit_seconds": round(time.time() - t0, 3),
-        "signature": signature,
-    }
-    atomic_write_json(spec.paths.manifest, manifest)
-    return manifest
+    return _write_manifest(spec, ds, fp, signature, t0, counts)
 
 
 def _commit_dataset(
@@ -204,14 +191,22 @@ def _commit_dataset(
                 with open(part) as src:
                     shutil.copyfileobj(src, failed)
         _as_new_file(tmp)
+    counts = {k: current[k] for k in ("rows", "ok", "failed", "prompt_tokens", "completion_tokens", "bytes", "commit")}
+    return _write_manifest(
+        spec, ds, fp, signature, t0, {"layout": dataset_output.LAYOUT, **counts, "files": len(current["files"])}
+    )
+
+
+def _write_manifest(
+    spec: JobSpec, ds: Any, fp: str, signature: dict[str, Any], t0: float, counts: dict[str, Any]
+) -> dict[str, Any]:
+    """The job's manifest (what was committed, from which ledgers, when), written atomically; returned."""
     manifest = {
         "job_id": spec.job_id,
         "output": str(spec.output),
         "format": spec.output_format,
-        "layout": dataset_output.LAYOUT,
         "fingerprint": fp,
-        **{k: current[k] for k in ("rows", "ok", "failed", "prompt_tokens", "completion_tokens", "bytes", "commit")},
-        "files": len(current["files"]),
+        **counts,
         "shards": [shard_progress(spec, i, ds) for i in range(spec.shards)],
         "failed_rows": str(spec.paths.failed_rows),
         "committed_at": time.time(),

@@ -6,10 +6,8 @@ the server exactly once (counted by vLLM's own request counter), a rerun that se
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +16,6 @@ import pyarrow.parquet as pq
 import pytest
 import services
 from external_kit import KEY_ENV, cli, dataset, external_config, files_holding
-
-from prefect_swarm.testing import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -30,37 +26,8 @@ KEY = "sk-vllm-external-5e2a"
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A vLLM server with an API key, started by this test (its own process group, stopped at the end)."""
     services.gate(services.missing_vllm())
-    port = free_port()
-    log = tmp_path_factory.mktemp("vllm-external") / "vllm.log"
-    argv = [
-        str(services.vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(services.tiny_model()),
-        "--served-model-name", "tiny", *services.VLLM_ARGS, "--host", "127.0.0.1", "--port", str(port),
-        "--api-key", KEY,
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv, env={**os.environ, **services.VLLM_ENV}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(1)
-        yield url, proc
-    finally:
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
+    with services.vllm_server(tmp_path_factory.mktemp("vllm-external") / "vllm.log", "--api-key", KEY) as server:
+        yield server
 
 
 def _served(url: str) -> int:

@@ -8,13 +8,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pyarrow.parquet as pq
 import pytest
 import services
 from _jobkit import job_argv, make_dataset, write_spec
-
-from prefect_swarm.testing import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -23,50 +20,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One vLLM server for the module (stopped by its process group)."""
     services.gate(services.missing_vllm())
-    port = free_port()
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    argv = [
-        str(services.vllm_python()),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(services.tiny_model()),
-        "--served-model-name",
-        "tiny",
-        *services.VLLM_ARGS,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv,
-            env={**os.environ, **services.VLLM_ENV},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(1)
+    with services.vllm_server(tmp_path_factory.mktemp("vllm") / "vllm.log", timeout_s=240) as (url, _):
         yield url
-    finally:
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
 
 
 def test_chat_job_2000_rows_4_shards_on_vllm(tmp_path: Path, vllm_url: str) -> None:
