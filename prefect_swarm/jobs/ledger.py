@@ -556,6 +556,9 @@ class ShardLedger:
         parts = self.store.parts()
         self.seq = _seq_of(parts[-1]) + 1 if parts else 0
         first, known = self._load_index() if parts else (0, {})
+        if not set(known) <= {_seq_of(part) for part in parts}:  # parts the index counts are gone: replay all
+            first, known = 0, {}
+            self.seen, self.errors, self.prompt_tokens, self.completion_tokens = DoneRows(self.total), set(), 0, 0
         for part in parts:
             seq = _seq_of(part)
             rows = self._replay(part) if seq >= first else known.get(seq)

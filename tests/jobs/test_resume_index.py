@@ -344,3 +344,16 @@ def test_append_part_writes_what_a_flush_of_the_same_rows_writes(tmp_path: Path)
     index = json.loads((tmp_path / "bulk" / "index.json").read_text())
     assert index["next_part"] == len(parts) - 1
     assert _state(_ledger(tmp_path / "bulk")) == _state(ref)  # the unindexed part replayed on resume
+
+
+def test_an_index_that_counts_a_missing_part_is_not_trusted(tmp_path: Path) -> None:
+    """A part the index counts is gone (deleted by hand, or a kill between a compaction's deletes and
+    its index): the resume replays what is there, so the rows of the lost part are sent again."""
+    led = _ledger(tmp_path)
+    _run_rows(led, [(r, "ok") for r in range(START, START + 100)], every=50)
+    first = sorted(ShardPaths(tmp_path).root.glob("part-*"))[0]
+    lost = set(pq.read_table(first, columns=["_row"]).column("_row").to_pylist())
+    first.unlink()
+    again = _ledger(tmp_path)
+    assert again.n_done == 100 - len(lost)
+    assert set(again.pending(0, again.total).tolist()) >= {r - START for r in lost}
