@@ -206,6 +206,8 @@ def _write_manifest(
         "output": str(spec.output),
         "format": spec.output_format,
         "fingerprint": fp,
+        # where each output row's id came from: the input's id column, else its 0-based row position
+        "ids": f"column {spec.id_column}" if spec.id_column else "row position",
         **counts,
         "shards": [shard_progress(spec, i, ds) for i in range(spec.shards)],
         "failed_rows": str(spec.paths.failed_rows),

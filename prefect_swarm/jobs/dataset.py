@@ -632,8 +632,6 @@ def check_output_location(output: str | Path, dataset: InputDataset, job_dir: st
     if loc.remote:
         return _check_remote_output(loc, dataset)
     out = Path(loc.path)
-    if str(output).endswith(("/", os.sep)):
-        raise ConfigError(f"output {output} names a folder; the output is one file: add a file name.")
     real = out.resolve()
     local_input = dataset.fs is None  # an input on an object store cannot be a local output
     inputs = {dataset.path.resolve(), *(f.path.resolve() for f in dataset.files)} if local_input else set()

@@ -360,7 +360,8 @@ CASES: list[Case] = [
     Case("output-grandparent-is-a-file", lambda t: _output(
         t, t / "f" / "sub" / "o.parquet", _=(t / "f").write_text("x")), ["{tmp}/f/sub/o.parquet", "{tmp}/f is a file"]),
     Case("output-unwritable", _unwritable, ["out.parquet", "cannot be written"]),
-    Case("output-trailing-slash", lambda t: _output(t, f"{t}/results/"), ["{tmp}/results/", "names a folder"]),
+    Case("output-folder-is-a-file", lambda t: _output(t, f"{t}/results/", _=(t / "results").write_text("x")),
+         ["{tmp}/results/ names a folder", "{tmp}/results is a file"]),
     Case("output-is-job-spec", lambda t: _output(t, t / "job" / "spec.json"),
          ["{tmp}/job/spec.json", "job folder's own files"]),
     Case("output-in-ledger", lambda t: _output(t, t / "job" / "shards" / "x.parquet"),

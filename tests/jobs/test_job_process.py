@@ -303,6 +303,8 @@ def test_custom_job_class_and_per_row_sampling(tmp_path: Path, stub) -> None:
     assert [r["review"] for r in rows] == ["good", "bad", "fine"]
     assert rows[0]["label"].startswith("STUB-") and "RATE: GOOD" in rows[0]["label"]
     assert rows[0]["n"] <= 5 and rows[0]["completion_tokens"] == rows[0]["n"]
+    manifest = json.loads(JobPaths(spec.parent).manifest.read_text())
+    assert manifest["ids"] == "row position"  # the output says its ids are the input's row positions
 
 
 def test_openai_batch_jsonl_in_and_out(tmp_path: Path, stub) -> None:
