@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, iso, table
-from prefect_swarm.cli.views import job_view
+from prefect_swarm.cli.views import job_view, prefect_history
 from prefect_swarm.state import StateStore
 from prefect_swarm.tasks.reaper import PrefectUnavailable, check_api
 
@@ -67,11 +67,9 @@ def history_cmd(
     records = [store.require_swarm(name)] if name else store.list_swarms()
     problem: str | None = None
     runs: dict[str, list[dict[str, Any]]] = {}
-    for rec in records:
-        try:
-            runs[rec.name] = runs_for_swarm(rec.name, limit) if problem is None else []
-        except PrefectUnavailable as exc:
-            problem, runs[rec.name] = str(exc), []
+    for rec in records:  # each lookup bounded by PREFECT_SWARM_PREFECT_API_TIMEOUT_S; the first failure ends them
+        found = prefect_history(rec.name, limit) if problem is None else {"runs": [], "error": None}
+        runs[rec.name], problem = found["runs"], problem or found["error"]
     if output is OutputFormat.json:
         emit_json(
             {

@@ -159,7 +159,7 @@ def lookup_abandoned() -> bool:
     return any(t.is_alive() for t in _ABANDONED)
 
 
-def prefect_history(name: str) -> dict[str, Any]:
+def prefect_history(name: str, limit: int = 20) -> dict[str, Any]:
     """Prefect runs of swarm ``name``: ``{available, runs, error}``; never raises, never hangs.
 
     ``available`` is False when the runs could not be read; ``error`` then says why (the Prefect
@@ -171,7 +171,7 @@ def prefect_history(name: str) -> dict[str, Any]:
 
     def call() -> None:
         try:
-            result["runs"] = runs_for_swarm(name)
+            result["runs"] = runs_for_swarm(name, limit)
         except Exception as exc:  # whatever the Prefect client raises: shown as one line
             result["error"] = f"{type(exc).__name__}: {exc}"
 

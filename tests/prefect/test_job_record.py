@@ -56,7 +56,9 @@ def test_cli_and_flow_jobs_share_one_record_shape(prefect_api: PrefectStack, tmp
         assert flow_doc["flow_run_id"] and cli_doc["flow_run_id"] is None
 
         listed = {j["id"]: j for j in _json(run_cli("job", "list", "-n", "shape", "-o", "json", env=env))["jobs"]}
-        history = _json(run_cli("history", "shape", "-o", "json", env=env))
+        slow_api = {**env, "PREFECT_SWARM_PREFECT_API_TIMEOUT_S": "90"}  # a loaded test server answers slowly
+        history = _json(run_cli("history", "shape", "-o", "json", env=slow_api, timeout=150))
+        assert history["prefect_error"] is None, history["prefect_error"]
         in_history = {j["id"]: j for j in history["swarms"][0]["jobs"]}
         assert listed.keys() == in_history.keys() == {flow_id, cli_id}
         for job_id in (flow_id, cli_id):

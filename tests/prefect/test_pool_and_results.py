@@ -29,9 +29,14 @@ def test_pool_template_is_prefects_process_template_plus_swarm_variables() -> No
         "PREFECT_SWARM_RESULT_STORAGE": "{{ result_storage }}",
     }
     variables = ours["variables"]["properties"]
-    assert {k: v for k, v in variables.items() if k not in ("swarm_home", "result_storage")} == default["variables"][
-        "properties"
-    ]
+    theirs = default["variables"]["properties"]
+    ours_left = {k: v for k, v in variables.items() if k not in ("swarm_home", "result_storage", "stream_output")}
+    assert ours_left == {k: v for k, v in theirs.items() if k != "stream_output"}
+    # one change to Prefect's variables: stream_output off by default, so a run outlives its worker
+    assert variables["stream_output"]["default"] is False and theirs["stream_output"]["default"] is True
+    assert {k: v for k, v in variables["stream_output"].items() if k not in ("default", "description")} == {
+        k: v for k, v in theirs["stream_output"].items() if k not in ("default", "description")
+    }
     # no defaults: unset, the worker's own environment applies (a None would unset it)
     assert "default" not in variables["swarm_home"] and "default" not in variables["result_storage"]
 
