@@ -256,6 +256,7 @@ class FakeLepton:
         self.group_shapes = dict(group_shapes) if group_shapes is not None else None
         self.malformed_node_groups = tuple(malformed_node_groups)
         self._name_free_at: dict[str, float] = {}
+        self.job_logs: dict[str, Path] = {}  # job id -> its log: the historical logs outlive the job
         self.volumes: dict[str, Path | None] = (
             {name: None if root is None else Path(root) for name, root in volumes.items()}
             if volumes is not None
@@ -418,6 +419,7 @@ class FakeLepton:
                 r"^GET /imagepullsecrets$",
                 lambda **kw: (200, [{"metadata": {"name": n}, "spec": {}} for n in self.image_pull_secrets]),
             ),
+            (r"^GET /logs$", self._historical_logs),
             (r"^GET /usersecrets$", lambda **kw: (200, [{"name": k} for k in sorted(self.secrets)])),
             (r"^POST /usersecrets$", self._create_secrets),
             (r"^DELETE /usersecrets/([^/]+)$", self._delete_secret),
@@ -450,7 +452,10 @@ class FakeLepton:
         return {**shared, **own}
 
     def _replicas_json(self, name: str, w: _Workload) -> list[dict[str, Any]]:
-        """A workload's replicas; one not scheduled (queued for capacity) has no node."""
+        """A workload's replicas; one not scheduled (queued for capacity) has no node. An archived job
+        has none left: its log is then served only by the historical ``GET /logs``."""
+        if name in self.jobs and self._job_state(w) == "Archived":
+            return []
         rid = f"{name}-replica-0"
         status = {} if w.extra.get("queued") else {"node": {"name": "node-0", "id": "node-0"}}
         return [{"id": rid, "metadata": {"id": rid, "name": rid}, "status": status}]
@@ -844,6 +849,7 @@ class FakeLepton:
         cwd.mkdir(parents=True, exist_ok=True)
         env = {"PATH": str(image / "bin"), "HOME": str(image / "root"), "TMPDIR": str(tmp), **env}
         w.extra["env"] = env
+        self.job_logs[jid] = w.log_path
         w.proc = self._spawn(argv, env, w.log_path, cwd=cwd)
 
     def _spec_problem(self, spec: dict[str, Any]) -> str | None:
@@ -976,6 +982,22 @@ class FakeLepton:
             w.stop()
             w.extra["gone_at"] = time.time() + self.delete_s
         return 200, {}
+
+    def _historical_logs(self, *, query: dict[str, list[str]], **_: Any) -> Reply:
+        """``GET /logs?job=ID&start=NS&end=NS``: a job's log lines between two epoch-ns times, kept after
+        the job is archived and gone. leptonai 0.47.1 api/v2/log.py ``LogAPI.get_log`` sends these
+        parameters (both ``start`` and ``end`` for history, else 400 from the SDK itself) and the
+        answer is Loki's shape, ``data.result[].{stream, values: [[ts_ns, line], ...]}``, as its CLI
+        (cli/log.py) parses it. Times here are the log file's: every line of a job at its mtime."""
+        job = (query.get("job") or [""])[0]
+        path = self.job_logs.get(job)
+        if path is None:
+            return 404, {"code": "not_found", "message": f"no logs of job {job!r}"}
+        start, end = (int((query.get(k) or ["0"])[0]) for k in ("start", "end"))
+        ts = int(path.stat().st_mtime * 1e9) if path.exists() else 0
+        lines = path.read_text(errors="replace").splitlines() if path.exists() and start <= ts <= end else []
+        values = [[str(ts + k), line] for k, line in enumerate(lines)]
+        return 200, {"status": "success", "data": {"result": [{"stream": {"job": job}, "values": values}]}}
 
     def _list_jobs(self, *, query: dict[str, list[str]], **_: Any) -> Reply:
         items = [self._job_json(j) for j in sorted(self.jobs)]

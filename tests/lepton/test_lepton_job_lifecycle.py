@@ -88,3 +88,28 @@ def test_a_job_pending_a_retry_is_not_read_as_failed(lepton_cfg: Make, fake_lept
     assert probe.status is JobStatus.PENDING and "PendingRetry" in probe.detail
     fake_lepton.force_state(jid, None)
     assert compute.wait(job, poll_s=0.1) is JobStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize("fake_lepton", [{"archive_after_s": 1.0}], indirect=True)
+def test_an_archived_jobs_log_comes_from_the_historical_logs(
+    lepton_cfg: Make, fake_lepton: FakeLepton, shared_dir: Path
+) -> None:
+    """Past its TTL a job has no replicas to stream from: its log is read by the historical query
+    (`GET /logs` with start and end), also once the job itself is gone (404)."""
+    cfg = lepton_cfg()
+    compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)
+    code = "print('first line of the shard'); print('last line of the shard')"
+    job = compute.submit(JobRequest(name="talker", command=[compute.job_runtime().python, "-c", code]))
+    assert compute.wait(job, poll_s=0.1) is JobStatus.SUCCEEDED
+    (jid,) = job.meta["jobs"]
+    live = compute.logs(job)
+    assert f"[{jid}] first line of the shard" in live
+    time.sleep(1.2)  # archived: no replicas left to stream from
+    assert "Archived" in compute.probe(job).detail
+    assert compute.logs(job).splitlines()[-2:] == [
+        f"[{jid}] first line of the shard",
+        f"[{jid}] last line of the shard",
+    ]
+    time.sleep(1.0)  # out of the archive: the job is gone (404), its log is not
+    assert "gone" in compute.probe(job).detail and jid not in fake_lepton.jobs
+    assert f"[{jid}] last line of the shard" in compute.logs(job)

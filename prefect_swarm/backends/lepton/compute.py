@@ -208,7 +208,8 @@ class LeptonCompute(ComputeBase):
             )
 
     def logs(self, handle: JobHandle, timeout_s: int = 10) -> str:
-        """The jobs' output so far, each line prefixed with its Lepton job id."""
+        """The jobs' output so far, each line prefixed with its Lepton job id: from each replica's log
+        while the job has replicas, else (archived, or gone past its TTL) from the historical logs."""
         out: list[str] = []
         for jid in _ids(handle):
             replicas = (
@@ -217,19 +218,44 @@ class LeptonCompute(ComputeBase):
                 )
                 or []
             )
-            for rep in replicas:
-                text = (
-                    self.client.call(
-                        f"read log of '{jid}'",
-                        lambda api, j, r: read_log(api.job.get_log(j, r, timeout=timeout_s)),
-                        jid,
-                        rep,
-                        missing_ok=True,
-                    )
-                    or ""
+            texts = [
+                self.client.call(
+                    f"read log of '{jid}'",
+                    lambda api, j, r: read_log(api.job.get_log(j, r, timeout=timeout_s)),
+                    jid,
+                    rep,
+                    missing_ok=True,
                 )
-                out += [f"[{jid}] {line}" for line in text.splitlines()]
+                or ""
+                for rep in replicas
+            ]
+            if not replicas:
+                texts = [self._historical_log(jid, timeout_s)]
+            out += [f"[{jid}] {line}" for text in texts for line in text.splitlines()]
         return "\n".join(out)
+
+    def _historical_log(self, jid: str, timeout_s: int) -> str:
+        """An archived job's log from ``GET /logs`` (leptonai's ``LogAPI.get_log`` with both ``start``
+        and ``end``: the historical query), its first HISTORY_LINES lines of the last HISTORY_DAYS days."""
+        end = time.time_ns()
+        start = end - HISTORY_DAYS * 86_400 * 10**9
+        answer = self.client.call(
+            f"read the historical log of '{jid}'",
+            lambda api, j: api.log.get_log(
+                name_or_job=j,
+                start=str(start),
+                end=str(end),
+                limit=HISTORY_LINES,
+                direction="forward",
+                job_query_mode="alive_and_archive",
+                timeout=timeout_s,
+            ),
+            jid,
+            missing_ok=True,
+        )
+        result = ((answer or {}).get("data") or {}).get("result") or []
+        values = sorted((int(v[0]), str(v[1])) for stream in result for v in stream.get("values") or [])
+        return "\n".join(line for _, line in values)
 
     def check_shared_storage(self, timeout_s: float) -> None:
         """Prove the storage is shared and the job image usable before any GPU is asked for: this
@@ -454,6 +480,13 @@ def _spec_path(command: Sequence[str]) -> str | None:
         if flag == "--spec":
             return value
     return None
+
+
+HISTORY_DAYS = 7
+"""How far back an archived job's log is looked for."""
+
+HISTORY_LINES = 5000
+"""Most lines of an archived job's log read (the first ones; the SDK's default limit)."""
 
 
 def _ids(handle: JobHandle) -> list[str]:
