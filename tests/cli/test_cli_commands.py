@@ -115,14 +115,14 @@ def test_status_json_is_stable_without_a_handle() -> None:
     assert doc["prefect"] == {"available": False, "runs": [], "error": None}
 
 
-def _history_module(monkeypatch: pytest.MonkeyPatch, fn: Callable[[str], Any]) -> None:
+def _history_module(monkeypatch: pytest.MonkeyPatch, fn: Callable[..., Any]) -> None:
     mod = types.ModuleType("prefect_swarm.cli.history")
     mod.runs_for_swarm = fn  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "prefect_swarm.cli.history", mod)
 
 
 def test_prefect_history_unreachable_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    def boom(name: str) -> Any:
+    def boom(name: str, limit: int = 20) -> Any:
         raise ConnectionError("connection refused on 127.0.0.1:4200")
 
     _history_module(monkeypatch, boom)
@@ -136,7 +136,9 @@ def test_prefect_history_unreachable_is_one_line(monkeypatch: pytest.MonkeyPatch
 
 
 def test_prefect_history_runs_are_shown(monkeypatch: pytest.MonkeyPatch) -> None:
-    _history_module(monkeypatch, lambda name: [{"name": f"run-of-{name}", "state": "COMPLETED", "id": "r1"}])
+    _history_module(
+        monkeypatch, lambda name, limit=20: [{"name": f"run-of-{name}", "state": "COMPLETED", "id": "r1"}]
+    )
     _record("hist2", phase="PENDING")
     doc = json.loads(invoke("status", "hist2", "-o", "json").stdout)
     assert doc["prefect"] == {
