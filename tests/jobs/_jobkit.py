@@ -140,3 +140,23 @@ class ConnectionCounter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def open_ledger(root: Path, start: int, end: int, *, retry_failed: bool = False) -> Any:
+    """Shard 0 of 1's ledger over rows ``[start, end)`` in ``root``, opened (fingerprint "fp", one
+    string output ``text``): the ledger alone, without a job process."""
+    from prefect_swarm.jobs.ledger import ShardLedger
+    from prefect_swarm.paths import ShardPaths
+
+    led = ShardLedger(
+        ShardPaths(root),
+        shard=0,
+        nshards=1,
+        start=start,
+        end=end,
+        fingerprint="fp",
+        details={},
+        outputs={"text": pa.string()},
+    )
+    led.open(retry_failed=retry_failed)
+    return led

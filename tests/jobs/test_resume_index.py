@@ -10,10 +10,9 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _jobkit import make_dataset, write_spec
+from _jobkit import make_dataset, open_ledger, write_spec
 
 from prefect_swarm.exceptions import DatasetError
 from prefect_swarm.jobs import dataset as dataset_mod
@@ -29,17 +28,7 @@ START, END = 1000, 1600
 
 
 def _ledger(root: Path, *, retry_failed: bool = False, start: int = START, end: int = END) -> ShardLedger:
-    led = ShardLedger(
-        ShardPaths(root),
-        shard=0,
-        nshards=1,
-        start=start,
-        end=end,
-        fingerprint="fp",
-        details={},
-        outputs={"text": pa.string()},
-    )
-    led.open(retry_failed=retry_failed)
+    led: ShardLedger = open_ledger(root, start, end, retry_failed=retry_failed)
     return led
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow as pa
+from _jobkit import open_ledger
 
 from prefect_swarm.jobs.ledger import EARLIER_ERRORS, RowResult, ShardLedger, latest_positions, read_ledger
 from prefect_swarm.paths import ShardPaths
@@ -14,17 +14,7 @@ START, END = 0, 50
 
 
 def _ledger(root: Path, retry_failed: bool = False) -> ShardLedger:
-    led = ShardLedger(
-        ShardPaths(root),
-        shard=0,
-        nshards=1,
-        start=START,
-        end=END,
-        fingerprint="fp",
-        details={},
-        outputs={"text": pa.string()},
-    )
-    led.open(retry_failed=retry_failed)
+    led: ShardLedger = open_ledger(root, START, END, retry_failed=retry_failed)
     return led
 
 
