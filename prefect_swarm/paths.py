@@ -456,6 +456,19 @@ class JobPaths(Folder):
         """Bucket folders left by a commit that was killed mid-merge."""
         return sorted(self.root.glob(self.COMMIT_TMP_PREFIX + "*"))
 
+    def own_files(self) -> list[Path]:
+        """The job's own files at its top level (spec, manifest, failed rows, validation, input index,
+        commit lock, launch record): what no output may be."""
+        return [
+            self.spec,
+            self.manifest,
+            self.failed_rows,
+            self.validated,
+            self.input_index,
+            self.commit_lock,
+            self.launch,
+        ]
+
     def shards_root(self) -> Path:
         """Folder holding every shard's ledger."""
         return self.root / "shards"

@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from prefect_swarm.exceptions import ConfigError, DatasetError
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.spec import JobSpec, is_jsonl
-from prefect_swarm.paths import PROBE_PREFIX, atomic_write_json, read_json
+from prefect_swarm.paths import PROBE_PREFIX, JobPaths, atomic_write_json, read_json
 
 _BATCH_COLUMNS = ("custom_id", "method", "url", "body")
 _BATCH_SCHEMA = pa.schema([(c, pa.string()) for c in _BATCH_COLUMNS])
@@ -686,11 +686,9 @@ def _check_remote_output(out: storage.Location, dataset: InputDataset) -> Path:
     return Path(out.path)
 
 
-_JOB_FILES = ("spec.json", "manifest.json", "failed.jsonl", "validated.json", "commit.lock", "launch.json")
-
-
 def _refuse_job_file(real: Path, job_dir: Path) -> None:
-    if (real.parent == job_dir and real.name in _JOB_FILES) or real.is_relative_to(job_dir / "shards"):
+    paths = JobPaths(job_dir)
+    if real in paths.own_files() or real.is_relative_to(paths.shards_root()):
         raise ConfigError(
             f"output {real} is one of the job folder's own files ({job_dir}). Choose an output path "
             "outside the job's ledger."

@@ -364,6 +364,8 @@ CASES: list[Case] = [
          ["{tmp}/results/ names a folder", "{tmp}/results is a file"]),
     Case("output-is-job-spec", lambda t: _output(t, t / "job" / "spec.json"),
          ["{tmp}/job/spec.json", "job folder's own files"]),
+    Case("output-is-job-input-index", lambda t: _output(t, t / "job" / "input.json"),
+         ["{tmp}/job/input.json", "job folder's own files"]),
     Case("output-in-ledger", lambda t: _output(t, t / "job" / "shards" / "x.parquet"),
          ["{tmp}/job/shards/x.parquet", "job folder's own files"]),
     # ---- the spec itself
