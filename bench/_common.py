@@ -18,18 +18,21 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVER_CPU, CLIENT_CPU = 0, 1
 
 
-def dataset(path: Path, n: int, chunk: int = 200_000) -> Path:
-    """``n`` rows of (id, prompt), written in chunks so generating 2M rows stays small in memory."""
+def dataset(path: Path, n: int, chunk: int = 1_000_000, row_group: int = 50_000) -> Path:
+    """``n`` rows of (id ``r00000012``, prompt ``question 00000012 about a topic``), built with arrow
+    kernels in chunks (16M rows in seconds, memory bounded by ``chunk``)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
     if path.exists() and pq.read_metadata(path).num_rows == n:
         return path
     schema = pa.schema([("id", pa.string()), ("prompt", pa.string())])
     with pq.ParquetWriter(path, schema) as w:
         for lo in range(0, n, chunk):
-            ids = [f"r{i:08d}" for i in range(lo, min(n, lo + chunk))]
-            w.write_table(
-                pa.table({"id": ids, "prompt": [f"question {i[1:]} about a topic" for i in ids]}, schema=schema),
-                row_group_size=50_000,
-            )
+            num = pc.utf8_lpad(pa.array(np.arange(lo, min(n, lo + chunk))).cast(pa.string()), 8, "0")
+            ids = pc.binary_join_element_wise("r", num, "")
+            prompts = pc.binary_join_element_wise("question ", num, " about a topic", "")
+            w.write_table(pa.table({"id": ids, "prompt": prompts}, schema=schema), row_group_size=row_group)
     return path
 
 

@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from _common import ROOT, job_argv, spec_file
+from _common import ROOT, dataset, job_argv, spec_file
 
 from prefect_swarm.jobs.api import load_job
 from prefect_swarm.jobs.dataset import open_input
@@ -72,20 +72,6 @@ COMMIT = HWM + (
 SHARD = (
     HWM + "; import sys, runpy; sys.argv[0] = 'run'; runpy.run_module('prefect_swarm.jobs.run', run_name='__main__')"
 )
-
-
-def dataset(path: Path, n: int, chunk: int = 1_000_000) -> Path:
-    """``n`` rows of (id, prompt), built with arrow kernels (16M rows in seconds)."""
-    if path.exists() and pq.read_metadata(path).num_rows == n:
-        return path
-    schema = pa.schema([("id", pa.string()), ("prompt", pa.string())])
-    with pq.ParquetWriter(path, schema) as w:
-        for lo in range(0, n, chunk):
-            num = pa.array(np.arange(lo, min(n, lo + chunk))).cast(pa.string())
-            ids = pc.binary_join_element_wise("r", num, "")
-            prompts = pc.binary_join_element_wise("question ", num, " about a topic", "")
-            w.write_table(pa.table({"id": ids, "prompt": prompts}, schema=schema), row_group_size=100_000)
-    return path
 
 
 def hwm_env(tmp: Path) -> dict[str, str]:
@@ -186,7 +172,7 @@ def open_to_first_item(spec: JobSpec) -> float:
 
 
 def one(tmp: Path, n: int, stub: StubEngine) -> dict[str, Any]:
-    src = dataset(tmp / f"in-{n}.parquet", n)
+    src = dataset(tmp / f"in-{n}.parquet", n, row_group=100_000)
     job_dir = tmp / f"job-{n}"
     shutil.rmtree(job_dir, ignore_errors=True)
     spec_path = spec_file(job_dir, src, stub.url, auto_commit=False, checkpoint_every=20_000)
