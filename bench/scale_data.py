@@ -227,6 +227,8 @@ def main() -> None:
     ap.add_argument("--tmp", default=None, help="where the inputs and ledgers go (default: a temp folder)")
     a = ap.parse_args()
     sizes = [int(x) for x in a.sizes.split(",")]
+    if min(sizes) * 9 // 10 <= PART_ROWS:  # the 90 % ledger needs an indexed part before its last one
+        ap.error(f"--sizes: each size must be above {PART_ROWS * 10 // 9 + 1} rows (90 % of it in two parts or more)")
     res: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(dir=a.tmp) as d, StubEngine(free_port(), latency_ms=0) as stub:
         for n in sizes:
