@@ -47,7 +47,7 @@ from prefect_swarm.exceptions import JobError
 from prefect_swarm.jobs import output as dataset_output
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.api import load_job
-from prefect_swarm.jobs.dataset import InputDataset, shard_range
+from prefect_swarm.jobs.dataset import InputDataset, open_input, shard_range
 from prefect_swarm.jobs.fingerprint import hash_details, job_fingerprint
 from prefect_swarm.jobs.ledger import RAW_COLUMN, Part, latest_positions, part_size, part_source, shard_store
 from prefect_swarm.jobs.plan import pending_shards, shard_progress
@@ -133,7 +133,7 @@ def _bucket_rows(value: int | None) -> int:
 
 def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int) -> dict[str, Any]:
     t0 = time.time()
-    ds = InputDataset(spec.input)
+    ds = open_input(spec)
     job = load_job(spec.job, spec.job_kwargs)
     outputs = [c for c in job.outputs if spec.output_columns is None or c in spec.output_columns]
     keep = spec.input_columns if spec.input_columns is not None else ds.schema.names
@@ -171,7 +171,7 @@ def _commit_dataset(
     tokens = [shard_token(spec, i, fp) for i in range(spec.shards)]
     commit_id = hash_details({"shards": tokens, "fingerprint": fp})[:12]
     out = storage.parse(spec.output, "output")
-    ds = InputDataset(spec.input)
+    ds = open_input(spec)
     with storage.refusing(out, "output", "write", error=JobError, after=_KEPT):
         current = dataset_output.read_manifest(out)
         if force or not (current and current.get("commit") == commit_id and dataset_output.published(out)):
@@ -198,7 +198,7 @@ def _commit_dataset(
 
 
 def _write_manifest(
-    spec: JobSpec, ds: Any, fp: str, signature: dict[str, Any], t0: float, counts: dict[str, Any]
+    spec: JobSpec, ds: InputDataset, fp: str, signature: dict[str, Any], t0: float, counts: dict[str, Any]
 ) -> dict[str, Any]:
     """The job's manifest (what was committed, from which ledgers, when), written atomically; returned."""
     manifest = {
@@ -242,7 +242,7 @@ def write_shard_output(spec: JobSpec, i: int) -> dict[str, Any] | None:
     if not dataset_output.is_dataset(spec.output):
         return None
     spec = spec.model_copy(update={"retry_failed": False})
-    ds = InputDataset(spec.input)
+    ds = open_input(spec)
     return _shard_output(spec, ds, i, shard_token(spec, i, job_fingerprint(spec, ds)), _bucket_rows(None))
 
 
