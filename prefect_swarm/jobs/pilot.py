@@ -13,7 +13,8 @@
   touched; the folder is removed afterwards;
 - rows/s = rows answered / (last progress write - first shard start), from the shards' progress files.
 
-The whole input's row count comes from cheap metadata (parquet footers; a JSONL file is counted line
+The whole input's row count comes from cheap metadata (:func:`~prefect_swarm.jobs.dataset.open_input`:
+what is kept with the job when it has a job folder, else parquet footers; a JSONL file is counted line
 by line, as every job does at submit). :func:`~prefect_swarm.config.cost.projection` turns the rate into
 wall time, GPU-hours and USD, for the swarm as it runs or for another replica count (linear scaling).
 """
@@ -34,7 +35,7 @@ from prefect_swarm.config import SwarmConfig
 from prefect_swarm.config.cost import projection
 from prefect_swarm.exceptions import ConfigError, JobError
 from prefect_swarm.interfaces.jobenv import LOG_LEVEL
-from prefect_swarm.jobs.dataset import InputDataset
+from prefect_swarm.jobs.dataset import InputDataset, open_input
 from prefect_swarm.jobs.sizing import swarm_inflight
 from prefect_swarm.jobs.spec import JobSpec, is_jsonl
 
@@ -66,7 +67,7 @@ def pilot_input(ds: InputDataset, k: int, folder: Path) -> Path:
 def pilot_spec(spec: JobSpec, k: int, folder: Path) -> tuple[JobSpec, int]:
     """``spec`` on the first ``k`` rows, in ``folder`` (its own job dir and output, no auto commit);
     returns it with the whole input's row count. The caller aims it at the swarm and saves it."""
-    ds = InputDataset(spec.input)  # parquet: the footers only
+    ds = open_input(spec)  # the metadata kept with the job when it has one; else the footers only
     k = min(k, ds.num_rows)
     data = pilot_input(ds, k, folder)
     out = folder / ("pilot-output.jsonl" if is_jsonl(str(data)) else "pilot-output.parquet")

@@ -46,7 +46,8 @@ def auto_shards(cfg: SwarmConfig, rows: int | None = None) -> int:
 def size_for_swarm(spec: JobSpec, cfg: SwarmConfig) -> JobSpec:
     """``spec`` with what the swarm decides filled in: the replicas' capacity, the swarm's replica list,
     and the shard count unless it was set (the input's row count is read only when more than one
-    process is in question)."""
+    process is in question, through :func:`~prefect_swarm.jobs.dataset.open_input`: from the metadata
+    kept with the job when it has a job folder, no footer read)."""
     update: dict[str, object] = {
         "replica_capacity": cfg.engine.batch_capacity(),
         "replicas_file": str(SwarmPaths.of(cfg.name, cfg.run_dir).metrics_targets),
@@ -54,9 +55,9 @@ def size_for_swarm(spec: JobSpec, cfg: SwarmConfig) -> JobSpec:
     if "shards" not in spec.model_fields_set:
         shards = auto_shards(cfg)
         if shards > 1:
-            from prefect_swarm.jobs.dataset import InputDataset
+            from prefect_swarm.jobs.dataset import open_input
 
-            shards = auto_shards(cfg, InputDataset(spec.input).num_rows)
+            shards = auto_shards(cfg, open_input(spec).num_rows)
         update["shards"] = shards
     if isinstance(cfg.backend, ExternalConfig):
         update.update(external_limits(spec, cfg.backend, int(update.get("shards", spec.shards))))  # type: ignore[call-overload]

@@ -221,6 +221,34 @@ def test_status_polls_read_no_input_footer(tmp_path: Path, monkeypatch) -> None:
     assert open_input(spec).num_rows == 320 and json.loads(spec.paths.input_index.read_text())["num_rows"] == 320
 
 
+def test_sizing_and_the_pilot_take_the_kept_metadata(tmp_path: Path, monkeypatch) -> None:
+    from prefect_swarm.config import SwarmConfig
+    from prefect_swarm.jobs.pilot import pilot_spec
+    from prefect_swarm.jobs.sizing import auto_shards, size_for_swarm
+    from prefect_swarm.testing.stub_engine import stub_swarm_config
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for k in range(6):
+        make_dataset(folder / f"f{k}.parquet", 1000, row_group=250, ids=[f"f{k}-{i}" for i in range(1000)])
+    spec = JobSpec.load(write_spec(tmp_path, input=str(folder)))  # shards left to the swarm
+    open_input(spec)  # the job's one read of the footers
+    cfg = SwarmConfig.model_validate(stub_swarm_config("sized", replicas=2, engine={"capacity": 4096}))
+    assert auto_shards(cfg) == 3 and auto_shards(cfg, 2_500) == 2  # the row count matters here
+    reads = _count_footer_reads(monkeypatch)
+    assert size_for_swarm(spec, cfg).shards == 3
+    assert reads == []
+    no_job = spec.model_copy(update={"input": str(folder / "f0.parquet"), "job_dir": None})
+    assert size_for_swarm(no_job, cfg).shards == 1  # no job folder yet: its footers are read
+    assert [Path(r).name for r in reads] == ["f0.parquet"]
+    reads.clear()
+    (tmp_path / "pilot").mkdir()
+    pilot, total = pilot_spec(spec, 300, tmp_path / "pilot")
+    assert total == 6000 and pq.read_metadata(pilot.input).num_rows == 300
+    # only the rows it copies (the first file) and the copy it checks; no footer of f1..f5
+    assert [Path(r).name for r in reads] == ["f0.parquet", "pilot-input.parquet"]
+
+
 def test_a_jsonl_input_is_indexed_once_and_each_shard_seeks_to_its_rows(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(dataset_mod, "JSONL_OFFSET_EVERY", 10)
     path = tmp_path / "in.jsonl"
