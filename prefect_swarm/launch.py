@@ -39,6 +39,7 @@ from prefect_swarm.interfaces import ComputeBackend, JobEnv, JobHandle, JobProbe
 from prefect_swarm.interfaces.jobenv import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE
 from prefect_swarm.interfaces.types import ServingPhase
 from prefect_swarm.jobs import storage
+from prefect_swarm.jobs.cache import cache_fields
 from prefect_swarm.jobs.commit import Verdict, commit_output, manifest_current, manifest_verdict
 from prefect_swarm.jobs.fingerprint import job_fingerprint
 from prefect_swarm.jobs.ledger import discard_ledger
@@ -134,7 +135,8 @@ def locate_job(spec: JobSpec, swarm_name: str | None = None, *, run_dir: str | N
     job_dir = spec.job_dir or str(
         SwarmPaths.of(swarm_name, run_dir).job_dir(job_id) if swarm_name else JobPaths.standalone(job_id).root
     )
-    return spec.model_copy(update={"job_id": job_id, "job_dir": job_dir, "swarm": swarm_name})
+    update = {"job_id": job_id, "job_dir": job_dir, "swarm": swarm_name, **cache_fields(spec)}
+    return spec.model_copy(update=update)
 
 
 def prepare_job(

@@ -19,6 +19,8 @@
     targets.json                 Prometheus file_sd list of the replicas' /metrics (local, Slurm)
     jobs/<job_id>/               JobPaths
 <home>/jobs/<job_id>/            JobPaths.standalone (a job against no recorded swarm)
+<home>/pipelines/<pipeline_id>/  PipelinePaths (a pipeline's stages: stage-<i>-<name>.parquet, .input.parquet, *.from.json)
+<home>/cache/responses.db        the response cache across jobs (SQLite; PREFECT_SWARM_CACHE_DIR moves the folder)
 <job_dir>/                       JobPaths (also used for ledgers outside a swarm folder)
     spec.json  manifest.json  failed.jsonl  validated.json  input.json  commit.lock
     launch.json  logs/shard-<i>.log  logs/shard-<i>.exit.json   (local compute backend)
@@ -157,6 +159,48 @@ def read_text(path: Path) -> str | None:
         return path.read_text().strip() or None
     except OSError:
         return None
+
+
+NETWORK_FS = frozenset(
+    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "afs", "9p"}
+    | {"pvfs2", "orangefs", "panfs", "wekafs", "ocfs2", "gfs2", "vboxsf", "virtiofs"}
+)
+"""Filesystem types (``/proc/mounts``) on which SQLite's WAL mode is unsafe; ``fuse.*`` too (the state
+database and the response cache pick their journal with :func:`journal_for`)."""
+MOUNTS = Path("/proc/mounts")
+
+
+def filesystem_type(path: Path, mounts: Path = MOUNTS) -> str | None:
+    """The type of the filesystem holding ``path`` (the longest mount point above it in ``mounts``);
+    None when the table cannot be read."""
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return None
+    target, best, found = str(path.resolve()), -1, None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > best:
+            best, found = len(point), fields[2]
+    return found
+
+
+def journal_for(folder: Path, setting: str = "auto", mounts: Path = MOUNTS) -> str:
+    """The journal mode for a database in ``folder``: ``setting`` unless 'auto'; then 'delete' (a
+    rollback journal) on a network filesystem, 'wal' elsewhere."""
+    if setting != "auto":
+        return setting
+    fs = filesystem_type(folder, mounts) or ""
+    return "delete" if fs in NETWORK_FS or fs == "fuse" or fs.startswith("fuse.") else "wal"
+
+
+def cache_db(folder: Path) -> Path:
+    """The response cache's SQLite database in ``folder`` (see :mod:`prefect_swarm.jobs.cache`)."""
+    return folder / "responses.db"
 
 
 def home_dir() -> Path:
@@ -494,3 +538,25 @@ class JobPaths(Folder):
     def standalone(cls, job_id: str, base: Path | None = None) -> JobPaths:
         """Folder of job ``job_id`` when it belongs to no swarm: ``<home>/jobs/<job_id>``."""
         return cls((base or home_dir()) / "jobs" / job_id)
+
+
+class PipelinePaths(Folder):
+    """Files of one pipeline (``prefect_swarm.flows.pipeline``): each stage's committed output and the
+    input handed to it (with the stamp of what that input was made from)."""
+
+    @classmethod
+    def for_pipeline(cls, pipeline_id: str, base: Path | None = None) -> PipelinePaths:
+        """Folder of pipeline ``pipeline_id``: ``<home>/pipelines/<pipeline_id>``."""
+        return cls((base or home_dir()) / "pipelines" / pipeline_id)
+
+    def stage_output(self, i: int, name: str) -> Path:
+        """What stage ``i`` (from 1) named ``name`` committed: its job's output."""
+        return self.root / f"stage-{i}-{name}.parquet"
+
+    def stage_input(self, i: int, name: str) -> Path:
+        """The input handed to stage ``i`` by the stage before it (stage 1 reads the pipeline's input)."""
+        return self.root / f"stage-{i}-{name}.input.parquet"
+
+    def stamp(self, handed: str | Path) -> Path:
+        """What the hand-over written to ``handed`` was made from (its source file's identity, the filter)."""
+        return self.root / f"{Path(str(handed).rstrip('/')).name}.from.json"

@@ -37,11 +37,41 @@ class Settings(BaseSettings):
     prefect_api_timeout_s: float = Field(
         default=5.0, gt=0, description="Timeout for Prefect API calls made to show run history."
     )
+    progress_every_s: float = Field(
+        default=3.0,
+        gt=0,
+        description="Seconds between two updates of a flow run's job progress artifact (each reads the "
+        "shards' small progress files, never the input) and two looks at a swarm's readiness while a "
+        "run waits for it (a line is logged when a replica's health changes).",
+    )
     result_storage: str | None = Field(
         default=None,
         description="Where flows persist their results: a saved Prefect filesystem block's slug "
         "('local-file-system/NAME', 's3-bucket/NAME'...); default: HOME/prefect-results.",
     )
+
+    cache: bool = Field(
+        default=False,
+        description="Use the response cache across jobs by default: a job's answers are kept (keyed on the "
+        "swarm's engine fingerprint and the exact request) and a later identical request is answered from it "
+        "without being sent. A job's own cache option (--cache / --no-cache, JobSpec.cache) wins.",
+    )
+    cache_dir: Path | None = Field(
+        default=None,
+        description="Folder of the response cache (one SQLite database, responses.db); default HOME/cache. "
+        "The job processes open it: it must be a path they reach (on Slurm, a shared filesystem).",
+    )
+    cache_max_gb: float = Field(
+        default=20.0,
+        gt=0,
+        description="Size bound of the response cache in GB (10^9 bytes): past it the answers used least "
+        "recently are dropped.",
+    )
+
+    @property
+    def cache_folder(self) -> Path:
+        """The response cache's folder, with ``~`` expanded."""
+        return (self.cache_dir or self.home / "cache").expanduser()
 
     @property
     def home_dir(self) -> Path:

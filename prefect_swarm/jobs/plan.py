@@ -69,8 +69,13 @@ def shard_progress(spec: JobSpec, i: int, rows: int | InputDataset | None = None
     }
 
 
+REUSE_COUNTS = ("requests", "cache_hits", "deduplicated")
+"""Counts of the shards' last runs summed in :func:`job_progress`: requests sent, rows answered from the
+response cache, rows answered by an identical row's request."""
+
+
 def job_progress(spec: JobSpec) -> dict[str, Any]:
-    """Every shard's progress and the sums (done, failed, total, tokens, rate)."""
+    """Every shard's progress and the sums (done, failed, total, tokens, rate, and :data:`REUSE_COUNTS`)."""
     progress = [recorded_progress(spec, i) for i in range(spec.shards)]
     rows = input_rows(spec) if not all(progress) else None  # a shard never run: its row range
     shards = [p or shard_progress(spec, i, rows) for i, p in enumerate(progress)]
@@ -78,6 +83,8 @@ def job_progress(spec: JobSpec) -> dict[str, Any]:
         k: sum(int(s.get(k) or 0) for s in shards)
         for k in ("done", "failed", "total", "prompt_tokens", "completion_tokens")
     }
+    for k in REUSE_COUNTS:  # this run's: the requests sent, the rows answered without one (jobs.cache)
+        total[k] = sum(int(s.get(k) or 0) for s in shards)
     total["rate_rows_s"] = round(
         sum(float(s.get("rate_rows_s") or 0) for s in shards if s.get("state") == "running"), 2
     )

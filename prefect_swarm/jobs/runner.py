@@ -483,7 +483,7 @@ class Runner:
         self._all_done = asyncio.Event()
         self._exhausted = False
         self._session: aiohttp.ClientSession
-        self._items: Iterator[Item]
+        self._items: Iterator[Item | RowResult]
 
     def request_stop(self, reason: str | None = None) -> None:
         """Stop issuing requests (signal handlers call this); ``reason``: why, when not a signal (the first kept)."""
@@ -492,8 +492,9 @@ class Runner:
         self.stopped = True
         self.stop.set()
 
-    async def run(self, items: Iterator[Item]) -> bool:
-        """Send every item; return True when all were sent, False when stopped first.
+    async def run(self, items: Iterator[Item | RowResult]) -> bool:
+        """Send every item; return True when all were sent, False when stopped first. A RowResult among
+        the items is a row answered without a request (see :mod:`prefect_swarm.jobs.cache`): reported as it is.
 
         Raises what ``items`` raised, once the requests already in flight have been reported.
         """
@@ -577,6 +578,10 @@ class Runner:
             if item is None:
                 self._exhausted = True
                 return
+            if isinstance(item, RowResult):  # answered without a request (an identical row's answer, the cache)
+                on_result(item)
+                await asyncio.sleep(0)  # a run of such rows leaves the loop to signals, ticks and answers
+                continue
             if limit is not None:
                 await limit.acquire()
             result = await self._send(session, item)

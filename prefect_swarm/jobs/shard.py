@@ -15,6 +15,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +26,7 @@ from prefect_swarm.interfaces.jobenv import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, 
 from prefect_swarm.interfaces.readiness import key_refused
 from prefect_swarm.jobs import fastjson, storage
 from prefect_swarm.jobs.api import SwarmJob, check_reserved, load_job
+from prefect_swarm.jobs.cache import Reuse
 from prefect_swarm.jobs.dataset import InputDataset, check_output_location, open_input, shard_range
 from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details, job_fingerprint
 from prefect_swarm.jobs.ledger import STATUS_OK, RowResult, ShardLedger, ShardLock, shard_store
@@ -160,6 +162,8 @@ class ShardRun:
         self.metrics = metrics or ShardMetrics(spec.job_id or spec.paths.root.name, shard_id)
         self.metrics.ledger = self.ledger
         self._own_metrics = metrics is None
+        self.reuse: Reuse | None = None
+        """Identical requests sent once, and the response cache (:mod:`prefect_swarm.jobs.cache`); None: off."""
 
     def run(self, *, overwrite: bool = False) -> int:
         """Run the shard; return the exit code (0 done, 75 stopped resumable: see :meth:`_stop_resumable`).
@@ -212,16 +216,19 @@ class ShardRun:
             target.model,
         )
         self.ledger.write_progress("running")
+        self.reuse = Reuse.of(self.spec, self.job, self.ledger.keep_raw)
         try:
             with fewer_gc_pauses():
                 finished = asyncio.run(self._run_async(target))
         except BaseException:
-            if self.runner:
-                self.ledger.requests = self.runner.requests
+            self._count_requests()
             with contextlib.suppress(Exception):  # what was answered reaches the disk before the error propagates
                 self.ledger.flush("failed")
             raise
-        self.ledger.requests = self.runner.requests if self.runner else 0
+        finally:
+            if self.reuse is not None:
+                self.reuse.close()  # the answers not yet in the response cache
+        self._count_requests()
         if not finished:
             return self._stop_resumable()
         return self._finish()
@@ -300,7 +307,7 @@ class ShardRun:
             connect_timeout_s=spec.connect_timeout_s,
             adaptive=spec.adaptive_concurrency,
             drain_seconds=spec.drain_seconds,
-            keep_raw=self.ledger.keep_raw,
+            keep_raw=self.ledger.keep_raw or (self.reuse is not None and self.reuse.wants_raw),
             outage_timeout_s=spec.outage_timeout_s,
             requests_per_minute=spec.requests_per_minute,
             tokens_per_minute=spec.tokens_per_minute,
@@ -340,6 +347,10 @@ class ShardRun:
         self.tokens[1] += r.completion_tokens
         self.ledger.add(r)
         self.metrics.observe(r)
+        if self.reuse is not None:
+            for copy in self.reuse.settle(r):  # rows that asked the same while r's request was in flight
+                self.ledger.add(copy)
+                self.metrics.observe(copy)
         if self.ledger.buffered >= self.spec.checkpoint_every:
             self._flush()
 
@@ -365,14 +376,24 @@ class ShardRun:
 
     def _flush(self) -> None:
         """A checkpoint while requests run: written on the ledger's writer thread, off the event loop."""
+        self._count_requests()
+        self.ledger.flush_in_background()
+        if self.reuse is not None:
+            self.reuse.flush()
+
+    def _count_requests(self) -> None:
+        """The progress file's counts of this run: requests sent, rows answered without one."""
         if self.runner:
             self.ledger.requests = self.runner.requests
-        self.ledger.flush_in_background()
+        if self.reuse is not None:
+            self.ledger.progress_extra.update(self.reuse.counts())
 
-    def _items(self, model: str | None) -> Iterator[Item]:
+    def _items(self, model: str | None) -> Iterator[Item | RowResult]:
         """Rows of this shard not in the ledger, as prepared requests, in input order.
 
         A row with a null in a column the job needs becomes an error row; no request is sent for it.
+        With :attr:`reuse`, a read batch's requests go through it: identical ones are sent once, and a
+        row may come answered (a RowResult: an identical row's answer, the response cache's).
         """
         job, spec, ledger = self.job, self.spec, self.ledger
         cols = list(job.all_columns())
@@ -389,7 +410,8 @@ class ShardRun:
                 batch = batch.take(pending)
             ids = batch.column(spec.id_column).to_pylist() if spec.id_column else None
             nulls = _null_rows(batch, needed)
-            prepare = self._prepare
+            prepare, reuse = self._prepare, self.reuse
+            keyed: list[tuple[Item, bytes]] = []
             for j, row in enumerate(self._job_rows(batch, first, first + pending[-1])):
                 idx = first + pending[j]
                 rid = str(ids[j]) if ids is not None else str(idx)
@@ -401,9 +423,15 @@ class ShardRun:
                     ledger.add(dropped)
                     self.metrics.observe(dropped)  # an ok row of the output: counted, so ok + failed == rows
                     continue
-                item = prepare(job, row, idx, rid, model)
-                if item is not None:
-                    yield item
+                prepared = prepare(job, row, idx, rid, model)
+                if prepared is None:
+                    continue
+                if reuse is None:
+                    yield prepared[0]
+                else:
+                    keyed.append((prepared[0], reuse.key(prepared[0].path, prepared[1])))
+            if reuse is not None and keyed:
+                yield from reuse.resolve(keyed)
 
     def _job_rows(self, batch: pa.RecordBatch, first: int, last: int) -> list[dict | None]:
         """``job.rows(batch)`` (a DataFrameJob's ``prepare``); what it raises is the job's refusal of these
@@ -418,13 +446,16 @@ class ShardRun:
                 "ledger: fix the job class and submit the job again to resume."
             ) from exc
 
-    def _prepare(self, job: SwarmJob, row: dict, idx: int, rid: str, model: str | None) -> Item | None:
+    def _prepare(
+        self, job: SwarmJob, row: dict, idx: int, rid: str, model: str | None
+    ) -> tuple[Item, dict[str, Any]] | None:
+        """The row's request and its body; None when it could not be built (an error row)."""
         try:
             body = job.body(row)
             if model and "model" not in body:
                 body["model"] = model
             data = fastjson.dumps(body)
-            return Item(idx, rid, job.route(row), data, prefix_key(data) if self.spec.prefix_affinity else 0)
+            return Item(idx, rid, job.route(row), data, prefix_key(data) if self.spec.prefix_affinity else 0), body
         except Exception as exc:  # one bad row is an error row, not a dead shard
             self._refuse(idx, rid, f"could not build the request: {type(exc).__name__}: {exc}")
             return None

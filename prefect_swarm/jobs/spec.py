@@ -87,6 +87,26 @@ class JobSpec(BaseModel):
         "few-shot examples) go to the same replica while it has room, so its prefix cache holds the prefix "
         "once. Not part of the fingerprint.",
     )
+    cache: bool | None = Field(
+        default=None,
+        description="Identical requests (the same route and JSON body, keys sorted, model included) are sent "
+        "once per shard and the answer is written to every row that asked. null (the default): that, plus "
+        "the response cache across jobs when PREFECT_SWARM_CACHE is on; true: also the response cache "
+        "(answers kept per engine fingerprint; a later identical request is answered from it, never sent); "
+        "false: every row sends its own request and the cache is neither read nor written (independent "
+        "samples of an unseeded temperature > 0 request). Not part of the fingerprint.",
+    )
+    cache_dir: str | None = Field(
+        default=None,
+        description="Folder of the response cache the job reads and writes; filled at submit when the cache is "
+        "on (PREFECT_SWARM_CACHE_DIR, default HOME/cache), null when off. Not part of the fingerprint.",
+    )
+    cache_max_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Size bound of the response cache (least recently used answers dropped past it); filled "
+        "at submit from PREFECT_SWARM_CACHE_MAX_GB. Not part of the fingerprint.",
+    )
     replica_capacity: int | None = Field(
         default=None,
         ge=1,

@@ -23,6 +23,10 @@ from typing import Any, TypedDict, TypeVar, cast
 
 from prefect_swarm.exceptions import StateError
 from prefect_swarm.interfaces.types import JobStatus, ServingPhase
+from prefect_swarm.paths import MOUNTS as MOUNTS
+from prefect_swarm.paths import NETWORK_FS as NETWORK_FS
+from prefect_swarm.paths import filesystem_type as filesystem_type
+from prefect_swarm.paths import journal_for
 from prefect_swarm.settings import get_settings
 
 _V1_STATEMENTS = (
@@ -52,42 +56,6 @@ _V1_STATEMENTS = (
     )""",
     "CREATE INDEX IF NOT EXISTS jobs_swarm ON jobs(swarm)",
 )
-
-
-NETWORK_FS = frozenset(
-    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "afs", "9p"}
-    | {"pvfs2", "orangefs", "panfs", "wekafs", "ocfs2", "gfs2", "vboxsf", "virtiofs"}
-)
-"""Filesystem types (``/proc/mounts``) on which SQLite's WAL mode is unsafe; ``fuse.*`` too."""
-MOUNTS = Path("/proc/mounts")
-
-
-def filesystem_type(path: Path, mounts: Path = MOUNTS) -> str | None:
-    """The type of the filesystem holding ``path`` (the longest mount point above it in ``mounts``);
-    None when the table cannot be read."""
-    try:
-        lines = mounts.read_text().splitlines()
-    except OSError:
-        return None
-    target, best, found = str(path.resolve()), -1, None
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
-        inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and len(point) > best:
-            best, found = len(point), fields[2]
-    return found
-
-
-def journal_for(folder: Path, setting: str = "auto", mounts: Path = MOUNTS) -> str:
-    """The journal mode for a database in ``folder``: ``setting`` unless 'auto'; then 'delete' (a
-    rollback journal) on a network filesystem, 'wal' elsewhere."""
-    if setting != "auto":
-        return setting
-    fs = filesystem_type(folder, mounts) or ""
-    return "delete" if fs in NETWORK_FS or fs == "fuse" or fs.startswith("fuse.") else "wal"
 
 
 def _v1(db: sqlite3.Connection) -> None:
