@@ -12,12 +12,15 @@ from prefect_swarm.exceptions import ConfigError, RowRefused
 from prefect_swarm.jobs.api import SwarmJob
 from prefect_swarm.jobs.dataset import batch_url_problem
 from prefect_swarm.jobs.images import check_messages, image_part
+from prefect_swarm.jobs.template import PromptTemplate
 
 _TEXT_OUTPUTS = {"text": pa.string(), "finish_reason": pa.string()}
 
 
 class ChatCompletionJob(SwarmJob):
-    """One chat completion per row, from a messages column, or a prompt column (+ a system prompt).
+    """One chat completion per row, from a messages column, a prompt column, or a prompt template over
+    several columns (``prompt_template``: ``{column}`` stands for the row's value, see
+    :mod:`prefect_swarm.jobs.template`), with an optional system prompt.
 
     Images: a messages column may hold OpenAI multimodal content (text and ``image_url`` parts with
     an http(s) or data URL); with ``image_column`` (image bytes, or a URL string) the prompt is sent
@@ -41,8 +44,11 @@ class ChatCompletionJob(SwarmJob):
         schema_retries: int = 2,
         image_column: str | None = None,
         image_mime: str | None = None,
+        prompt_template: str | None = None,
     ) -> None:
         super().__init__(sampling, sampling_column, response_schema, schema_retries)
+        if messages_column and prompt_template:
+            raise ConfigError("ChatCompletionJob: give messages_column or prompt_template, not both.")
         if messages_column and system_prompt:
             raise ConfigError("ChatCompletionJob: system_prompt goes with prompt_column, not messages_column.")
         if messages_column and image_column:
@@ -56,14 +62,19 @@ class ChatCompletionJob(SwarmJob):
         self.messages_column = messages_column
         self.image_column, self.image_mime = image_column, image_mime
         self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        self.template = PromptTemplate(prompt_template) if prompt_template else None
 
     def columns(self) -> dict[str, str]:
-        """The messages column if given, else the prompt column (and the image column)."""
+        """The messages column if given, else the prompt column or the template's columns (and the image column)."""
         if self.messages_column:
             return {self.messages_column: "messages"}
+        prompt = dict.fromkeys(self.template.columns, "any") if self.template else {self.prompt_column: "string"}
         if self.image_column:
-            return {self.prompt_column: "string", self.image_column: "any"}
-        return {self.prompt_column: "string"}
+            return {**prompt, self.image_column: "any"}
+        return prompt
+
+    def _prompt(self, row: dict[str, Any]) -> Any:
+        return self.template.render(row) if self.template else row[self.prompt_column]
 
     def request(self, row: dict[str, Any]) -> dict[str, Any]:
         """Chat body with the job's sampling parameters."""
@@ -73,11 +84,11 @@ class ChatCompletionJob(SwarmJob):
                 messages = json.loads(messages)
             check_messages(messages)
         elif self.image_column:
-            content = [{"type": "text", "text": row[self.prompt_column]}]
+            content = [{"type": "text", "text": self._prompt(row)}]
             content.append(image_part(row[self.image_column], self.image_mime))
             messages = [*self.system, {"role": "user", "content": content}]
         else:
-            messages = [*self.system, {"role": "user", "content": row[self.prompt_column]}]
+            messages = [*self.system, {"role": "user", "content": self._prompt(row)}]
         return {"messages": messages, **self.sampling}
 
     def parse(self, body: dict[str, Any]) -> dict[str, Any]:
