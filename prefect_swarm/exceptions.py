@@ -129,3 +129,15 @@ class StageError(RuntimeError):
 
 class PrefectUnavailable(Exception):
     """The Prefect API could not be asked (down, not configured); nothing was done."""
+
+
+USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, FingerprintMismatch)
+"""Errors the user acts on by changing their input (a config, an argument, the dataset, or a resume
+with other settings: ``--overwrite``). Shown as their own message alone, never a traceback: the
+CLI's exit 2, a Prefect run's Failed message. Anything else keeps its traceback (a bug to report)."""
+
+
+REPORTED_AS_MESSAGE: tuple[type[Exception], ...] = (*USER_ERRORS, JobFailed, BudgetReached)
+"""Errors that are not bugs: the user errors, and the verdicts of a run that did what it was asked
+(more failed rows than allowed, a budget reached). A Prefect run ends Failed with their message as the
+state's message and no traceback in its logs."""

@@ -176,6 +176,21 @@ class Holding:
             self._adopt_unleased(rec)
         self.store.put_lease(dataclasses.replace(lease, swarm=name))
 
+    def hold_if_same(self, cfg: SwarmConfig, lease: LeaseRecord) -> bool:
+        """Hold swarm ``cfg.name`` with ``lease`` when it is live with the same config (engine
+        fingerprint, backend and replica count; its holder's stop then leaves it up for this one);
+        return whether it is held now. A run queued behind an exclusive swarm's holder takes it over
+        so; a swarm of another config is left alone (its holder stops it, the queued run brings up
+        its own)."""
+        rec = self.live(cfg.name)
+        if rec is None or rec.fingerprint != engine_fingerprint(cfg) or rec.backend != cfg.backend.type:
+            return False
+        if int(rec.config.get("replicas") or 0) != cfg.replicas:
+            return False
+        if not self.holds(cfg.name, lease.owner):
+            self.hold(cfg.name, lease)
+        return True
+
     def keep(self, name: str, owner: str) -> None:
         """Turn ``owner``'s hold on ``name`` into the KEEP hold: the swarm stays up until ``down``."""
         self.store.put_lease(keep_lease(name))

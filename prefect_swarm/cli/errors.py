@@ -16,11 +16,10 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from prefect_swarm.exceptions import (
+    USER_ERRORS,
     BackendError,
     BudgetReached,
     CapacityError,
-    ConfigError,
-    FingerprintMismatch,
     PrefectSwarmError,
     ReadinessError,
     StateError,
@@ -52,7 +51,7 @@ def exit_code_for(exc: BaseException) -> ExitCode:
     """The exit code an error maps to (most specific type first)."""
     if isinstance(exc, ReadinessError | CapacityError):
         return ExitCode.NOT_READY
-    if isinstance(exc, ConfigError | FingerprintMismatch):  # a refused resume: fix the input or --overwrite
+    if isinstance(exc, USER_ERRORS):  # bad input, or a refused resume: fix the input or --overwrite
         return ExitCode.BAD_INPUT
     if isinstance(exc, StateError):
         return ExitCode.NOT_FOUND

@@ -41,6 +41,7 @@ from prefect_swarm.cli.views import cost_text, job_view
 from prefect_swarm.config.cost import duration, projection_text, usd_text
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import JobStatus
+from prefect_swarm.jobs.plan import recovered_text
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.state import StateStore
 
@@ -258,18 +259,26 @@ def retry(
 
 
 def _live_swarm(name: str, job_id: str, up: bool) -> Any:
-    """The job's swarm, when it is live; stopped: brought up again with ``up`` (:func:`_restored`),
-    else ReadinessError (exit 4) before any row is sent, naming how to bring it up."""
+    """The job's swarm, when it is live; stopped, or recorded live but gone (its processes or
+    scheduler jobs are not there: one non-blocking look, :meth:`Swarm.status`): brought up again with
+    ``up`` (:func:`_restored`), else ReadinessError (exit 4) before any row is sent, naming how to
+    bring it up."""
     from prefect_swarm.exceptions import ReadinessError
+    from prefect_swarm.interfaces import ServingPhase
 
     rec = StateStore().require_swarm(name)
+    state = str(rec.phase)
     if holding().live(name) is not None:
-        return holding().attach(name)
+        swarm = holding().attach(name)
+        seen = swarm.status()
+        if seen.phase not in (ServingPhase.STOPPED, ServingPhase.FAILED):
+            return swarm
+        state = f"recorded {rec.phase} but gone ({seen.phase}: {seen.detail or 'no replica is running'})"
     if up:
-        err_console.print(f"swarm '{name}' is {rec.phase}: bringing it up again for job {job_id}")
+        err_console.print(f"swarm '{name}' is {state}: bringing it up again for job {job_id}")
         return _restored(name)
     raise ReadinessError(
-        f"swarm '{name}' of job {job_id} is {rec.phase}: no row was sent. Bring it up again, then retry: "
+        f"swarm '{name}' of job {job_id} is {state}: no row was sent. Bring it up again, then retry: "
         f"`prefect-swarm up -c {holding().attach(name).paths.config}`, or `prefect-swarm job retry {job_id} --up`."
     )
 
@@ -384,6 +393,12 @@ def status(
         _print_status(doc)
 
 
+def _print_recovered(progress: dict[str, Any]) -> None:
+    """Rows answered on a retry after failing before, with the reasons they had (their output has no error)."""
+    if recovered := recovered_text(progress.get("shards") or []):
+        console.print(recovered, markup=False)
+
+
 def _print_status(doc: dict[str, Any]) -> None:
     if doc.get("kind") == "script":
         console.print(f"job {doc['id']} (script on swarm {doc['swarm']}): [bold]{doc['status']}[/]")
@@ -395,6 +410,7 @@ def _print_status(doc: dict[str, Any]) -> None:
         f"{p['done']}/{p['total']} rows, {p['failed']} failed, "
         f"{p['prompt_tokens']}+{p['completion_tokens']} tokens"
     )
+    _print_recovered(p)
     if cost := cost_text(doc.get("cost")):
         console.print(cost, markup=False)
     if projected := projection_text(doc.get("projection")):

@@ -16,7 +16,7 @@ from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from prefect_swarm.config.swarm import Sharing
-from prefect_swarm.exceptions import BudgetReached
+from prefect_swarm.exceptions import REPORTED_AS_MESSAGE, BudgetReached
 from prefect_swarm.flows.hooks import teardown_hook
 from prefect_swarm.flows.params import (
     TASK_THREADS,
@@ -33,7 +33,7 @@ from prefect_swarm.flows.params import (
     run_budget,
     with_budget,
 )
-from prefect_swarm.tasks._common import flow_result_storage, label_run, run_stop_event
+from prefect_swarm.tasks._common import failed_run, flow_result_storage, label_run, run_stop_event
 from prefect_swarm.tasks.events import job_event
 from prefect_swarm.tasks.jobs import plan_shards, run_and_commit
 from prefect_swarm.tasks.reaper import reap_quietly
@@ -96,32 +96,35 @@ def batch_inference(
             run is Completed when the verdict passes. Each row's earlier error reasons are kept in
             its ``error`` (see the failed-rows file). What `prefect-swarm job retry` does.
     """
-    started = time.monotonic()
-    cfg = resolve_swarm(swarm)
-    budget = run_budget(cfg, max_gpu_hours, max_cost_usd)
-    reap_quietly()
-    spec = job_spec(cfg, job, input, output, shards, max_failed_fraction, concurrency)
-    spec = spec.model_copy(update={"retry_failed": retry_failed})  # the ledger's error rows count as pending
-    plan = plan_shards(spec, cfg.name, cfg.run_dir)
-    label_run(cfg.name, plan.spec.job_id)  # the flow run's tags; its task runs carry none (see label_run)
-    up_at = None
-    with swarm_use(cfg, sharing), run_stop_event():
-        live, over_budget = None, False
-        try:
-            if plan.pending:
-                live = with_budget(swarm_up(cfg, keep=keep_swarm, reuse=reuse, source=block_ref(swarm)), budget)
-                up_at = time.monotonic()
-                wait_ready(live)
-            # the swarm is released as soon as the last row is answered, before the commit publishes
-            release = lambda: teardown_owned(keep_swarm)  # noqa: E731
-            return run_and_commit(plan, live, cfg, started, up_at, max_failed_fraction, release=release)
-        except BudgetReached as exc:
-            over_budget = True
-            job_event("budget-reached", str(plan.spec.job_id), cfg.name, message=str(exc).splitlines()[0])
-            raise
-        finally:
-            if up_at is not None:
-                get_run_logger().info("Swarm time this run: %.1f s.", time.monotonic() - up_at)
-            teardown_owned(keep_swarm and not over_budget)  # the jobs flush first
-            if over_budget and live is not None:
-                live.down()  # the budget is the swarm's: it stops even when kept or held by others
+    try:
+        started = time.monotonic()
+        cfg = resolve_swarm(swarm)
+        budget = run_budget(cfg, max_gpu_hours, max_cost_usd)
+        reap_quietly()
+        spec = job_spec(cfg, job, input, output, shards, max_failed_fraction, concurrency)
+        spec = spec.model_copy(update={"retry_failed": retry_failed})  # the ledger's error rows count as pending
+        plan = plan_shards(spec, cfg.name, cfg.run_dir)
+        label_run(cfg.name, plan.spec.job_id)  # the flow run's tags; its task runs carry none (see label_run)
+        up_at = None
+        with swarm_use(cfg, sharing), run_stop_event():
+            live, over_budget = None, False
+            try:
+                if plan.pending:
+                    live = with_budget(swarm_up(cfg, keep=keep_swarm, reuse=reuse, source=block_ref(swarm)), budget)
+                    up_at = time.monotonic()
+                    wait_ready(live)
+                # the swarm is released as soon as the last row is answered, before the commit publishes
+                release = lambda: teardown_owned(keep_swarm)  # noqa: E731
+                return run_and_commit(plan, live, cfg, started, up_at, max_failed_fraction, release=release)
+            except BudgetReached as exc:
+                over_budget = True
+                job_event("budget-reached", str(plan.spec.job_id), cfg.name, message=str(exc).splitlines()[0])
+                raise
+            finally:
+                if up_at is not None:
+                    get_run_logger().info("Swarm time this run: %.1f s.", time.monotonic() - up_at)
+                teardown_owned(keep_swarm and not over_budget)  # the jobs flush first
+                if over_budget and live is not None:
+                    live.down()  # the budget is the swarm's: it stops even when kept or held by others
+    except REPORTED_AS_MESSAGE as exc:  # not a bug: the run ends Failed with the message alone
+        return failed_run(exc)

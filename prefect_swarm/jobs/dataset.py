@@ -135,9 +135,17 @@ class InputDataset:
             raise DatasetError(f"input {self.where} has no rows. Nothing to run: check the file.")
 
     # ------------------------------------------------------------------ open
+    def _missing(self) -> str:
+        return (
+            f"input {self.where} does not exist. Give the job's input (the `input` parameter, `--input`) "
+            "as an existing parquet file or folder, or a JSONL file; a relative path is taken from the "
+            "working folder of the process that runs the job (a Prefect worker's is temporary: use an "
+            "absolute path or a URL)."
+        )
+
     def _open_parquet(self) -> list[InputFile]:
         if not self.path.exists():
-            raise DatasetError(f"input {self.where} does not exist.")
+            raise DatasetError(self._missing())
         paths = sorted(self.path.glob("*.parquet")) if self.path.is_dir() else [self.path]
         return self._parquet_files(paths)
 
@@ -205,7 +213,7 @@ class InputDataset:
 
     def _open_jsonl(self) -> list[InputFile]:
         if not self.path.exists():
-            raise DatasetError(f"input {self.where} does not exist.")
+            raise DatasetError(self._missing())
         if not self.path.is_file():
             raise DatasetError(f"input {self.where} is not a file: a JSONL input is one file.")
         self.compression = _whole_file_compression(self.path)

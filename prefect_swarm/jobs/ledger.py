@@ -85,6 +85,9 @@ EARLIER_ERRORS = " | earlier: "
 """Joins a retried row's new error to the error it had before (``job retry``, the flow's
 ``retry_failed``): a row failing again keeps every run's reason, newest first, in its one ``error``
 (the output's and the failed-rows file's); a row answered on the retry has none (status ok)."""
+RECOVERED_REASONS = 20
+"""Distinct reasons counted for rows answered on a retry after failing before (the rest: ``OTHER_REASONS``)."""
+OTHER_REASONS = "other reasons"
 MAX_PENDING_WRITES = 2
 """Parts queued for the writer thread at most (each ``checkpoint_every`` rows or fewer)."""
 COMPACT_EVERY = 16
@@ -511,6 +514,9 @@ class ShardLedger:
         self.errors: set[int] = set()  # rows whose latest status is error
         self.retry: set[int] = set()  # error rows sent again on this run (retry_failed), until answered
         self.earlier: dict[int, str] = {}  # the latest error of each row in retry, kept in its next error
+        self.recovered: dict[str, int] = {}
+        """Rows answered on a retry after failing before, by the reason they last failed with (every run
+        of the ledger; kept in the index and shown in the progress: the output has no column for it)."""
         self._retry_sorted = np.empty(0, dtype=np.int64)
         self._parts: list[tuple[int, int]] = []  # (seq, rows) of the parts on the store, in order
         self.compactions = 0
@@ -595,6 +601,7 @@ class ShardLedger:
             self.seen = DoneRows(self.total, int(index["upto"]), {int(r) for r in index["beyond"]})
             self.errors = {int(r) for r in index["errors"]}
             self.prompt_tokens, self.completion_tokens = int(index["prompt_tokens"]), int(index["completion_tokens"])
+            self.recovered = {str(k): int(v) for k, v in (index.get("recovered") or {}).items()}
             return int(index["next_part"]), {int(seq): int(rows) for seq, rows in index.get("parts") or []}
         except (KeyError, TypeError, ValueError):
             self.seen, self.errors, self.prompt_tokens, self.completion_tokens = DoneRows(self.total), set(), 0, 0
@@ -662,6 +669,8 @@ class ShardLedger:
         earlier = self.earlier.pop(rel, None)
         if earlier and result.status != STATUS_OK:  # an earlier run's reason is kept, never overwritten
             result.error = f"{result.error or 'error'}{EARLIER_ERRORS}{earlier}"
+        elif earlier:  # answered now: its output has no error, the reason it had is counted
+            self._recovered(earlier)
         self.retry.discard(rel)
         if self.seen.add(rel):
             self.n_done += 1
@@ -675,6 +684,12 @@ class ShardLedger:
         self.prompt_tokens += result.prompt_tokens
         self.completion_tokens += result.completion_tokens
         self.rows_this_run += 1
+
+    def _recovered(self, earlier: str) -> None:
+        reason = earlier.split(EARLIER_ERRORS, 1)[0].strip()[:160] or "error"
+        if reason not in self.recovered and len(self.recovered) >= RECOVERED_REASONS:
+            reason = OTHER_REASONS
+        self.recovered[reason] = self.recovered.get(reason, 0) + 1
 
     @property
     def buffered(self) -> int:
@@ -758,6 +773,7 @@ class ShardLedger:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "next_part": self.seq,
+            "recovered": dict(self.recovered),
         }
 
     def _write_part(self, rows: list[RowResult], seq: int | None) -> None:
@@ -857,6 +873,8 @@ class ShardLedger:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "rows_this_run": self.rows_this_run,
+            "recovered": sum(self.recovered.values()),
+            "recovered_reasons": dict(self.recovered),
             "requests": self.requests,
             "rate_rows_s": round(self.rows_this_run / elapsed, 2),
             "started_at": self.started,

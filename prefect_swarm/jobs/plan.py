@@ -81,7 +81,7 @@ def job_progress(spec: JobSpec) -> dict[str, Any]:
     shards = [p or shard_progress(spec, i, rows) for i, p in enumerate(progress)]
     total: dict[str, Any] = {
         k: sum(int(s.get(k) or 0) for s in shards)
-        for k in ("done", "failed", "total", "prompt_tokens", "completion_tokens")
+        for k in ("done", "failed", "total", "prompt_tokens", "completion_tokens", "recovered")
     }
     for k in REUSE_COUNTS:  # this run's: the requests sent, the rows answered without one (jobs.cache)
         total[k] = sum(int(s.get(k) or 0) for s in shards)
@@ -89,6 +89,20 @@ def job_progress(spec: JobSpec) -> dict[str, Any]:
         sum(float(s.get("rate_rows_s") or 0) for s in shards if s.get("state") == "running"), 2
     )
     return {**total, "shards": shards}
+
+
+def recovered_text(shard_results: list[dict[str, Any]]) -> str:
+    """Rows answered on a retry after failing before, with the reasons they had failed with (the shards'
+    ledgers count them: an answered row's output has no error), e.g. ``3 rows answered on a retry after
+    failing before (earlier reasons: HTTP 503: overloaded x3)``; '' when none."""
+    reasons: dict[str, int] = {}
+    for r in shard_results:
+        for reason, n in (r.get("recovered_reasons") or {}).items():
+            reasons[reason] = reasons.get(reason, 0) + int(n)
+    if not reasons:
+        return ""
+    shown = "; ".join(f"{reason} x{n}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    return f"{sum(reasons.values())} rows answered on a retry after failing before (earlier reasons: {shown})"
 
 
 def check_resume(spec: JobSpec) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections import deque
@@ -10,7 +11,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError, JobError
+from prefect_swarm.exceptions import (
+    REPORTED_AS_MESSAGE,
+    BackendError,
+    CapacityError,
+    ConfigError,
+    JobError,
+)
 from prefect_swarm.settings import get_settings
 
 _STOP_LOCK = threading.Lock()
@@ -167,3 +174,40 @@ def run_logger(fallback: str = "prefect_swarm.tasks") -> Any:
         return get_run_logger()
     except MissingContextError:
         return logging.getLogger(fallback)
+
+
+RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+"""Prefect's loggers of flow and task runs (the lines the UI shows for a run)."""
+
+
+class _MessageOnly(logging.Filter):
+    """Drop the traceback from a run's log record whose error is not a bug (REPORTED_AS_MESSAGE):
+    Prefect logs every failed task and flow with ``exc_info``; for a missing input file that is two
+    full tracebacks in the UI around one sentence. The line itself (with the error) stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, REPORTED_AS_MESSAGE):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_user_errors() -> None:
+    """Install :class:`_MessageOnly` on Prefect's run loggers (once; Prefect's logging setup keeps
+    a logger's filters). Done when the tasks are imported, so every flow using them has it."""
+    for name in RUN_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _MessageOnly) for f in logger.filters):
+            logger.addFilter(_MessageOnly())
+
+
+def failed_run(exc: BaseException) -> Any:
+    """What a flow returns for an error that is not a bug (REPORTED_AS_MESSAGE): a Failed state whose
+    message is the error's own (naming the field or file and what to do), without the traceback
+    Prefect would log for a raised one. Calling the flow in Python still raises ``exc``."""
+    from prefect.states import Failed
+
+    return Failed(message=str(exc), data=exc)
+
+
+quiet_user_errors()

@@ -12,6 +12,7 @@ from typing import Any
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from prefect_swarm.config import SwarmConfig
+from prefect_swarm.jobs.plan import REUSE_COUNTS, recovered_text
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.swarm import engine_fingerprint
 
@@ -33,13 +34,16 @@ def summary_row(
     flow_run: str | None = None,
     swarm_name: str | None = None,
     block: str | None = None,
+    resumed: int = 0,
 ) -> dict[str, Any]:
     """The run's numbers: swarm, the SwarmSpec block it came from (``inline`` for a YAML or inline
     config), the config fingerprint (:func:`~prefect_swarm.swarm.engine_fingerprint`), model, flow
     run, rows ok/failed/cached, tokens, tok/s of THIS run (tokens this run produced: the shards'
     totals less ``tokens_before``, what their ledgers held when the run started), wall time, swarm
     time, GPU-hours (swarm time x its GPUs), USD and USD per million tokens (``backend.cost``; null
-    without a price)."""
+    without a price); ``resumed``: the rows its checkpoints already held done when the run started
+    (0: not a resume); ``recovered``: rows answered on a retry after failing before (their reasons:
+    :func:`~prefect_swarm.jobs.plan.recovered_text`)."""
     cached = sum(int(r.get("total") or 0) for r in shard_results if r.get("how") == "skipped")
     ran = [r for r in shard_results if r.get("how") != "skipped"]
     tokens_run = sum(int(r.get("prompt_tokens") or 0) + int(r.get("completion_tokens") or 0) for r in ran)
@@ -57,9 +61,12 @@ def summary_row(
         "failed": manifest.get("failed", 0),
         "skipped": cached,
         "cached": cached,
+        "resumed": resumed,
+        "recovered": sum(int(r.get("recovered") or 0) for r in shard_results),
         "prompt_tokens": manifest.get("prompt_tokens", 0),
         "completion_tokens": manifest.get("completion_tokens", 0),
         "tokens_this_run": tokens_run,
+        **{k: sum(int(r.get(k) or 0) for r in ran) for k in REUSE_COUNTS},  # requests sent, rows reused
         "tok_per_s": round(tokens_run / wall_s, 1) if wall_s > 0 else 0.0,
         "wall_s": round(wall_s, 2),
         "swarm_s": round(swarm_s, 2),
@@ -123,7 +130,10 @@ def publish_summary(
     cannot open a ``file://`` link to the worker's disk); keys
     ``<swarm>-<output>-{summary,manifest,shards,output,report}`` (:func:`artifact_base`)."""
     job_id, base = spec.job_id, artifact_base(spec)
-    create_table_artifact(key=artifact_key(base, "summary"), table=[row], description=f"job {job_id}: run summary")
+    resumed = f"; resumed: {row['resumed']} of {row['rows']} rows already done" if row.get("resumed") else ""
+    create_table_artifact(
+        key=artifact_key(base, "summary"), table=[row], description=f"job {job_id}: run summary{resumed}"
+    )
     files = manifest_table(manifest)
     if files:
         create_table_artifact(
@@ -156,7 +166,7 @@ def publish_summary(
         )
     create_markdown_artifact(
         key=artifact_key(base, "report"),
-        markdown=_markdown(job_id, row, manifest),
+        markdown=_markdown(job_id, row, manifest, shard_results),
         description=f"job {job_id}: report",
     )
 
@@ -171,8 +181,11 @@ def publish_all_cached(spec: JobSpec, manifest: dict[str, Any]) -> None:
     )
 
 
-def _markdown(job_id: str | None, row: dict[str, Any], manifest: dict[str, Any]) -> str:
-    lines = [f"# Job `{job_id}`", "", *_table([row]), "", "## Files", "", *_table(manifest_table(manifest))]
+def _markdown(job_id: str | None, row: dict[str, Any], manifest: dict[str, Any], shards: list[dict[str, Any]]) -> str:
+    resumed = [f"Resumed: {row['resumed']} of {row['rows']} rows already done.", ""] if row.get("resumed") else []
+    recovered = [recovered_text(shards) + ".", ""] if recovered_text(shards) else []
+    head = [f"# Job `{job_id}`", "", *resumed, *recovered]
+    lines = [*head, *_table([row]), "", "## Files", "", *_table(manifest_table(manifest))]
     return "\n".join(lines)
 
 

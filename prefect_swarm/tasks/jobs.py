@@ -28,10 +28,11 @@ from prefect_swarm.config.cost import duration, job_projection, projection_text
 from prefect_swarm.exceptions import ConfigError, JobError, JobFailed
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.commit import manifest_verdict
-from prefect_swarm.jobs.plan import job_progress, shard_done, shard_progress
+from prefect_swarm.jobs.plan import job_progress, recovered_text, shard_done, shard_progress
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.launch import JobPlan, ShardStopped, ShardWatch
 from prefect_swarm.paths import read_json
+from prefect_swarm.settings import get_settings
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.tasks._common import (
     current_flow_run_id,
@@ -49,8 +50,11 @@ SHARD_STOP_WAIT_S = 10.0
 ARTIFACT_EVERY_S = 3.0
 """Least seconds between two progress-artifact updates (each is an API call)."""
 
-JOB_ARTIFACT_EVERY_S = 10.0
-"""Seconds between two updates of the job's own progress artifact (each reads every shard's progress file)."""
+
+def progress_every_s() -> float:
+    """Seconds between two updates of the job's own progress artifact (each reads every shard's small
+    progress file, never the input): the setting ``PREFECT_SWARM_PROGRESS_EVERY_S``."""
+    return get_settings().progress_every_s
 
 
 @task(name="plan-shards", task_run_name="plan-shards-{swarm_name}", cache_policy=NO_CACHE)
@@ -66,7 +70,37 @@ def plan_shards(spec: JobSpec, swarm_name: str, run_dir: str | None = None) -> J
         plan.fingerprint,
         plan.spec.job_dir,
     )
+    done, total = rows_already_done(plan)
+    if plan.pending and done:
+        get_run_logger().info(
+            "Job %s resumes from its checkpoints (their progress files say %d of %d rows done); the rows not "
+            "in its ledger (and, retrying, its error rows) are sent.",
+            plan.spec.job_id,
+            done,
+            total,
+        )
     return plan
+
+
+def rows_already_done(plan: JobPlan) -> tuple[int, int]:
+    """(about how many rows the job's checkpoints hold done, rows of the job) as a run starts, from the
+    shards' progress files only (written with each checkpoint). With ``retry_failed`` the error rows
+    are not done (they are sent again). The exact figure comes after: :func:`resumed_rows`."""
+    progress = job_progress(plan.spec)
+    done = int(progress.get("done") or 0) - (int(progress.get("failed") or 0) if plan.spec.retry_failed else 0)
+    return max(done, 0), int(progress.get("total") or 0)
+
+
+def resumed_rows(results: list[dict[str, Any]]) -> int:
+    """Rows a run found already done: every row of the shards it skipped (finished before), and in each
+    shard it ran, the rows its process found in the ledger (done less ``rows_this_run``)."""
+    found = 0
+    for r in results:
+        if r.get("how") == "skipped":
+            found += int(r.get("total") or 0)
+        else:
+            found += max(int(r.get("done") or 0) - int(r.get("rows_this_run") or 0), 0)
+    return found
 
 
 def shard_cache_key(context: Any, parameters: dict[str, Any]) -> str:
@@ -102,7 +136,7 @@ def run_shard(spec: JobSpec, shard: int, fingerprint: str, swarm: Swarm | None =
     log.info(
         "Shard %d/%d of job %s submitted on %s (job %s).", shard, spec.shards, spec.job_id, handle.backend, handle.id
     )
-    progress = _ProgressArtifact(spec, shard)
+    progress, began = _ProgressArtifact(spec, shard), time.monotonic()
     try:
         probe = watch.watch(stop_event(), on_step=progress.update)
     except ShardStopped:
@@ -118,6 +152,14 @@ def run_shard(spec: JobSpec, shard: int, fingerprint: str, swarm: Swarm | None =
         job_event("shard.failed", str(spec.job_id), swarm.cfg.name, shard=shard, error=str(exc).splitlines()[0])
         raise
     done, failed = int(result.get("done") or 0), int(result.get("failed") or 0)
+    log.info(
+        "Shard %d done: %d ok, %d failed of %s rows in %.1f s.",
+        shard,
+        done - failed,
+        failed,
+        result.get("total"),
+        time.monotonic() - began,
+    )
     if done and failed / done > spec.max_failed_fraction:
         log.warning(
             "Shard %d: %d of %d rows failed (%.1f%%), above max_failed_fraction %g; failed rows: %s.",
@@ -194,12 +236,12 @@ class _JobProgressArtifact:
 
     @contextlib.contextmanager
     def updating(self) -> Iterator[None]:
-        """Update every JOB_ARTIFACT_EVERY_S from a thread (in the flow run's context) while the block
-        runs, and once more at its end; a failed update is logged, never the run's failure."""
-        stop = threading.Event()
+        """Update every :func:`progress_every_s` from a thread (in the flow run's context) while the
+        block runs, and once more at its end; a failed update is logged, never the run's failure."""
+        stop, every = threading.Event(), progress_every_s()
 
         def loop() -> None:
-            while not stop.wait(JOB_ARTIFACT_EVERY_S):
+            while not stop.wait(every):
                 self._safe_update()
 
         thread = threading.Thread(target=contextvars.copy_context().run, args=(loop,), daemon=True)
@@ -208,7 +250,7 @@ class _JobProgressArtifact:
             yield
         finally:
             stop.set()
-            thread.join(timeout=JOB_ARTIFACT_EVERY_S)
+            thread.join(timeout=max(every, 10.0))
             self._safe_update()
 
     def _safe_update(self) -> None:
@@ -229,6 +271,14 @@ def run_shards(plan: JobPlan, live: Swarm | None) -> list[dict[str, Any]]:
         task.with_options(refresh_cache=i in plan.pending).submit(spec, i, plan.fingerprint, live)
         for i in range(spec.shards)
     ]
+    if live is not None and plan.pending:
+        get_run_logger().info(
+            "Shards: %d of %d started on swarm '%s' (%d already done).",
+            len(plan.pending),
+            spec.shards,
+            live.cfg.name,
+            spec.shards - len(plan.pending),
+        )
     artifact = _JobProgressArtifact(spec, live.cfg) if live is not None and plan.pending else None
     try:
         with artifact.updating() if artifact else contextlib.nullcontext():
@@ -256,6 +306,7 @@ def run_shards(plan: JobPlan, live: Swarm | None) -> list[dict[str, Any]]:
 def commit_output(spec: JobSpec) -> dict[str, Any]:
     """Merge the shard ledgers into the output (cheap when already committed); return the manifest."""
     assert spec.job_id is not None
+    get_run_logger().info("Commit: merging the shards' ledgers of job %s into %s.", spec.job_id, spec.output)
     before = read_json(spec.paths.manifest)
     manifest = launch.commit_job(spec.job_id)
     counts = {k: manifest.get(k) for k in ("rows", "ok", "failed", "output", "failed_rows")}
@@ -290,6 +341,14 @@ def run_and_commit(
     """
     before = sum(_tokens(shard_progress(plan.spec, i)) for i in plan.pending)
     results = run_shards(plan, live)
+    resumed = resumed_rows(results) if plan.pending else 0
+    if resumed:
+        get_run_logger().info(
+            "Job %s resumed: %d of %d rows already done; this run sent the others.",
+            plan.spec.job_id,
+            resumed,
+            sum(int(r.get("total") or 0) for r in results),
+        )
     swarm_s = time.monotonic() - up_at if up_at is not None else 0.0
     if release is not None:
         release()
@@ -304,11 +363,14 @@ def run_and_commit(
         tokens_before=before,
         flow_run=current_flow_run_id(),
         block=live.source if live else None,
+        resumed=resumed,
     )
     log = get_run_logger()
     if plan.pending:
         publish_summary(plan.spec, row, results, manifest)
         log.info("Job %s: %s", plan.spec.job_id, row)
+        if recovered := recovered_text(results):
+            log.info("Job %s: %s.", plan.spec.job_id, recovered)
     else:
         publish_all_cached(plan.spec, manifest)
         log.info(

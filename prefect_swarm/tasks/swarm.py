@@ -14,9 +14,12 @@ secrets. The flow's ``finally``, its hooks and the reaper all tear down the same
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import threading
+import time
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +33,8 @@ from prefect_swarm.config import SwarmConfig, load_config
 from prefect_swarm.config.swarm import Sharing
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.holding import Holding
+from prefect_swarm.interfaces.types import ReplicaHealth
+from prefect_swarm.settings import get_settings
 from prefect_swarm.state import LeaseRecord, StateStore, SwarmRecord
 from prefect_swarm.swarm import (
     KEEP_OWNER,
@@ -182,6 +187,13 @@ def swarm_up(cfg: SwarmConfig, keep: bool = False, reuse: bool = True, source: s
     ``source`` (see :func:`block_ref`) is recorded so teardown elsewhere can reload the secrets.
     """
     log = get_run_logger()
+    log.info(
+        "Bring-up: swarm '%s' (%d x %s on %s): sharing it when it is live, else bringing it up.",
+        cfg.name,
+        cfg.replicas,
+        cfg.model,
+        cfg.backend.type,
+    )
     swarm = Swarm(cfg, flow_run_id=current_flow_run_id(), keep=keep, source=source)
     held = holding(swarm.store).bring_up(swarm, current_owner(), reuse=reuse)
     if held.shared is not None:
@@ -225,7 +237,8 @@ def _wall_time(cfg: SwarmConfig) -> str:
 def wait_ready(swarm: Swarm, timeout_s: float | None = None) -> list[str]:
     """Block until every replica answers a chat completion; return the endpoint URL(s)."""
     log = get_run_logger()
-    status = swarm.wait_ready(timeout_s)
+    with _readiness_lines(swarm, log):
+        status = swarm.wait_ready(timeout_s)
     swarm_event("ready", swarm.cfg.name, source=swarm.source, healthy=status.healthy, replicas=swarm.cfg.replicas)
     log.info(
         "Swarm '%s' ready: %d/%d replicas healthy at %s.",
@@ -235,6 +248,55 @@ def wait_ready(swarm: Swarm, timeout_s: float | None = None) -> list[str]:
         status.url or swarm.endpoint,
     )
     return swarm.endpoints
+
+
+READINESS_REPEAT_S = 30.0
+"""Longest time between two "Readiness:" lines while what is missing stays the same."""
+
+
+def _missing(swarm: Swarm) -> tuple[tuple[Any, ...], str]:
+    """What swarm ``swarm`` still lacks to be ready, from one non-blocking look at it: a key that
+    changes only when a replica's health does, and the line to log."""
+    status = swarm.status()
+    waiting = [r for r in status.replicas if r.health is not ReplicaHealth.HEALTHY]
+    parts = [f"replica {r.index} ({r.health.value}{': ' + r.detail[:120] if r.detail else ''})" for r in waiting]
+    detail = f": {status.detail[:120]}" if status.detail else ""
+    what = ", ".join(parts) or f"its endpoint ({status.phase.value}{detail})"
+    key = (status.phase, status.healthy, tuple((r.index, r.health) for r in waiting))
+    return key, f"{status.healthy}/{swarm.cfg.replicas} replicas healthy; not yet: {what}"
+
+
+@contextmanager
+def _readiness_lines(swarm: Swarm, log: Any) -> Iterator[None]:
+    """While the body waits for ``swarm``: look at it now and then every ``progress_every_s`` (a thread
+    in the run's context); log a "Readiness:" line when a replica's health changes, else every
+    READINESS_REPEAT_S."""
+    stop, every = threading.Event(), get_settings().progress_every_s
+
+    def look(last: tuple[Any, float]) -> tuple[Any, float]:
+        try:
+            key, line = _missing(swarm)
+        except Exception as exc:  # a look at the swarm is a view: never what fails the wait
+            key, line = ("unavailable",), f"status unavailable ({exc})"
+        if key == last[0] and time.monotonic() - last[1] < READINESS_REPEAT_S:
+            return last
+        log.info("Readiness: waiting for swarm '%s': %s.", swarm.cfg.name, line)
+        return key, time.monotonic()
+
+    first = look((None, 0.0))
+
+    def loop() -> None:
+        seen = first
+        while not stop.wait(every):
+            seen = look(seen)
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(loop,), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10.0)
 
 
 @task(
@@ -321,8 +383,13 @@ def teardown_owned(keep_swarm: bool) -> None:
     if keep_swarm:
         for name in held:
             hold.keep(name, owner)
-            get_run_logger().info("Swarm '%s' kept (keep_swarm): `prefect-swarm down %s` stops it.", name, name)
+            get_run_logger().info(
+                "Release: swarm '%s' kept (keep_swarm): `prefect-swarm down %s` stops it.", name, name
+            )
         return
+    get_run_logger().info(
+        "Release: letting go of swarm(s) %s (each stops when this run was its last holder).", ", ".join(held)
+    )
     try:
         for name in held:
             swarm_down(name, owner=owner)
@@ -420,6 +487,59 @@ def swarm_use(cfg: SwarmConfig, sharing: str | None = None) -> Iterator[None]:
             client.upsert_global_concurrency_limit_by_name(limit, 1)
     log = run_logger()
     log.info("Swarm '%s' is used exclusively: waiting for the concurrency limit '%s' (one run at a time).", name, limit)
-    with concurrency(limit, occupy=1, strict=True):
+    with _taking_over(cfg, log) as acquired, concurrency(limit, occupy=1, strict=True):
+        acquired()
         log.info("Acquired the concurrency limit '%s'.", limit)
         yield
+
+
+TAKEOVER_LOOK_S = 1.0
+"""Seconds between two looks, while a run waits for an exclusive swarm, at whether it can take it over."""
+
+
+@contextmanager
+def _taking_over(cfg: SwarmConfig, log: Any) -> Iterator[Callable[[], None]]:
+    """While a run waits for an exclusive swarm's slot (until it calls the callable this yields), hold
+    the swarm when it is live with the same config (:meth:`~prefect_swarm.holding.Holding.hold_if_same`,
+    a look every TAKEOVER_LOOK_S), so the run ahead, letting go, leaves it up for this one instead of
+    stopping it (and this run bringing it up again). A swarm of another config is not held: it stops,
+    this run brings up its own. If the wait fails, the hold is let go (the swarm stops when this run
+    was its last holder); once the slot is acquired the run's own teardown lets go of it."""
+    run_id = current_flow_run_id()
+    stop = threading.Event()
+    if run_id is None:  # outside a flow run nothing holds for it
+        yield stop.set
+        return
+    hold, lease, held = holding(log=log), flow_run_lease(run_id), threading.Event()
+
+    def look() -> None:
+        while not stop.is_set() and not held.is_set():
+            try:
+                if hold.hold_if_same(cfg, lease):
+                    held.set()
+                    log.info(
+                        "Swarm '%s' is up with this run's config: this run holds it while it waits, so the run "
+                        "ahead hands it over instead of stopping it.",
+                        cfg.name,
+                    )
+            except Exception as exc:  # a missed takeover costs a bring-up, never the run
+                log.warning("could not hold swarm '%s' while waiting: %s", cfg.name, exc)
+            stop.wait(TAKEOVER_LOOK_S)
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(look,), daemon=True)
+
+    def acquired() -> None:
+        stop.set()
+        thread.join(timeout=30.0)
+
+    thread.start()
+    try:
+        yield acquired
+    except BaseException:
+        if not stop.is_set():  # the wait itself failed: nothing else lets go of the hold
+            acquired()
+            if held.is_set():
+                hold.release(cfg.name, lease.owner)
+        raise
+    finally:
+        acquired()

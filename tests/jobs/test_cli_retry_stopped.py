@@ -85,6 +85,10 @@ def test_retry_on_a_stopped_swarm_refuses_then_up_brings_it_back_and_reasons_are
         res = _cli("job", "retry", "j17")
         assert res.exit_code == 0, res.output
         assert f"{N} rows: {N} ok, 0 failed" in " ".join(res.output.split())
+        # every row that failed the first time is answered now: counted with the reasons it had
+        line = next(x for x in res.output.splitlines() if "rows answered on a retry" in x)
+        assert line.startswith(f"{len(first)} rows answered on a retry after failing before (earlier reasons: ")
+        assert "HTTP 503" in line or "HTTP 500" in line, line
         assert _requests(NAME) - sent == len(second)
     finally:
         assert _cli("down", NAME, "-y").exit_code == 0

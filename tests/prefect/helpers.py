@@ -66,3 +66,26 @@ def wait_for(predicate: Any, timeout_s: float, step_s: float = 0.25, what: str =
             return time.monotonic() - t0
         time.sleep(step_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def run_logs(flow_run_id: Any) -> list[str]:
+    """Flow run ``flow_run_id``'s log lines (its task runs' too) in time order, once its final line
+    ("Finished in state ...") has reached the API."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=5)
+    found: list[str] = []
+
+    def arrived() -> bool:
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), sort=LogSort.TIMESTAMP_ASC
+            )
+        found[:] = [entry.message for entry in logs]
+        return any(line.startswith("Finished in state") for line in found)
+
+    wait_for(arrived, 30, what="the run's final log line")
+    return found

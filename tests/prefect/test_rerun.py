@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pyarrow.parquet as pq
 import pytest
-from helpers import job_options, prompts, stub_swarm
+from helpers import job_options, prompts, run_logs, stub_swarm
 from stack import PrefectStack
 
 from prefect_swarm.flows import batch_inference, swarm_down
@@ -81,12 +81,19 @@ def test_partial_rerun_resumes_and_reuses(prefect_api: PrefectStack, tmp_path: P
     first = batch_inference(cfg, job_options(), str(inp), str(out), shards=2)
     job_dir = Path(first["job_dir"])
     (job_dir / "shards" / "00001" / "DONE").unlink()  # shard 1 "unfinished": its ledger is kept
-    for part in sorted((job_dir / "shards" / "00001").glob("part-*.parquet"))[1:]:
+    kept, *dropped = sorted((job_dir / "shards" / "00001").glob("part-*.parquet"))
+    for part in dropped:
         part.unlink()
     out.unlink()
     again = batch_inference(cfg, job_options(), str(inp), str(out), shards=2)
     assert again["rows"] == 40 and again["ok"] == 40 and again["skipped"] == 20
     assert pq.read_table(out).column("id").to_pylist() == [f"r{i:05d}" for i in range(40)]
+    # the resume shows in Prefect: shard 0's rows and those of shard 1's kept checkpoint were already done
+    resumed = f"resumed: {20 + pq.read_metadata(kept).num_rows} of 40 rows already done"
+    assert again["resumed"] == 20 + pq.read_metadata(kept).num_rows < 40, again
+    assert any(resumed in line for line in run_logs(again["flow_run"])), resumed
+    summary, notes = _artifacts("partial-out-summary", again["flow_run"])
+    assert summary["resumed"] == again["resumed"] and any(resumed.capitalize() in n for n in notes), notes
     assert StateStore().get_swarm("partial").phase == "STOPPED"  # type: ignore[union-attr]
 
 

@@ -14,7 +14,7 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import job_options, stub_swarm
+from helpers import job_options, run_logs, stub_swarm
 from stack import PrefectStack
 
 from prefect_swarm.flows import batch_inference, swarm_down
@@ -76,6 +76,11 @@ def test_a_failed_rows_run_is_fixed_from_prefect(prefect_api: PrefectStack, tmp_
             assert row["status"] == "error" and row["error"].endswith(EARLIER_ERRORS + reasons[row["id"]]), row
         else:
             assert row["status"] == "ok" and row["error"] is None, row
+    # the answered rows' earlier reasons stay visible: counted by reason in the run's summary
+    assert fixed["recovered"] == len(sent_again), fixed
+    line = next(x for x in run_logs(fixed["flow_run"]) if "rows answered on a retry" in x)
+    assert f": {len(sent_again)} rows answered on a retry after failing before (earlier reasons: " in line, line
+    assert "HTTP 50" in line, line
 
 
 def test_retry_failed_is_in_the_run_form_with_its_description() -> None:

@@ -7,7 +7,9 @@ it; whichever ends first only releases its lease, the last one stops the swarm.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +37,15 @@ def _run_and_logs(run_id: Any) -> tuple[Any, list[str]]:
 
 
 def _two_runs(
-    cfg: dict[str, Any], swarm_home: Path, tmp_path: Path, sizes: dict[str, int], **params: Any
+    cfg: dict[str, Any],
+    swarm_home: Path,
+    tmp_path: Path,
+    sizes: dict[str, int],
+    sample: Callable[[], None] = lambda: None,
+    **params: Any,
 ) -> dict[str, Any]:
-    """Start a 'big' (2 shards) and a 'small' run on ``cfg`` at once; wait until both are final."""
+    """Start a 'big' (2 shards) and a 'small' run on ``cfg`` at once; wait until both are final
+    (calling ``sample`` at each look)."""
     from prefect.deployments import run_deployment
 
     runs = {}
@@ -58,10 +66,11 @@ def _two_runs(
         )
 
     def final(label: str) -> bool:
+        sample()
         state = _run_and_logs(runs[label].id)[0].state
         return state is not None and state.is_final()
 
-    wait_for(lambda: all(final(label) for label in runs), 400, step_s=2, what="both runs final")
+    wait_for(lambda: all(final(label) for label in runs), 400, step_s=1, what="both runs final")
     return runs
 
 
@@ -100,10 +109,27 @@ def test_two_runs_share_one_swarm(prefect_stack: PrefectStack, swarm_home: Path,
     )
 
 
+def _engine_pids(port: int) -> frozenset[int]:
+    """PIDs of the stub engines serving on ``port`` (one replica)."""
+    import psutil
+
+    found = set()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        argv = proc.info.get("cmdline") or []
+        if any(a == "--port" and b == str(port) for a, b in itertools.pairwise(argv)):
+            found.add(int(proc.info["pid"]))
+    return frozenset(found)
+
+
 def test_exclusive_runs_take_turns(prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path) -> None:
-    """``sharing: exclusive`` in the swarm config (no flow parameter): the runs take turns."""
+    """``sharing: exclusive`` in the swarm config (no flow parameter): the runs take turns, and the
+    queued one takes the swarm over from the first (same config): one bring-up, one stop, the same
+    engine process for both."""
     cfg = {**stub_swarm("exclusive", latency_ms=20), "sharing": "exclusive"}
-    runs = _two_runs(cfg, swarm_home, tmp_path, {"big": 200, "small": 40})
+    engines: set[frozenset[int]] = set()
+    runs = _two_runs(
+        cfg, swarm_home, tmp_path, {"big": 200, "small": 40}, lambda: engines.add(_engine_pids(cfg["port"]))
+    )
     done = {label: _run_and_logs(run.id)[0] for label, run in runs.items()}
     states = {label: (run.state.name, run.state.message) for label, run in done.items()}
     assert all(run.state.type.value == "COMPLETED" for run in done.values()), states
@@ -114,15 +140,20 @@ def test_exclusive_runs_take_turns(prefect_stack: PrefectStack, swarm_home: Path
     def logs() -> dict[str, str]:
         return {label: "\n".join(_run_and_logs(run.id)[1]) for label, run in runs.items()}
 
-    wait_for(lambda: sum("Swarm 'exclusive' stopped" in t for t in logs().values()) == 2, 60, what="stop logs")
+    wait_for(lambda: sum("Swarm 'exclusive' stopped" in t for t in logs().values()) == 1, 60, what="stop log")
     text = logs()
-    # one at a time: each run brought the swarm up and stopped it; neither shared the other's
-    assert all("Brought up swarm 'exclusive'" in t and "is already up" not in t for t in text.values())
     assert all("waiting for the concurrency limit 'swarm:exclusive'" in t for t in text.values())
     acquired = {label: _acquired_at(run.id) for label, run in runs.items()}
     first, second = sorted(done, key=lambda label: acquired[label])
     assert done[first].end_time <= acquired[second], "the second run did not wait for the first"
-    print(f"exclusive: {first} then {second}; the second acquired swarm:exclusive after the first ended")
+    # one at a time, one swarm: the first brought it up, the queued one held it while waiting and shared it
+    assert "Brought up swarm 'exclusive'" in text[first] and "Brought up swarm" not in text[second], text[second]
+    assert "this run holds it while it waits" in text[second] and "is already up" in text[second]
+    assert "Swarm 'exclusive' stopped" in text[second] and "stays up: still held by flow-run:" in text[first]
+    running = [pids for pids in engines if pids]
+    assert len(set(running)) == 1 and len(next(iter(running))) == 1, engines  # the same engine process throughout
+    assert not _engine_pids(cfg["port"])
+    print(f"exclusive: {first} then {second} on one engine (pid {sorted(running[0])}); the second took it over")
 
 
 def _acquired_at(run_id: Any) -> Any:

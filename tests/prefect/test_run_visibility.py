@@ -1,0 +1,106 @@
+"""What a run shows in Prefect: a user error as one message (no traceback), a bug with its
+traceback; a log line per phase in order; the job's progress artifact updated every few seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import job_options, prompts, run_logs, stub_swarm
+from stack import PrefectStack
+
+from prefect_swarm import launch
+from prefect_swarm.exceptions import ConfigError, DatasetError
+from prefect_swarm.flows import batch_inference
+from prefect_swarm.tasks import jobs as job_tasks
+
+pytestmark = [pytest.mark.prefect_server]
+
+
+def test_user_errors_end_the_run_with_their_message_alone(
+    prefect_api: PrefectStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inp = prompts(tmp_path / "in.parquet", 5)
+    out = str(tmp_path / "out.parquet")
+    cases = {
+        "missing input file": (stub_swarm("user-err"), job_options(), str(tmp_path / "nope.parquet")),
+        "bad column": (stub_swarm("user-err"), job_options(job_kwargs={"prompt_column": "text"}), str(inp)),
+        "bad config": ({**stub_swarm("user-err"), "replicas": 0}, job_options(), str(inp)),
+    }
+    expected = {
+        "missing input file": [f"input {tmp_path}/nope.parquet does not exist", "Give the job's input"],
+        "bad column": ["column 'text' is missing (columns: id, prompt)", "Rename the column"],
+        "bad config": ["replicas: Input should be greater than or equal to 1", "prefect-swarm validate"],
+    }
+    for label, (cfg, opts, path) in cases.items():
+        state = batch_inference(cfg, opts, path, out, shards=1, return_state=True)
+        message = str(state.message)
+        assert state.is_failed(), (label, state)
+        assert all(part in message for part in expected[label]), (label, message)
+        assert not message.startswith("Flow run encountered"), (label, message)  # the error's own message
+        with pytest.raises(ConfigError):  # DatasetError is one: Python callers still get the exception
+            state.result()
+        logs = run_logs(state.state_details.flow_run_id)
+        assert not any("Traceback" in line for line in logs), (label, logs)
+        assert any(expected[label][0] in line for line in logs), (label, logs)
+        print(f"{label}: Failed, {message.splitlines()[0]!r}, {len(logs)} log lines, no traceback")
+
+    # a bug (not an error raised on purpose) keeps its traceback in the run's logs
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("an unexpected bug")
+
+    monkeypatch.setattr(launch, "plan_job", broken)
+    state = batch_inference(stub_swarm("user-err"), job_options(), str(inp), out, shards=1, return_state=True)
+    assert state.is_failed() and "RuntimeError" in str(state.message), state
+    logs = run_logs(state.state_details.flow_run_id)
+    assert any("Traceback" in line and "an unexpected bug" in line for line in logs), logs
+    with pytest.raises(RuntimeError):
+        state.result()
+    assert not isinstance(RuntimeError(), DatasetError)
+
+
+def test_a_run_logs_each_phase_and_updates_its_progress_every_few_seconds(
+    prefect_api: PrefectStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PREFECT_SWARM_PROGRESS_EVERY_S", "0.5")
+    updates: list[tuple[float, str]] = []
+    real = job_tasks.update_progress_artifact
+
+    def counted(**kwargs: Any) -> Any:
+        updates.append((kwargs["progress"], kwargs["description"]))
+        return real(**kwargs)
+
+    monkeypatch.setattr(job_tasks, "update_progress_artifact", counted)
+    n = 120  # 2 shards x 60 rows, 2 in flight each, 100 ms a request: about 3 s of requests
+    cfg = stub_swarm("phases", latency_ms=100)
+    inp = prompts(tmp_path / "in.parquet", n)
+    state = batch_inference(
+        cfg, job_options(concurrency=2), str(inp), str(tmp_path / "out.parquet"), shards=2, return_state=True
+    )
+    assert state.is_completed(), state
+    logs = run_logs(state.state_details.flow_run_id)
+    phases = [
+        "Bring-up: swarm 'phases'",
+        "Readiness: waiting for swarm 'phases': ",
+        "Swarm 'phases' ready",
+        "Shards: 2 of 2 started on swarm 'phases'",
+        "Shard 0 done: 60 ok, 0 failed of 60 rows",
+        "Shard 1 done: 60 ok, 0 failed of 60 rows",
+        "Release: letting go of swarm(s) phases",
+        "Commit: merging the shards' ledgers",
+        f"Output {tmp_path}/out.parquet: {n} rows",
+    ]
+    at = {p: next((i for i, line in enumerate(logs) if line.startswith(p)), None) for p in phases}
+    assert all(i is not None for i in at.values()), {p: i for p, i in at.items() if i is None}
+    order = sorted(phases, key=lambda p: at[p])  # type: ignore[arg-type,return-value]
+    shard_lines = {"Shard 0 done: 60 ok, 0 failed of 60 rows", "Shard 1 done: 60 ok, 0 failed of 60 rows"}
+    assert [p for p in order if p not in shard_lines] == [p for p in phases if p not in shard_lines], order
+    assert order.index("Shards: 2 of 2 started on swarm 'phases'") < min(order.index(p) for p in shard_lines)
+    assert max(order.index(p) for p in shard_lines) < order.index("Release: letting go of swarm(s) phases")
+    # the job's own progress artifact (the shards' say "shard N") was updated while rows were answered
+    job = [(p, d) for p, d in updates if " shard " not in d]
+    during = {p for p, _ in job if 0 < p < 100}
+    assert len(job) >= 4 and len(during) >= 2, job
+    assert job[-1][0] == 100.0 and f"{n} ok, 0 failed of {n} rows" in job[-1][1], job[-1]
+    print(f"{len(job)} job progress updates ({sorted(during)} while running); phases in order: {len(phases)} lines")
