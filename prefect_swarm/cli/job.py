@@ -3,7 +3,7 @@
     prefect-swarm job submit -n SWARM --input IN --output OUT [--shards N] [--job module:Class]
                              [--job-kwargs JSON] [--response-schema module:Model|FILE]
                              [--schema-retries N] [--max-failed-fraction F] [--detach] [--overwrite]
-                             [--spec FILE]
+                             [--cache | --no-cache] [--spec FILE]
     prefect-swarm job status ID [--refresh] [-o json]
     prefect-swarm job wait ID [--timeout S]
     prefect-swarm job cancel ID
@@ -137,6 +137,16 @@ def submit(
             "above it the command exits 1.",
         ),
     ] = None,
+    cache: Annotated[
+        bool | None,
+        typer.Option(
+            "--cache/--no-cache",
+            help="--cache: answer requests seen by earlier jobs on the same engine from the response cache, and "
+            "keep this job's answers there. --no-cache: every row sends its own request (not even identical "
+            "rows of this job share one). Default: identical rows share one request; the cache as "
+            "PREFECT_SWARM_CACHE says.",
+        ),
+    ] = None,
 ) -> None:
     """Submit a batch job: one process per shard, checkpointed; resubmitting the same --id resumes it
     (or attaches to its processes while they still run)."""
@@ -165,6 +175,7 @@ def submit(
             "output_format": output_format,
             "swarm": swarm,
             "max_failed_fraction": max_failed_fraction,
+            "cache": cache,
         },
     )
     attached: list[str] = []
@@ -411,6 +422,8 @@ def _print_status(doc: dict[str, Any]) -> None:
         f"{p['prompt_tokens']}+{p['completion_tokens']} tokens"
     )
     _print_recovered(p)
+    if reused := reuse_text(p):
+        console.print(reused, markup=False)
     if cost := cost_text(doc.get("cost")):
         console.print(cost, markup=False)
     if projected := projection_text(doc.get("projection")):
@@ -447,6 +460,17 @@ def _print_status(doc: dict[str, Any]) -> None:
     if doc.get("verdict"):
         style = "green" if doc["verdict"]["succeeded"] else "bold red"
         console.print(f"[{style}]{doc['verdict']['message']}[/]", soft_wrap=True)
+
+
+def reuse_text(p: dict[str, Any]) -> str:
+    """The shards' last runs: requests sent, and rows answered without one (jobs.cache); '' when none was."""
+    hits, dups = int(p.get("cache_hits") or 0), int(p.get("deduplicated") or 0)
+    if not hits and not dups:
+        return ""
+    return (
+        f"requests sent: {int(p.get('requests') or 0)}; rows answered without one: {dups} by an identical row's "
+        f"request, {hits} from the response cache"
+    )
 
 
 @job_app.command("wait")

@@ -16,6 +16,7 @@ Commands::
     prefect-swarm history [NAME]
     prefect-swarm automations install [--within 90]
     prefect-swarm volumes list|rm PATH   (model copies staged on node-local disk)
+    prefect-swarm cache info|clear       (the response cache across jobs)
     prefect-swarm version
 
 Config precedence, lowest first: built-in defaults < ``$PREFECT_SWARM_HOME/defaults.yaml`` <
@@ -47,6 +48,7 @@ import typer
 from prefect_swarm import __version__
 from prefect_swarm.cli import db, swarms, top, validate, views
 from prefect_swarm.cli.automations import automations_app
+from prefect_swarm.cli.cache import cache_app
 from prefect_swarm.cli.errors import EXIT_CODES_HELP, SwarmGroup
 from prefect_swarm.cli.exec import exec_cmd
 from prefect_swarm.cli.history import history_cmd
@@ -110,6 +112,7 @@ app.add_typer(job_app, name="job")
 app.command("history", epilog=EXIT_CODES_HELP)(history_cmd)
 app.add_typer(automations_app, name="automations")
 app.add_typer(volumes_app, name="volumes")
+app.add_typer(cache_app, name="cache")
 
 
 def run() -> None:

@@ -34,6 +34,8 @@ FLOW_OWNED = frozenset(
         "auto_commit",
         "replica_capacity",
         "replicas_file",
+        "cache_dir",
+        "cache_max_bytes",
     }
 )
 """JobSpec fields the flow fills itself (from its parameters or from the swarm)."""

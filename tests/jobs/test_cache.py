@@ -6,6 +6,7 @@ run that sends every row is the reference the reused answers must match.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import random
@@ -15,11 +16,16 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from _jobkit import job_argv, requests, run_job, write_spec
+from typer.testing import CliRunner
 
+from prefect_swarm.cli.main import app
+from prefect_swarm.holding import Holding
 from prefect_swarm.jobs.cache import (
     ResponseCache,
     cache_clear,
@@ -30,6 +36,7 @@ from prefect_swarm.jobs.cache import (
 )
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, cache_db, read_json
+from prefect_swarm.testing.stub_engine import stub_swarm_config
 
 ANSWER_COLUMNS = ["id", "prompt", "status", "error", "text", "finish_reason"]
 
@@ -278,3 +285,55 @@ def test_submit_fills_the_cache_from_the_job_and_the_settings(
     else:
         assert fields == {"cache_dir": None, "cache_max_bytes": None}
     assert os.environ["PREFECT_SWARM_HOME"] == str(tmp_path)
+
+
+def test_cli_cache_and_no_cache_on_a_stub_swarm(tmp_path: Path, swarm_home: Path) -> None:
+    """`job submit --cache` twice (the second sends nothing), `--no-cache` (sends every row), what `job status`
+    says, `cache info` and `cache clear` through the real CLI on a local stub swarm (the default, identical
+    rows sharing one request without the cache, is test_within_a_job_duplicates_are_deduplicated_...)."""
+
+    def cli(*args: str) -> object:
+        return CliRunner().invoke(app, list(args))
+
+    n, unique = 100, 60
+    dup_dataset(tmp_path / "in.parquet", n, unique, seed=9)
+    config = tmp_path / "swarm.yaml"
+    config.write_text(yaml.safe_dump(stub_swarm_config("cache-stub")))
+    res = cli("up", "-c", str(config))  # a kept swarm: up to `down`, whatever the jobs on it
+    assert res.exit_code == 0, res.output  # type: ignore[attr-defined]
+    swarm = Holding().attach("cache-stub")
+    try:
+
+        def sent() -> int:
+            return sum(
+                int(httpx.get(u.removesuffix("/v1").rstrip("/") + "/stats", timeout=5).json()["requests"])
+                for u in swarm.endpoints
+            )
+
+        def submit(out: str, *flags: str) -> tuple[int, str]:
+            before = sent()
+            argv = ["--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / out), "--id-column", "id"]
+            res = cli("job", "submit", "-n", "cache-stub", *argv, "--shards", "1", "--id", out, *flags)
+            assert res.exit_code == 0, res.output  # type: ignore[attr-defined]
+            return sent() - before, res.output  # type: ignore[attr-defined]
+
+        count, _ = submit("a.parquet", "--cache")
+        assert count == unique
+        count, shown = submit("b.parquet", "--cache")
+        assert count == 0 and "rows answered without one" in shown and "from the response cache" in shown
+        doc = json.loads(cli("job", "status", "b.parquet", "-o", "json").output)  # type: ignore[attr-defined]
+        assert doc["progress"]["requests"] == 0 and doc["progress"]["cache_hits"] >= unique
+        assert submit("c.parquet", "--no-cache")[0] == n
+    finally:
+        cli("down", "cache-stub", "-y")
+    assert (
+        pq.read_table(tmp_path / "b.parquet")
+        .select(ANSWER_COLUMNS)
+        .equals(pq.read_table(tmp_path / "c.parquet").select(ANSWER_COLUMNS))
+    )
+    info = json.loads(cli("cache", "info", "-o", "json").output)  # type: ignore[attr-defined]
+    assert info["entries"] == unique and info["path"] == str(swarm_home / "cache" / "responses.db")
+    assert info["fingerprints"][0]["fingerprint"] == swarm.fingerprint
+    res = cli("cache", "clear", "-y")
+    assert res.exit_code == 0 and f"dropped {unique}" in res.output  # type: ignore[attr-defined]
+    assert json.loads(cli("cache", "info", "-o", "json").output)["entries"] == 0  # type: ignore[attr-defined]
