@@ -5,6 +5,7 @@
     dataset.py            input: open, validate, stream a row range
     runner.py             async aiohttp runner: concurrency, retries, endpoints
     ledger.py             per-shard checkpoint (part files, progress, fingerprint, DONE)
+    cache.py              identical requests sent once; the response cache across jobs
     shard.py / run.py     the job process (`python -m prefect_swarm.jobs.run`)
     plan.py               pending shards, progress
     commit.py             merge shards into the output; manifest; failed rows

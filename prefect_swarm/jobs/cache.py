@@ -17,12 +17,12 @@ another shard, is deduplicated through the response cache only (when on).
 one SQLite database (``responses.db`` in the cache folder, WAL on a local filesystem, a rollback
 journal on a network one, like the state database), keyed as above. A later request with the same
 key on a swarm with the same engine fingerprint is answered from it without being sent. Several
-job processes (two jobs at once, every shard of one) read and write it together: inserts are
-``INSERT OR IGNORE`` in short transactions under SQLite's busy timeout, so the first answer stored
-for a key stays. Its live size is held under ``max_bytes``: past it, the answers used least recently
-are dropped. The cache is a cache: the ledger stays the one truth of what a row got, and an error of
-the cache (a damaged file, a full disk) turns it off for the rest of the run with a warning; it
-never fails a row.
+job processes (two jobs at once, every shard of one) read and write it together, in short
+transactions under SQLite's busy timeout; a key holds the latest answer a request got (a stored
+answer the job refuses to parse is asked again and replaced). Its live size is held under
+``max_bytes``: past it, the answers used least recently are dropped. The cache is a cache: the
+ledger stays the one truth of what a row got, and an error of the cache (a damaged file, a full
+disk) turns it off for the rest of the run with a warning; it never fails a row.
 
 What a reused answer means: for a greedy request (temperature 0) or one with a ``seed``, the
 answer the engine gives to that request. For an unseeded request that samples (temperature > 0,
@@ -200,7 +200,7 @@ class ResponseCache:
         rows = [(k, self.fingerprint, zlib.compress(b, 1), now) for k, b in puts]
         with self._write():
             self.db.executemany(
-                "INSERT OR IGNORE INTO responses (key, fingerprint, body, size, created, used) "
+                "INSERT OR REPLACE INTO responses (key, fingerprint, body, size, created, used) "
                 "VALUES (?1, ?2, ?3, length(?3), ?4, ?4)",
                 rows,
             )

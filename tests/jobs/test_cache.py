@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from _jobkit import job_argv, requests, run_job, write_spec
+from _jobkit import MODEL, job_argv, requests, run_job, write_spec
 from typer.testing import CliRunner
 
 from prefect_swarm.cli.main import app
@@ -337,3 +337,18 @@ def test_cli_cache_and_no_cache_on_a_stub_swarm(tmp_path: Path, swarm_home: Path
     res = cli("cache", "clear", "-y")
     assert res.exit_code == 0 and f"dropped {unique}" in res.output  # type: ignore[attr-defined]
     assert json.loads(cli("cache", "info", "-o", "json").output)["entries"] == 0  # type: ignore[attr-defined]
+
+
+def test_a_stored_answer_the_job_refuses_is_asked_again_and_replaced(tmp_path: Path, stub) -> None:
+    prompts = dup_dataset(tmp_path / "in.parquet", 10, 10)
+    body = {"messages": [{"role": "user", "content": prompts[0]}], "max_tokens": 8, "temperature": 0, "model": MODEL}
+    key = request_key("engine-a", "/v1/chat/completions", body)
+    cache = ResponseCache(tmp_path / "cache", "engine-a")
+    cache.put(key, b'{"not": "an answer"}')  # e.g. stored by a job whose parse differs
+    cache.close()
+    sent, out, progress = _run(tmp_path, stub, "job", **_cached(tmp_path))
+    assert sent == 10 and progress["cache_hits"] == 0
+    assert out.column("text").to_pylist()[0].startswith("stub-")
+    cache = ResponseCache(tmp_path / "cache", "engine-a")
+    assert b"choices" in cache.get_many([key])[key]
+    cache.close()
