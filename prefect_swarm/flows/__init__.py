@@ -4,6 +4,7 @@ batch_inference   plan -> up -> ready -> map shards -> commit -> down
 swarm_up          bring a swarm up and keep it
 swarm_down        stop a swarm
 run_job           a batch job on an existing swarm
+pipeline          stages of batch jobs, each on its own swarm, each over the stage before it
 reap_orphans      on a crash (and a schedule, inactive by default): stop swarms whose flow run ended
 failed_rows_notice  the example automation's action: a job committed with failed rows
 """
@@ -11,13 +12,16 @@ failed_rows_notice  the example automation's action: a job committed with failed
 from prefect_swarm.flows.batch import batch_inference
 from prefect_swarm.flows.notify import failed_rows_notice
 from prefect_swarm.flows.params import JobOptions
+from prefect_swarm.flows.pipeline import Stage, pipeline
 from prefect_swarm.flows.reaper import reap_orphans_flow
 from prefect_swarm.flows.swarm import run_job, swarm_down, swarm_up
 
 __all__ = [
     "JobOptions",
+    "Stage",
     "batch_inference",
     "failed_rows_notice",
+    "pipeline",
     "reap_orphans_flow",
     "run_job",
     "swarm_down",

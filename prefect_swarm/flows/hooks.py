@@ -1,4 +1,4 @@
-"""State hooks that tear a flow run's swarms down when it is cancelled or crashes.
+"""State hooks that tear a flow run's swarms down (and its subflow runs') when it is cancelled or crashes.
 
 With a worker, Prefect runs these hooks in the worker process (not the flow process, which may
 be gone), so they find everything from SQLite by flow run id; the flow run's own
@@ -53,7 +53,36 @@ def teardown_hook(flow: Any, flow_run: Any, state: Any) -> None:
     try:
         with _swarm_home_of(flow_run):
             stopped = teardown_flow_run(run_id, log=run_log)
+            for child in subflow_runs(run_id):  # they died with this run's process; no hook of theirs runs
+                signal_stop(child)
+                stopped += teardown_flow_run(child, log=run_log)
     except Exception:  # a hook must not raise: the reaper retries later
         run_log.exception("teardown of flow run %s failed; `prefect-swarm db prune` reaps it later", run_id)
         return
     run_log.warning("flow run %s ended %s: stopped swarm(s) %s", run_id, state.name, ", ".join(stopped) or "none")
+
+
+def subflow_runs(flow_run_id: str) -> list[str]:
+    """Ids of the flow runs started inside flow run ``flow_run_id`` (its subflows, theirs, ...) that
+    have not ended: a pipeline's stages, a ``run_job`` called from a flow of your own. They run in
+    its process, so a cancel or a crash of it ends them too, and none of their hooks runs."""
+    import uuid
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    seen: set[str] = set()
+    running: list[str] = []
+    parents = [flow_run_id]
+    with get_client(sync_client=True) as client:
+        while parents:
+            runs = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[uuid.UUID(p) for p in parents])
+                )
+            )
+            new = [r for r in runs if str(r.id) not in seen]
+            seen.update(str(r.id) for r in new)
+            running += [str(r.id) for r in new if r.state is None or not r.state.is_final()]
+            parents = [str(r.id) for r in new]
+    return running

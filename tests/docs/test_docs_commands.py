@@ -37,6 +37,8 @@ NOT_RUN_HERE: dict[str, str] = {
     # Installing and running the whole suite: what CI (.ci/run) does; not from inside a test.
     "make demo": "runs examples/demo.py: tests/prefect/test_demo_vllm.py runs it against the vLLM CPU build",
     "python examples/own_flow.py": "tests/prefect/test_own_flow.py runs its flow through a real worker",
+    "python examples/judge_pipeline.py": "needs a Prefect server: tests/prefect/test_pipeline.py runs its stages "
+    "through a real worker (the pipeline/on-demand deployment)",
     "python examples/swarm_spec_block.py": "needs a Prefect server: tests/prefect/test_blocks.py::"
     "test_the_documented_block_script_saves_a_loadable_block",
     "mkdocs build": "tests/docs/test_site.py builds the site in strict mode",
