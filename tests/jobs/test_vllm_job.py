@@ -13,6 +13,8 @@ import pytest
 import services
 from _jobkit import job_argv, make_dataset, write_spec
 
+from prefect_swarm.paths import JobPaths, read_json
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
@@ -26,13 +28,17 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def test_chat_job_2000_rows_4_shards_on_vllm(tmp_path: Path, vllm_url: str) -> None:
     make_dataset(tmp_path / "in.parquet", 2000, row_group=300)
-    spec = write_spec(
-        tmp_path,
-        model="tiny",
-        concurrency=16,
-        shards=4,
-        job_kwargs={"system_prompt": "Answer briefly.", "sampling": {"max_tokens": 4, "temperature": 0}},
-    )
+    fields = {
+        "model": "tiny",
+        "concurrency": 16,
+        "shards": 4,
+        "job_kwargs": {"system_prompt": "Answer briefly.", "sampling": {"max_tokens": 4, "temperature": 0}},
+        # the response cache (jobs.cache) keeps vLLM's answers for the rerun below
+        "cache": True,
+        "cache_dir": str(tmp_path / "cache"),
+        "swarm_fingerprint": "vllm-tiny",
+    }
+    spec = write_spec(tmp_path, **fields)
     env = {**os.environ, "PREFECT_SWARM_ENDPOINTS": vllm_url}
     started = time.monotonic()
     procs = [subprocess.Popen(job_argv(spec, i, 4), env=env, stderr=subprocess.PIPE, text=True) for i in range(4)]
@@ -49,3 +55,12 @@ def test_chat_job_2000_rows_4_shards_on_vllm(tmp_path: Path, vllm_url: str) -> N
         f"vLLM: 2000 rows, 4 shards in {elapsed:.1f}s; tokens "
         f"{sum(r['prompt_tokens'] for r in rows)}+{sum(r['completion_tokens'] for r in rows)}"
     )
+    # another job over the same rows on the same engine: every answer comes from the cache, none is sent
+    again = write_spec(tmp_path, "again", **fields)
+    procs = [subprocess.Popen(job_argv(again, i, 4), env=env, stderr=subprocess.PIPE, text=True) for i in range(4)]
+    assert [p.wait(600) for p in procs] == [0, 0, 0, 0], [p.stderr.read()[-2000:] for p in procs if p.stderr]
+    progress = [read_json(JobPaths(tmp_path / "again").shard(i).progress) for i in range(4)]
+    assert sum(p["requests"] for p in progress) == 0 and sum(p["cache_hits"] for p in progress) == 2000
+    columns = ["id", "status", "text", "finish_reason"]
+    out, first = pq.read_table(tmp_path / "again-out.parquet"), pq.read_table(tmp_path / "job-out.parquet")
+    assert out.select(columns).equals(first.select(columns))
