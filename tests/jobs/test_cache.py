@@ -352,3 +352,18 @@ def test_a_stored_answer_the_job_refuses_is_asked_again_and_replaced(tmp_path: P
     cache = ResponseCache(tmp_path / "cache", "engine-a")
     assert b"choices" in cache.get_many([key])[key]
     cache.close()
+
+
+def test_the_flows_job_options_carry_the_cache_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """batch_inference's `job` options: `cache` is a run-form field; the cache folder is the flow's to fill."""
+    from prefect_swarm.flows.params import JobOptions, job_options
+    from prefect_swarm.launch import locate_job
+
+    assert "cache" in JobOptions.model_fields and "cache_dir" not in JobOptions.model_fields
+    dup_dataset(tmp_path / "in.parquet", 10, 5)
+    for choice, folder in ((True, str(tmp_path / "home" / "cache")), (False, None)):
+        monkeypatch.setenv("PREFECT_SWARM_HOME", str(tmp_path / "home"))
+        spec = job_options({"job": "chat", "cache": choice}).to_spec(
+            input=str(tmp_path / "in.parquet"), output=str(tmp_path / "out.parquet"), shards=1, swarm_fingerprint="fp"
+        )
+        assert locate_job(spec, "a-swarm").cache_dir == folder
