@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,26 @@ def run_stop_event() -> Iterator[threading.Event]:
             _STOPPED.append(key)
             if _STOP_EVENTS.get(key) is event:
                 del _STOP_EVENTS[key]
+
+
+@contextmanager
+def repeating(every_s: float, step: Callable[[], None]) -> Iterator[None]:
+    """Call ``step`` every ``every_s`` seconds from a thread in the current run's context (its logger
+    and client work there) while the block runs; ``step`` handles its own errors. The thread is
+    stopped and joined when the block ends (a step under way is waited for)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            step()
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(loop,), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=max(every_s, 10.0))
 
 
 def signal_stop(flow_run_id: str) -> None:

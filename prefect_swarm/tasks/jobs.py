@@ -10,8 +10,6 @@ pending is always rerun, with ``refresh_cache``), and a retry resumes from the l
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,6 +35,7 @@ from prefect_swarm.swarm import Swarm
 from prefect_swarm.tasks._common import (
     current_flow_run_id,
     current_task_run_id,
+    repeating,
     results_dir,
     retry_on_type,
     stop_event,
@@ -238,19 +237,10 @@ class _JobProgressArtifact:
     def updating(self) -> Iterator[None]:
         """Update every :func:`progress_every_s` from a thread (in the flow run's context) while the
         block runs, and once more at its end; a failed update is logged, never the run's failure."""
-        stop, every = threading.Event(), progress_every_s()
-
-        def loop() -> None:
-            while not stop.wait(every):
-                self._safe_update()
-
-        thread = threading.Thread(target=contextvars.copy_context().run, args=(loop,), daemon=True)
-        thread.start()
         try:
-            yield
+            with repeating(progress_every_s(), self._safe_update):
+                yield
         finally:
-            stop.set()
-            thread.join(timeout=max(every, 10.0))
             self._safe_update()
 
     def _safe_update(self) -> None:

@@ -14,7 +14,7 @@ secrets. The flow's ``finally``, its hooks and the reaper all tear down the same
 
 from __future__ import annotations
 
-import contextvars
+import contextlib
 import logging
 import threading
 import time
@@ -44,7 +44,7 @@ from prefect_swarm.swarm import (
     missing_secrets,
     process_lease,
 )
-from prefect_swarm.tasks._common import current_flow_run_id, retry_on_type, run_logger
+from prefect_swarm.tasks._common import current_flow_run_id, repeating, retry_on_type, run_logger
 from prefect_swarm.tasks.events import swarm_event
 
 logger = logging.getLogger("prefect_swarm.tasks")
@@ -271,7 +271,6 @@ def _readiness_lines(swarm: Swarm, log: Any) -> Iterator[None]:
     """While the body waits for ``swarm``: look at it now and then every ``progress_every_s`` (a thread
     in the run's context); log a "Readiness:" line when a replica's health changes, else every
     READINESS_REPEAT_S."""
-    stop, every = threading.Event(), get_settings().progress_every_s
 
     def look(last: tuple[Any, float]) -> tuple[Any, float]:
         try:
@@ -283,20 +282,13 @@ def _readiness_lines(swarm: Swarm, log: Any) -> Iterator[None]:
         log.info("Readiness: waiting for swarm '%s': %s.", swarm.cfg.name, line)
         return key, time.monotonic()
 
-    first = look((None, 0.0))
+    seen = [look((None, 0.0))]
 
-    def loop() -> None:
-        seen = first
-        while not stop.wait(every):
-            seen = look(seen)
+    def step() -> None:
+        seen[0] = look(seen[0])
 
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(loop,), daemon=True)
-    thread.start()
-    try:
+    with repeating(get_settings().progress_every_s, step):
         yield
-    finally:
-        stop.set()
-        thread.join(timeout=10.0)
 
 
 @task(
@@ -506,40 +498,40 @@ def _taking_over(cfg: SwarmConfig, log: Any) -> Iterator[Callable[[], None]]:
     this run brings up its own. If the wait fails, the hold is let go (the swarm stops when this run
     was its last holder); once the slot is acquired the run's own teardown lets go of it."""
     run_id = current_flow_run_id()
-    stop = threading.Event()
     if run_id is None:  # outside a flow run nothing holds for it
-        yield stop.set
+        yield lambda: None
         return
     hold, lease, held = holding(log=log), flow_run_lease(run_id), threading.Event()
 
     def look() -> None:
-        while not stop.is_set() and not held.is_set():
-            try:
-                if hold.hold_if_same(cfg, lease):
-                    held.set()
-                    log.info(
-                        "Swarm '%s' is up with this run's config: this run holds it while it waits, so the run "
-                        "ahead hands it over instead of stopping it.",
-                        cfg.name,
-                    )
-            except Exception as exc:  # a missed takeover costs a bring-up, never the run
-                log.warning("could not hold swarm '%s' while waiting: %s", cfg.name, exc)
-            stop.wait(TAKEOVER_LOOK_S)
+        if held.is_set():
+            return
+        try:
+            if hold.hold_if_same(cfg, lease):
+                held.set()
+                log.info(
+                    "Swarm '%s' is up with this run's config: this run holds it while it waits, so the run "
+                    "ahead hands it over instead of stopping it.",
+                    cfg.name,
+                )
+        except Exception as exc:  # a missed takeover costs a bring-up, never the run
+            log.warning("could not hold swarm '%s' while waiting: %s", cfg.name, exc)
 
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(look,), daemon=True)
+    waiting = contextlib.ExitStack()
+    look()
+    waiting.enter_context(repeating(TAKEOVER_LOOK_S, look))
+    acquired: list[bool] = []
 
-    def acquired() -> None:
-        stop.set()
-        thread.join(timeout=30.0)
+    def got_it() -> None:
+        acquired.append(True)
+        waiting.close()
 
-    thread.start()
     try:
-        yield acquired
+        yield got_it
     except BaseException:
-        if not stop.is_set():  # the wait itself failed: nothing else lets go of the hold
-            acquired()
-            if held.is_set():
-                hold.release(cfg.name, lease.owner)
+        waiting.close()
+        if not acquired and held.is_set():  # the wait itself failed: nothing else lets go of the hold
+            hold.release(cfg.name, lease.owner)
         raise
     finally:
-        acquired()
+        waiting.close()
