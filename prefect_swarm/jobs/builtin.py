@@ -8,16 +8,74 @@ from typing import Any
 
 import pyarrow as pa
 
-from prefect_swarm.exceptions import ConfigError, RowRefused
+from prefect_swarm.exceptions import ConfigError, InvalidAnswer, RowRefused
 from prefect_swarm.jobs.api import SwarmJob
 from prefect_swarm.jobs.dataset import batch_url_problem
 from prefect_swarm.jobs.images import check_messages, image_part
 from prefect_swarm.jobs.template import PromptTemplate
 
 _TEXT_OUTPUTS = {"text": pa.string(), "finish_reason": pa.string()}
+_SAMPLE_OUTPUTS = {"text": pa.list_(pa.string()), "finish_reason": pa.list_(pa.string())}
 
 
-class ChatCompletionJob(SwarmJob):
+class _TextJob(SwarmJob):
+    """A job whose answers are text choices (chat, completion): one answer per row, or with
+    ``samples`` = n > 1 n answers per row from ONE request (OpenAI's ``n``, which vLLM, SGLang and
+    OpenAI serve: the prompt is prefilled once for all n). ``text`` and ``finish_reason`` are then
+    lists of n, in choice order; the row's token counts cover all n answers. An engine that answers
+    with fewer choices than asked (it ignores ``n``) gets the row refused (:class:`InvalidAnswer`:
+    an error row naming it), never a row with fewer answers than the job says."""
+
+    outputs = _TEXT_OUTPUTS
+    samples: int = 1
+
+    def _use_samples(self, samples: int) -> None:
+        name = type(self).__name__
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+            raise ConfigError(
+                f"{name}: samples must be a whole number of answers per row, 1 or more (got {samples!r})."
+            )
+        if samples == 1:
+            return
+        if "n" in self.sampling:
+            raise ConfigError(
+                f"{name}: give the number of answers per row as samples={samples}, not also sampling.n; "
+                "remove 'n' from sampling."
+            )
+        if self.response_schema is not None:
+            raise ConfigError(f"{name}: samples > 1 and response_schema do not go together; use one of them.")
+        self.samples = samples
+        self.outputs = {**self.outputs, **_SAMPLE_OUTPUTS}
+
+    def choice_text(self, choice: dict[str, Any]) -> Any:
+        """The text of one choice of the answer."""
+        raise NotImplementedError
+
+    def body(self, row: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`SwarmJob.body`, asking for ``samples`` choices when more than one (over any per-row ``n``)."""
+        body = super().body(row)
+        if self.samples > 1:
+            body["n"] = self.samples
+        return body
+
+    def parse(self, body: dict[str, Any]) -> dict[str, Any]:
+        """First choice's text and finish reason; with ``samples`` > 1 the lists of all of them."""
+        choices = body["choices"]
+        if self.samples == 1:
+            return {"text": self.choice_text(choices[0]), "finish_reason": choices[0].get("finish_reason")}
+        if len(choices) < self.samples:
+            raise InvalidAnswer(
+                f"asked for {self.samples} answers (n={self.samples}), the engine returned {len(choices)}: "
+                "it does not serve OpenAI's n; set samples to 1 and repeat rows, or use an engine that does"
+            )
+        ordered = sorted(choices, key=lambda c: int(c.get("index") or 0))[: self.samples]
+        return {
+            "text": [self.choice_text(c) for c in ordered],
+            "finish_reason": [c.get("finish_reason") for c in ordered],
+        }
+
+
+class ChatCompletionJob(_TextJob):
     """One chat completion per row, from a messages column, a prompt column, or a prompt template over
     several columns (``prompt_template``: ``{column}`` stands for the row's value, see
     :mod:`prefect_swarm.jobs.template`), with an optional system prompt.
@@ -27,11 +85,11 @@ class ChatCompletionJob(SwarmJob):
     with that image, bytes as a data URL of ``image_mime`` (default: read from the bytes). A bad
     image is an error row; nothing is sent for it (:mod:`prefect_swarm.jobs.images`).
 
-    Outputs ``text`` and ``finish_reason``; token counts go to the standard usage columns.
+    Outputs ``text`` and ``finish_reason`` (lists of ``samples`` answers when it is above 1, see
+    :class:`_TextJob`); token counts go to the standard usage columns.
     """
 
     path = "/v1/chat/completions"
-    outputs = _TEXT_OUTPUTS
 
     def __init__(
         self,
@@ -45,8 +103,10 @@ class ChatCompletionJob(SwarmJob):
         image_column: str | None = None,
         image_mime: str | None = None,
         prompt_template: str | None = None,
+        samples: int = 1,
     ) -> None:
         super().__init__(sampling, sampling_column, response_schema, schema_retries)
+        self._use_samples(samples)
         if messages_column and prompt_template:
             raise ConfigError("ChatCompletionJob: give messages_column or prompt_template, not both.")
         if messages_column and system_prompt:
@@ -91,20 +151,15 @@ class ChatCompletionJob(SwarmJob):
             messages = [*self.system, {"role": "user", "content": self._prompt(row)}]
         return {"messages": messages, **self.sampling}
 
-    def parse(self, body: dict[str, Any]) -> dict[str, Any]:
-        """First choice's text and finish reason."""
-        choice = body["choices"][0]
-        return {
-            "text": (choice.get("message") or {}).get("content"),
-            "finish_reason": choice.get("finish_reason"),
-        }
+    def choice_text(self, choice: dict[str, Any]) -> Any:
+        """The message content of a chat choice."""
+        return (choice.get("message") or {}).get("content")
 
 
-class CompletionJob(SwarmJob):
-    """One (legacy) text completion per row from a prompt column."""
+class CompletionJob(_TextJob):
+    """One (legacy) text completion per row from a prompt column (``samples``: see :class:`_TextJob`)."""
 
     path = "/v1/completions"
-    outputs = _TEXT_OUTPUTS
 
     def __init__(
         self,
@@ -113,8 +168,10 @@ class CompletionJob(SwarmJob):
         sampling_column: str | None = None,
         response_schema: str | None = None,
         schema_retries: int = 2,
+        samples: int = 1,
     ) -> None:
         super().__init__(sampling, sampling_column, response_schema, schema_retries)
+        self._use_samples(samples)
         self.prompt_column = prompt_column
 
     def columns(self) -> dict[str, str]:
@@ -125,10 +182,9 @@ class CompletionJob(SwarmJob):
         """Completion body."""
         return {"prompt": row[self.prompt_column], **self.sampling}
 
-    def parse(self, body: dict[str, Any]) -> dict[str, Any]:
-        """First choice's text and finish reason."""
-        choice = body["choices"][0]
-        return {"text": choice.get("text"), "finish_reason": choice.get("finish_reason")}
+    def choice_text(self, choice: dict[str, Any]) -> Any:
+        """The text of a completion choice."""
+        return choice.get("text")
 
 
 class EmbeddingJob(SwarmJob):

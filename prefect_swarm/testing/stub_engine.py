@@ -269,13 +269,21 @@ def answer(path: str, req: dict[str, Any], model: str) -> dict[str, Any]:
     if content is None:
         images = _images(req)
         content = f"stub-{h} " + " ".join(text.split()[:3]) + (f" images={images}" if images else "")
+    n = int(req.get("n") or 1)  # OpenAI's n: n choices, each its own text; usage counts them all
+    usage["completion_tokens"] *= n
+    usage["total_tokens"] = prompt_tokens + usage["completion_tokens"]
+    texts = [content] + [f"{content} #{i}" for i in range(1, n)]
+    choices: list[dict[str, Any]]
     if path.startswith("/v1/completions"):
-        choice: dict[str, Any] = {"index": 0, "text": content, "finish_reason": "length"}
+        choices = [{"index": i, "text": t, "finish_reason": "length"} for i, t in enumerate(texts)]
         obj = "text_completion"
     else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+        choices = [
+            {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}
+            for i, t in enumerate(texts)
+        ]
         obj = "chat.completion"
-    return {"id": f"stub-{h}", "object": obj, "created": 0, "model": model, "choices": [choice], "usage": usage}
+    return {"id": f"stub-{h}", "object": obj, "created": 0, "model": model, "choices": choices, "usage": usage}
 
 
 class StubProtocol(asyncio.Protocol):

@@ -64,3 +64,35 @@ def test_chat_job_2000_rows_4_shards_on_vllm(tmp_path: Path, vllm_url: str) -> N
     columns = ["id", "status", "text", "finish_reason"]
     out, first = pq.read_table(tmp_path / "again-out.parquet"), pq.read_table(tmp_path / "job-out.parquet")
     assert out.select(columns).equals(first.select(columns))
+
+
+def test_four_samples_per_row_on_vllm_exactly_once_across_a_kill(tmp_path: Path, vllm_url: str) -> None:
+    """``samples: 4`` is one request with ``n=4`` per row; vLLM answers 4 choices; a kill -9 once the
+    first checkpoint is on disk and a rerun leave each row once, with 4 answers."""
+    import signal
+
+    from prefect_swarm.paths import JobPaths
+
+    n = 300
+    make_dataset(tmp_path / "in.parquet", n)
+    spec = write_spec(
+        tmp_path, model="tiny", concurrency=8, checkpoint_every=20, checkpoint_seconds=0.5,
+        job_kwargs={"samples": 4, "sampling": {"max_tokens": 4, "temperature": 1.0, "seed": 7}},
+    )  # fmt: skip
+    env = {**os.environ, "PREFECT_SWARM_ENDPOINTS": vllm_url}
+    proc = subprocess.Popen(job_argv(spec), env=env, stderr=subprocess.DEVNULL)
+    shard = JobPaths(tmp_path / "job").shard(0)
+    deadline = time.monotonic() + 300
+    while not shard.parts() and proc.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint in 300 s"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    rerun = subprocess.run(job_argv(spec), env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    rows = pq.read_table(tmp_path / "job-out.parquet").to_pylist()
+    assert [r["id"] for r in rows] == [f"r{i:06d}" for i in range(n)]
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows if r["status"] != "ok"][:3]
+    assert all(len(r["text"]) == 4 and len(r["finish_reason"]) == 4 for r in rows)
+    assert all(4 <= r["completion_tokens"] <= 16 for r in rows)  # the usage covers the 4 answers
+    assert sum(len(set(r["text"])) > 1 for r in rows) > n // 2  # sampled, not one answer copied 4 times
