@@ -66,7 +66,8 @@ class _TextJob(SwarmJob):
         if len(choices) < self.samples:
             raise InvalidAnswer(
                 f"asked for {self.samples} answers (n={self.samples}), the engine returned {len(choices)}: "
-                "it does not serve OpenAI's n; set samples to 1 and repeat rows, or use an engine that does"
+                "it does not serve OpenAI's n; set samples to 1 and repeat rows, each with its own seed (identical "
+                "rows share one request and its answer), or use an engine that does"
             )
         ordered = sorted(choices, key=lambda c: int(c.get("index") or 0))[: self.samples]
         return {
