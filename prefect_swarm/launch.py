@@ -899,7 +899,8 @@ def wait_job(
 def let_go_of_swarm(rec: JobRecord, store: StateStore) -> None:
     """Job ``rec`` stops holding its swarm (its last row is answered; publishing needs no GPU): with
     other holders (``up``'s KEEP hold, a flow run, another job) the swarm stops when none of them is
-    left live; a swarm nobody else holds by a lease (a library user's ``with Swarm(...)``) is its user's."""
+    left live; a swarm nobody else holds by a lease (brought up by hand with ``Swarm.up()``; a ``with
+    Swarm(...)`` block holds one) is its user's."""
     from prefect_swarm.holding import Holding
     from prefect_swarm.swarm import job_lease
 
@@ -907,7 +908,7 @@ def let_go_of_swarm(rec: JobRecord, store: StateStore) -> None:
     holding, owner = Holding(store), job_lease(rec.swarm, rec.id).owner
     if not holding.holds(rec.swarm, owner):
         return
-    try:  # held by the job alone (a library user's ``with Swarm(...)``): its lease is dead now, left to be reaped
+    try:  # held by the job alone (a swarm up by hand): its lease is dead now, left to be reaped
         if any(x.owner != owner for x in holding.holders(rec.swarm)):
             holding.release(rec.swarm, owner)
     except Exception as exc:  # letting go early is an optimisation; the lease also ends with the job

@@ -437,16 +437,24 @@ class Swarm:
         self.store.clear_leases(self.cfg.name)
 
     def __enter__(self) -> Swarm:
+        # The block holds the swarm while it runs (a PROCESS lease: gone with this process), so a job
+        # submitted against it from elsewhere (`job submit`) does not stop it when that job lets go.
+        self._block_lease = dataclasses.replace(
+            process_lease(owner=f"with:{this_host()}:{os.getpid()}:{id(self):x}"), swarm=self.cfg.name
+        )
+        self.store.put_lease(self._block_lease)
         try:
             self.up()
             self.wait_ready()
         except BaseException:
+            self.store.release_lease(self.cfg.name, self._block_lease.owner)
             if self.delete_on_exit:
                 self.down()
             raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.store.release_lease(self.cfg.name, self._block_lease.owner)
         if self.delete_on_exit:
             self.down()
 

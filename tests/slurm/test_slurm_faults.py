@@ -228,7 +228,7 @@ def test_the_time_limit_ends_a_job_preempted_and_it_resumes_in_a_new_allocation(
                 state = json.loads(doc.stdout)["status"]
                 if not seen or seen[-1] != state:
                     seen.append(state)
-            time.sleep(2)
+            time.sleep(5)  # each look is a CLI process (~1 CPU-s); the PREEMPTED gap lasts tens of seconds
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, out[-3000:] + err[-3000:]
         assert "preempted; resubmitting (1/2)" in err, err[-3000:]
