@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.config.cost import (
-    BUDGET_REACHED,
     BudgetGuard,
     SwarmBudget,
     job_cost,
@@ -607,7 +606,7 @@ def _refuse_if_stopped_at_budget(swarm: Swarm) -> None:
         seen = swarm.backends.serving.status(swarm.handle)
     except Exception:  # a status that cannot be read: the job's own budget still holds
         return
-    if seen.phase is ServingPhase.STOPPED and BUDGET_REACHED in (seen.detail or ""):
+    if seen.phase is ServingPhase.STOPPED and seen.stopped_at_budget:
         raise BudgetReached(
             f"{seen.detail}. Nothing was submitted: bring it up again with a larger budget "
             f"(`prefect-swarm up -c {swarm.paths.config}` after raising backend.cost), then submit again: it resumes."

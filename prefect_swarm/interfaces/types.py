@@ -161,6 +161,9 @@ class ServingStatus:
     url: str | None = None
     detail: str = ""
     replicas: tuple[ReplicaStatus, ...] = ()
+    stopped_at_budget: bool = False
+    """STOPPED by its own sidecar at the swarm's budget (``detail`` says how far): bringing it up again
+    with a larger budget is the way on, submitting more to it is not."""
 
     @property
     def healthy(self) -> int:

@@ -353,7 +353,9 @@ class LocalServing:
         reps = tuple(r for r, _, _ in seen)
         phase, detail = _phase(seen)
         why = (read_json(self.paths.stopped) or {}).get("reason") if phase is ServingPhase.STOPPED else None
-        return ServingStatus(phase=phase, url=handle.url, detail=str(why) if why else detail, replicas=reps)
+        return ServingStatus(
+            phase=phase, url=handle.url, detail=str(why) if why else detail, replicas=reps, stopped_at_budget=bool(why)
+        )
 
     # ------------------------------------------------------------------ delete
     def delete(self, handle: ServingHandle) -> None:
