@@ -56,6 +56,7 @@ def teardown_hook(flow: Any, flow_run: Any, state: Any) -> None:
             for child in subflow_runs(run_id):  # they died with this run's process; no hook of theirs runs
                 signal_stop(child)
                 stopped += teardown_flow_run(child, log=run_log)
+                _end_like_parent(child, run_id, state)
     except Exception:  # a hook must not raise: the reaper retries later
         run_log.exception("teardown of flow run %s failed; `prefect-swarm db prune` reaps it later", run_id)
         return
@@ -86,3 +87,21 @@ def subflow_runs(flow_run_id: str) -> list[str]:
             running += [str(r.id) for r in new if r.state is None or not r.state.is_final()]
             parents = [str(r.id) for r in new]
     return running
+
+
+def _end_like_parent(child: str, parent: str, state: Any) -> None:
+    """Put subflow run ``child`` (and its open task runs) in its parent's final state (Crashed or
+    Cancelled): its process is gone, nobody else reports for it. Never raises."""
+    import uuid
+
+    from prefect import get_client
+    from prefect.states import Cancelled, Crashed
+
+    why = f"its parent flow run {parent} ended {state.name}"
+    try:
+        crash_task_runs(child, why=why)
+        end: Any = Crashed(message=why) if state.is_crashed() else Cancelled(message=why)
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(uuid.UUID(child), end, force=True)
+    except Exception as exc:  # the UI's state is all this changes
+        log.warning("could not end subflow run %s: %s", child, exc)
