@@ -90,12 +90,16 @@ class Stage(BaseModel):
         description="Which answered rows go on to the next stage (or into the output, for the last stage); "
         "default: every answered row.",
     )
-    shards: ShardsArg = None
-    concurrency: ConcurrencyArg = None
-    max_failed_fraction: MaxFailedArg = None
-    sharing: Sharing | None = None
-    max_gpu_hours: MaxGpuHoursArg = None
-    max_cost_usd: MaxCostArg = None
+    shards: ShardsArg = Field(
+        default=None, description="Shards (job processes) of the stage's job; default: sized from its swarm."
+    )
+    concurrency: ConcurrencyArg = Field(default=None, description="Most requests in flight per shard (a cap).")
+    max_failed_fraction: MaxFailedArg = Field(
+        default=None, description="Largest share of failed rows for the stage (and so the pipeline) to go on."
+    )
+    sharing: Sharing | None = Field(default=None, description="'shared' or 'exclusive'; default: the swarm's own.")
+    max_gpu_hours: MaxGpuHoursArg = Field(default=None, description="GPU-hour budget of the stage on its swarm.")
+    max_cost_usd: MaxCostArg = Field(default=None, description="USD budget of the stage (needs a price).")
 
 
 @dataclass
