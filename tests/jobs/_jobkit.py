@@ -160,3 +160,17 @@ def open_ledger(root: Path, start: int, end: int, *, retry_failed: bool = False)
     )
     led.open(retry_failed=retry_failed)
     return led
+
+
+def error_result(row: int, why: str) -> Any:
+    """A RowResult of row ``row`` that failed with ``why`` (HTTP 503), as :func:`open_ledger`'s ledger takes it."""
+    from prefect_swarm.jobs.ledger import RowResult
+
+    return RowResult(row, f"id{row}", "error", why, 503, 0, 0, 1.0, 1)
+
+
+def ok_result(row: int) -> Any:
+    """A RowResult of row ``row`` answered (output ``text``), as :func:`open_ledger`'s ledger takes it."""
+    from prefect_swarm.jobs.ledger import RowResult
+
+    return RowResult(row, f"id{row}", "ok", None, 200, 3, 4, 1.0, 1, {"text": "hi"})

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from _jobkit import open_ledger
+from _jobkit import error_result, ok_result, open_ledger
 
-from prefect_swarm.jobs.ledger import EARLIER_ERRORS, RowResult, ShardLedger, latest_positions, read_ledger
+from prefect_swarm.jobs.ledger import EARLIER_ERRORS, ShardLedger, latest_positions, read_ledger
 from prefect_swarm.paths import ShardPaths
 
 START, END = 0, 50
@@ -16,14 +16,6 @@ START, END = 0, 50
 def _ledger(root: Path, retry_failed: bool = False) -> ShardLedger:
     led: ShardLedger = open_ledger(root, START, END, retry_failed=retry_failed)
     return led
-
-
-def _error(row: int, why: str) -> RowResult:
-    return RowResult(row, f"id{row}", "error", why, 503, 0, 0, 1.0, 1)
-
-
-def _ok(row: int) -> RowResult:
-    return RowResult(row, f"id{row}", "ok", None, 200, 3, 4, 1.0, 1, {"text": "hi"})
 
 
 def _latest_errors(root: Path) -> dict[int, str | None]:
@@ -38,13 +30,13 @@ def test_a_retried_row_keeps_each_runs_reason_and_an_answered_one_has_none(tmp_p
     root = tmp_path / "shard"
     led = _ledger(root)
     for row in range(START, END):
-        led.add(_error(row, "HTTP 503: overloaded") if row in (3, 7) else _ok(row))
+        led.add(error_result(row, "HTTP 503: overloaded") if row in (3, 7) else ok_result(row))
     led.flush("done")
 
     again = _ledger(root, retry_failed=True)  # the first retry: row 3 fails for another reason, row 7 is answered
     assert again.n_left == 2 and again.earlier == {3: "HTTP 503: overloaded", 7: "HTTP 503: overloaded"}
-    again.add(_error(3, "connection error: refused"))
-    again.add(_ok(7))
+    again.add(error_result(3, "connection error: refused"))
+    again.add(ok_result(7))
     again.flush("done")
     latest = _latest_errors(root)
     assert latest[3] == f"connection error: refused{EARLIER_ERRORS}HTTP 503: overloaded"
@@ -52,7 +44,7 @@ def test_a_retried_row_keeps_each_runs_reason_and_an_answered_one_has_none(tmp_p
 
     third = _ledger(root, retry_failed=True)  # only row 3 is an error now; its whole history comes along
     assert third.n_left == 1 and list(third.earlier) == [3]
-    third.add(_error(3, "timeout after 5s"))
+    third.add(error_result(3, "timeout after 5s"))
     third.flush("done")
     third.compact(len(third._parts))  # a merge keeps each row's latest write: the one holding every reason
     assert len(read_ledger(ShardPaths(root)) or []) == END - START
