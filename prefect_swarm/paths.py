@@ -20,7 +20,6 @@
     jobs/<job_id>/               JobPaths
 <home>/jobs/<job_id>/            JobPaths.standalone (a job against no recorded swarm)
 <home>/pipelines/<pipeline_id>/  PipelinePaths: stage-<i>-<name>.parquet, stage-<i>-<name>.input.parquet, *.from.json
-<home>/pipelines/<pipeline_id>/  PipelinePaths (a pipeline's stages: stage-<i>-<name>.parquet, .input.parquet, *.from.json)
 <home>/cache/responses.db        the response cache across jobs (SQLite; PREFECT_SWARM_CACHE_DIR moves the folder)
 <job_dir>/                       JobPaths (also used for ledgers outside a swarm folder)
     spec.json  manifest.json  failed.jsonl  validated.json  input.json  commit.lock
@@ -539,28 +538,6 @@ class JobPaths(Folder):
     def standalone(cls, job_id: str, base: Path | None = None) -> JobPaths:
         """Folder of job ``job_id`` when it belongs to no swarm: ``<home>/jobs/<job_id>``."""
         return cls((base or home_dir()) / "jobs" / job_id)
-
-
-class PipelinePaths(Folder):
-    """Files of one pipeline (``prefect_swarm.flows.pipeline``): each stage's committed output and the
-    input handed to it (with the stamp of what that input was made from)."""
-
-    @classmethod
-    def for_pipeline(cls, pipeline_id: str, base: Path | None = None) -> PipelinePaths:
-        """Folder of pipeline ``pipeline_id``: ``<home>/pipelines/<pipeline_id>``."""
-        return cls((base or home_dir()) / "pipelines" / pipeline_id)
-
-    def stage_output(self, i: int, name: str) -> Path:
-        """What stage ``i`` (from 1) named ``name`` committed: its job's output."""
-        return self.root / f"stage-{i}-{name}.parquet"
-
-    def stage_input(self, i: int, name: str) -> Path:
-        """The input handed to stage ``i`` by the stage before it (stage 1 reads the pipeline's input)."""
-        return self.root / f"stage-{i}-{name}.input.parquet"
-
-    def stamp(self, handed: str | Path) -> Path:
-        """What the hand-over written to ``handed`` was made from (its source file's identity, the filter)."""
-        return self.root / f"{Path(str(handed).rstrip('/')).name}.from.json"
 
 
 class PipelinePaths(Folder):
