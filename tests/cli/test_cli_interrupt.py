@@ -30,7 +30,8 @@ def test_ctrl_c_on_job_submit_says_the_job_runs_on_and_how_to_stop_it(
     engine = {"kind": "command", "command": engine_command(latency_ms=200), "startup_timeout_s": 60}
     config = stub_swarm_config("intr", replicas=1, engine=engine)
     assert run_cli("up", "-c", str(config), "-o", "json", timeout=120).returncode == 0
-    pq.write_table(pa.table({"id": [f"r{i}" for i in range(3000)], "prompt": ["q"] * 3000}), tmp_path / "in.parquet")
+    ids = [f"r{i}" for i in range(3000)]  # distinct prompts: identical ones would be sent once (deduplicated)
+    pq.write_table(pa.table({"id": ids, "prompt": [f"q {i}" for i in range(3000)]}), tmp_path / "in.parquet")
     argv = ["job", "submit", "-n", "intr", "--input", str(tmp_path / "in.parquet")]
     argv += ["--output", str(tmp_path / "out.parquet"), "--shards", "2", "--concurrency", "2", "--id", "intr-1"]
     cli = [sys.executable, "-m", "prefect_swarm.cli.main", *argv]

@@ -16,6 +16,7 @@ from _jobkit import job_argv, make_dataset, requests, run_job, write_spec
 
 from prefect_swarm.exceptions import ConfigError, InvalidAnswer
 from prefect_swarm.jobs.api import load_job
+from prefect_swarm.paths import JobPaths
 from prefect_swarm.testing.stub_engine import answer
 
 
@@ -71,9 +72,10 @@ def test_four_answers_per_row_exactly_once_across_a_kill_and_resume(tmp_path: Pa
         checkpoint_every=100, checkpoint_seconds=0.3,
     )  # fmt: skip
     proc = subprocess.Popen(job_argv(spec), stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while requests(slow) < 300 and proc.poll() is None:
-        assert time.monotonic() < deadline, "the job sent nothing"
+    shard = JobPaths(tmp_path / "killed").shard(0)
+    deadline = time.monotonic() + 120
+    while not shard.parts() and proc.poll() is None:  # killed once a checkpoint is on disk
+        assert time.monotonic() < deadline, "no checkpoint in 120 s"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()

@@ -134,7 +134,9 @@ def refused_without_key(bases: list[str], routes: list[tuple[str, str]], key: st
     key, the key with a lowercase scheme, the key as X-Api-Key); empty when everything was refused."""
     wrong = ({}, {"Authorization": "Bearer not-the-key"}, {"Authorization": f"bearer {key}"}, {"X-Api-Key": key})
     leaks = []
-    with httpx.Client(timeout=30) as client:
+    # a new connection per request: a kept-alive one the server closes as the next request goes out reads
+    # "Server disconnected without sending a response" on a loaded machine
+    with httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as client:
         for base in bases:
             for method, route in routes:
                 for headers in wrong:
