@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -47,9 +48,9 @@ class _TextJob(SwarmJob):
         self.samples = samples
         self.outputs = {**self.outputs, **_SAMPLE_OUTPUTS}
 
+    @abc.abstractmethod
     def choice_text(self, choice: dict[str, Any]) -> Any:
-        """The text of one choice of the answer."""
-        raise NotImplementedError
+        """The text of one choice of the answer (each text job says where it is)."""
 
     def body(self, row: dict[str, Any]) -> dict[str, Any]:
         """:meth:`SwarmJob.body`, asking for ``samples`` choices when more than one (over any per-row ``n``)."""

@@ -89,3 +89,16 @@ def run_logs(flow_run_id: Any) -> list[str]:
 
     wait_for(arrived, 30, what="the run's final log line")
     return found
+
+
+def flow_process(run_id: Any) -> Any:
+    """The process running flow run ``run_id`` here (found by its ``PREFECT__FLOW_RUN_ID``), a psutil.Process."""
+    import psutil
+
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("PREFECT__FLOW_RUN_ID") == str(run_id):
+                return proc
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    raise AssertionError(f"no process of flow run {run_id}")

@@ -8,9 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-from helpers import job_options, prompts, stub_swarm, swarm_processes, wait_for
+from helpers import flow_process, job_options, prompts, stub_swarm, swarm_processes, wait_for
 from stack import PrefectStack, job_variables
 
 from prefect_swarm.state import StateStore
@@ -92,19 +91,9 @@ def _shard_states(run_id: Any) -> list[str]:
     return sorted(t.state.type.value for t in tasks if t.name.startswith("shard-") and t.state is not None)
 
 
-def _flow_process(run_id: Any) -> psutil.Process:
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.environ().get("PREFECT__FLOW_RUN_ID") == str(run_id):
-                return proc
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    raise AssertionError(f"no process of flow run {run_id}")
-
-
 def test_sigkilled_flow_is_reaped(prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path) -> None:
     run, cfg = _start_long_run("killme", swarm_home, tmp_path)
-    os.kill(_flow_process(run.id).pid, signal.SIGKILL)
+    os.kill(flow_process(run.id).pid, signal.SIGKILL)
     t0 = time.monotonic()
     # the worker sees its child die and marks the run Crashed; the zombie automation covers a dead worker
     crashed = wait_for(

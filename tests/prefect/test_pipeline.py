@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pyarrow.parquet as pq
 import pytest
-from helpers import prompts, stub_swarm, swarm_processes, wait_for
+from helpers import flow_process, prompts, stub_swarm, swarm_processes, wait_for
 from stack import REPO, PrefectStack, job_variables
 
 from prefect_swarm.flows.pipeline import pipeline_id
@@ -101,16 +101,6 @@ def _job_processes(swarm: str) -> list[psutil.Process]:
     return found
 
 
-def _flow_process(run_id: Any) -> psutil.Process:
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.environ().get("PREFECT__FLOW_RUN_ID") == str(run_id):
-                return proc
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    raise AssertionError(f"no process of flow run {run_id}")
-
-
 def _state(run_id: Any) -> Any:
     from prefect import get_client
 
@@ -153,7 +143,7 @@ def test_the_judge_pipeline_through_a_worker_crash_in_stage_2_and_rerun(
 
     killed = run_deployment("pipeline/on-demand", parameters=params, job_variables=jv, timeout=0)
     wait_for(lambda: _stage2_ledger_rows(swarm_home, "p-judge") >= 8, 240, what="stage 2 to checkpoint rows")
-    os.kill(_flow_process(killed.id).pid, signal.SIGKILL)  # the flow process and its stage-2 job: gone at once
+    os.kill(flow_process(killed.id).pid, signal.SIGKILL)  # the flow process and its stage-2 job: gone at once
     for job in _job_processes("p-judge"):
         job.kill()
     wait_for(lambda: _state(killed.id).type.value == "CRASHED", 120, step_s=1, what="the run marked Crashed")
