@@ -118,6 +118,11 @@ class InvalidAnswer(ValueError):
     error row with this message."""
 
 
+class TooFewChoices(InvalidAnswer):
+    """A 200 answer with fewer choices than the job asked for with OpenAI's ``n``: the engine does not
+    serve ``n``. With ``samples_by="auto"`` the runner then sends one request per sample instead."""
+
+
 class RowRefused(ValueError):
     """Raised by ``request`` for a row that cannot be sent as it is (bad image, ``stream: true``): the row
     is an error row with this message and no request is sent."""

@@ -27,7 +27,7 @@ import importlib
 import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import pyarrow as pa
 
@@ -47,6 +47,9 @@ BUILTIN_JOBS: dict[str, str] = {
     "openai-batch": "prefect_swarm.jobs.builtin:OpenAIBatchJob",
 }
 """Short names accepted wherever a ``module:Class`` job reference is."""
+
+SamplesBy = Literal["auto", "n", "seeds"]
+"""How several answers per row are asked for (:attr:`SwarmJob.samples_by`)."""
 
 ColumnKind = str
 """What a job needs of an input column: ``string``, ``messages`` (list of {role, content} or a JSON
@@ -71,6 +74,10 @@ class SwarmJob(abc.ABC):
     the fields of its response schema)."""
     answer_retries: int = 0
     """Times an answer refused with :class:`InvalidAnswer` is asked for again."""
+    samples_by: SamplesBy = "n"
+    """How a job asking for several answers per row gets them (see :meth:`sample_requests`): ``n``,
+    one request with OpenAI's ``n``; ``seeds``, :meth:`sample_requests`; ``auto``, ``n`` until the
+    engine answers with fewer choices (:class:`~prefect_swarm.exceptions.TooFewChoices`), then ``seeds``."""
 
     def __init__(
         self,
@@ -147,6 +154,12 @@ class SwarmJob(abc.ABC):
         outputs.update(self.response_schema.validate(outputs.get("text")))
         return outputs
 
+    def sample_requests(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The requests sent instead of ``body`` when the answers are asked one request each (see
+        :attr:`samples_by`); their answers are joined by :func:`join_choices` and parsed as one.
+        Default: ``body`` alone (a job that asks for one answer per row)."""
+        return [body]
+
     def after_invalid(self, outputs: dict[str, Any], error: str) -> dict[str, Any]:
         """Outputs of an answer accepted after refused ones (``error``: why the last one was refused)."""
         if self.response_schema is not None:
@@ -181,6 +194,22 @@ class SwarmJob(abc.ABC):
         """(prompt_tokens, completion_tokens) from a response body."""
         usage = body.get("usage") or {}
         return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+def join_choices(answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """One answer holding the first choice of each of ``answers`` (the answers to
+    :meth:`SwarmJob.sample_requests`), numbered in order, with their token counts summed (each
+    request was prefilled and paid for)."""
+    choices, prompt, completion = [], 0, 0
+    for i, answer in enumerate(answers):
+        first = (answer.get("choices") or [None])[0]
+        if not isinstance(first, dict):
+            raise InvalidAnswer(f"answer {i + 1} of {len(answers)} has no choice: {str(answer)[:200]}")
+        choices.append({**first, "index": i})
+        p, c = SwarmJob.usage(answer)
+        prompt, completion = prompt + p, completion + c
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {**answers[0], "choices": choices, "usage": usage}
 
 
 def check_reserved(what: str, names: Iterable[str], fix: str) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import abc
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, get_args
 
 import pyarrow as pa
 
-from prefect_swarm.exceptions import ConfigError, InvalidAnswer, RowRefused
-from prefect_swarm.jobs.api import SwarmJob
+from prefect_swarm.exceptions import ConfigError, RowRefused, TooFewChoices
+from prefect_swarm.jobs.api import SamplesBy, SwarmJob
 from prefect_swarm.jobs.dataset import batch_url_problem
 from prefect_swarm.jobs.images import check_messages, image_part
 from prefect_swarm.jobs.template import PromptTemplate
@@ -21,20 +21,36 @@ _SAMPLE_OUTPUTS = {"text": pa.list_(pa.string()), "finish_reason": pa.list_(pa.s
 
 class _TextJob(SwarmJob):
     """A job whose answers are text choices (chat, completion): one answer per row, or with
-    ``samples`` = n > 1 n answers per row from ONE request (OpenAI's ``n``, which vLLM, SGLang and
-    OpenAI serve: the prompt is prefilled once for all n). ``text`` and ``finish_reason`` are then
-    lists of n, in choice order; the row's token counts cover all n answers. An engine that answers
-    with fewer choices than asked (it ignores ``n``) gets the row refused (:class:`InvalidAnswer`:
-    an error row naming it), never a row with fewer answers than the job says."""
+    ``samples`` = n > 1 n answers per row. ``text`` and ``finish_reason`` are then lists of n, in
+    choice order; the row's token counts cover all n answers.
+
+    How the n answers are asked for is ``samples_by``:
+
+    - ``"n"``: ONE request with OpenAI's ``n`` (vLLM, SGLang and OpenAI serve it: the prompt is
+      prefilled once for all n). An engine that answers with fewer choices gets the row refused
+      (:class:`~prefect_swarm.exceptions.TooFewChoices`: an error row naming it), never a row with
+      fewer answers than the job says.
+    - ``"seeds"``: n requests per row, one after another on one of the job's request slots, each
+      without ``n`` and with its own ``seed`` (the row's seed + 0..n-1, the seed being 0 when none
+      is given), each retried and rate-limited as any request; their first choices, in seed order,
+      are the answers, and their token counts are summed (each request's prompt is paid for).
+    - ``"auto"`` (the default): ``"n"`` until the engine answers a row with fewer choices than
+      asked, then ``"seeds"`` for that row and every later row of the shard (one warning says so).
+    """
 
     outputs = _TEXT_OUTPUTS
     samples: int = 1
 
-    def _use_samples(self, samples: int) -> None:
+    def _use_samples(self, samples: int, samples_by: SamplesBy) -> None:
         name = type(self).__name__
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise ConfigError(
                 f"{name}: samples must be a whole number of answers per row, 1 or more (got {samples!r})."
+            )
+        if samples_by not in get_args(SamplesBy):
+            raise ConfigError(
+                f"{name}: samples_by must be one of {', '.join(get_args(SamplesBy))} (got {samples_by!r}): 'n' asks "
+                "for the answers in one request, 'seeds' in one request each, 'auto' tries 'n' first."
             )
         if samples == 1:
             return
@@ -45,7 +61,7 @@ class _TextJob(SwarmJob):
             )
         if self.response_schema is not None:
             raise ConfigError(f"{name}: samples > 1 and response_schema do not go together; use one of them.")
-        self.samples = samples
+        self.samples, self.samples_by = samples, samples_by
         self.outputs = {**self.outputs, **_SAMPLE_OUTPUTS}
 
     @abc.abstractmethod
@@ -59,16 +75,25 @@ class _TextJob(SwarmJob):
             body["n"] = self.samples
         return body
 
+    def sample_requests(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """``samples`` requests without ``n``, the i-th with seed = the body's seed (0 if none) + i
+        (``body`` alone for one answer per row)."""
+        if self.samples == 1:
+            return [body]
+        one = {k: v for k, v in body.items() if k != "n"}
+        seed = int(one.get("seed") or 0)
+        return [{**one, "seed": seed + i} for i in range(self.samples)]
+
     def parse(self, body: dict[str, Any]) -> dict[str, Any]:
         """First choice's text and finish reason; with ``samples`` > 1 the lists of all of them."""
         choices = body["choices"]
         if self.samples == 1:
             return {"text": self.choice_text(choices[0]), "finish_reason": choices[0].get("finish_reason")}
         if len(choices) < self.samples:
-            raise InvalidAnswer(
+            raise TooFewChoices(
                 f"asked for {self.samples} answers (n={self.samples}), the engine returned {len(choices)}: "
-                "it does not serve OpenAI's n; set samples to 1 and repeat rows, each with its own seed (identical "
-                "rows share one request and its answer), or use an engine that does"
+                "it does not serve OpenAI's n; give samples_by='seeds' (one request per answer, each with its "
+                "own seed) or 'auto', or use an engine that does"
             )
         ordered = sorted(choices, key=lambda c: int(c.get("index") or 0))[: self.samples]
         return {
@@ -106,9 +131,10 @@ class ChatCompletionJob(_TextJob):
         image_mime: str | None = None,
         prompt_template: str | None = None,
         samples: int = 1,
+        samples_by: SamplesBy = "auto",
     ) -> None:
         super().__init__(sampling, sampling_column, response_schema, schema_retries)
-        self._use_samples(samples)
+        self._use_samples(samples, samples_by)
         if messages_column and prompt_template:
             raise ConfigError("ChatCompletionJob: give messages_column or prompt_template, not both.")
         if messages_column and system_prompt:
@@ -171,9 +197,10 @@ class CompletionJob(_TextJob):
         response_schema: str | None = None,
         schema_retries: int = 2,
         samples: int = 1,
+        samples_by: SamplesBy = "auto",
     ) -> None:
         super().__init__(sampling, sampling_column, response_schema, schema_retries)
-        self._use_samples(samples)
+        self._use_samples(samples, samples_by)
         self.prompt_column = prompt_column
 
     def columns(self) -> dict[str, str]:

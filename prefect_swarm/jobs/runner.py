@@ -64,16 +64,16 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import aiohttp
 from yarl import URL
 
-from prefect_swarm.exceptions import InvalidAnswer
+from prefect_swarm.exceptions import InvalidAnswer, TooFewChoices
 from prefect_swarm.jobs import fastjson
-from prefect_swarm.jobs.api import SwarmJob
+from prefect_swarm.jobs.api import SwarmJob, join_choices
 from prefect_swarm.jobs.control import Controller, process_cap
 from prefect_swarm.jobs.ledger import STATUS_ERROR, STATUS_OK, RowResult
 from prefect_swarm.jobs.ratelimit import RateLimiter
@@ -116,6 +116,11 @@ class RunnerConfig:
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
     """The job's rate limits (all shards together; this process holds its share: see jobs.ratelimit)."""
+
+
+class _SplitSamples(Exception):
+    """Raised out of a row's request when the engine ignored ``n`` under ``samples_by="auto"``: the
+    row is sent again as one request per answer (see :meth:`Runner._send`)."""
 
 
 class Item(NamedTuple):
@@ -458,6 +463,8 @@ class Runner:
     ) -> None:
         self.job, self.cfg, self.on_result = job, cfg, on_result
         self.parse_body = job.parser()
+        self.split_samples = job.samples_by == "seeds"
+        """Whether each row's answers go one request each (:meth:`SwarmJob.sample_requests`)."""
         self.refusals: dict[int, list[str]] = {}
         """Why the job refused answers of rows still being asked (see :class:`InvalidAnswer`)."""
         self.pool = EndpointPool(
@@ -589,7 +596,54 @@ class Runner:
                 on_result(result)
 
     async def _send(self, session: aiohttp.ClientSession, item: Item) -> RowResult | None:
-        """One row: request, retry what is worth retrying, parse. Never raises for a row's fault."""
+        """One row: request, retry what is worth retrying, parse. Never raises for a row's fault.
+        A row whose answers go one request each (:attr:`SwarmJob.samples_by`) goes to :meth:`_send_samples`."""
+        if not self.split_samples:
+            try:
+                return await self._request(session, item, self._parse)
+            except _SplitSamples:  # the engine ignores n: this row and the rest go one request per answer
+                if self.limit is not None:
+                    await self.limit.acquire()
+        return await self._send_samples(session, item)
+
+    async def _send_samples(self, session: aiohttp.ClientSession, item: Item) -> RowResult | None:
+        """The row's :meth:`SwarmJob.sample_requests`, one after another on this worker's request
+        slot, each retried as a row is; their answers joined (:func:`join_choices`) and parsed as
+        one. An error of one makes the row an error row naming it; None when stopped (redone on resume)."""
+        subs = self.job.sample_requests(fastjson.loads(item.body))
+        answers: list[dict[str, Any]] = []
+        attempts, latency = 0, 0.0
+        for i, sub in enumerate(subs):
+            if i and self.limit is not None:
+                await self.limit.acquire()
+            result = await self._request(session, item._replace(body=fastjson.dumps(sub)), self._answer_body)
+            if result is None:
+                return None
+            attempts, latency = attempts + result.attempts, latency + result.latency_ms
+            if result.outputs is None:
+                error = f"answer {i + 1} of {len(subs)}: {result.error}"
+                return replace(result, error=error, attempts=attempts, latency_ms=latency)
+            answers.append(result.outputs["answer"])
+        try:
+            joined = fastjson.dumps(join_choices(answers))
+        except InvalidAnswer as exc:
+            return RowResult(item.row, item.rid, STATUS_ERROR, str(exc), 200, 0, 0, latency, attempts)
+        return self._parse(item, joined, latency, attempts)
+
+    def _answer_body(self, item: Item, data: bytes, latency: float, attempts: int) -> RowResult | None:
+        """A 200 to one of a row's sample requests: its JSON body in ``outputs["answer"]``."""
+        try:
+            body = fastjson.loads(data)
+        except ValueError as exc:
+            error = f"unparsable response: {type(exc).__name__}: {exc}: {_snippet(data)}"
+            return RowResult(item.row, item.rid, STATUS_ERROR, error, 200, 0, 0, latency, attempts)
+        return RowResult(item.row, item.rid, STATUS_OK, None, 200, 0, 0, latency, attempts, {"answer": body})
+
+    async def _request(
+        self, session: aiohttp.ClientSession, item: Item, parse: Callable[[Item, bytes, float, int], RowResult | None]
+    ) -> RowResult | None:
+        """One request for ``item`` until ``parse`` accepts a 200 of it or the retries are spent (an
+        error row); None when stopped."""
         cfg, pool, error = self.cfg, self.pool, ""
         attempt = spared = 0  # requests sent; those not counted against the retries (sent elsewhere)
         ep: Endpoint | None = None
@@ -605,7 +659,7 @@ class Runner:
             status, data, retry_after, error, latency = await self._post(session, ep, item)
             if status:
                 pool.answered(ep)
-                result = self._answered(item, status, data, latency, attempt)
+                result = self._answered(item, status, data, latency, attempt, parse)
                 if result is not None:
                     return result
                 spared += status == 200  # an answer the job refused: asked again, not counted as a retry
@@ -638,11 +692,19 @@ class Runner:
             return False, out and self.pool.in_rotation > 0
         return True, False
 
-    def _answered(self, item: Item, status: int, data: bytes, latency: float, attempt: int) -> RowResult | None:
-        """The row's result from an HTTP answer; None when it is worth asking again (a retryable
-        status, or an answer the job refused with tries left)."""
+    def _answered(
+        self,
+        item: Item,
+        status: int,
+        data: bytes,
+        latency: float,
+        attempt: int,
+        parse: Callable[[Item, bytes, float, int], RowResult | None],
+    ) -> RowResult | None:
+        """The row's result from an HTTP answer (a 200 through ``parse``); None when it is worth asking
+        again (a retryable status, or an answer the job refused with tries left)."""
         if status == 200:
-            return self._parse(item, data, latency, attempt)
+            return parse(item, data, latency, attempt)
         if status in RETRY_STATUSES:
             return None
         raw = _snippet(data, RAW_ERROR_CHARS) if self.cfg.keep_raw else None
@@ -739,6 +801,17 @@ class Runner:
             body = fastjson.loads(data)
             outputs = self.parse_body(body)
             pt, ct = self.job.usage(body)
+        except TooFewChoices as exc:
+            if self.job.samples_by == "auto":  # (rows asked with n before the switch come here after it too)
+                if not self.split_samples:
+                    log.warning(
+                        "the engine answered a row with fewer choices than asked with n: it does not serve OpenAI's n. "
+                        "This shard now sends each row's answers as one request each, each with its own seed "
+                        "(samples_by='auto'; 'seeds' skips the first try)."
+                    )
+                    self.split_samples = True
+                raise _SplitSamples from exc
+            return self._refused_answer(item, str(exc), latency, attempts)
         except InvalidAnswer as exc:
             return self._refused_answer(item, str(exc), latency, attempts)
         except Exception as exc:  # a bad answer fails this row, not the shard

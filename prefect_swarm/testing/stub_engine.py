@@ -18,7 +18,8 @@ seconds is a 429 with Retry-After), ``--exit-after N`` (the process dies after N
 watchdog tests, a replica dying mid-job), ``--startup-delay-s`` (health is 503 until then),
 ``--api-key`` (401 without it, on every route), ``--invalid-json-rate`` (the answer to a request with a
 ``response_format`` is not valid JSON, or misses a required field: structured-output retries),
-``--require-ray-nodes K`` (health is 503 until the local Ray cluster has K alive nodes: multi-node tests).
+``--require-ray-nodes K`` (health is 503 until the local Ray cluster has K alive nodes: multi-node tests),
+``--ignore-n`` (one choice whatever OpenAI's ``n`` asks, as an engine that does not serve it).
 
 Like an engine, it refuses with a 400 and an OpenAI error body (``{"error": {"message", "type",
 "param", "code"}}``): a ``temperature`` outside 0..2, ``max_tokens`` above ``--max-model-len``,
@@ -115,6 +116,8 @@ class StubOptions:
     require_ray_nodes: int | None = None
     """``/health`` answers 503 until the local Ray cluster (``ray.init(address="auto")``, so
     ``RAY_ADDRESS``) reports this many alive nodes: a multi-node test cannot pass without the cluster."""
+    ignore_n: bool = False
+    """Answer one choice whatever OpenAI's ``n`` asks (an engine that does not serve ``n``)."""
     started: float = field(default_factory=time.monotonic)
     """When the stub started (``time.monotonic``)."""
 
@@ -246,8 +249,9 @@ def invalid_content(req: dict[str, Any], roll: float) -> str:
     return '{"answer": "cut sho' if roll < 0.5 else json.dumps({"unexpected": True})
 
 
-def answer(path: str, req: dict[str, Any], model: str) -> dict[str, Any]:
-    """The deterministic response body for ``req`` on ``path``."""
+def answer(path: str, req: dict[str, Any], model: str, serve_n: bool = True) -> dict[str, Any]:
+    """The deterministic response body for ``req`` on ``path`` (one choice whatever ``n`` asks when
+    not ``serve_n``)."""
     text = _prompt_text(req)
     h = _digest(json.dumps(req, sort_keys=True).encode())[:12]
     prompt_tokens = max(1, len(text.split()))
@@ -269,7 +273,7 @@ def answer(path: str, req: dict[str, Any], model: str) -> dict[str, Any]:
     if content is None:
         images = _images(req)
         content = f"stub-{h} " + " ".join(text.split()[:3]) + (f" images={images}" if images else "")
-    n = int(req.get("n") or 1)  # OpenAI's n: n choices, each its own text; usage counts them all
+    n = int(req.get("n") or 1) if serve_n else 1  # OpenAI's n: n choices, each its own text; usage counts them all
     usage["completion_tokens"] *= n
     usage["total_tokens"] = prompt_tokens + usage["completion_tokens"]
     texts = [content] + [f"{content} #{i}" for i in range(1, n)]
@@ -391,7 +395,7 @@ class StubProtocol(asyncio.Protocol):
             self.send(500 if roll < error_rate / 2 else 503, b'{"error":{"message":"injected failure"}}')
             return
         roll -= error_rate
-        body_out = answer(path, req, opts.model)
+        body_out = answer(path, req, opts.model, not opts.ignore_n)
         if opts.invalid_json_rate and req.get("response_format"):
             bad = self.rng.random()
             if bad < opts.invalid_json_rate:
@@ -575,6 +579,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
     ap.add_argument(
         "--require-ray-nodes", type=int, default=None, help="health is 503 until Ray reports this many alive nodes"
     )
+    ap.add_argument("--ignore-n", action="store_true", help="one choice whatever n asks (an engine without n)")
     a, _unknown = ap.parse_known_args(argv)  # tolerate vLLM-style extra flags
     opts = StubOptions(
         model=a.model,
@@ -596,6 +601,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
         invalid_json_rate=a.invalid_json_rate,
         max_model_len=a.max_model_len,
         require_ray_nodes=a.require_ray_nodes,
+        ignore_n=a.ignore_n,
     )
     return a.host, a.port, opts
 
@@ -610,11 +616,15 @@ STUB_MODULE = "prefect_swarm.testing.stub_engine"
 
 
 def knob_args(knobs: dict[str, Any]) -> list[str]:
-    """``--flag value`` arguments for stub knobs given as keyword names (``latency_ms=50``)."""
+    """``--flag value`` arguments for stub knobs given as keyword names (``latency_ms=50``; a switch
+    as ``ignore_n=True``)."""
     args: list[str] = []
     for key, value in knobs.items():
-        if value is not None:
-            args += [f"--{key.replace('_', '-')}", str(value)]
+        flag = f"--{key.replace('_', '-')}"
+        if isinstance(value, bool):
+            args += [flag] if value else []
+        elif value is not None:
+            args += [flag, str(value)]
     return args
 
 

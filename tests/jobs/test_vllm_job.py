@@ -96,3 +96,23 @@ def test_four_samples_per_row_on_vllm_exactly_once_across_a_kill(tmp_path: Path,
     assert all(len(r["text"]) == 4 and len(r["finish_reason"]) == 4 for r in rows)
     assert all(4 <= r["completion_tokens"] <= 16 for r in rows)  # the usage covers the 4 answers
     assert sum(len(set(r["text"])) > 1 for r in rows) > n // 2  # sampled, not one answer copied 4 times
+
+
+def test_four_samples_per_row_as_seeded_requests_on_vllm(tmp_path: Path, vllm_url: str) -> None:
+    """``samples_by: seeds`` (what ``auto`` falls back to on an engine without ``n``) against the real
+    engine: 4 requests per row, each with its own seed; each row's prompt paid for 4 times."""
+    n = 40
+    make_dataset(tmp_path / "in.parquet", n)
+    env = {**os.environ, "PREFECT_SWARM_ENDPOINTS": vllm_url}
+    sampling = {"max_tokens": 4, "temperature": 1.0, "seed": 7}
+    for name, kwargs in (("one", {"sampling": sampling}), ("seeds", {"samples": 4, "samples_by": "seeds",
+                                                                       "sampling": sampling})):  # fmt: skip
+        spec = write_spec(tmp_path, name, model="tiny", concurrency=8, job_kwargs=kwargs)
+        res = subprocess.run(job_argv(spec), env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+    one = pq.read_table(tmp_path / "one-out.parquet").to_pylist()
+    rows = pq.read_table(tmp_path / "seeds-out.parquet").to_pylist()
+    assert all(r["status"] == "ok" and len(r["text"]) == 4 for r in rows), [r["error"] for r in rows][:3]
+    assert [r["prompt_tokens"] for r in rows] == [4 * r["prompt_tokens"] for r in one]
+    assert all(4 <= r["completion_tokens"] <= 16 for r in rows)
+    assert sum(len(set(r["text"])) > 1 for r in rows) > n // 2  # four seeds, not one answer copied
