@@ -43,8 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from prefect_swarm.settings import get_settings
-
 TEMP_SUFFIX = ".tmp"
 """Suffix of the temp files atomic writes rename into place (``.<name>.<random>.tmp``)."""
 PROBE_PREFIX = ".prefect-swarm-probe-"
@@ -205,6 +203,8 @@ def cache_db(folder: Path) -> Path:
 
 def home_dir() -> Path:
     """``$PREFECT_SWARM_HOME`` expanded."""
+    from prefect_swarm.settings import get_settings  # pydantic-settings: not for processes given their folders
+
     return get_settings().home_dir
 
 

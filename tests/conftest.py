@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import services
 
+from prefect_swarm.paths import file_lock
 from prefect_swarm.testing import free_port as free_port_fn
 
 gate = services.gate
@@ -25,9 +26,11 @@ gate = services.gate
 def service_group(nodeid: str) -> str | None:
     """The service a test shares with others, from its id: under ``pytest -n`` (``make test``) the
     tests of one group run one after another on one worker. Everything that submits to the
-    single-node Slurm (its 4 GPUs; the leak check of ``need_slurm`` reads the whole queue), the
-    two-node test cluster (a Slurm of its own, so beside the first), the Prefect server tests (one
-    server per worker), the vLLM CPU engines (each wants every core).
+    single-node Slurm (its 4 GPUs), the two-node test cluster (a Slurm of its own, so beside the
+    first), the Prefect server tests (the suite's one Prefect stack: server, deployments, worker),
+    the vLLM CPU engines (each wants every core). The Prefect flows on Slurm belong to the Prefect
+    group (their stack); ``need_slurm`` holds the suite's Slurm lock, so they still take Slurm one
+    test at a time with the slurm group.
     Everything else is spread over the workers one test at a time. ``pytest_collection_modifyitems``
     checks the ids against the tests' markers and fixtures, so a test in the wrong place fails."""
     path = nodeid.split("::", 1)[0]
@@ -56,6 +59,8 @@ def _needs(item: pytest.Item) -> str | None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         need = _needs(item)
+        if need == "slurm" and service_group(item.nodeid) == "prefect" and item.get_closest_marker("prefect_server"):
+            continue  # a flow on Slurm: the Prefect group's stack, Slurm under the lock of need_slurm
         if need and service_group(item.nodeid) != need:
             raise pytest.UsageError(
                 f"{item.nodeid} needs {need} but its id puts it in group {service_group(item.nodeid)}: "
@@ -119,15 +124,18 @@ def need_vllm() -> None:
 
 @pytest.fixture
 def need_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Gate on a running single-node Slurm (with sacct) and nginx; after the test, every Slurm job
-    it submitted must have left the queue (a leak holds GPUs that later tests then wait for).
+    """Gate on a running single-node Slurm (with sacct) and nginx, and hold it: one test at a time
+    in this run (a lock beside the workers' temp folders); after the test, every Slurm job it
+    submitted must have left the queue (a leak holds GPUs that later tests then wait for).
     Jobs of another pytest session on the same Slurm (their scripts under its temp folder) are not
     counted."""
     gate(services.missing_slurm() or services.missing_nginx())
     mine = tmp_path_factory.getbasetemp()
-    before = services.slurm_job_ids(mine)
-    yield
-    leaked = services.slurm_jobs_left(before, wait_s=30, mine=mine)
+    run_root = mine.parent if os.environ.get("PYTEST_XDIST_WORKER") else mine  # shared by this run's workers
+    with file_lock(run_root / "slurm.lock"):  # one Slurm test at a time, whichever worker
+        before = services.slurm_job_ids(mine)
+        yield
+        leaked = services.slurm_jobs_left(before, wait_s=30, mine=mine)
     if leaked:
         subprocess.run(["scancel", *leaked], check=False)
         pytest.fail(f"the test left Slurm jobs in the queue (now cancelled): {' '.join(leaked)}")

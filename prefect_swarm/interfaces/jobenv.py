@@ -14,6 +14,7 @@ Every ``PREFECT_SWARM_*`` variable that crosses a process boundary is named here
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -25,6 +26,9 @@ MODEL = "MODEL"
 """The served model name."""
 API_KEY = "PREFECT_SWARM_API_KEY"
 """The swarm's API key: engines require it, clients send it, a reattaching process reads it."""
+BEARER_TOKEN = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
+"""RFC 6750's b64token: what an ``Authorization: Bearer`` value, so an API key, may hold (and all
+the Slurm LB's check takes)."""
 SHARD_ID = "PREFECT_SWARM_SHARD_ID"
 NSHARDS = "PREFECT_SWARM_NSHARDS"
 HOME = "PREFECT_SWARM_HOME"

@@ -47,15 +47,17 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import SwarmJob
 from prefect_swarm.jobs.ledger import STATUS_OK, RowResult
-from prefect_swarm.jobs.runner import Item
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import cache_db, journal_for
-from prefect_swarm.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from prefect_swarm.jobs.runner import Item  # (the runner's aiohttp is the job process's, not the CLI's)
+    from prefect_swarm.settings import Settings
 
 log = logging.getLogger("prefect_swarm.jobs")
 
@@ -132,14 +134,22 @@ class Dedup:
             self.recent.popitem(last=False)
 
 
+def _connect(path: Path) -> tuple[sqlite3.Connection, Settings]:
+    """A connection to the cache database at ``path`` that waits for a busy one as the settings say
+    (imported here: pydantic-settings is for a job with the cache on, not every job process)."""
+    from prefect_swarm.settings import get_settings
+
+    settings = get_settings()
+    return sqlite3.connect(path, timeout=settings.busy_timeout_ms / 1000, isolation_level=None), settings
+
+
 class ResponseCache:
     """The response cache in ``folder`` for one engine ``fingerprint`` (see the module's docstring)."""
 
     def __init__(self, folder: Path, fingerprint: str, max_bytes: int | None = None) -> None:
         self.path, self.fingerprint, self.max_bytes = cache_db(folder), fingerprint, max_bytes
         folder.mkdir(parents=True, exist_ok=True)
-        settings = get_settings()
-        self.db = sqlite3.connect(self.path, timeout=settings.busy_timeout_ms / 1000, isolation_level=None)
+        self.db, settings = _connect(self.path)
         self.db.execute(f"PRAGMA busy_timeout={int(settings.busy_timeout_ms)}")
         self._setup(journal_for(folder, settings.state_journal), settings.busy_timeout_ms / 1000)
         self.puts: list[tuple[bytes, bytes]] = []
@@ -379,7 +389,10 @@ def cache_fields(spec: JobSpec, settings: Settings | None = None) -> dict[str, A
     """The spec's ``cache_dir`` and ``cache_max_bytes`` for submission: the settings' cache when the job's
     ``cache`` is true (or null and PREFECT_SWARM_CACHE on) and it runs on a swarm (an engine fingerprint);
     else none. A ``cache_dir`` the spec names already is kept."""
-    settings = settings or get_settings()
+    if settings is None:
+        from prefect_swarm.settings import get_settings
+
+        settings = get_settings()
     on = spec.cache if spec.cache is not None else settings.cache
     if not on or not spec.swarm_fingerprint:
         return {"cache_dir": None, "cache_max_bytes": None}
@@ -436,8 +449,7 @@ class _reader:
     """A connection to an existing cache database, closed on exit."""
 
     def __init__(self, path: Path) -> None:
-        settings = get_settings()
-        self.db = sqlite3.connect(path, timeout=settings.busy_timeout_ms / 1000, isolation_level=None)
+        self.db, _ = _connect(path)
 
     def __enter__(self) -> sqlite3.Connection:
         return self.db

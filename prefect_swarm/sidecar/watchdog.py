@@ -1,9 +1,8 @@
 """The replica watchdog: runs one engine process, health-checks it, restarts it, reports on it.
 
     python -m prefect_swarm.sidecar.watchdog --spec <swarm>/watchdog-<i>.json
-    python -m prefect_swarm.sidecar.watchdog --pick-port HOST PORT [--port-range LOW-HIGH]
-                                              # PORT if free on HOST (and in the range), else a free one
-    python -m prefect_swarm.sidecar.watchdog --await-listen PID PORT # 0 once PID's tree listens on PORT
+
+(The batch scripts' port helpers are :mod:`prefect_swarm.sidecar.ports`.)
 
 * The replica runs in its own process group (so stopping it reaches vLLM's worker processes),
   with stdout+stderr appended to ``replica-<i>.log``.
@@ -30,8 +29,8 @@
 * With ``port_token`` set (Slurm), every start picks the port: ``preferred_port`` when it is free,
   else one the kernel hands out, substituted for the token in ``argv`` and ``url`` and published as
   ``port`` in the status file. A health answer counts only while no process outside the replica's
-  own process tree listens on that port (:func:`port_owner_ok`), so a server of another swarm or
-  user that holds the port is never taken for this replica.
+  own process tree listens on that port (:func:`~prefect_swarm.sidecar.ports.port_owner_ok`), so a
+  server of another swarm or user that holds the port is never taken for this replica.
 
 The status file (``SwarmPaths.replica_status(i)``) is rewritten atomically at every change and
 every check. The spec file holds no secrets: the API key reaches the replica through the
@@ -44,13 +43,10 @@ import argparse
 import contextlib
 import logging
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +57,7 @@ from prefect_swarm.interfaces.jobenv import API_KEY
 from prefect_swarm.interfaces.readiness import ProbeResult, check_health
 from prefect_swarm.interfaces.types import ReplicaHealth
 from prefect_swarm.paths import SwarmPaths, atomic_write_json, read_json, read_tail
+from prefect_swarm.sidecar.ports import pick_port, port_owner_ok
 
 log = logging.getLogger("prefect_swarm.watchdog")
 
@@ -130,64 +127,6 @@ def process_create_time(pid: int) -> float | None:
         return float(psutil.Process(pid).create_time())
     except psutil.Error:
         return None
-
-
-def pick_port(host: str, preferred: int | None, port_range: Sequence[int] | None = None) -> int:
-    """``preferred`` when it can be bound on ``host`` now (and lies in ``port_range``), else a free
-    port of ``port_range`` (tried from a random place, so replicas starting together spread out),
-    else (no range) one the kernel picks. OSError when none is free."""
-    low, high = port_range or (0, 0)
-    wanted = [preferred] if preferred and (not port_range or low <= preferred <= high) else []
-    if port_range:
-        start = random.randrange(high - low + 1)
-        wanted += [low + (start + k) % (high - low + 1) for k in range(high - low + 1)]
-    for port in wanted if port_range else [*wanted, 0]:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-            return int(sock.getsockname()[1])
-    raise OSError(f"no free port on {host}" + (f" in {low}-{high} (backend.port_range)" if port_range else ""))
-
-
-def _tree(pid: int) -> set[int]:
-    import psutil
-
-    try:
-        return {pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))}
-    except psutil.Error:
-        return set()
-
-
-def await_listen(pid: int, port: int, timeout_s: float = 15.0) -> bool:
-    """True once ``pid`` (or a descendant) listens on ``port``; False when it died, or did not in time."""
-    import psutil
-
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end and psutil.pid_exists(pid):
-        listeners = psutil.net_connections(kind="tcp")
-        owners = {c.pid for c in listeners if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
-        if owners & _tree(pid):
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def port_owner_ok(pid: int, port: int) -> bool:
-    """False when a process outside ``pid``'s tree (or one we may not see) listens on ``port``.
-
-    True when the listener is ``pid`` or one of its descendants, or when no listener is visible at
-    all on this host (an engine in another network namespace): then the health answer decides.
-    """
-    import psutil
-
-    try:
-        listeners = [c for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
-    except psutil.Error:
-        return True
-    owners = {c.pid for c in listeners if c.laddr and c.laddr.port == port}
-    return not owners or owners <= _tree(pid)
 
 
 class Watchdog:
@@ -508,13 +447,6 @@ def main(argv: list[str] | None = None) -> int:
     group = ap.add_mutually_exclusive_group(required=True)
     group.add_argument("--spec", type=Path, help="watchdog-<i>.json written by the backend")
     group.add_argument(
-        "--pick-port", nargs=2, metavar=("HOST", "PORT"), help="print PORT if it is free on HOST, else a free port"
-    )
-    ap.add_argument("--port-range", default=None, metavar="LOW-HIGH", help="with --pick-port: pick from these")
-    group.add_argument(
-        "--await-listen", nargs=2, type=int, metavar=("PID", "PORT"), help="exit 0 once PID listens on PORT, else 1"
-    )
-    group.add_argument(
         "--mark-failed",
         nargs=2,
         type=str,
@@ -525,12 +457,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.mark_failed:
         mark_failed(Path(args.mark_failed[0]), args.mark_failed[1])
         return 0
-    if args.pick_port:
-        span = [int(p) for p in args.port_range.split("-")] if args.port_range else None
-        print(pick_port(args.pick_port[0], int(args.pick_port[1]), span))
-        return 0
-    if args.await_listen:
-        return 0 if await_listen(*args.await_listen) else 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for quiet in ("httpx", "httpcore"):  # one INFO line per health probe otherwise (~30 a minute)
         logging.getLogger(quiet).setLevel(logging.WARNING)

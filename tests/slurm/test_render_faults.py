@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from prefect_swarm.backends.slurm import render
 from prefect_swarm.paths import SwarmPaths
-from prefect_swarm.sidecar.watchdog import pick_port
+from prefect_swarm.sidecar.ports import pick_port
 from prefect_swarm.testing import free_port_block
 
 

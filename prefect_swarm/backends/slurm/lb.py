@@ -52,10 +52,9 @@ from prefect_swarm.backends.common import host_port
 from prefect_swarm.backends.slurm import accounting, members
 from prefect_swarm.backends.slurm.client import SlurmClient, clean_env
 from prefect_swarm.backends.slurm.idle import IdleWatch
-from prefect_swarm.backends.slurm.render import BEARER_TOKEN
 from prefect_swarm.config.cost import BudgetGuard, CostConfig
 from prefect_swarm.exceptions import BudgetReached
-from prefect_swarm.interfaces.jobenv import API_KEY
+from prefect_swarm.interfaces.jobenv import API_KEY, BEARER_TOKEN
 from prefect_swarm.interfaces.metrics import engine_targets, write_file_sd
 from prefect_swarm.paths import SwarmPaths, atomic_write_text, read_json, read_text
 

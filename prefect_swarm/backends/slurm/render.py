@@ -35,7 +35,7 @@ from prefect_swarm.backends.engine import (
 from prefect_swarm.config import ContainerConfig, SlurmConfig
 from prefect_swarm.config.backends import SlurmJobsConfig
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.interfaces.jobenv import API_KEY, HOME, LOG_LEVEL
+from prefect_swarm.interfaces.jobenv import API_KEY, BEARER_TOKEN, HOME, LOG_LEVEL
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.sidecar import key_guard
 
@@ -74,9 +74,6 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 KEY_GUARD = "psw_key_guard.KeyGuard"
 """vLLM ``--middleware`` of a closed replica: every route needs the key (prefect_swarm.sidecar.key_guard)."""
-
-BEARER_TOKEN = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
-"""RFC 6750's b64token: what an ``Authorization: Bearer`` value may hold (and all the LB's check takes)."""
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")

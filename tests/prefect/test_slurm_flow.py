@@ -1,5 +1,8 @@
 """``batch_inference`` on the Slurm backend through a real Prefect server + process worker.
 
+The Prefect group's stack serves these too (one server for the suite); Slurm is shared with the
+slurm group's worker, one test at a time (``need_slurm`` holds the suite's Slurm lock).
+
 Cancel from the API (what the UI's Cancel button does): within 30 s no job of the swarm is left in
 squeue (by the ids its record holds and by its ``psw-`` names) and the record says STOPPED. A run to
 the end writes every input row exactly once and leaves nothing queued.
@@ -17,7 +20,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _slurmkit import unique_name
 from helpers import wait_for
 from stack import PrefectStack, job_variables
 
@@ -25,6 +27,9 @@ from prefect_swarm.backends.slurm.client import SlurmClient
 from prefect_swarm.state import StateStore
 from prefect_swarm.testing import free_port_block
 from prefect_swarm.testing.stub_engine import engine_command
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
+from _slurmkit import unique_name
 
 pytestmark = [pytest.mark.slurm, pytest.mark.prefect_server, pytest.mark.slow]
 
@@ -114,7 +119,7 @@ def start_run(swarm_home: Path, tmp_path: Path, cfg: dict[str, Any], rows: int, 
 
 
 def test_cancel_clears_the_slurm_queue_within_30s(
-    slurm_prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path, swarm_name: str
+    prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path, swarm_name: str
 ) -> None:
     from prefect import get_client
     from prefect.states import Cancelling
@@ -158,7 +163,7 @@ def test_cancel_clears_the_slurm_queue_within_30s(
 
 
 def test_flow_on_slurm_writes_every_row_exactly_once(
-    slurm_prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path, swarm_name: str
+    prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path, swarm_name: str
 ) -> None:
     n = 400
     cfg = slurm_stub_swarm(swarm_name, latency_ms=5)
