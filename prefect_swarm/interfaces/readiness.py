@@ -5,9 +5,19 @@ Control-plane HTTP (httpx); short timeouts; never raises for a replica that is m
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import httpx
+
+
+@functools.cache
+def http_client() -> httpx.Client:
+    """The process's control-plane HTTP client. One for every probe: ``httpx.get`` builds a client,
+    and its TLS context, per call (~50 ms of CPU), which a watchdog probing every 2 s paid forever.
+    No kept-alive connections: a probe always reaches the engine as it is now (a replica restarted
+    on the same port, an LB that closed an idle connection), never a stale socket."""
+    return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
 
 
 @dataclass(frozen=True)
@@ -27,7 +37,7 @@ def check_health(
 ) -> ProbeResult:
     """GET ``base_url + path`` (with the key: a closed swarm refuses every route without it); ok on HTTP 200."""
     try:
-        resp = httpx.get(base_url.rstrip("/") + path, headers=_headers(api_key), timeout=timeout_s)
+        resp = http_client().get(base_url.rstrip("/") + path, headers=_headers(api_key), timeout=timeout_s)
     except httpx.HTTPError as exc:
         return ProbeResult(False, f"{type(exc).__name__}: {exc}")
     return ProbeResult(resp.status_code == 200, f"HTTP {resp.status_code}")
@@ -37,7 +47,7 @@ def check_chat(base_url: str, model: str, api_key: str | None = None, timeout_s:
     """POST one tiny chat completion; ok when it returns a choice."""
     body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1, "temperature": 0}
     try:
-        resp = httpx.post(
+        resp = http_client().post(
             base_url.rstrip("/") + "/v1/chat/completions", json=body, headers=_headers(api_key), timeout=timeout_s
         )
     except httpx.HTTPError as exc:
@@ -56,7 +66,7 @@ def key_refused(base_url: str, api_key: str | None, timeout_s: float = 5.0) -> s
     swarm refuses the key (or its absence), else None. Whether the swarm is up is not this probe's
     business: an unreachable swarm answers None here and is waited for by the job."""
     try:
-        resp = httpx.get(base_url.rstrip("/") + "/v1/models", headers=_headers(api_key), timeout=timeout_s)
+        resp = http_client().get(base_url.rstrip("/") + "/v1/models", headers=_headers(api_key), timeout=timeout_s)
     except httpx.HTTPError:
         return None
     return f"HTTP {resp.status_code}" if resp.status_code in (401, 403) else None

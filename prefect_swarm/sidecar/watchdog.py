@@ -69,6 +69,8 @@ BUDGET_CHECK_S = 1.0
 """How often a watchdog reads the swarm's GPU-hours for its budget (pid records and process start times)."""
 LOG_TAIL_LINES = 40
 TICK_S = 0.1
+PORT_CHECK_S = 30.0
+"""How often a healthy replica's port is checked for a foreign owner (see ``Watchdog._foreign_port``)."""
 CREATE_TIME_SLACK_S = 0.05
 """A pid record names the same process when psutil's create times agree this closely."""
 
@@ -142,6 +144,7 @@ class Watchdog:
         self.healthy = ReplicaHealth.UNKNOWN
         self.ever_healthy = False
         self.up_this_start = False
+        self.port_checked_at = 0.0
         self.bad_checks = 0
         self.detail = "starting"
         self.failed = False
@@ -269,9 +272,16 @@ class Watchdog:
         return self.bad_checks < UNHEALTHY_CHECKS
 
     def _foreign_port(self) -> bool:
-        """True when the port this replica picked is held by a process outside its tree."""
+        """True when the port this replica picked is held by a process outside its tree. Checked at
+        every probe until the replica answers healthy in this start, then every ``PORT_CHECK_S``: the
+        check reads every process's sockets (~20 ms of CPU), and while the engine holds the port no
+        one else can bind it (when its process exits, the watchdog restarts it at once)."""
         if not self.spec.port_token or self.proc is None or not self.port:
             return False
+        now = time.monotonic()
+        if self.up_this_start and now < self.port_checked_at + PORT_CHECK_S:
+            return False
+        self.port_checked_at = now
         return not port_owner_ok(self.proc.pid, self.port)
 
     def handle_failure(self, why: str) -> bool:

@@ -47,12 +47,14 @@ def check_api(timeout_s: float | None = None) -> str:
     """Raise PrefectUnavailable unless the API answers ``/health`` within ``timeout_s``; return its URL."""
     import httpx
 
+    from prefect_swarm.interfaces.readiness import http_client
+
     url = api_url()
     if url is None:
         raise PrefectUnavailable("no Prefect API configured (PREFECT_API_URL is unset)")
     timeout = timeout_s or get_settings().prefect_api_timeout_s
     try:
-        resp = httpx.get(url.rstrip("/") + "/health", timeout=timeout)
+        resp = http_client().get(url.rstrip("/") + "/health", timeout=timeout)
     except httpx.HTTPError as exc:
         raise PrefectUnavailable(f"Prefect API at {url} is unreachable ({type(exc).__name__})") from None
     if resp.status_code != 200:

@@ -704,11 +704,13 @@ class StubEngine:
         """Start and wait until /health answers."""
         import httpx
 
+        from prefect_swarm.interfaces.readiness import http_client
+
         self.proc = subprocess.Popen(self.argv, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                if httpx.get(self.url + "/health", headers=self.headers, timeout=1).status_code in (200, 503):
+                if http_client().get(self.url + "/health", headers=self.headers, timeout=1).status_code in (200, 503):
                     return self
             except httpx.HTTPError:
                 time.sleep(0.05)
@@ -717,9 +719,9 @@ class StubEngine:
 
     def stats(self) -> dict[str, int]:
         """Request counters."""
-        import httpx
+        from prefect_swarm.interfaces.readiness import http_client
 
-        return dict(httpx.get(self.url + "/stats", headers=self.headers, timeout=5).json())
+        return dict(http_client().get(self.url + "/stats", headers=self.headers, timeout=5).json())
 
     def stop(self) -> None:
         """Stop the process (and only it)."""

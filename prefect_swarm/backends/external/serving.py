@@ -26,7 +26,7 @@ from prefect_swarm.config import ExternalConfig
 from prefect_swarm.exceptions import ConfigError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, Capability, ServingHandle
 from prefect_swarm.interfaces.metrics import MetricsTargets
-from prefect_swarm.interfaces.readiness import check_chat
+from prefect_swarm.interfaces.readiness import check_chat, http_client
 from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
 from prefect_swarm.interfaces.usage import GpuUsage
 
@@ -182,7 +182,7 @@ class ExternalServing:
         key = external_key(self.cfg)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
-            resp = httpx.get(url + "/v1/models", headers=headers, timeout=min(5.0, self.ext.request_timeout_s))
+            resp = http_client().get(url + "/v1/models", headers=headers, timeout=min(5.0, self.ext.request_timeout_s))
         except httpx.HTTPError as exc:
             return self._status(
                 handle, ReplicaHealth.UNKNOWN, f"unreachable: {type(exc).__name__}", ServingPhase.UNKNOWN
