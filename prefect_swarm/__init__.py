@@ -7,6 +7,8 @@ backends import only what they need. The Prefect blocks are exposed lazily (PEP 
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __version__ = "0.1.0"
@@ -16,13 +18,24 @@ _LAZY_BLOCKS = ("LeptonBackend", "LocalBackend", "SlurmBackend", "SwarmSpec")
 __all__ = ["__version__"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY_BLOCKS:
-        from prefect_swarm import blocks
+def lazy_names(package: str, where: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``(__getattr__, __dir__)`` for ``package``, whose names (keys of ``where``, each defined in the
+    module it maps to) are imported on first use (PEP 562). A package's ``__init__`` then costs
+    nothing: a process that needs one of its modules (a job process, a sidecar, one CLI command)
+    does not import the others' dependencies (pyarrow, aiohttp, httpx, pydantic-settings, YAML)."""
+    namespace = importlib.import_module(package).__dict__
 
-        return getattr(blocks, name)
-    raise AttributeError(f"module 'prefect_swarm' has no attribute {name!r}")
+    def getattr_(name: str) -> Any:
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(where[name]), name)
+        namespace[name] = value
+        return value
+
+    def dir_() -> list[str]:
+        return sorted([*namespace, *where])
+
+    return getattr_, dir_
 
 
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY_BLOCKS])
+__getattr__, __dir__ = lazy_names(__name__, dict.fromkeys(_LAZY_BLOCKS, "prefect_swarm.blocks"))

@@ -5,7 +5,9 @@ Nothing here imports prefect.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from prefect_swarm import lazy_names
 
 if TYPE_CHECKING:
     from prefect_swarm.backends.registry import BUILTIN, BackendPair, build_backends
@@ -13,11 +15,4 @@ if TYPE_CHECKING:
 __all__ = ["BUILTIN", "BackendPair", "build_backends"]
 
 
-def __getattr__(name: str) -> Any:
-    """The registry's names, loaded on first use: a sidecar of one backend (the Slurm LB reconciler)
-    does not import every backend."""
-    if name in __all__:
-        from prefect_swarm.backends import registry
-
-        return getattr(registry, name)
-    raise AttributeError(f"module 'prefect_swarm.backends' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names(__name__, dict.fromkeys(__all__, "prefect_swarm.backends.registry"))

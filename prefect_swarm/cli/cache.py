@@ -16,7 +16,6 @@ import typer
 
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, iso, table
 from prefect_swarm.cli.swarms import OutputOpt, YesOpt, confirm
-from prefect_swarm.jobs.cache import cache_clear, cache_info
 from prefect_swarm.settings import get_settings
 
 cache_app = typer.Typer(
@@ -29,6 +28,8 @@ cache_app = typer.Typer(
 def info(output: OutputOpt = OutputFormat.table) -> None:
     """What the cache holds: answers, bytes, hits, per engine fingerprint, and its size bound."""
     settings = get_settings()
+    from prefect_swarm.jobs.cache import cache_info  # pyarrow: only for this command
+
     doc = {**cache_info(settings.cache_folder), "max_bytes": int(settings.cache_max_gb * 1e9)}
     doc["default_on"] = settings.cache
     if output is OutputFormat.json:
@@ -58,5 +59,7 @@ def clear(
     folder = get_settings().cache_folder
     what = f"engine {fingerprint}'s answers" if fingerprint else "every answer"
     confirm(f"Drop {what} from the response cache {folder}?", yes)
+    from prefect_swarm.jobs.cache import cache_clear
+
     dropped = cache_clear(folder, fingerprint)
     console.print(f"dropped {dropped} answer(s) from the response cache {folder}")

@@ -41,7 +41,6 @@ from prefect_swarm.cli.views import cost_text, job_view
 from prefect_swarm.config.cost import duration, projection_text, usd_text
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import JobStatus
-from prefect_swarm.jobs.plan import recovered_text
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.state import StateStore
 
@@ -406,6 +405,8 @@ def status(
 
 def _print_recovered(progress: dict[str, Any]) -> None:
     """Rows answered on a retry after failing before, with the reasons they had (their output has no error)."""
+    from prefect_swarm.jobs.plan import recovered_text  # pyarrow: only where progress is shown
+
     if recovered := recovered_text(progress.get("shards") or []):
         console.print(recovered, markup=False)
 

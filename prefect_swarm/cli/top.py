@@ -35,7 +35,6 @@ from prefect_swarm.cli.attach import holding
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, table
 from prefect_swarm.config.cost import job_projection
 from prefect_swarm.interfaces.metrics import Samples, authorized, scrape, total
-from prefect_swarm.jobs.plan import recorded_progress
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.state import JobRecord, StateStore
 
@@ -153,6 +152,8 @@ class TopSampler:
         return {"url": url, **counts, "requests_s": rate, "error": None}
 
     def _job(self, rec: JobRecord, swarm_config: dict[str, Any]) -> dict[str, Any]:
+        from prefect_swarm.jobs.plan import recorded_progress  # pyarrow: only where progress is shown
+
         spec = JobSpec.model_validate(rec.spec) if rec.spec and "input" in rec.spec else None
         shards = [recorded_progress(spec, i) if spec else {} for i in range(rec.nshards)]
         running = [p for p in shards if p.get("state") == "running"]

@@ -8,8 +8,9 @@ others' imports (httpx, prometheus_client, the config models).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from prefect_swarm import lazy_names
 
 if TYPE_CHECKING:
     from prefect_swarm.interfaces.capabilities import Capabilities, Capability, check_config
@@ -75,13 +76,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'prefect_swarm.interfaces' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)

@@ -1,14 +1,19 @@
 """Readiness probes: a replica is ready when /health says 200 *and* a real chat completion answers.
 
-Control-plane HTTP (httpx); short timeouts; never raises for a replica that is merely not up yet.
+Control-plane HTTP (httpx, imported when a probe first runs: a job process imports this module for
+:func:`key_refused` alone); short timeouts; never raises for a replica that is merely not up yet.
 """
 
 from __future__ import annotations
 
 import functools
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 
 @functools.cache
@@ -17,6 +22,8 @@ def http_client() -> httpx.Client:
     and its TLS context, per call (~50 ms of CPU), which a watchdog probing every 2 s paid forever.
     No kept-alive connections: a probe always reaches the engine as it is now (a replica restarted
     on the same port, an LB that closed an idle connection), never a stale socket."""
+    import httpx
+
     return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
 
 
@@ -36,6 +43,8 @@ def check_health(
     base_url: str, path: str = "/health", timeout_s: float = 5.0, api_key: str | None = None
 ) -> ProbeResult:
     """GET ``base_url + path`` (with the key: a closed swarm refuses every route without it); ok on HTTP 200."""
+    import httpx
+
     try:
         resp = http_client().get(base_url.rstrip("/") + path, headers=_headers(api_key), timeout=timeout_s)
     except httpx.HTTPError as exc:
@@ -45,6 +54,8 @@ def check_health(
 
 def check_chat(base_url: str, model: str, api_key: str | None = None, timeout_s: float = 60.0) -> ProbeResult:
     """POST one tiny chat completion; ok when it returns a choice."""
+    import httpx
+
     body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1, "temperature": 0}
     try:
         resp = http_client().post(
@@ -64,9 +75,15 @@ def check_chat(base_url: str, model: str, api_key: str | None = None, timeout_s:
 def key_refused(base_url: str, api_key: str | None, timeout_s: float = 5.0) -> str | None:
     """One GET of ``/v1/models`` with ``api_key`` (none when None): ``"HTTP 401"``/``"HTTP 403"`` when the
     swarm refuses the key (or its absence), else None. Whether the swarm is up is not this probe's
-    business: an unreachable swarm answers None here and is waited for by the job."""
+    business: an unreachable swarm answers None here and is waited for by the job.
+
+    The standard library's client (as the metrics scrape's): every job process asks this once, and
+    importing httpx (which imports its command line's rich and click) would cost each ~0.2 s of CPU."""
+    request = urllib.request.Request(base_url.rstrip("/") + "/v1/models", headers=_headers(api_key))
     try:
-        resp = http_client().get(base_url.rstrip("/") + "/v1/models", headers=_headers(api_key), timeout=timeout_s)
-    except httpx.HTTPError:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}" if exc.code in (401, 403) else None
+    except (OSError, ValueError):  # refused, timed out, reset, no such host: not this probe's business
         return None
-    return f"HTTP {resp.status_code}" if resp.status_code in (401, 403) else None

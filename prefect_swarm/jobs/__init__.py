@@ -14,9 +14,24 @@
 Nothing here imports prefect.
 """
 
-from prefect_swarm.jobs.api import BUILTIN_JOBS, SwarmJob, load_job
-from prefect_swarm.jobs.builtin import ChatCompletionJob, CompletionJob, EmbeddingJob, OpenAIBatchJob
-from prefect_swarm.jobs.spec import JobSpec
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prefect_swarm import lazy_names
+
+if TYPE_CHECKING:
+    from prefect_swarm.jobs.api import BUILTIN_JOBS, SwarmJob, load_job
+    from prefect_swarm.jobs.builtin import ChatCompletionJob, CompletionJob, EmbeddingJob, OpenAIBatchJob
+    from prefect_swarm.jobs.spec import JobSpec
+
+_WHERE = {
+    **dict.fromkeys(["BUILTIN_JOBS", "SwarmJob", "load_job"], "prefect_swarm.jobs.api"),
+    **dict.fromkeys(
+        ["ChatCompletionJob", "CompletionJob", "EmbeddingJob", "OpenAIBatchJob"], "prefect_swarm.jobs.builtin"
+    ),
+    "JobSpec": "prefect_swarm.jobs.spec",
+}
 
 __all__ = [
     "BUILTIN_JOBS",
@@ -28,3 +43,5 @@ __all__ = [
     "SwarmJob",
     "load_job",
 ]
+
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)
