@@ -216,7 +216,7 @@ class FollowedCli:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
         try:
-            return self.proc.wait(15)
+            return self.proc.wait(60)  # a second quiet; a loaded machine has taken more than 15
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()

@@ -45,7 +45,7 @@ def test_ctrl_c_on_job_submit_says_the_job_runs_on_and_how_to_stop_it(
             break
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
-    _out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=180)  # minutes only on a loaded machine; seconds quiet
     assert proc.returncode == 130, err[-2000:]
     assert "keeps running" in err, err[-2000:]
     hints = hint_commands(" ".join(err.split()))
