@@ -29,7 +29,7 @@ def service_group(nodeid: str) -> str | None:
     single-node Slurm (its 4 GPUs), the two-node test cluster (a Slurm of its own, so beside the
     first), the Prefect server tests (the suite's one Prefect stack: server, deployments, worker),
     the vLLM CPU engines (each wants every core). The Prefect flows on Slurm belong to the Prefect
-    group (their stack); ``need_slurm`` holds the suite's Slurm lock, so they still take Slurm one
+    group (their stack); :func:`slurm_lock` holds the run's Slurm lock, so they still take Slurm one
     test at a time with the slurm group.
     Everything else is spread over the workers one test at a time. ``pytest_collection_modifyitems``
     checks the ids against the tests' markers and fixtures, so a test in the wrong place fails."""
@@ -122,20 +122,32 @@ def need_vllm() -> None:
     gate(services.missing_vllm())
 
 
-@pytest.fixture
-def need_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Gate on a running single-node Slurm (with sacct) and nginx, and hold it: one test at a time
-    in this run (a lock beside the workers' temp folders); after the test, every Slurm job it
-    submitted must have left the queue (a leak holds GPUs that later tests then wait for).
-    Jobs of another pytest session on the same Slurm (their scripts under its temp folder) are not
-    counted."""
-    gate(services.missing_slurm() or services.missing_nginx())
+@pytest.fixture(autouse=True)
+def slurm_lock(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A test that uses the single-node Slurm (its ``slurm`` marker or ``need_slurm``, as
+    :func:`_needs` tells) holds the run's Slurm lock for its whole life, fixtures included: Slurm
+    takes one test at a time whichever worker runs it (the slurm group's, or a Prefect flow on
+    Slurm in the prefect group). The lock lies beside the workers' temp folders."""
+    if _needs(request.node) != "slurm":
+        yield
+        return
     mine = tmp_path_factory.getbasetemp()
     run_root = mine.parent if os.environ.get("PYTEST_XDIST_WORKER") else mine  # shared by this run's workers
-    with file_lock(run_root / "slurm.lock"):  # one Slurm test at a time, whichever worker
-        before = services.slurm_job_ids(mine)
+    with file_lock(run_root / "slurm.lock"):
         yield
-        leaked = services.slurm_jobs_left(before, wait_s=30, mine=mine)
+
+
+@pytest.fixture
+def need_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Gate on a running single-node Slurm (with sacct) and nginx (held under :func:`slurm_lock`);
+    after the test, every Slurm job it submitted must have left the queue (a leak holds GPUs that
+    later tests then wait for). Jobs of another pytest session on the same Slurm (their scripts
+    under its temp folder) are not counted."""
+    gate(services.missing_slurm() or services.missing_nginx())
+    mine = tmp_path_factory.getbasetemp()
+    before = services.slurm_job_ids(mine)
+    yield
+    leaked = services.slurm_jobs_left(before, wait_s=30, mine=mine)
     if leaked:
         subprocess.run(["scancel", *leaked], check=False)
         pytest.fail(f"the test left Slurm jobs in the queue (now cancelled): {' '.join(leaked)}")
