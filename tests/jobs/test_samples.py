@@ -173,3 +173,24 @@ def test_each_seeded_request_is_retried_on_its_own_and_the_row_counts_them_all(t
     want = pq.read_table(tmp_path / "clean-out.parquet").to_pydict()
     assert out["text"] == want["text"]  # a retried request is the same request: the same answer
     assert out["prompt_tokens"] == want["prompt_tokens"] and out["completion_tokens"] == want["completion_tokens"]
+
+
+def test_seeded_answers_come_back_from_the_response_cache_whole(tmp_path: Path, stub_factory) -> None:
+    """A row answered by its seeded requests is cached as one joined answer: a second job asking the
+    same sends nothing and gets the same N answers (and, as any cache hit, no tokens spent)."""
+    rows = 40
+    make_dataset(tmp_path / "in.parquet", rows)
+    without_n = stub_factory(ignore_n=True)
+    kwargs = {"samples": 3, "samples_by": "auto", "sampling": {"max_tokens": 8, "temperature": 0}}
+    cache = {"cache": True, "cache_dir": str(tmp_path / "cache"), "swarm_fingerprint": "stub-fp"}
+    outs = []
+    for name in ("first", "again"):
+        before = requests(without_n)
+        spec = write_spec(tmp_path, name, endpoints=[without_n.url], job_kwargs=kwargs, concurrency=4, **cache)
+        res = run_job(spec)
+        assert res.returncode == 0, res.stderr
+        outs.append((requests(without_n) - before, pq.read_table(tmp_path / f"{name}-out.parquet").to_pydict()))
+    (sent_first, first), (sent_again, again) = outs
+    assert sent_first >= 3 * rows and sent_again == 0
+    assert all(len(t) == 3 for t in again["text"]) and again["text"] == first["text"]
+    assert min(first["completion_tokens"]) > 0 and set(again["completion_tokens"]) == {0}
