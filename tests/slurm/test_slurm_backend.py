@@ -272,11 +272,18 @@ def test_vllm_cpu_swarm_on_slurm(slurm_swarm: MakeSwarm, need_vllm: None, tmp_pa
     assert our_jobs(swarm.cfg) == ""
     # no engine of this swarm outlived it (other vLLM processes on the machine are not ours)
     job_name = f"SLURM_JOB_NAME={swarm.serving.names.replicas}".encode()
-    ours = [
-        p for p in Path("/proc").iterdir()
-        if p.name.isdigit() and b"vllm.entrypoints" in _read(p / "cmdline") and job_name in _read(p / "environ")
-    ]  # fmt: skip
-    assert ours == [], ours
+
+    def ours() -> list[Path]:
+        return [
+            p for p in Path("/proc").iterdir()
+            if p.name.isdigit() and b"vllm.entrypoints" in _read(p / "cmdline") and job_name in _read(p / "environ")
+        ]  # fmt: skip
+
+    # the job has left squeue; its steps' processes get SIGTERM, then SIGKILL KillWait (5 s) later
+    deadline = time.monotonic() + 30
+    while ours() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ours() == [], ours()
 
 
 def _answers_200(url: str, headers: dict[str, str], within_s: float = 30) -> bool:
