@@ -105,7 +105,9 @@ def test_stop_and_budget_end_every_wait(tmp_path: Path) -> None:
     broke = JobWatcher(compute, Guard())  # type: ignore[arg-type]
     with pytest.raises(BudgetReached, match="budget reached"):
         broke.wait(JobHandle(id="b", backend="fake"), mark=None)
-    time.sleep(WATCH_GRACE_S)
+    deadline = time.monotonic() + WATCH_GRACE_S + 30  # the grace, plus room for a loaded machine
+    while (broke.thread is not None or watcher.thread is not None) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert broke.thread is None and watcher.thread is None  # nothing watched: the threads ended
 
 
