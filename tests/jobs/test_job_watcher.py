@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import services
 
 from prefect_swarm.exceptions import BudgetReached
 from prefect_swarm.interfaces import JobHandle, JobProbe, JobStatus
@@ -105,9 +106,8 @@ def test_stop_and_budget_end_every_wait(tmp_path: Path) -> None:
     broke = JobWatcher(compute, Guard())  # type: ignore[arg-type]
     with pytest.raises(BudgetReached, match="budget reached"):
         broke.wait(JobHandle(id="b", backend="fake"), mark=None)
-    deadline = time.monotonic() + WATCH_GRACE_S + 30  # the grace, plus room for a loaded machine
-    while (broke.thread is not None or watcher.thread is not None) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # the grace, plus room for a loaded machine
+    services.wait_until(lambda: broke.thread is None and watcher.thread is None, WATCH_GRACE_S + 30, step_s=0.1)
     assert broke.thread is None and watcher.thread is None  # nothing watched: the threads ended
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import services
 from _slurmkit import (
     PY,
     LiveSwarm,
@@ -280,9 +281,7 @@ def test_vllm_cpu_swarm_on_slurm(slurm_swarm: MakeSwarm, need_vllm: None, tmp_pa
         ]  # fmt: skip
 
     # the job has left squeue; its steps' processes get SIGTERM, then SIGKILL KillWait (5 s) later
-    deadline = time.monotonic() + 30
-    while ours() and time.monotonic() < deadline:
-        time.sleep(0.5)
+    services.wait_until(lambda: not ours(), 30, step_s=0.5)
     assert ours() == [], ours()
 
 

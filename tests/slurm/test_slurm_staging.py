@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import services
 from _slurmkit import STUB_COMMAND, LiveSwarm, stub_config
 
 from prefect_swarm.config import SwarmConfig
@@ -33,15 +34,6 @@ def running_tasks(cfg: SwarmConfig) -> list[str]:
     return [line for line in squeue(cfg) if line.endswith(" RUNNING")]
 
 
-def wait_for(ok: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not ok():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
 def staged_mtimes(staged: Path) -> dict[str, int]:
     return {p.relative_to(staged).as_posix(): p.stat().st_mtime_ns for p in staged.rglob("*") if p.is_file()}
 
@@ -62,7 +54,7 @@ def test_two_tasks_on_one_node_stage_once_and_a_second_up_skips(
     t0 = time.monotonic()
     with file_lock(lock_path(staged)):  # both tasks reach the stager while the lock is held: they contend
         first.handle = first.serving.create_or_update(cfg)
-        running = wait_for(lambda: len(running_tasks(cfg)) == 2, 60)
+        running = services.wait_until(lambda: len(running_tasks(cfg)) == 2, 60)
         assert running, squeue(cfg)
         time.sleep(2.0)  # each task runs its stager, which blocks on the lock
         assert not first.paths.stage_log.exists() or "staged" not in first.paths.stage_log.read_text()
