@@ -58,7 +58,8 @@ def _needs(item: pytest.Item) -> str | None:
 
 def _flow_on_slurm(item: pytest.Item) -> bool:
     """A Prefect flow on Slurm: the Prefect group's stack, Slurm under the lock of need_slurm."""
-    return _needs(item) == "slurm" and service_group(item.nodeid) == "prefect" and bool(item.get_closest_marker("prefect_server"))
+    in_prefect_group = service_group(item.nodeid) == "prefect"
+    return _needs(item) == "slurm" and in_prefect_group and bool(item.get_closest_marker("prefect_server"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
