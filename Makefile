@@ -6,10 +6,6 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP_QUIET = 2>&1 | { grep -v '^WARNING: Location' || true; }
 CACHE ?= $(HOME)/.cache/prefect-swarm
-# The suite starts about 2,000 Python processes of this package (job processes, stubs, sidecars, CLI
-# calls): with PYTHONDONTWRITEBYTECODE set (some images set it) each one compiles the package's
-# modules from source again. Let them cache their bytecode.
-unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test setup venv vllm slurm lint typecheck unit bench clean
 

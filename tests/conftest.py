@@ -56,22 +56,11 @@ def _needs(item: pytest.Item) -> str | None:
     return "vllm" if "vllm" in marks else None
 
 
-def _flow_on_slurm(item: pytest.Item) -> bool:
-    """A Prefect flow on Slurm: the Prefect group's stack, Slurm under the lock of need_slurm."""
-    in_prefect_group = service_group(item.nodeid) == "prefect"
-    return _needs(item) == "slurm" and in_prefect_group and bool(item.get_closest_marker("prefect_server"))
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Check each test's group, and run the Prefect flows on Slurm last in their group: the slurm
-    group holds the Slurm lock test after test from the start, and a flow that waits for it (behind a
-    three-minute time-limit test, say) holds the Prefect worker idle; late in the run the slurm group
-    has ended or runs short tests. The order is the same on every xdist worker (a stable sort)."""
-    items.sort(key=_flow_on_slurm)
     for item in items:
         need = _needs(item)
-        if _flow_on_slurm(item):
-            continue
+        if need == "slurm" and service_group(item.nodeid) == "prefect" and item.get_closest_marker("prefect_server"):
+            continue  # a flow on Slurm: the Prefect group's stack, Slurm under the lock of need_slurm
         if need and service_group(item.nodeid) != need:
             raise pytest.UsageError(
                 f"{item.nodeid} needs {need} but its id puts it in group {service_group(item.nodeid)}: "
