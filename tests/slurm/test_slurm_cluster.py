@@ -17,6 +17,7 @@ import httpx
 import pytest
 import yaml
 from _slurmkit import make_job, output_ids, stub_config
+from services import wait_until
 
 from prefect_swarm.paths import SwarmPaths
 
@@ -145,15 +146,24 @@ def test_shards_in_their_own_allocation_run_exactly_once(need_slurm: None, tmp_p
         )
         ids = job.meta["jobs"]
         assert len(ids) == 2 and lb not in ids and all(i.isdigit() for i in ids), (lb, ids)
-        names = subprocess.run(
-            ["sacct", "-n", "-X", "-P", "-j", ",".join(ids), "-o", "JobName,ReqCPUS,ReqMem"],
-            capture_output=True,
-            text=True,
-        ).stdout
-        assert all(line.startswith(f"psw-{swarm.cfg.name}.chat-") and "|1|200M" in line for line in names.split()), (
-            names
-        )
         assert compute.wait(job) is JobStatus.SUCCEEDED
+        # slurmdbd records a job a moment after slurmctld runs it (until then sacct may show nothing,
+        # or a half-written record named "allocation"): read it once the shards have ended
+        names = ""
+
+        def recorded() -> bool:
+            nonlocal names
+            names = subprocess.run(
+                ["sacct", "-n", "-X", "-P", "-j", ",".join(ids), "-o", "JobName,ReqCPUS,ReqMem"],
+                capture_output=True,
+                text=True,
+            ).stdout
+            lines = names.split()
+            return len(lines) == 2 and all(
+                line.startswith(f"psw-{swarm.cfg.name}.chat-") and "|1|200M" in line for line in lines
+            )
+
+        assert wait_until(recorded, timeout_s=30), names
         assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(300)]
         assert compute.probe(job).exit_code == 0
         failed = tmp_path / "job" / "failed.jsonl"  # the shards sent the swarm's key: no row got a 401
