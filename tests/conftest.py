@@ -45,6 +45,17 @@ def service_group(nodeid: str) -> str | None:
     return None
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as at a terminal: a suite started in the background (``cmd &`` in a script, nohup)
+    inherits SIGINT ignored, and every process it starts would too, so the tests that press Ctrl-C
+    on a CLI (``follow_cli``, an interrupted ``job submit``) would wait on a process that cannot
+    hear it. The handler Python installs at start is restored (children then start with the default)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _needs(item: pytest.Item) -> str | None:
     marks = {m.name for m in item.iter_markers()}
     if "slurm_multinode" in marks:
