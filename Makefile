@@ -38,7 +38,7 @@ unit: venv  ## fast tests: no Slurm, no vLLM, no Prefect server
 	$(BIN)/pytest -q -m "not slurm and not slurm_multinode and not vllm and not prefect_server"
 
 test: setup lint typecheck  ## everything; missing services FAIL here instead of skipping
-	PREFECT_SWARM_REQUIRE_SERVICES=1 $(BIN)/pytest -q -n 3 --durations=25
+	PREFECT_SWARM_REQUIRE_SERVICES=1 $(BIN)/pytest -q -n 4 --durations=25
 
 bench: venv  ## every benchmark once, small (the full-size commands are in BENCHMARKS.md)
 	PY=$(BIN)/python bash bench/run_all.sh

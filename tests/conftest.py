@@ -46,7 +46,9 @@ def service_group(nodeid: str) -> str | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Ctrl-C as at a terminal: a suite started in the background (``cmd &`` in a script, nohup)
+    """The processes the tests start get what a user's shell gives them.
+
+    Ctrl-C as at a terminal: a suite started in the background (``cmd &`` in a script, nohup)
     inherits SIGINT ignored, and every process it starts would too, so the tests that press Ctrl-C
     on a CLI (``follow_cli``, an interrupted ``job submit``) would wait on a process that cannot
     hear it. The handler Python installs at start is restored (children then start with the default)."""
@@ -54,6 +56,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The suite starts some 2,000 Python processes of this package (CLI calls, job processes, stubs,
+    # sidecars); with PYTHONDONTWRITEBYTECODE set (some images set it) each would compile the
+    # package's modules from source again. Let them cache their bytecode.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def _needs(item: pytest.Item) -> str | None:
@@ -67,11 +73,25 @@ def _needs(item: pytest.Item) -> str | None:
     return "vllm" if "vllm" in marks else None
 
 
+def _flow_on_slurm(item: pytest.Item) -> bool:
+    """A Prefect flow on Slurm: the Prefect group's stack, Slurm under the lock of need_slurm."""
+    return (
+        _needs(item) == "slurm"
+        and service_group(item.nodeid) == "prefect"
+        and bool(item.get_closest_marker("prefect_server"))
+    )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Check each test's group, and run the Prefect flows on Slurm last in their group: the slurm
+    group takes the Slurm lock test after test from the start, and a flow test waiting for it (behind
+    the three-minute time-limit test, say) stalls the whole Prefect group; late in the run the slurm
+    group has ended or runs short tests. The order is the same on every xdist worker (a stable sort)."""
+    items.sort(key=_flow_on_slurm)
     for item in items:
         need = _needs(item)
-        if need == "slurm" and service_group(item.nodeid) == "prefect" and item.get_closest_marker("prefect_server"):
-            continue  # a flow on Slurm: the Prefect group's stack, Slurm under the lock of need_slurm
+        if _flow_on_slurm(item):
+            continue
         if need and service_group(item.nodeid) != need:
             raise pytest.UsageError(
                 f"{item.nodeid} needs {need} but its id puts it in group {service_group(item.nodeid)}: "
