@@ -58,6 +58,7 @@ from prefect_swarm.interfaces.readiness import ProbeResult, check_health
 from prefect_swarm.interfaces.types import ReplicaHealth
 from prefect_swarm.paths import SwarmPaths, atomic_write_json, read_json, read_tail
 from prefect_swarm.sidecar.ports import pick_port, port_owner_ok
+from prefect_swarm.sidecar.procref import ProcRef
 
 log = logging.getLogger("prefect_swarm.watchdog")
 
@@ -71,8 +72,6 @@ LOG_TAIL_LINES = 40
 TICK_S = 0.1
 PORT_CHECK_S = 30.0
 """How often a healthy replica's port is checked for a foreign owner (see ``Watchdog._foreign_port``)."""
-CREATE_TIME_SLACK_S = 0.05
-"""A pid record names the same process when psutil's create times agree this closely."""
 
 
 @dataclass(frozen=True)
@@ -121,16 +120,6 @@ class WatchdogSpec:
         return cls(**data)
 
 
-def process_create_time(pid: int) -> float | None:
-    """psutil's create time of ``pid`` (identity check against pid reuse), or None if gone."""
-    import psutil
-
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
-
-
 class Watchdog:
     """Supervises one replica according to a :class:`WatchdogSpec`."""
 
@@ -152,8 +141,8 @@ class Watchdog:
         self.tail = ""
         self.stop_requested: str | None = None
         self.born = time.time()
-        self.create_time = process_create_time(os.getpid())
-        self.proc_create_time: float | None = None
+        self.ref = ProcRef.of(os.getpid())
+        self.proc_ref: ProcRef | None = None
         self.port: int | None = spec.preferred_port if spec.port_token is None else None
         self.argv, self.url = spec.argv, spec.url
         self.next_swarm_check = 0.0
@@ -175,9 +164,10 @@ class Watchdog:
                 "port": self.port,
                 "health": self.healthy.value,
                 "pid": pid,
-                "pid_create_time": self.proc_create_time if pid else None,
+                "pid_create_time": self.proc_ref.create_time if pid and self.proc_ref else None,
+                "pid_boot_time": self.proc_ref.boot_time if pid and self.proc_ref else None,
                 "watchdog_pid": os.getpid(),
-                "watchdog_create_time": self.create_time,
+                "watchdog_create_time": self.ref.create_time,
                 "restarts": self.restarts,
                 "last_exit_code": self.last_exit_code,
                 "started_at": self.started_at or None,
@@ -212,7 +202,7 @@ class Watchdog:
                 start_new_session=True,
             )
         self.started_at = time.time()
-        self.proc_create_time = process_create_time(self.proc.pid)
+        self.proc_ref = ProcRef.of(self.proc.pid)
         self.healthy, self.bad_checks, self.detail = ReplicaHealth.UNKNOWN, 0, "starting"
         self.up_this_start = False
         log.info("replica %d started: pid %d at %s", self.spec.index, self.proc.pid, self.url)
@@ -420,17 +410,9 @@ class Watchdog:
 
 
 def live_since(record: Any) -> float | None:
-    """The create time in a pid record (``{pid, create_time}``) while that very process runs, else None."""
-    import psutil
-
-    try:
-        born = float(record["create_time"])
-        proc = psutil.Process(int(record["pid"]))
-        if abs(proc.create_time() - born) > CREATE_TIME_SLACK_S or proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-    except (psutil.Error, KeyError, TypeError, ValueError):
-        return None
-    return born
+    """The create time in a pid record (:class:`ProcRef` as a dict) while that very process runs, else None."""
+    ref = ProcRef.from_dict(record)
+    return ref.create_time if ref is not None and ref.alive() else None
 
 
 def mark_failed(status_file: Path, reason: str) -> None:

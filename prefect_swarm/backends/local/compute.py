@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.common import LogFollower
-from prefect_swarm.backends.local.processes import ProcRef, spawn, stop
+from prefect_swarm.backends.local.processes import spawn, stop
 from prefect_swarm.exceptions import StateError
 from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus, jobenv
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
+from prefect_swarm.sidecar.procref import ProcRef
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.common import tail_file
 from prefect_swarm.backends.engine import engine_launch, engine_secret_env
-from prefect_swarm.backends.local.processes import ProcRef, spawn, stop
+from prefect_swarm.backends.local.processes import spawn, stop
 from prefect_swarm.config import LocalConfig
 from prefect_swarm.config.cost import held_gpu_hours
 from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
@@ -34,6 +34,7 @@ from prefect_swarm.interfaces.readiness import ProbeResult, check_chat, check_he
 from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
 from prefect_swarm.interfaces.usage import GpuUsage
 from prefect_swarm.paths import atomic_write_json, read_json, read_tail
+from prefect_swarm.sidecar.procref import ProcRef
 from prefect_swarm.sidecar.stage import StageError, stage
 from prefect_swarm.sidecar.watchdog import WatchdogSpec
 
@@ -220,7 +221,9 @@ class LocalServing:
 
     def _replica_ref(self, i: int) -> ProcRef | None:
         data = read_json(self.paths.replica_status(i)) or {}
-        return ProcRef.from_dict({"pid": data.get("pid"), "create_time": data.get("pid_create_time")})
+        return ProcRef.from_dict(
+            {"pid": data.get("pid"), "create_time": data.get("pid_create_time"), "boot_time": data.get("pid_boot_time")}
+        )
 
     def _indices(self, handle: ServingHandle | None = None) -> list[int]:
         """Every replica index with files or a record: the config's, the handle's, and any extra on disk."""
