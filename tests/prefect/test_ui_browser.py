@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,20 @@ def _flow_runs(deployment_id: Any) -> int:
     return len(runs)
 
 
+def _saved(name: str) -> Callable[[], bool]:
+    """Whether the SwarmSpec block ``name`` is saved (a loaded server may answer 503 meanwhile)."""
+    import httpx
+
+    def saved() -> bool:
+        try:
+            SwarmSpec.load(name)
+        except (ValueError, httpx.HTTPError):
+            return False
+        return True
+
+    return saved
+
+
 def _field(page: Any, label: str) -> Any:
     return page.locator(".schema-form-property").filter(
         has=page.locator(".schema-form-property__label", has_text=re.compile(rf"^{label}( \(Optional\))?$"))
@@ -134,18 +148,24 @@ def _run_form(page: Any, url: str, deployment_id: Any, before: int) -> bool:
     refused = _flow_runs(deployment_id) == before and page.url.endswith("/run")
     shards.fill("1")  # the same form with a valid shard count is accepted: the refusal was about shards
     shards.press("Tab")
-    submit.click()
-    # Accepted once the server holds the run (the UI's redirect after it can take minutes on a loaded machine)
-    deadline = time.monotonic() + 240
-    oops = page.get_by_text("Something went wrong")  # the UI's toast when an API call failed (seen under load)
+    _submit_until(page, submit, lambda: _flow_runs(deployment_id) > before, "the form with shards=1 made no run")
+    return refused
+
+
+def _submit_until(page: Any, button: Any, saved: Callable[[], bool], what: str, timeout_s: float = 240) -> None:
+    """Click ``button`` until the server holds what the form makes (``saved``, read at the API: the
+    UI's redirect after it can take minutes on a loaded machine). A loaded Prefect server may answer
+    the form's request with 503, and the UI then shows an error and keeps the form: after 20 s with
+    nothing saved the form is submitted again, as a person would."""
+    deadline = time.monotonic() + timeout_s
+    button.click()
     resubmit = time.monotonic() + 20
-    while _flow_runs(deployment_id) == before and page.url.endswith("/run"):
-        assert time.monotonic() < deadline, "the form with shards=1 made no run in 240 s"
-        if oops.count() and time.monotonic() > resubmit:  # nothing was created: submit again, as a person would
-            submit.click()
+    while not saved():
+        assert time.monotonic() < deadline, f"{what} in {timeout_s:g} s"
+        if time.monotonic() > resubmit:
+            button.click()
             resubmit = time.monotonic() + 20
         page.wait_for_timeout(2000)
-    return refused
 
 
 def test_summary_artifact_shows_swarm_model_and_counts(prefect_api: PrefectStack, tmp_path: Path) -> None:
@@ -189,7 +209,6 @@ def test_swarm_spec_form_submits_as_it_opens(prefect_stack: PrefectStack, tmp_pa
         boxes.nth(0).fill("ui-made")
         boxes.nth(1).fill("uimade")
         boxes.nth(2).fill("stub-model")
-        page.get_by_role("button", name="Create", exact=True).click()
-        page.wait_for_url(re.compile(r"/blocks/block/"), timeout=120_000)  # saved: the UI shows the new block
+        _submit_until(page, page.get_by_role("button", name="Create", exact=True), _saved("ui-made"), "no block saved")
     cfg = SwarmSpec.load("ui-made").to_config()
     assert (cfg.name, cfg.model, cfg.replicas, cfg.stage) == ("uimade", "stub-model", 1, None)
