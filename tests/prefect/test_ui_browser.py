@@ -88,7 +88,7 @@ def _saved(name: str) -> Callable[[], bool]:
 
     def saved() -> bool:
         try:
-            SwarmSpec.load(name)
+            SwarmSpec.load(name, _sync=True)  # a sync read: the browser page runs an event loop in this thread
         except (ValueError, httpx.HTTPError):
             return False
         return True
