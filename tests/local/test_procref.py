@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
 from local_kit import stub_config
 
 from prefect_swarm.backends.local.compute import LocalCompute
-from prefect_swarm.interfaces import JobRequest, JobStatus, ServingHandle
+from prefect_swarm.interfaces import JobRequest, JobStatus, ServingHandle, ServingPhase
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.sidecar.procref import ProcRef
 from prefect_swarm.sidecar.watchdog import live_since
+from prefect_swarm.swarm import Swarm
 
 
 def step_the_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
@@ -80,3 +81,24 @@ def test_a_running_shard_is_running_after_a_step_of_the_clock(monkeypatch: pytes
     assert compute.probe(again).status is JobStatus.RUNNING
     compute.cancel(again)
     assert compute.probe(again).status is JobStatus.CANCELLED
+
+
+def test_a_swarm_is_found_running_and_stopped_whole_after_a_step_of_the_clock(
+    local_swarm: Callable[..., Swarm], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdogs' pid records (written here) and the replicas' (written by each watchdog process
+    into its status file) both survive the step: `status` finds the swarm up, and `down` stops all of
+    it, also the replicas whose watchdogs were killed -9 (found by their own records alone)."""
+    swarm = local_swarm(replicas=2)
+    assert swarm.handle is not None
+    dogs = [psutil.Process(w["pid"]) for w in swarm.handle.meta["watchdogs"]]
+    family = [*dogs, *(c for d in dogs for c in d.children(recursive=True))]
+    step_the_clock(monkeypatch, 1.0)
+    again = Swarm.from_state(swarm.cfg.name)
+    assert again.status().phase is ServingPhase.RUNNING
+    for dog in dogs:
+        dog.kill()  # its replica runs on, orphaned
+    psutil.wait_procs(dogs, timeout=10)
+    again.down()
+    assert [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    assert again.status().phase is ServingPhase.STOPPED
