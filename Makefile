@@ -7,11 +7,10 @@ BIN := $(VENV)/bin
 PIP_QUIET = 2>&1 | { grep -v '^WARNING: Location' || true; }
 CACHE ?= $(HOME)/.cache/prefect-swarm
 
-.PHONY: demo test setup venv vllm slurm lint typecheck unit bench clean
+.PHONY: demo test ready setup venv vllm slurm lint typecheck unit bench clean
 
 $(BIN)/prefect-swarm: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -U pip $(PIP_QUIET)
 	bash scripts/install_python_deps.sh $(BIN) $(PIP_QUIET)
 	touch $@
 
@@ -37,7 +36,10 @@ typecheck: venv
 unit: venv  ## fast tests: no Slurm, no vLLM, no Prefect server
 	$(BIN)/pytest -q -m "not slurm and not slurm_multinode and not vllm and not prefect_server"
 
-test: setup lint typecheck  ## everything; missing services FAIL here instead of skipping
+ready:  ## setup, lint and typecheck side by side (mypy runs while Slurm and vLLM install); output kept per target
+	$(MAKE) -j4 --output-sync=target setup lint typecheck
+
+test: ready  ## everything; missing services FAIL here instead of skipping
 	PREFECT_SWARM_REQUIRE_SERVICES=1 $(BIN)/pytest -q -n 4 --durations=25
 
 bench: venv  ## every benchmark once, small (the full-size commands are in BENCHMARKS.md)
