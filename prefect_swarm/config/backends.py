@@ -14,42 +14,14 @@ from pydantic import AfterValidator, AliasChoices, Field, SecretStr, field_valid
 
 from prefect_swarm.config.base import Count, NonNegativeInt, NonNegativeSeconds, Port, Seconds, StrictModel
 from prefect_swarm.config.cost import Priced
+from prefect_swarm.config.slurm_time import check_slurm_time, slurm_seconds
 
-_SLURM_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
-
-
-def _slurm_time(value: str) -> str:
-    if not _SLURM_TIME.match(value):
-        raise ValueError(f"'{value}' is not a Slurm time (MM, MM:SS, HH:MM:SS or D-HH:MM:SS)")
-    return value
-
-
-SlurmTime = Annotated[str, AfterValidator(_slurm_time)]
+SlurmTime = Annotated[str, AfterValidator(check_slurm_time)]
 """A Slurm wall-time (--time): MM, MM:SS, HH:MM:SS or D-HH:MM:SS."""
 
 
 SIGNAL_EARLY_S = 60.0
 """Slurm sends a job's ``--signal`` up to this much earlier than asked (its time-limit check is periodic)."""
-
-
-def slurm_seconds(value: str) -> float | None:
-    """Seconds of a Slurm time (``--time`` or squeue's TimeLeft): MM, MM:SS, H:MM:SS, D-HH[:MM[:SS]];
-    None for what is no duration (``UNLIMITED``, ``INVALID``, ``NOT_SET``)."""
-    days, _, rest = value.strip().rpartition("-")
-    if days and not days.isdigit():
-        return None
-    parts = rest.split(":")
-    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
-        return None
-    nums = [int(p) for p in parts]
-    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
-        nums += [0] * (3 - len(nums))
-        return float(int(days) * 86400 + nums[0] * 3600 + nums[1] * 60 + nums[2])
-    if len(nums) == 1:  # MM
-        return float(nums[0] * 60)
-    if len(nums) == 2:  # MM:SS
-        return float(nums[0] * 60 + nums[1])
-    return float(nums[0] * 3600 + nums[1] * 60 + nums[2])
 
 
 class LocalConfig(Priced):

@@ -49,9 +49,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.config.cost import BudgetGuard, CostConfig, held_gpu_hours
 from prefect_swarm.exceptions import BudgetReached
 from prefect_swarm.interfaces.jobenv import API_KEY
 from prefect_swarm.interfaces.readiness import ProbeResult, check_health
@@ -59,6 +58,9 @@ from prefect_swarm.interfaces.types import ReplicaHealth
 from prefect_swarm.paths import SwarmPaths, atomic_write_json, read_json, read_tail
 from prefect_swarm.sidecar.ports import pick_port, port_owner_ok
 from prefect_swarm.sidecar.procref import ProcRef
+
+if TYPE_CHECKING:
+    from prefect_swarm.config.cost import BudgetGuard
 
 log = logging.getLogger("prefect_swarm.watchdog")
 
@@ -146,11 +148,15 @@ class Watchdog:
         self.port: int | None = spec.preferred_port if spec.port_token is None else None
         self.argv, self.url = spec.argv, spec.url
         self.next_swarm_check = 0.0
-        self.guard = (
-            BudgetGuard(spec.swarm, CostConfig.model_validate(spec.budget), self.swarm_usage, every_s=BUDGET_CHECK_S)
-            if spec.budget
-            else None
-        )
+        self.guard = self._budget_guard() if spec.budget else None
+
+    def _budget_guard(self) -> BudgetGuard:
+        """The swarm's budget check (``backend.cost``); its pydantic models are imported only here, so a
+        watchdog without a budget starts without them (every replica start pays for its imports)."""
+        from prefect_swarm.config.cost import BudgetGuard, CostConfig
+
+        budget = CostConfig.model_validate(self.spec.budget)
+        return BudgetGuard(self.spec.swarm, budget, self.swarm_usage, every_s=BUDGET_CHECK_S)
 
     # ------------------------------------------------------------------ status
     def write_status(self) -> None:
@@ -328,6 +334,8 @@ class Watchdog:
     def swarm_usage(self) -> tuple[float, None]:
         """The swarm's GPU-hours as its local backend counts them (``gpu_usage``): every live watchdog
         of the swarm since it started, at ``gpus`` GPUs each (their pid records; shape: none)."""
+        from prefect_swarm.config.cost import held_gpu_hours
+
         starts, i = [], 0
         while self.paths.watchdog_pid(i).exists() or self.paths.replica_status(i).exists():
             starts.append(live_since(read_json(self.paths.watchdog_pid(i))))

@@ -16,7 +16,8 @@ import sys
 import pytest
 
 HEAVY = {"prefect", "pyarrow", "aiohttp", "httpx", "pydantic", "pydantic_settings", "yaml", "jinja2"}
-SIDECAR = {"prefect", "pyarrow", "aiohttp", "httpx", "pydantic_settings", "yaml"}
+SIDECAR = {"prefect", "pyarrow", "aiohttp", "httpx", "pydantic", "pydantic_settings", "yaml"}
+"""A sidecar imports pydantic (the cost models) only when its swarm has a budget."""
 
 NOT_IMPORTED = {
     "prefect_swarm.cli.main": {"prefect", "pyarrow", "aiohttp", "httpx", "jinja2"},

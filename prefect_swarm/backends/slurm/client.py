@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefect_swarm.config.backends import slurm_seconds
+from prefect_swarm.config.slurm_time import slurm_seconds
 from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError
 
 DEFAULT_TIMEOUT_S = 60.0

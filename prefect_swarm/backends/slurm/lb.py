@@ -47,16 +47,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect_swarm.backends.common import host_port
 from prefect_swarm.backends.slurm import accounting, members
 from prefect_swarm.backends.slurm.client import SlurmClient, clean_env
 from prefect_swarm.backends.slurm.idle import IdleWatch
-from prefect_swarm.config.cost import BudgetGuard, CostConfig
 from prefect_swarm.exceptions import BudgetReached
 from prefect_swarm.interfaces.jobenv import API_KEY, BEARER_TOKEN
 from prefect_swarm.interfaces.metrics import engine_targets, write_file_sd
 from prefect_swarm.paths import SwarmPaths, atomic_write_text, read_json, read_text
+
+if TYPE_CHECKING:
+    from prefect_swarm.config.cost import BudgetGuard
 
 log = logging.getLogger("prefect_swarm.lb")
 
@@ -244,6 +247,7 @@ def budget_guard(paths: SwarmPaths, client: SlurmClient, cost_json: str | None, 
     """The guard of the swarm's budget (``--budget``: its ``backend.cost`` as JSON), or None without one."""
     if not cost_json:
         return None
+    from prefect_swarm.config.cost import BudgetGuard, CostConfig  # its pydantic models: only with a budget
 
     def usage() -> tuple[float, None]:
         return accounting.swarm_gpu_hours(client, paths, gres_name), None

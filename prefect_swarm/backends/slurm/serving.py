@@ -28,7 +28,7 @@ from prefect_swarm.backends.engine import engine_env, engine_secret_env, uses_ra
 from prefect_swarm.backends.slurm import accounting, identity, members, render
 from prefect_swarm.backends.slurm.client import QueueEntry, SlurmClient, clean_env
 from prefect_swarm.backends.slurm.lb import resolve
-from prefect_swarm.config.backends import slurm_seconds
+from prefect_swarm.config.slurm_time import slurm_seconds
 from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, ServingHandle
 from prefect_swarm.interfaces.metrics import MetricsTargets, read_file_sd
