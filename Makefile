@@ -37,7 +37,7 @@ unit: venv  ## fast tests: no Slurm, no vLLM, no Prefect server
 	$(BIN)/pytest -q -m "not slurm and not slurm_multinode and not vllm and not prefect_server"
 
 ready:  ## setup, lint and typecheck side by side (mypy runs while Slurm and vLLM install); output kept per target
-	$(MAKE) -j4 --output-sync=target setup lint typecheck
+	$(MAKE) -j4 --output-sync=target --no-print-directory setup lint typecheck
 
 test: ready  ## everything; missing services FAIL here instead of skipping
 	PREFECT_SWARM_REQUIRE_SERVICES=1 $(BIN)/pytest -q -n 4 --durations=25

@@ -9,12 +9,31 @@ reap_orphans      on a crash (and a schedule, inactive by default): stop swarms 
 failed_rows_notice  the example automation's action: a job committed with failed rows
 """
 
-from prefect_swarm.flows.batch import batch_inference
-from prefect_swarm.flows.notify import failed_rows_notice
-from prefect_swarm.flows.params import JobOptions
-from prefect_swarm.flows.pipeline import Stage, pipeline
-from prefect_swarm.flows.reaper import reap_orphans_flow
-from prefect_swarm.flows.swarm import run_job, swarm_down, swarm_up
+from typing import TYPE_CHECKING
+
+from prefect_swarm import lazy_names
+
+if TYPE_CHECKING:
+    from prefect_swarm.flows.batch import batch_inference
+    from prefect_swarm.flows.notify import failed_rows_notice
+    from prefect_swarm.flows.params import JobOptions
+    from prefect_swarm.flows.pipeline import Stage, pipeline
+    from prefect_swarm.flows.reaper import reap_orphans_flow
+    from prefect_swarm.flows.swarm import run_job, swarm_down, swarm_up
+
+# Loaded on first use (PEP 562): a flow run imports its own entrypoint's module (each module's flows
+# and their parameter schemas cost a few hundred ms of CPU to build), not every flow of the package.
+_WHERE: dict[str, str] = {
+    "JobOptions": "prefect_swarm.flows.params",
+    "Stage": "prefect_swarm.flows.pipeline",
+    "batch_inference": "prefect_swarm.flows.batch",
+    "failed_rows_notice": "prefect_swarm.flows.notify",
+    "pipeline": "prefect_swarm.flows.pipeline",
+    "reap_orphans_flow": "prefect_swarm.flows.reaper",
+    "run_job": "prefect_swarm.flows.swarm",
+    "swarm_down": "prefect_swarm.flows.swarm",
+    "swarm_up": "prefect_swarm.flows.swarm",
+}
 
 __all__ = [
     "JobOptions",
@@ -27,3 +46,5 @@ __all__ = [
     "swarm_down",
     "swarm_up",
 ]
+
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)
