@@ -36,7 +36,8 @@ class CountingCompute:
         with self.lock:
             self.calls.append(len(handles))
             ends = [self.ends.setdefault(h.id, now + self.run_s) for h in handles]
-        return [JobProbe(JobStatus.SUCCEEDED, exit_code=0) if now >= end else JobProbe(JobStatus.RUNNING) for end in ends]
+        done = JobProbe(JobStatus.SUCCEEDED, exit_code=0)
+        return [done if now >= end else JobProbe(JobStatus.RUNNING) for end in ends]
 
 
 def _watch_all(n: int, run_s: float, tmp_path: Path) -> tuple[CountingCompute, list[JobProbe], float]:

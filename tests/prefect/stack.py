@@ -51,6 +51,12 @@ class PrefectStack:
             PREFECT_SERVER_ANALYTICS_ENABLED="false",
             DO_NOT_TRACK="1",
             PREFECT_WORKER_QUERY_SECONDS="1",
+            # the server's periodic services that no test waits on look once a minute, not every 5-15 s
+            # (idle, they took 4.5 % of a core: about 60 CPU-seconds of a suite run on 2 cores)
+            PREFECT_SERVER_SERVICES_LATE_RUNS_LOOP_SECONDS="60",
+            PREFECT_SERVER_SERVICES_PAUSE_EXPIRATIONS_LOOP_SECONDS="60",
+            PREFECT_SERVER_SERVICES_FOREMAN_LOOP_SECONDS="60",
+            PREFECT_SERVER_SERVICES_SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS="60",
             PREFECT_WORKER_PREFETCH_SECONDS="5",
             PREFECT_SWARM_HOME=str(self.swarm_home),
             PREFECT_CLI_COLORS="false",
