@@ -56,3 +56,18 @@ def test_a_package_loads_its_names_on_first_use() -> None:
         import prefect_swarm.config
 
         prefect_swarm.config.Nope  # noqa: B018
+
+
+def test_a_flow_run_builds_only_the_flows_of_its_entrypoint() -> None:
+    """A deployment's entrypoint (``prefect_swarm.flows.batch:batch_inference``) imports its module, not
+    every flow of the package (each module's flows build their parameter schemas at import); the
+    package's names still load on first use."""
+    code = (
+        "import sys, prefect_swarm.flows.batch; flows = lambda: sorted(m for m in sys.modules if "
+        "m.startswith('prefect_swarm.flows.')); print(flows()); from prefect_swarm.flows import pipeline; "
+        "print(flows(), pipeline.name)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    first, then = out.stdout.splitlines()
+    assert "pipeline" not in first and "flows.swarm'" not in first, first
+    assert "'prefect_swarm.flows.pipeline'" in then and then.endswith(" pipeline"), then
