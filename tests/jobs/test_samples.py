@@ -17,7 +17,8 @@ from _jobkit import job_argv, make_dataset, requests, run_job, write_spec
 
 from prefect_swarm.exceptions import ConfigError, TooFewChoices
 from prefect_swarm.jobs.api import join_choices, load_job
-from prefect_swarm.paths import JobPaths
+from prefect_swarm.jobs.plan import recorded_progress
+from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.testing.stub_engine import answer
 
 
@@ -103,11 +104,11 @@ def test_four_answers_per_row_exactly_once_across_a_kill_and_resume(
         checkpoint_every=100, checkpoint_seconds=0.3,
     )  # fmt: skip
     proc = subprocess.Popen(job_argv(spec), stderr=subprocess.DEVNULL)
-    shard = JobPaths(tmp_path / "killed").shard(0)
+    job = JobSpec.load(spec)
     deadline = time.monotonic() + 120
     # killed once the checkpoint holds 100 rows: a part of 1 row (a loaded machine) saves fewer
     # requests than the rerun's first requests asked with n cost, so the count below would not show it
-    while sum(pq.read_metadata(p).num_rows for p in shard.parts()) < 100 and proc.poll() is None:
+    while recorded_progress(job, 0).get("done", 0) < 100 and proc.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint of 100 rows in 120 s"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)

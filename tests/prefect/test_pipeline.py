@@ -26,7 +26,7 @@ from stack import REPO, PrefectStack, job_variables
 
 from prefect_swarm.flows.pipeline import pipeline_id
 from prefect_swarm.interfaces import ServingPhase
-from prefect_swarm.paths import PipelinePaths
+from prefect_swarm.paths import PipelinePaths, read_json
 from prefect_swarm.state import StateStore
 from prefect_swarm.testing.ports import free_port_block
 
@@ -86,9 +86,10 @@ def _left_nothing(swarm_home: Path, *swarms: tuple[str, int]) -> None:
 
 
 def _stage2_ledger_rows(swarm_home: Path, swarm: str) -> int:
-    """Rows stage 2's ledger holds (its checkpointed part files)."""
-    parts = (swarm_home / "swarms" / swarm / "jobs").rglob("part-*.parquet")
-    return sum(pq.read_metadata(p).num_rows for p in parts)
+    """Rows stage 2's ledger holds, as its shards' progress files count them (a live job compacts its
+    part files: one listed may be gone when it is read)."""
+    progress = (swarm_home / "swarms" / swarm / "jobs").rglob("progress.json")
+    return sum(int((read_json(p) or {}).get("done") or 0) for p in progress)
 
 
 def _job_processes(swarm: str) -> list[psutil.Process]:
