@@ -29,7 +29,7 @@ from prefect_swarm.jobs.api import SwarmJob, check_reserved, load_job
 from prefect_swarm.jobs.cache import Reuse
 from prefect_swarm.jobs.dataset import InputDataset, check_output_location, open_input, shard_range
 from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details, job_fingerprint
-from prefect_swarm.jobs.ledger import STATUS_OK, RowResult, ShardLedger, ShardLock, shard_store
+from prefect_swarm.jobs.ledger import STATUS_OK, RowResult, ShardLedger, ShardLock, pyarrow_without_pandas, shard_store
 from prefect_swarm.jobs.metrics import ShardMetrics, metrics_address
 from prefect_swarm.jobs.output import check_dataset_output
 from prefect_swarm.jobs.runner import DEFAULT_CAPACITY, Item, Runner, RunnerConfig, prefix_key
@@ -513,4 +513,6 @@ def run_shard(spec: JobSpec, shard_id: int, nshards: int, *, overwrite: bool = F
     with contextlib.suppress(ValueError):  # not the main thread: signals are the caller's business
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, _remember_signal)
-    return ShardRun(spec, shard_id, nshards).run(overwrite=overwrite)
+    shard = ShardRun(spec, shard_id, nshards)  # the job's module first: one that imports pandas keeps it
+    pyarrow_without_pandas()
+    return shard.run(overwrite=overwrite)

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -365,3 +366,43 @@ def test_second_process_for_a_shard_exits_2_without_touching_the_ledger(tmp_path
     res = run_job(spec)
     assert res.returncode == 0, res.stderr
     assert len(_out(tmp_path / "job-out.parquet")) == 400
+
+
+_REPORT_PANDAS = """
+import runpy, sys
+try:
+    runpy.run_module("prefect_swarm.jobs.run", run_name="__main__", alter_sys=True)
+except SystemExit as stop:
+    print("pandas" in sys.modules, stop.code)
+"""
+
+
+def test_a_job_process_writes_its_parts_without_importing_pandas(tmp_path: Path, stub) -> None:
+    """pyarrow would import pandas for the first part (~0.3 CPU-s and ~30-50 MB per shard process)."""
+    make_dataset(tmp_path / "in.parquet", 300, row_group=100)
+    spec = write_spec(tmp_path, endpoints=[stub.url], checkpoint_every=100)
+    python, _, _, *args = job_argv(spec)
+    res = subprocess.run([python, "-c", _REPORT_PANDAS, *args], capture_output=True, text=True, timeout=120)
+    assert res.stdout.split() == ["False", "0"], res.stderr
+    rows = _out(tmp_path / "job-out.parquet")
+    assert [r["id"] for r in rows] == [f"r{i:06d}" for i in range(300)] and {r["status"] for r in rows} == {"ok"}
+
+
+def test_pyarrow_kept_from_pandas_still_converts_to_and_from_it() -> None:
+    """What a DataFrameJob whose module does not import pandas relies on after the job process's probe."""
+    code = """
+import sys
+import pyarrow as pa
+from prefect_swarm.jobs.ledger import pyarrow_without_pandas
+assert pyarrow_without_pandas()
+pa.table({"a": [1, 2], "b": ["x", None]})
+assert "pandas" not in sys.modules
+frame = pa.table({"c": ["x", "y", "x"]}).to_pandas()
+frame["c"] = frame["c"].astype("category")
+table = pa.Table.from_pandas(frame)
+assert str(table.schema.field("c").type).startswith("dictionary"), table.schema
+assert table.to_pandas()["c"].dtype == "category"
+assert not pyarrow_without_pandas()  # pandas imported: the process is left as it is
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
