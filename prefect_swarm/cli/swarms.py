@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
-from rich.syntax import Syntax
 
 from prefect_swarm.cli.attach import holding
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
@@ -219,6 +218,8 @@ def describe(name: Annotated[str, typer.Argument(help="Swarm name.")], output: O
     if output is OutputFormat.json:
         emit_json(doc)
         return
+    from rich.syntax import Syntax  # pygments: ~50 ms that every other command would pay
+
     for key in ("swarm", "config", "paths", "handle", "jobs"):
         console.print(f"[bold]{key}[/]")
         console.print(Syntax(yaml.safe_dump(doc[key], sort_keys=False).rstrip(), "yaml", background_color="default"))

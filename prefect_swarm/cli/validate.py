@@ -19,7 +19,6 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from rich.syntax import Syntax
 
 from prefect_swarm.cli.output import OutputFormat, console, emit_json
 from prefect_swarm.cli.swarms import ConfigOpt, NameOpt, OutputOpt, ReplicasOpt, make_swarm
@@ -106,6 +105,8 @@ def validate(
     if shards:
         console.print(f"[bold]job shards[/]: {shards}", markup=True)
     if show_config:
+        from rich.syntax import Syntax  # pygments: ~50 ms that every other command would pay
+
         console.print(Syntax(yaml.safe_dump(cfg.redacted(), sort_keys=False), "yaml", background_color="default"))
     console.print(f"[bold]would start[/] (rendered by the {cfg.backend.type} backend; nothing was started):")
     for fname, text in plan.items():
