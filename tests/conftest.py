@@ -122,6 +122,32 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _GROUP_SECONDS[group][1] += 1
 
 
+_CPU_LOG = os.environ.get("PREFECT_SWARM_TEST_CPU_LOG")
+"""A file that gets one JSON line per test: the CPU seconds its worker spent (``self``) and those of
+the processes it started and waited for (``children``; daemons handed to init are not counted)."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    if not _CPU_LOG:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    kids, mine = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()
+    yield
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    row = {
+        "test": item.nodeid,
+        "self": round(time.process_time() - mine, 2),
+        "children": round(after.ru_utime + after.ru_stime - kids.ru_utime - kids.ru_stime, 2),
+    }
+    with open(_CPU_LOG, "a") as log:
+        log.write(json.dumps(row) + "\n")
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """One line per group: a group runs on one worker, so its sum bounds the suite's wall time."""
     if _GROUP_SECONDS and not os.environ.get("PYTEST_XDIST_WORKER"):

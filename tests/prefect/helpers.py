@@ -92,13 +92,19 @@ def run_logs(flow_run_id: Any) -> list[str]:
 
 
 def flow_process(run_id: Any) -> Any:
-    """The process running flow run ``run_id`` here (found by its ``PREFECT__FLOW_RUN_ID``), a psutil.Process."""
+    """The process the worker started for flow run ``run_id`` (a psutil.Process): the outermost one
+    whose environment carries its ``PREFECT__FLOW_RUN_ID``. The processes it starts (the flow's, the
+    shards' job processes) inherit that variable, and PIDs wrap around (32768 here), so the lowest
+    PID may well be a job process."""
     import psutil
 
-    for proc in psutil.process_iter(["pid"]):
+    found = {}
+    for proc in psutil.process_iter(["pid", "ppid"]):
         try:
             if proc.environ().get("PREFECT__FLOW_RUN_ID") == str(run_id):
-                return proc
+                found[proc.pid] = proc
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
-    raise AssertionError(f"no process of flow run {run_id}")
+    outer = [proc for proc in found.values() if proc.info["ppid"] not in found]
+    assert len(outer) == 1, f"flow run {run_id}: processes {sorted(found)}, outermost {[p.pid for p in outer]}"
+    return outer[0]
