@@ -43,7 +43,6 @@ from prefect_swarm.jobs.commit import Verdict, commit_output, manifest_current, 
 from prefect_swarm.jobs.fingerprint import job_fingerprint
 from prefect_swarm.jobs.ledger import discard_ledger
 from prefect_swarm.jobs.plan import check_resume, job_progress, pending_shards, shard_progress
-from prefect_swarm.jobs.shard import validate_input
 from prefect_swarm.jobs.sizing import size_for_swarm
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, SwarmPaths, read_json, read_tail
@@ -112,6 +111,7 @@ def pilot_job(spec: JobSpec, swarm: Swarm, k: int, *, target: SwarmConfig | None
     import tempfile
 
     from prefect_swarm.jobs import pilot as pilots
+    from prefect_swarm.jobs.shard import validate_input
 
     with tempfile.TemporaryDirectory(prefix="prefect-swarm-pilot-") as tmp:
         aimed, total = pilots.pilot_spec(spec, k, Path(tmp))
@@ -147,6 +147,8 @@ def prepare_job(
     here, before anything is submitted and before anything is written. ``overwrite`` discards an
     existing ledger.
     """
+    from prefect_swarm.jobs.shard import validate_input  # the job process's module: aiohttp, the runner
+
     spec = locate_job(spec, swarm_name, run_dir=run_dir)
     validate_input(spec)
     if not overwrite:

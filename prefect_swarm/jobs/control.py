@@ -41,12 +41,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
 from prefect_swarm.interfaces.metrics import parse, read_file_sd, total
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    import aiohttp
 
     from prefect_swarm.jobs.runner import Endpoint, EndpointPool
 
@@ -178,6 +178,8 @@ class Controller:
 
     async def _scrape(self, session: aiohttp.ClientSession, ep: Endpoint) -> tuple[float, float] | None:
         """(running, waiting) from the endpoint's ``/metrics``; None when it does not tell."""
+        import aiohttp  # here, not at the top: sizing a job (the CLI) imports this module's margins
+
         if ep.metrics_dead_until > time.monotonic():
             return None
         try:
@@ -243,6 +245,8 @@ class Controller:
 
     async def discover(self, session: aiohttp.ClientSession) -> None:
         """Add the replicas the swarm's list has gained, once their ``/health`` answers 200."""
+        import aiohttp
+
         known = {ep.url for ep in self.pool.endpoints}
         for url in self._listed():
             if url in known:
