@@ -173,6 +173,18 @@ def swarm_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     return home
 
 
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """One vLLM OpenAI server (CPU build, the tiny model as ``tiny``, API key ``services.VLLM_KEY``)
+    started outside prefect-swarm, as a user's own server would be, for the tests that only send it
+    requests: ``(url, process)``. A start costs ~25 CPU-s, an idle server ~0.02 CPU-s a second, and
+    the vLLM group runs on one worker, so a run starts it once. Stopped when the session ends."""
+    gate(services.missing_vllm())
+    log = tmp_path_factory.mktemp("vllm-shared") / "vllm.log"
+    with services.vllm_server(log, "--api-key", services.VLLM_KEY) as server:
+        yield server
+
+
 @pytest.fixture
 def need_vllm() -> None:
     """Gate on the vLLM CPU build and tiny model."""

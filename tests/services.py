@@ -60,6 +60,9 @@ again: a start takes ~35 CPU-s instead of ~60, and an idle server 3 % of a core 
 VLLM_ARGS = ["--dtype", "float32", "--max-model-len", "2048", "--enforce-eager"]
 """Engine args the vLLM CPU build needs here."""
 
+VLLM_KEY = "sk-vllm-shared-5e2a"
+"""The API key of the suite's shared vLLM server (the ``vllm_server`` fixture)."""
+
 
 def vllm_swarm_config(name: str, replicas: int = 1, **backend: object) -> dict[str, object]:
     """An inline local swarm of ``replicas`` vLLM CPU engines serving the tiny model as ``tiny``;

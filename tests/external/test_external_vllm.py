@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,15 +18,7 @@ from external_kit import KEY_ENV, cli, dataset, external_config, files_holding
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-KEY = "sk-vllm-external-5e2a"
-
-
-@pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A vLLM server with an API key, started by this test (its own process group, stopped at the end)."""
-    services.gate(services.missing_vllm())
-    with services.vllm_server(tmp_path_factory.mktemp("vllm-external") / "vllm.log", "--api-key", KEY) as server:
-        yield server
+KEY = services.VLLM_KEY  # the suite's shared server (the ``vllm_server`` fixture), started outside prefect-swarm
 
 
 def _served(url: str) -> int:
