@@ -145,8 +145,8 @@ def test_two_shard_job_fans_out(lepton_cfg: Make, fake_lepton: FakeLepton) -> No
 def test_failing_job_reports_failed_and_running_job_running(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
     cfg = lepton_cfg()
     compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)
-    fake_lepton.fail_jobs = ("bad",)
-    bad = compute.submit(JobRequest(name="bad", command=[compute.job_runtime().python, "-c", "print(1)"]))
+    fake_lepton.fail_jobs = ("broken",)  # matched in job ids, which end in hex: "bad" may turn up there
+    bad = compute.submit(JobRequest(name="broken", command=[compute.job_runtime().python, "-c", "print(1)"]))
     assert compute.wait(bad, poll_s=0.1) is JobStatus.FAILED
     assert "injected job failure" in compute.logs(bad)
     slow = compute.submit(
