@@ -20,7 +20,8 @@ SIDECAR = {"prefect", "pyarrow", "aiohttp", "httpx", "pydantic", "pydantic_setti
 """A sidecar imports pydantic (the cost models) only when its swarm has a budget."""
 
 NOT_IMPORTED = {
-    "prefect_swarm.cli.main": {"prefect", "pyarrow", "aiohttp", "httpx", "jinja2"},
+    "prefect_swarm.cli.main": {"prefect", "pyarrow", "aiohttp", "httpx", "jinja2", "pygments"},
+    "prefect_swarm.launch": {"prefect", "aiohttp", "jinja2"},  # `job status`, `job list`, `job cancel`
     "prefect_swarm.jobs.run": {"prefect", "httpx", "pydantic_settings", "yaml", "jinja2", "typer"},
     "prefect_swarm.backends.slurm.lb": SIDECAR | {"jinja2"},
     "prefect_swarm.backends.slurm.members": SIDECAR,
