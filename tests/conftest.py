@@ -6,6 +6,7 @@ Service gates skip locally with the install hint; under PREFECT_SWARM_REQUIRE_SE
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -173,16 +174,35 @@ def swarm_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     return home
 
 
+_shared_vllm = contextlib.ExitStack()
+_shared_vllm_users: set[str] = set()
+
+
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def vllm_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """One vLLM OpenAI server (CPU build, the tiny model as ``tiny``, API key ``services.VLLM_KEY``)
     started outside prefect-swarm, as a user's own server would be, for the tests that only send it
     requests: ``(url, process)``. A start costs ~25 CPU-s, an idle server ~0.02 CPU-s a second, and
-    the vLLM group runs on one worker, so a run starts it once. Stopped when the session ends."""
+    the vLLM group runs on one worker, so a run starts it once. Stopped after the last test of the
+    session that uses it (:func:`pytest_runtest_teardown`), else when the session ends."""
     gate(services.missing_vllm())
+    _shared_vllm_users.update(item.nodeid for item in request.session.items if "vllm_server" in item.fixturenames)
     log = tmp_path_factory.mktemp("vllm-shared") / "vllm.log"
-    with services.vllm_server(log, "--api-key", services.VLLM_KEY) as server:
-        yield server
+    with _shared_vllm:
+        yield _shared_vllm.enter_context(services.vllm_server(log, "--api-key", services.VLLM_KEY))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Stop the shared vLLM server once the last test using it is torn down (its module's fixtures
+    included: this runs after pytest's own teardown). Under xdist a worker that has not run every
+    such test keeps it to the session's end; the vLLM group keeps them on one worker."""
+    if item.nodeid in _shared_vllm_users:
+        _shared_vllm_users.discard(item.nodeid)
+        if not _shared_vllm_users:
+            _shared_vllm.close()
 
 
 @pytest.fixture

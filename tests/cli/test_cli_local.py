@@ -27,7 +27,7 @@ def _wait_status(run_cli: Callable[..., Any], name: str, healthy: int, timeout: 
     """`status -o json` until ``healthy`` replicas report healthy (watchdogs write every couple of s)."""
     deadline = time.monotonic() + timeout
     while True:
-        doc = _json(run_cli("status", name, "-o", "json"))
+        doc = _json(run_cli("status", name, "-o", "json", "--no-history"))
         if doc["status"]["healthy_replicas"] == healthy or time.monotonic() > deadline:
             return doc
         time.sleep(0.5)
@@ -122,7 +122,7 @@ def test_failed_up_tears_down_and_exits_not_ready(
     assert result.returncode in (1, 4), result.stderr
     assert "Traceback" not in result.stderr
     assert "tearing down" in result.stderr
-    doc = _json(run_cli("status", "broken", "-o", "json"))
+    doc = _json(run_cli("status", "broken", "-o", "json", "--no-history"))
     assert doc["swarm"]["phase"] == "STOPPED"
 
 
@@ -168,7 +168,7 @@ def test_down_leaves_a_swarm_a_live_user_holds_unless_forced(
         StateStore().put_lease(lease)
         refused = run_cli("down", "held", "-y")
         assert refused.returncode != 0 and f"pid:test:{holder.pid}" in refused.stderr and "--force" in refused.stderr
-        assert _json(run_cli("status", "held", "-o", "json"))["status"]["healthy_replicas"] == 1
+        assert _json(run_cli("status", "held", "-o", "json", "--no-history"))["status"]["healthy_replicas"] == 1
         holder.kill()
         holder.wait()
         # its holder is gone: the lease is reaped and the swarm stops (no --force needed)

@@ -169,7 +169,7 @@ def test_cli_up_status_job_down_on_a_stub_it_never_stops(
     assert res.returncode == 0, res.stdout + res.stderr
     assert _sent(keyed_stub) == 1  # readiness: one real completion
 
-    res = cli("status", "ext", "-o", "json", env=env)
+    res = cli("status", "ext", "-o", "json", "--no-history", env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     assert json.loads(res.stdout)["status"]["phase"] == "RUNNING"
 

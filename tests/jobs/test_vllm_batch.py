@@ -1,7 +1,8 @@
 """With the real vLLM (CPU build, tiny model): OpenAI Batch interop with `vllm run-batch`, and structured output.
 
-One 1-replica swarm of the tiny model for the module (local backend); `vllm run-batch` runs once on
-the same batch file before the swarm starts (the machine is small: one engine at a time).
+`vllm run-batch` runs once on the batch file; the jobs run on a swarm of the external backend aimed at
+the suite's shared vLLM server of the same model (the ``vllm_server`` fixture): a vLLM start costs
+~25 CPU-s, and the local backend's vLLM replicas have tests of their own (tests/local/test_local_vllm.py).
 """
 
 from __future__ import annotations
@@ -76,12 +77,17 @@ def swarm_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def module_swarm(run_batch_output: dict[str, Any], swarm_home: Path) -> Iterator[Swarm]:
-    """One vLLM replica of the same model on the local backend, ready (started after run-batch ended)."""
+def module_swarm(
+    run_batch_output: dict[str, Any], swarm_home: Path, vllm_server: tuple[str, subprocess.Popen[bytes]]
+) -> Iterator[Swarm]:
+    """The shared vLLM server as an external swarm, ready (up after run-batch ended); down at the end
+    of the module (the server runs on)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PREFECT_SWARM_HOME", str(swarm_home))
-        cfg = SwarmConfig.model_validate(services.vllm_swarm_config("vllm-batch"))
-        with Swarm(cfg) as s:  # up and ready; down at the end of the module
+        mp.setenv("VLLM_BATCH_TEST_KEY", services.VLLM_KEY)  # read by up and by the job processes
+        backend = {"type": "external", "url": vllm_server[0] + "/v1", "api_key_env": "VLLM_BATCH_TEST_KEY"}
+        cfg = SwarmConfig.model_validate({"name": "vllm-batch", "model": "tiny", "backend": backend})
+        with Swarm(cfg) as s:
             yield s
 
 

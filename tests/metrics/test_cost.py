@@ -69,7 +69,7 @@ def test_local_status_and_job_status_report_cost(tmp_path: Path) -> None:
         pq.write_table(pa.table({"prompt": [f"q {i}" for i in range(200)]}), src)
         sub = _cli("job", "submit", "-n", "priced", "--input", str(src), "--output", str(tmp_path / "o.parquet"))
         assert sub.returncode == 0, sub.stderr
-        status = json.loads(_cli("status", "priced", "-o", "json").stdout)["status"]
+        status = json.loads(_cli("status", "priced", "-o", "json", "--no-history").stdout)["status"]
         cost = status["cost"]
         assert cost["source"] == "wall" and cost["gpus"] == 2 and cost["gpu_hours"] > 0, cost
         assert cost["usd"] == pytest.approx(cost["gpu_hours"] * 4.0, abs=1e-3)

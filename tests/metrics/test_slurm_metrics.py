@@ -49,7 +49,7 @@ def test_top_and_cost_on_slurm(need_slurm: None, tmp_path: Path) -> None:
     up = _cli("up", "-c", str(path), "--keep", "-o", "json", timeout=240)
     assert up.returncode == 0, up.stderr
     try:
-        endpoint = json.loads(_cli("status", name, "-o", "json").stdout)["status"]["url"]
+        endpoint = json.loads(_cli("status", name, "-o", "json", "--no-history").stdout)["status"]["url"]
         key = read_key(SwarmPaths.for_swarm(name))  # closed by default: every route wants it, top sends it
         assert key
         for _ in range(3):  # requests through the LB, which its stub_status counts
@@ -63,7 +63,7 @@ def test_top_and_cost_on_slurm(need_slurm: None, tmp_path: Path) -> None:
         assert lb["requests"] >= 3 + 2 and lb["requests_s"] is not None, lb  # ours, then top's two looks
         for r in doc["replicas"]:
             assert r["metrics_error"] is None and r["running"] is not None and r["kv_cache_usage"] is not None, r
-        running = json.loads(_cli("status", name, "-o", "json").stdout)["status"]["cost"]
+        running = json.loads(_cli("status", name, "-o", "json", "--no-history").stdout)["status"]["cost"]
         assert running["source"] == "sacct" and running["gpus"] == 2, running
     finally:
         assert _cli("down", name, "-y", "--force", timeout=180).returncode == 0
@@ -119,7 +119,7 @@ def _settled_cost(name: str, ids: list[str]) -> dict[str, Any]:
     deadline = time.monotonic() + 60
     while True:
         before = _sacct_gpu_hours(ids)
-        cost = json.loads(_cli("status", name, "-o", "json").stdout)["status"]["cost"]
+        cost = json.loads(_cli("status", name, "-o", "json", "--no-history").stdout)["status"]["cost"]
         if before == _sacct_gpu_hours(ids) or time.monotonic() > deadline:
             return cost
         time.sleep(1)
