@@ -124,8 +124,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 _CPU_LOG = os.environ.get("PREFECT_SWARM_TEST_CPU_LOG")
-"""A file that gets one JSON line per test: the CPU seconds its worker spent (``self``) and those of
-the processes it started and waited for (``children``; daemons handed to init are not counted)."""
+"""A file that gets one JSON line per test: its xdist worker, its start and end (epoch seconds), the
+CPU seconds its worker spent (``self``) and those of the processes it started and waited for
+(``children``; daemons handed to init are not counted)."""
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -137,11 +138,14 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     import resource
     import time
 
-    kids, mine = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()
+    kids, mine, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time(), time.time()
     yield
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     row = {
         "test": item.nodeid,
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "-"),
+        "start": round(start, 1),
+        "end": round(time.time(), 1),
         "self": round(time.process_time() - mine, 2),
         "children": round(after.ru_utime + after.ru_stime - kids.ru_utime - kids.ru_stime, 2),
     }
