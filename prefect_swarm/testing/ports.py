@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 
@@ -22,13 +23,30 @@ def _ephemeral_start() -> int:
         return 32768
 
 
-def free_port_block(n: int, host: str = "127.0.0.1", start: int = 20000, end: int | None = None) -> int:
-    """A base port such that base..base+n-1 are all free now (a local swarm's replicas use base+i).
+def _worker_slice(start: int, end: int) -> tuple[int, int]:
+    """Under ``pytest -n N`` (pytest-xdist), worker ``gwK``'s own K-th of N equal parts of start..end:
+    the workers' tests run at once, and two of them could otherwise pick the same free block and
+    both try to bind it (a swarm's port is checked here, then bound seconds later by its engine)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1):
+        return start, end
+    size = (end - start) // int(count)
+    low = start + int(worker[2:]) % int(count) * size
+    return low, low + size
 
-    Picked below the kernel's ephemeral range by default, so an outgoing connection cannot take
-    the port between this check and the engine's bind.
+
+def free_port_block(n: int, host: str = "127.0.0.1", start: int | None = None, end: int | None = None) -> int:
+    """A base port such that base..base+n-1 are all free now (a local swarm's replicas use base+i),
+    from ``start``..``end`` when given.
+
+    By default picked from 20000 up to the kernel's ephemeral range, so an outgoing connection cannot
+    take the port between this check and the engine's bind; under pytest-xdist each worker picks
+    from a part of that range of its own (:func:`_worker_slice`).
     """
-    end = end if end is not None else _ephemeral_start()
+    if start is None and end is None:
+        start, end = _worker_slice(20000, _ephemeral_start())
+    start = 20000 if start is None else start
+    end = _ephemeral_start() if end is None else end
     for _ in range(200):
         base = random.randrange(start, end - n)
         if all(_is_free(host, base + i) for i in range(n)):
