@@ -19,9 +19,11 @@ from typing import Any
 import pytest
 
 from prefect_swarm.backends.slurm import render
-from prefect_swarm.backends.slurm.serving import SlurmServing
+from prefect_swarm.backends.slurm.client import QueueEntry
+from prefect_swarm.backends.slurm.serving import SlurmServing, SwarmJobs
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.paths import SwarmPaths
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"
@@ -141,6 +143,26 @@ def test_a_partial_last_task_asks_only_for_what_it_runs(tmp_path: Path) -> None:
     serving = SlurmServing(cfg, SwarmPaths(tmp_path))
     assert serving._task_args() == {"1": ["--cpus-per-task=8", "--gres=gpu:2", "--mem=64G"]}
     assert SlurmServing(golden_cfg(), SwarmPaths(tmp_path))._task_args() == {}  # 4 replicas fill both tasks
+
+
+def _entry(job: str, state: str) -> QueueEntry:
+    return QueueEntry(job, job, job, None, "psw-golden-lb", state, "None", "node1")
+
+
+@pytest.mark.parametrize("stopped", [None, "the LB job left the queue and is not replaced"])
+def test_an_lb_job_that_is_completing_has_ended_it_is_not_starting(tmp_path: Path, stopped: str | None) -> None:
+    """squeue shows a cancelled LB job as COMPLETING for a moment: no endpoint, not "starting"."""
+    serving = SlurmServing(golden_cfg(run_dir=None), SwarmPaths(tmp_path))  # its record under tmp_path
+    assert serving.paths.slurm_record.is_relative_to(tmp_path)
+    if stopped:
+        serving.paths.slurm_record.write_text(json.dumps({"stopped": {"reason": stopped}}))
+    phase, detail = serving._phase(SwarmJobs(replicas=[], lb=_entry("41", "COMPLETING")), ())
+    assert phase is ServingPhase.FAILED, detail
+    ended = "the load balancer job has ended: no endpoint"
+    assert detail == f"stopping: {stopped}" if stopped else detail.startswith(ended), detail
+    phase, detail = serving._phase(SwarmJobs(replicas=[], lb=_entry("41", "PENDING")), ())
+    assert phase is ServingPhase.PENDING, detail  # a queued LB job is still on its way
+    assert serving._phase(SwarmJobs(replicas=[], lb=None), ())[0] is ServingPhase.STOPPED  # nothing queued
 
 
 def test_a_replica_larger_than_a_node_must_take_whole_nodes(tmp_path: Path) -> None:

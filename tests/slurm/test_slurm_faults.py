@@ -179,6 +179,10 @@ def test_a_lost_lb_that_may_not_be_replaced_stops_the_swarm_and_says_why(
         subprocess.run(["scancel", *_lb_ids(cfg)], check=True)
         _wait("the replicas are stopped too", lambda: not _queue(f"psw-{cfg.name}-replicas"), 60)
         status = _json(run_cli("status", cfg.name, "-o", "json", "--no-history"))["status"]
+        if status["phase"] != "STOPPED":  # the LB job may linger as COMPLETING a moment: it has ended
+            assert status["phase"] == "FAILED" and status["detail"].startswith("stopping: "), status
+            _wait("the LB job leaves the queue", lambda: not _queue(f"psw-{cfg.name}-lb"), 60)
+            status = _json(run_cli("status", cfg.name, "-o", "json", "--no-history"))["status"]
         assert status["phase"] == "STOPPED", status
         assert "not replaced" in status["detail"] and "5 times" in status["detail"], status
         refused = run_cli("job", "submit", "-n", cfg.name, "--spec", str(make_job(tmp_path, 10)), timeout=60)

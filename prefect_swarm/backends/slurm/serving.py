@@ -428,12 +428,13 @@ class SlurmServing:
             return ServingPhase.STOPPED, f"no job of this swarm is in the Slurm queue{why}"
         healthy = sum(r.health is ReplicaHealth.HEALTHY for r in replicas)
         n = f"{healthy}/{len(replicas)} replicas healthy"
-        if jobs.lb is None:
+        if jobs.lb is None or jobs.lb.state == "COMPLETING":  # COMPLETING: it ended, Slurm cleans up after it
             stopped = (read_json(self.paths.slurm_record, {}) or {}).get("stopped") or {}
             if stopped:
                 return ServingPhase.FAILED, f"stopping: {stopped.get('reason')}"
+            gone = "has ended" if jobs.lb else "left the Slurm queue"
             return ServingPhase.FAILED, (
-                f"the load balancer job left the Slurm queue: no endpoint ({n}); a replica task resubmits it "
+                f"the load balancer job {gone}: no endpoint ({n}); a replica task resubmits it "
                 f"within {members.KEEP_LB_S:g}s; `prefect-swarm down {self.cfg.name}` stops the swarm"
             )
         if jobs.lb.state != "RUNNING" or not self._lb_url():
