@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP_QUIET = 2>&1 | { grep -v '^WARNING: Location' || true; }
 CACHE ?= $(HOME)/.cache/prefect-swarm
 
-.PHONY: demo test ready setup venv vllm slurm lint typecheck unit bench clean
+.PHONY: demo test ready setup venv vllm slurm lint typecheck collect unit bench clean
 
 $(BIN)/prefect-swarm: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,8 +36,12 @@ typecheck: venv
 unit: venv  ## fast tests: no Slurm, no vLLM, no Prefect server
 	$(BIN)/pytest -q -m "not slurm and not slurm_multinode and not vllm and not prefect_server"
 
-ready:  ## setup, lint and typecheck side by side (mypy runs while Slurm and vLLM install); output kept per target
-	$(MAKE) -j4 --output-sync=target --no-print-directory setup lint typecheck
+collect: venv  ## collect the tests once, running none: the bytecode and pytest's rewritten test modules it writes are read by every worker of `make test` instead of each compiling them again
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest --collect-only -q -p no:cacheprovider -p no:xdist > /dev/null
+	@echo "tests collected (bytecode cached)"
+
+ready:  ## setup, lint, typecheck and a first collection side by side (mypy takes one core while Slurm and vLLM install); output kept per target
+	$(MAKE) -j4 --output-sync=target --no-print-directory setup lint typecheck collect
 
 test: ready  ## everything; missing services FAIL here instead of skipping
 	PREFECT_SWARM_REQUIRE_SERVICES=1 $(BIN)/pytest -q -n 4 --durations=25
