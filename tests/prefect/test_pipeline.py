@@ -26,7 +26,8 @@ from stack import REPO, PrefectStack, job_variables
 
 from prefect_swarm.flows.pipeline import pipeline_id
 from prefect_swarm.interfaces import ServingPhase
-from prefect_swarm.paths import PipelinePaths, read_json
+from prefect_swarm.jobs.ledger import read_ledger
+from prefect_swarm.paths import PipelinePaths, ShardPaths, read_json
 from prefect_swarm.state import StateStore
 from prefect_swarm.testing.ports import free_port_block
 
@@ -85,11 +86,20 @@ def _left_nothing(swarm_home: Path, *swarms: tuple[str, int]) -> None:
         assert swarm_processes(swarm_home, name, port) == [], name
 
 
-def _stage2_ledger_rows(swarm_home: Path, swarm: str) -> int:
-    """Rows stage 2's ledger holds, as its shards' progress files count them (a live job compacts its
-    part files: one listed may be gone when it is read)."""
+def _stage2_progress(swarm_home: Path, swarm: str) -> int:
+    """Rows stage 2's running shards say they have checkpointed (their progress files: a live job
+    compacts its part files, so one listed may be gone when it is read). It can lag the ledger."""
     progress = (swarm_home / "swarms" / swarm / "jobs").rglob("progress.json")
     return sum(int((read_json(p) or {}).get("done") or 0) for p in progress)
+
+
+def _stage2_ledger_rows(swarm_home: Path, swarm: str) -> int:
+    """Distinct rows stage 2's ledger holds, read from its part files: call it once no job process
+    of the stage runs (a part written before a kill counts even when its progress file was not)."""
+    assert not _job_processes(swarm)
+    shards = {p.parent for p in (swarm_home / "swarms" / swarm / "jobs").rglob("part-*.parquet")}
+    tables = [read_ledger(ShardPaths(shard), ["_row"]) for shard in sorted(shards)]
+    return sum(len(set(t.column("_row").to_pylist())) for t in tables if t is not None)
 
 
 def _job_processes(swarm: str) -> list[psutil.Process]:
@@ -143,7 +153,7 @@ def test_the_judge_pipeline_through_a_worker_crash_in_stage_2_and_rerun(
     jv = job_variables(swarm_home)
 
     killed = run_deployment("pipeline/on-demand", parameters=params, job_variables=jv, timeout=0)
-    wait_for(lambda: _stage2_ledger_rows(swarm_home, "p-judge") >= 8, 240, what="stage 2 to checkpoint rows")
+    wait_for(lambda: _stage2_progress(swarm_home, "p-judge") >= 8, 240, what="stage 2 to checkpoint rows")
     os.kill(flow_process(killed.id).pid, signal.SIGKILL)  # the flow process and its stage-2 job: gone at once
     for job in _job_processes("p-judge"):
         job.kill()
