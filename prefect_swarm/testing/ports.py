@@ -43,15 +43,14 @@ def free_port_block(n: int, host: str = "127.0.0.1", start: int | None = None, e
     take the port between this check and the engine's bind; under pytest-xdist each worker picks
     from a part of that range of its own (:func:`_worker_slice`).
     """
+    low, high = 20000 if start is None else start, _ephemeral_start() if end is None else end
     if start is None and end is None:
-        start, end = _worker_slice(20000, _ephemeral_start())
-    start = 20000 if start is None else start
-    end = _ephemeral_start() if end is None else end
+        low, high = _worker_slice(low, high)
     for _ in range(200):
-        base = random.randrange(start, end - n)
+        base = random.randrange(low, high - n)
         if all(_is_free(host, base + i) for i in range(n)):
             return base
-    raise RuntimeError(f"no block of {n} free ports found between {start} and {end} on {host}")
+    raise RuntimeError(f"no block of {n} free ports found between {low} and {high} on {host}")
 
 
 def _is_free(host: str, port: int) -> bool:
