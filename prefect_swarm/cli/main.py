@@ -39,14 +39,12 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import sys
 from typing import Annotated
 
 import typer
 
-from prefect_swarm import __version__
-from prefect_swarm.cli import db, swarms, top, validate, views
+from prefect_swarm.cli import db, swarms, top, validate, version, views
 from prefect_swarm.cli.automations import automations_app
 from prefect_swarm.cli.cache import cache_app
 from prefect_swarm.cli.errors import EXIT_CODES_HELP, SwarmGroup
@@ -54,7 +52,7 @@ from prefect_swarm.cli.exec import exec_cmd
 from prefect_swarm.cli.history import history_cmd
 from prefect_swarm.cli.job import job_app
 from prefect_swarm.cli.logs import logs_cmd
-from prefect_swarm.cli.output import OutputFormat, console, emit_json, setup_logging
+from prefect_swarm.cli.output import setup_logging
 from prefect_swarm.cli.volumes import volumes_app
 from prefect_swarm.settings import get_settings
 
@@ -80,6 +78,10 @@ def main(
     log_level: Annotated[
         str | None, typer.Option("--log-level", help="Log level (default: PREFECT_SWARM_LOG_LEVEL or INFO).")
     ] = None,
+    _version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=version.print_version_and_exit, help="Print versions, exit."),
+    ] = False,
 ) -> None:
     """Global options."""
     ctx.obj = {"debug": debug}
@@ -99,15 +101,7 @@ app.command("logs", epilog=EXIT_CODES_HELP)(logs_cmd)
 app.add_typer(db.db_app, name="db")
 
 
-@app.command("version")
-def version(output: Annotated[OutputFormat, typer.Option("--output", "-o")] = OutputFormat.table) -> None:
-    """Print the prefect-swarm version."""
-    if output is OutputFormat.json:
-        emit_json({"version": __version__, "python": platform.python_version()})
-    else:
-        console.print(f"prefect-swarm {__version__} (Python {platform.python_version()})")
-
-
+app.command("version")(version.version)
 app.add_typer(job_app, name="job")
 app.command("history", epilog=EXIT_CODES_HELP)(history_cmd)
 app.add_typer(automations_app, name="automations")

@@ -32,6 +32,20 @@ from prefect_swarm.testing.ports import free_port
 _ADMIN_SETUP_ACTIONS = 3
 """Requests the server takes unchecked with ``iam``: creating the admin user, its key, its policy."""
 
+_MOTO_OPERATION_ACTIONS = {
+    "s3:ListBucket": ("s3:ListObjects", "s3:ListObjectsV2", "s3:HeadBucket"),
+    "s3:GetObject": ("s3:HeadObject",),
+}
+"""What AWS covers with one IAM action and moto (5.2.6 at least) checks as actions of their own.
+
+AWS authorizes ListObjects(V2) and HeadBucket with ``s3:ListBucket``, and HeadObject with
+``s3:GetObject`` (the S3 API reference of each operation); ``s3:HeadObject``, ``s3:HeadBucket`` and
+``s3:ListObjectsV2`` are not IAM actions at all. moto 5.2.6 checks the operation's own name, so a
+user granted only the AWS actions is refused a HEAD that AWS would answer. :meth:`MotoS3.add_user`
+grants the operation names beside the AWS action, so the server refuses exactly what AWS would
+(it is harmless with a moto that checks the AWS action).
+"""
+
 
 class MotoS3:
     """One ``moto_server`` process on ``127.0.0.1:<port>`` (a free port unless given)."""
@@ -95,8 +109,9 @@ class MotoS3:
         )
 
     def add_user(self, name: str, actions: list[str]) -> dict[str, str]:
-        """An IAM user allowed only ``actions`` (on every resource); :meth:`env` with its keys."""
-        key_id, secret = self._add_user(name, actions)
+        """An IAM user allowed only ``actions`` (AWS IAM actions, on every resource); :meth:`env` with its keys."""
+        granted = [*actions, *(op for action in actions for op in _MOTO_OPERATION_ACTIONS.get(action, ()))]
+        key_id, secret = self._add_user(name, granted)
         return {**self.env(), "AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret}
 
     def _add_user(self, name: str, actions: list[str]) -> tuple[str, str]:

@@ -179,10 +179,35 @@ def test_prune_asks_first() -> None:
 
 
 def test_version() -> None:
+    """What a user who installed into their own environment checks: this package and what it runs with."""
+    from importlib.metadata import version
+
     from prefect_swarm import __version__
 
-    assert __version__ in invoke("version").stdout
-    assert json.loads(invoke("version", "-o", "json").stdout)["version"] == __version__
+    table = invoke("version").stdout
+    assert __version__ in table
+    assert invoke("--version").stdout == table
+    doc = json.loads(invoke("version", "-o", "json").stdout)
+    assert doc["version"] == __version__
+    for name in ("prefect", "pyarrow", "aiohttp", "pydantic", "httpx"):
+        assert doc["packages"][name] == version(name)
+        assert f"{name}" in table and version(name) in table
+
+
+def test_version_finds_the_engine_in_its_own_python(tmp_path: Path) -> None:
+    """The engine runs in a Python of its own: --engine-python asks that one; a wrong path is exit 2."""
+    fake = tmp_path / "site"
+    (fake / "vllm-0.0.1.dist-info").mkdir(parents=True)
+    (fake / "vllm-0.0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.0.1\n")
+    python = tmp_path / "engine-python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={fake} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    doc = json.loads(invoke("version", "-o", "json", "--engine-python", str(python)).stdout)
+    assert doc["engines"] == {"vllm": "0.0.1"}
+    assert "vllm       0.0.1" in invoke("version", "--engine-python", str(python)).stdout
+    missing = invoke("version", "--engine-python", str(tmp_path / "nope"))
+    assert missing.exit_code == ExitCode.BAD_INPUT
+    assert "--engine-python" in missing.output and "Traceback" not in missing.output
 
 
 def test_cli_does_not_import_prefect(run_cli: Callable[..., Any], tmp_path: Path) -> None:

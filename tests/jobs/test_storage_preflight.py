@@ -226,6 +226,7 @@ def test_prepare_job_refuses_what_a_flow_would_submit(
     assert list(_objects(s3, "flow/")) == ["flow/in.parquet"]
 
 
+@pytest.mark.smoke
 def test_the_probe_leaves_nothing_and_a_good_job_runs(tmp_path: Path, s3: MotoS3, aws_env, stub, own_signals) -> None:
     """With writable keys the pre-flight passes, leaves no probe object, and the job writes its output once."""
     prefix = "good"

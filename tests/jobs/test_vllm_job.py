@@ -23,6 +23,7 @@ def vllm_env(vllm_server: tuple[str, subprocess.Popen[bytes]]) -> dict[str, str]
     return {**os.environ, "PREFECT_SWARM_ENDPOINTS": vllm_server[0], "PREFECT_SWARM_API_KEY": services.VLLM_KEY}
 
 
+@pytest.mark.smoke
 def test_chat_job_800_rows_4_shards_on_vllm(tmp_path: Path, vllm_env: dict[str, str]) -> None:
     """Each shard's 200 rows span two row groups of the input; the rerun takes every answer from the cache."""
     n = 800

@@ -31,6 +31,7 @@ def _flow_run(name: str):  # type: ignore[no-untyped-def]
     return asyncio.run(read())
 
 
+@pytest.mark.smoke
 def test_deployment_run_completes_with_artifacts(prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path) -> None:
     inp = prompts(tmp_path / "in.parquet", 60)
     out = tmp_path / "out.parquet"

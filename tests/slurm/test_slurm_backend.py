@@ -39,6 +39,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 MakeSwarm = Callable[..., LiveSwarm]
 
 
+@pytest.mark.smoke
 def test_up_status_four_shard_job_down(slurm_swarm: MakeSwarm, tmp_path: Path) -> None:
     swarm = slurm_swarm(stub_config(replicas=2))
     handle = swarm.up()
