@@ -45,6 +45,8 @@ NOT_RUN_HERE: dict[str, str] = {
     "make test": "the whole suite (CI's entry point, .ci/run)",
     "make unit": "the fast subset of the whole suite",
     "make venv": "installs the venv these tests run in",
+    "make test-latest": "the fast subset and the smoke tests in a venv of the newest releases (a whole test run)",
+    "make lock": "rewrites requirements/ from the index on purpose; tests/architecture/test_lock.py checks the result",
     "make lint typecheck": "ruff and mypy over the tree (make test runs them)",
     "pytest": "a test run from inside a test run",
     "pip install": "installs packages (scripts/install_python_deps.sh does this for make venv)",
