@@ -2,7 +2,8 @@
 
     PrefectSwarmError
     ├── ConfigError            the user fixes their input (config, CLI argument)
-    │   └── DatasetError       ... the input dataset (file, column, ids)
+    │   ├── DatasetError       ... the input dataset (file, column, ids)
+    │   └── AccessError        ... a folder or file another user owns or may change (a shared scratch)
     ├── CapacityError          not enough resources right now: retry later or elsewhere
     ├── BackendError           a scheduler/API/process call failed (carries command, exit code, stderr)
     │   └── ReadinessError     the swarm did not become ready (carries the evidence: log tail, reason)
@@ -35,6 +36,11 @@ class ConfigError(PrefectSwarmError):
 
 class DatasetError(ConfigError):
     """The input dataset cannot be used as given (missing column, duplicate ids, unreadable file)."""
+
+
+class AccessError(ConfigError):
+    """A folder or file prefect-swarm would keep a swarm's or a job's files in belongs to another user,
+    or other users may change it, or this user may not read it: pick a folder of your own."""
 
 
 class CapacityError(PrefectSwarmError):

@@ -41,13 +41,148 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, BinaryIO, Self
+
+if TYPE_CHECKING:
+    from prefect_swarm.exceptions import AccessError
 
 TEMP_SUFFIX = ".tmp"
 """Suffix of the temp files atomic writes rename into place (``.<name>.<random>.tmp``)."""
 PROBE_PREFIX = ".prefect-swarm-probe-"
 """Name start of the probe file/object created and deleted next to an output (or in an object-store
 ledger) to prove it writable before any request."""
+
+
+PRIVATE_UMASK = 0o077
+"""The umask of every process prefect-swarm starts or runs as its entry point: what it creates is its
+user's alone (folders 0700, files 0600, logs included)."""
+PRIVATE_DIR_MODE = 0o700
+"""Mode of every folder prefect-swarm makes for a swarm or a job (:func:`private_dir`)."""
+
+
+USER_UMASK_ENV = "PREFECT_SWARM_USER_UMASK"
+"""The umask the user started prefect-swarm with (octal), handed to the processes it starts: a job's
+committed output is the user's file, made with the user's umask (:func:`user_umask`)."""
+
+
+def private_umask() -> None:
+    """Give this process :data:`PRIVATE_UMASK`: called first by each of prefect-swarm's entry points
+    (the CLI, a job process, a watchdog, the Slurm LB and replica helpers, model staging), so that
+    every file and folder they and their children create is 0600 / 0700 whatever the caller's umask.
+    The caller's own umask is kept for its children in :data:`USER_UMASK_ENV`."""
+    old = os.umask(PRIVATE_UMASK)
+    os.environ.setdefault(USER_UMASK_ENV, f"{old:o}")
+
+
+def user_umask() -> int:
+    """The user's umask: :data:`USER_UMASK_ENV` when an entry point set it, else this process's."""
+    with suppress(ValueError):
+        return int(os.environ.get(USER_UMASK_ENV, ""), 8) & 0o777
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read it by setting it (and put it back at once)
+    os.umask(mask)
+    return mask
+
+
+def _owner(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _replaceable_by_others(st: os.stat_result) -> str:
+    """Why another user could replace what is inside the folder ``st`` describes, or ''.
+
+    A folder others may write lets them rename or swap its entries, unless it is sticky (as ``/tmp``)
+    and owned by this user or root (a sticky folder's owner may still rename what is in it)."""
+    mode, uid = stat.S_IMODE(st.st_mode), os.geteuid()
+    if not mode & 0o022:
+        return ""
+    if not mode & stat.S_ISVTX:
+        return f"other users may write it (mode {mode:o})"
+    if st.st_uid not in (uid, 0):
+        return f"it is a shared folder of {_owner(st.st_uid)}, who may replace what is in it (mode {mode:o})"
+    return ""
+
+
+def _refuse(path: Path, why: str) -> AccessError:
+    from prefect_swarm.exceptions import AccessError
+
+    return AccessError(
+        f"{path}: {why}. prefect-swarm keeps a swarm's and a job's files (scripts it submits, keys, "
+        f"ledgers) only where no other user can change them: use a folder of your own "
+        f"(`mkdir -m 700 <folder>`, as backend.run_dir or PREFECT_SWARM_HOME), or remove this one if it "
+        f"is not yours to keep."
+    )
+
+
+def private_dir(path: Path) -> Path:
+    """THE rule for a folder that holds a swarm's or a job's files; returns ``path``.
+
+    Missing folders are created 0700 by this user. An existing ``path`` must be a real folder (not a
+    link) that this user owns and no one else may write (its read bits for others are dropped); each
+    existing folder above it must not let another user replace what is below it (see
+    :func:`_replaceable_by_others`; a sticky ``/tmp``-like scratch is fine). Anything else is
+    refused with one :class:`~prefect_swarm.exceptions.AccessError` naming the folder: on a shared
+    scratch another user could otherwise plant the scripts this user's jobs run.
+    """
+    path = Path(os.path.abspath(path))
+    chain = [path, *path.parents]
+    first = next((i for i, p in enumerate(chain) if os.path.lexists(p)), len(chain) - 1)
+    for above in chain[max(first, 1) :]:
+        why = _replaceable_by_others(os.stat(above))
+        if why:
+            raise _refuse(above, why)
+    for p in reversed(chain[:first]):
+        try:
+            os.mkdir(p, PRIVATE_DIR_MODE)
+        except FileExistsError:
+            pass  # made by someone else meanwhile: checked below like any folder found
+        except PermissionError:
+            raise _refuse(p, f"you may not create it in {p.parent} ({_owner(os.stat(p.parent).st_uid)}'s)") from None
+        st = os.lstat(p)
+        if p != path and _replaceable_by_others(st):
+            raise _refuse(p, _replaceable_by_others(st))
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise _refuse(path, "it is not a folder" + (" (a symbolic link)" if stat.S_ISLNK(st.st_mode) else ""))
+    if st.st_uid != os.geteuid():
+        raise _refuse(path, f"it belongs to {_owner(st.st_uid)}, not to you ({_owner(os.geteuid())})")
+    if stat.S_IMODE(st.st_mode) & 0o022:
+        raise _refuse(path, f"other users may write it (mode {stat.S_IMODE(st.st_mode):o})")
+    if stat.S_IMODE(st.st_mode) != PRIVATE_DIR_MODE:
+        os.chmod(path, PRIVATE_DIR_MODE)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Create ``path`` (empty) 0600 when missing, or drop others' bits of this user's own file; returns it.
+    For files others open by name with their default mode (SQLite's database, a log an engine appends)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise _refuse(path, f"it belongs to {_owner(st.st_uid)}, not to you ({_owner(os.geteuid())})")
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    return path
+
+
+def open_log(path: Path) -> BinaryIO:
+    """Open the log file ``path`` for appending (bytes), created 0600 (with its folder, 0700) when missing."""
+    if not path.parent.is_dir():
+        private_dir(path.parent)
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -228,8 +363,9 @@ class Folder:
     root: Path
 
     def ensure(self) -> Self:
-        """Create the folder; return self."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        """Create the folder (0700), or check that an existing one is this user's alone
+        (:func:`private_dir`); return self."""
+        private_dir(self.root)
         return self
 
 

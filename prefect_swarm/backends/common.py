@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from prefect_swarm.paths import read_text
+from prefect_swarm.paths import open_log, read_text
 
 
 def host_port(text: str) -> tuple[str, int] | None:
@@ -37,8 +37,7 @@ def start_logged(
     argv: Sequence[str], env: Mapping[str, str], log: Path, cwd: Path | str | None = None
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` in its own session (so stopping it reaches its group), stdout+stderr appended to ``log``."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
+    with open_log(log) as out:
         return subprocess.Popen(
             list(argv),
             env=dict(env),

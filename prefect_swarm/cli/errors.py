@@ -84,3 +84,19 @@ class SwarmGroup(TyperGroup):
             kind = type(exc).__name__
             err_console.print(Text.assemble(("Error", "bold red"), f" ({kind}): {exc}"), soft_wrap=True)
             raise typer.Exit(int(code)) from None
+        except PermissionError as exc:  # a file of another user's (their swarm, their state): one message
+            from prefect_swarm.cli.output import err_console
+
+            if debug_enabled(ctx):
+                err_console.print_exception(show_locals=False)
+            where = exc.filename or "a file prefect-swarm needs"
+            err_console.print(
+                Text.assemble(
+                    ("Error", "bold red"),
+                    f" (AccessError): you may not read or change {where} ({exc.strerror or exc}). It belongs "
+                    "to another user, or others may not reach it: each user keeps their own swarms and state "
+                    "(PREFECT_SWARM_HOME, backend.run_dir); ask its owner, or point yours elsewhere.",
+                ),
+                soft_wrap=True,
+            )
+            raise typer.Exit(int(ExitCode.BAD_INPUT)) from None

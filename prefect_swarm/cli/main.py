@@ -54,6 +54,7 @@ from prefect_swarm.cli.job import job_app
 from prefect_swarm.cli.logs import logs_cmd
 from prefect_swarm.cli.output import setup_logging
 from prefect_swarm.cli.volumes import volumes_app
+from prefect_swarm.paths import private_umask
 from prefect_swarm.settings import get_settings
 
 log = logging.getLogger("prefect_swarm.cli")
@@ -116,6 +117,7 @@ def run() -> None:
     abort the process after the command finished; the exit status and output are flushed and the
     process ends without that shutdown.
     """
+    private_umask()
     try:
         app()
     except SystemExit as exc:

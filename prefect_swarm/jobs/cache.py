@@ -53,7 +53,7 @@ from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import SwarmJob
 from prefect_swarm.jobs.ledger import STATUS_OK, RowResult
 from prefect_swarm.jobs.spec import JobSpec
-from prefect_swarm.paths import cache_db, journal_for
+from prefect_swarm.paths import cache_db, journal_for, private_dir
 
 if TYPE_CHECKING:
     from prefect_swarm.jobs.runner import Item  # (the runner's aiohttp is the job process's, not the CLI's)
@@ -148,7 +148,7 @@ class ResponseCache:
 
     def __init__(self, folder: Path, fingerprint: str, max_bytes: int | None = None) -> None:
         self.path, self.fingerprint, self.max_bytes = cache_db(folder), fingerprint, max_bytes
-        folder.mkdir(parents=True, exist_ok=True)
+        private_dir(folder)
         self.db, settings = _connect(self.path)
         self.db.execute(f"PRAGMA busy_timeout={int(settings.busy_timeout_ms)}")
         self._setup(journal_for(folder, settings.state_journal), settings.busy_timeout_ms / 1000)

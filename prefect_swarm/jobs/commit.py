@@ -52,7 +52,7 @@ from prefect_swarm.jobs.fingerprint import hash_details, job_fingerprint
 from prefect_swarm.jobs.ledger import RAW_COLUMN, Part, latest_positions, part_size, part_source, shard_store
 from prefect_swarm.jobs.plan import pending_shards, shard_progress
 from prefect_swarm.jobs.spec import JobSpec
-from prefect_swarm.paths import atomic_file, atomic_write_json, file_lock, read_json
+from prefect_swarm.paths import atomic_file, atomic_write_json, file_lock, read_json, user_umask
 
 RESULT_COLUMNS = ["status", "error", "prompt_tokens", "completion_tokens"]
 BATCH_COLUMNS = [RAW_COLUMN, "http_status", "attempts"]
@@ -310,20 +310,9 @@ _KEPT = (
 
 
 def _as_new_file(path: Path) -> None:
-    """Give a temp file (0600) the mode a new file gets: 0666 less the umask."""
-    os.chmod(path, 0o666 & ~_umask())
-
-
-def _umask() -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)  # no /proc: read it by setting it (and put it back at once)
-    os.umask(mask)
-    return mask
+    """Give a temp file (0600) the mode a new file of the user's gets: 0666 less the user's umask
+    (:func:`~prefect_swarm.paths.user_umask`: prefect-swarm's own processes run with 077)."""
+    os.chmod(path, 0o666 & ~user_umask())
 
 
 @dataclass(frozen=True)

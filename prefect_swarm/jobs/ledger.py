@@ -78,6 +78,7 @@ from prefect_swarm.paths import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
+    private_dir,
     read_json,
 )
 
@@ -205,7 +206,7 @@ class LocalShard:
 
     def prepare(self) -> None:
         """Create the folder; remove temp files left by a kill -9 mid-write."""
-        self.paths.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.paths.root)
         for tmp in self.paths.temp_files():
             tmp.unlink(missing_ok=True)
 
@@ -488,8 +489,8 @@ class ShardLock:
 
     def acquire(self, what: str) -> None:
         """Take the lock, or raise :class:`ShardBusy` naming ``what`` and the holder's pid."""
-        self.paths.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        private_dir(self.paths.root)
+        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -563,7 +564,7 @@ class ShardLedger:
     # ------------------------------------------------------------------ open
     def open(self, *, overwrite: bool = False, retry_failed: bool = False) -> None:
         """Check the fingerprint, load what is done; with ``overwrite`` discard the old ledger first."""
-        self.paths.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.paths.root)
         self.store.prepare()  # drops temp files left by a kill -9 mid-write
         if overwrite:
             self.discard()

@@ -31,6 +31,7 @@ from prefect_swarm.exceptions import ConfigError, FingerprintMismatch
 from prefect_swarm.interfaces.jobenv import EXIT_BAD_INPUT, EXIT_FAILED, JobEnv
 from prefect_swarm.jobs.shard import run_shard
 from prefect_swarm.jobs.spec import JobSpec
+from prefect_swarm.paths import private_umask
 
 log = logging.getLogger("prefect_swarm.jobs")
 
@@ -74,4 +75,5 @@ def _first(*values: int | None) -> int:
 
 
 if __name__ == "__main__":
+    private_umask()  # the process entry point only: a test calling main() keeps its umask
     sys.exit(main())

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect_swarm.exceptions import StageError
-from prefect_swarm.paths import atomic_write_json, file_lock, read_json
+from prefect_swarm.paths import atomic_write_json, file_lock, private_umask, read_json
 
 MARKER = ".prefect-swarm-stage.json"
 """The marker file in a staged folder: source, hash, file count, bytes, when and how long."""
@@ -182,4 +182,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    private_umask()  # the process entry point only: a test calling main() keeps its umask
     sys.exit(main())

@@ -55,7 +55,7 @@ from prefect_swarm.exceptions import BudgetReached
 from prefect_swarm.interfaces.jobenv import API_KEY
 from prefect_swarm.interfaces.readiness import ProbeResult, check_health
 from prefect_swarm.interfaces.types import ReplicaHealth
-from prefect_swarm.paths import SwarmPaths, atomic_write_json, read_json, read_tail
+from prefect_swarm.paths import SwarmPaths, atomic_write_json, open_log, private_umask, read_json, read_tail
 from prefect_swarm.sidecar.ports import pick_port, port_owner_ok
 from prefect_swarm.sidecar.procref import ProcRef
 
@@ -196,7 +196,7 @@ class Watchdog:
             self.port = pick_port(host, self.spec.preferred_port, self.spec.port_range)
             self.argv = [a.replace(token, str(self.port)) for a in self.spec.argv]
             self.url = self.spec.url.replace(token, str(self.port))
-        with logf.open("ab") as out:
+        with open_log(logf) as out:
             out.write(f"\n--- prefect-swarm watchdog: start #{self.restarts} at {time.ctime()} ---\n".encode())
             out.flush()
             self.proc = subprocess.Popen(
@@ -471,4 +471,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    private_umask()  # the process entry point only: a test calling main() keeps its umask
     sys.exit(main())

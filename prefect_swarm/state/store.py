@@ -26,7 +26,7 @@ from prefect_swarm.interfaces.types import JobStatus, ServingPhase
 from prefect_swarm.paths import MOUNTS as MOUNTS
 from prefect_swarm.paths import NETWORK_FS as NETWORK_FS
 from prefect_swarm.paths import filesystem_type as filesystem_type
-from prefect_swarm.paths import journal_for
+from prefect_swarm.paths import journal_for, private_dir, private_file
 from prefect_swarm.settings import get_settings
 
 _V1_STATEMENTS = (
@@ -279,8 +279,15 @@ class StateStore:
             db.close()
 
     def _migrate(self) -> None:
-        """Create the file, set its journal mode, and bring its schema forward (once per store)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Create the file, set its journal mode, and bring its schema forward (once per store).
+
+        The folder is this user's alone and the file 0600 (:func:`~prefect_swarm.paths.private_dir`,
+        :func:`~prefect_swarm.paths.private_file`); SQLite gives its -wal and -shm files the database
+        file's mode, and ones left by an older version are closed here too."""
+        private_dir(self.path.parent)
+        for path in (self.path, *(self.path.with_name(self.path.name + s) for s in ("-wal", "-shm"))):
+            if path == self.path or path.exists():
+                private_file(path)
         self._set_journal(journal_for(self.path.parent, self.journal_setting))
         with self._raw_connect() as db:
             if int(db.execute("PRAGMA user_version").fetchone()[0]) == SCHEMA_VERSION:

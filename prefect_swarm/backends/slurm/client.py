@@ -17,10 +17,10 @@ import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from prefect_swarm.config.slurm_time import slurm_seconds
 from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError
+from prefect_swarm.paths import PRIVATE_UMASK
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -75,10 +75,14 @@ class AcctEntry:
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's environment without the ``SLURM_*`` variables of an enclosing job, plus ``extra``."""
+    """This process's environment without the ``SLURM_*`` variables of an enclosing job, plus ``extra``.
+
+    ``SLURM_UMASK`` is :data:`~prefect_swarm.paths.PRIVATE_UMASK`: Slurm creates a job's output files
+    and runs its tasks with it, so what the swarm's jobs write is the user's alone."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
     if "SLURM_CONF" in os.environ:
         env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    env["SLURM_UMASK"] = f"{PRIVATE_UMASK:04o}"
     env.update(extra or {})
     return env
 
@@ -127,21 +131,21 @@ class SlurmClient:
     # ------------------------------------------------------------------ submit / cancel
     def sbatch(
         self,
-        script: Path,
+        script: str,
         *,
         env: Mapping[str, str] | None = None,
         what: str = "submit a job",
         args: Sequence[str] = (),
     ) -> str:
-        """Submit ``script`` (``args`` before it, e.g. ``--array=1,3``); returns the job id.
-        ``env`` (secrets too) is sbatch's environment: the job gets the variables the script's
+        """Submit the batch script whose text is ``script``, on sbatch's stdin (``args`` before it, e.g.
+        ``--array=1,3``); returns the job id. What Slurm runs is the text handed here, never a file as
+        found at submit time (see :func:`prefect_swarm.backends.slurm.members.script_text`). ``env``
+        (secrets too) is sbatch's environment: the job gets the variables the script's
         ``#SBATCH --export`` names (``backend.export``), never their values in a file."""
-        out = self.run(["sbatch", "--parsable", *args, str(script)], what=what, env=env)
+        out = self.run(["sbatch", "--parsable", *args], what=what, env=env, stdin=script)
         job_id = out.strip().split(";")[0]
         if not job_id.isdigit():
-            raise BackendError(
-                f"sbatch printed no job id while trying to {what}: {out!r}", command=["sbatch", str(script)]
-            )
+            raise BackendError(f"sbatch printed no job id while trying to {what}: {out!r}", command=["sbatch", *args])
         return job_id
 
     def test_only(self, script: str | None, *, what: str, args: Sequence[str] = ()) -> None:

@@ -46,7 +46,7 @@ from prefect_swarm.backends.slurm.lb import resolve as lb_resolve
 from prefect_swarm.backends.slurm.states import slurm_job_status
 from prefect_swarm.exceptions import BackendError, CapacityError, ReadinessError
 from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus, jobenv
-from prefect_swarm.paths import JobPaths, SwarmPaths, read_json, read_text
+from prefect_swarm.paths import JobPaths, SwarmPaths, open_log, read_json, read_text
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
@@ -154,8 +154,7 @@ class SlurmCompute(ComputeBase):
             log = self._log_path(request.workdir if request.sharded else None, shard, name)
             workdir = Path(request.workdir) if request.workdir else self.paths.root
             argv = render.shard_job_argv(self.cfg, name=name, log=log, workdir=workdir, command=request.argv(shard))
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with log.open("ab") as out:
+            with open_log(log) as out:
                 out.write(f"# prefect-swarm: {shlex.join(argv)}\n".encode())
             env = {**self.job_env(request, shard), **secret}
             out_text = self.client.run(argv, what=f"submit shard {label} of job {request.name}", env=env)
@@ -263,8 +262,7 @@ class SlurmCompute(ComputeBase):
         self, jobid: str, step_name: str, argv: list[str], env: dict[str, str], log: Path, workdir: str | None
     ) -> None:
         srun = render.step_argv(self.cfg, jobid=jobid, step_name=step_name, command=argv)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as out:
+        with open_log(log) as out:
             out.write(f"# prefect-swarm: {shlex.join(srun)}\n".encode())
         try:
             proc = start_logged(srun, clean_env(env), log, workdir)

@@ -56,7 +56,7 @@ from prefect_swarm.backends.slurm.idle import IdleWatch
 from prefect_swarm.exceptions import BudgetReached
 from prefect_swarm.interfaces.jobenv import API_KEY, BEARER_TOKEN
 from prefect_swarm.interfaces.metrics import engine_targets, write_file_sd
-from prefect_swarm.paths import SwarmPaths, atomic_write_text, read_json, read_text
+from prefect_swarm.paths import SwarmPaths, atomic_write_text, private_umask, read_json, read_text
 
 if TYPE_CHECKING:
     from prefect_swarm.config.cost import BudgetGuard
@@ -332,4 +332,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    private_umask()  # the process entry point only: a test calling main() keeps its umask
     sys.exit(main())

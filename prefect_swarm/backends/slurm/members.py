@@ -22,6 +22,7 @@ with less than ``min_life_s`` (``SlurmConfig.ending_s``: the signal may already 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 import sys
@@ -32,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from prefect_swarm.backends.slurm.client import QueueEntry, SlurmClient
-from prefect_swarm.paths import SwarmPaths, atomic_write_json, file_lock, read_json
+from prefect_swarm.exceptions import AccessError
+from prefect_swarm.paths import SwarmPaths, atomic_write_json, file_lock, private_dir, private_umask, read_json
 
 log = logging.getLogger("prefect_swarm.slurm.members")
 
@@ -83,6 +85,30 @@ def live_tasks(client: SlurmClient, name: str) -> dict[int, QueueEntry]:
     return out
 
 
+def script_digests(scripts: Mapping[Path, str]) -> dict[str, str]:
+    """``{file name: sha256}`` of the batch scripts ``up`` wrote (kept in ``slurm.json``, see :func:`script_text`)."""
+    return {path.name: hashlib.sha256(text.encode()).hexdigest() for path, text in scripts.items()}
+
+
+def script_text(paths: SwarmPaths, record: Mapping[str, Any], script: Path) -> str:
+    """The text of the batch script ``script`` that a resubmission hands to sbatch, read once and
+    checked: the swarm folder is still this user's alone (:func:`~prefect_swarm.paths.private_dir`)
+    and the text is the one ``up`` rendered from the config (its digest in ``slurm.json``). A script
+    that differs is never submitted: :class:`~prefect_swarm.exceptions.AccessError` says why."""
+    private_dir(paths.root)
+    fd = os.open(script, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, encoding="utf-8") as fh:
+        text = fh.read()
+    want = (record.get("scripts") or {}).get(script.name)
+    if want != hashlib.sha256(text.encode()).hexdigest():
+        raise AccessError(
+            f"{script} is not the script `up` wrote for this swarm (its digest differs from slurm.json's): "
+            "not submitted. Someone changed it; `prefect-swarm down` the swarm, check who could write "
+            f"{paths.root}, and `up` again (it renders the scripts from the config)."
+        )
+    return text
+
+
 def submit_tasks(
     client: SlurmClient,
     paths: SwarmPaths,
@@ -91,8 +117,11 @@ def submit_tasks(
     env: Mapping[str, str] | None,
     what: str,
     extra: Sequence[str] = (),
+    script: str | None = None,
 ) -> str:
     """``sbatch --array=<tasks>`` of the replica script; records each task's new id. Returns a job id.
+
+    ``script``: its text as ``up`` just rendered it; else the file, checked (:func:`script_text`).
 
     A task with its own resources in ``record["task_args"]`` (a last task running fewer replicas)
     is submitted on its own with them.
@@ -105,9 +134,10 @@ def submit_tasks(
     groups += [([t], [*special[str(t)], *extra]) for t in tasks if str(t) in special]
     ids = record.setdefault("tasks", {})
     job_id = ""
+    text = script if script is not None else script_text(paths, record, paths.replicas_script)
     for group, extra in groups:
         array = f"--array={','.join(map(str, group))}"
-        job_id = client.sbatch(paths.replicas_script, env=env, what=what, args=[array, *extra])
+        job_id = client.sbatch(text, env=env, what=what, args=[array, *extra])
         for t in group:
             ids[str(t)] = f"{job_id}_{t}"
     return job_id
@@ -139,9 +169,13 @@ def replenish(
         counts[str(t)] = counts.get(str(t), 0) + 1
         for i in range(t * per_task, (t + 1) * per_task):
             paths.replica_head(i).unlink(missing_ok=True)
-    job_id = submit_tasks(
-        client, paths, record, missing, env, f"resubmit replica task(s) {missing}", extra=time_args(record)
-    )
+    try:
+        job_id = submit_tasks(
+            client, paths, record, missing, env, f"resubmit replica task(s) {missing}", extra=time_args(record)
+        )
+    except AccessError as exc:
+        stop_swarm(client, paths, name, f"replica task(s) {missing} left the queue and are not resubmitted: {exc}")
+        return []
     record["replenished_at"] = time.time()
     atomic_write_json(paths.slurm_record, record)
     log.info("replica task(s) %s had left the queue: resubmitted as job %s", missing, job_id)
@@ -183,7 +217,12 @@ def keep_lb(client: SlurmClient, paths: SwarmPaths, lb_name: str, replicas_name:
     counts: dict[str, int] = record.setdefault("resubmits", {})
     counts["lb"] = counts.get("lb", 0) + 1
     paths.lb_head.unlink(missing_ok=True)
-    job_id = client.sbatch(paths.lb_script, env=env, what="replace the load balancer", args=time_args(record))
+    try:
+        text = script_text(paths, record, paths.lb_script)
+    except AccessError as exc:
+        stop_swarm(client, paths, replicas_name, f"the load balancer job left the queue and is not replaced: {exc}")
+        return "stopped"
+    job_id = client.sbatch(text, env=env, what="replace the load balancer", args=time_args(record))
     old, record["lb_job"] = record.get("lb_job"), job_id
     atomic_write_json(paths.slurm_record, record)
     log.warning("the load balancer job %s had left the queue: resubmitted as job %s", old, job_id)
@@ -216,4 +255,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    private_umask()  # the process entry point only: a test calling main() keeps its umask
     sys.exit(main())

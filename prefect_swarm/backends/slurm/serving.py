@@ -195,6 +195,9 @@ class SlurmServing:
                 "replicas_job": record.get("replicas_job") if kept else None,
                 "lb_job": lb_id,
                 "hashes": {k: self._group_hash(plan, k) for k in ("replicas", "lb")},
+                "scripts": members.script_digests(
+                    {p: files[p] for p in (self.paths.replicas_script, self.paths.lb_script)}
+                ),
                 "replicas": self.cfg.replicas,
                 "per_task": per,
                 "array_tasks": want,
@@ -210,14 +213,20 @@ class SlurmServing:
                     for i in _task_members(t, per, self.cfg.replicas):
                         self.paths.replica_head(i).unlink(missing_ok=True)
                 job_id = members.submit_tasks(
-                    self.client, self.paths, record, missing, env, f"start the replicas of swarm '{self.cfg.name}'"
+                    self.client,
+                    self.paths,
+                    record,
+                    missing,
+                    env,
+                    f"start the replicas of swarm '{self.cfg.name}'",
+                    script=files[self.paths.replicas_script],
                 )
                 record["replicas_job"] = record["replicas_job"] or job_id
             atomic_write_json(self.paths.slurm_record, record)
             if lb_id is None:
                 self.paths.lb_head.unlink(missing_ok=True)
                 lb_id = self.client.sbatch(
-                    self.paths.lb_script, env=env, what=f"start the load balancer of swarm '{self.cfg.name}'"
+                    files[self.paths.lb_script], env=env, what=f"start the load balancer of swarm '{self.cfg.name}'"
                 )
                 record["lb_job"] = lb_id
                 atomic_write_json(self.paths.slurm_record, record)
