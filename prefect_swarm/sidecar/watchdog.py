@@ -46,16 +46,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from prefect_swarm.exceptions import BudgetReached
 from prefect_swarm.interfaces.jobenv import API_KEY
 from prefect_swarm.interfaces.readiness import ProbeResult, check_health
 from prefect_swarm.interfaces.types import ReplicaHealth
 from prefect_swarm.paths import SwarmPaths, atomic_write_json, open_log, private_umask, read_json, read_tail
+from prefect_swarm.redaction import redact, secret_values
 from prefect_swarm.sidecar.ports import pick_port, port_owner_ok
 from prefect_swarm.sidecar.procref import ProcRef
 
@@ -74,6 +76,20 @@ LOG_TAIL_LINES = 40
 TICK_S = 0.1
 PORT_CHECK_S = 30.0
 """How often a healthy replica's port is checked for a foreign owner (see ``Watchdog._foreign_port``)."""
+
+
+LOG_DRAIN_S = 2.0
+"""How long the watchdog waits for an exited engine's last output to reach its log."""
+
+
+def copy_redacted(stream: IO[bytes], log_file: Path, secrets: list[str]) -> None:
+    """Append the engine's output ``stream`` to ``log_file`` line by line through
+    :func:`prefect_swarm.redaction.redact` (its key, tokens, request query strings: an access log
+    keeps no secret), until the engine closes it."""
+    with stream, open_log(log_file) as out:
+        for line in iter(stream.readline, b""):
+            out.write(redact(line.decode("utf-8", "replace"), secrets).encode())
+            out.flush()
 
 
 @dataclass(frozen=True)
@@ -129,6 +145,7 @@ class Watchdog:
         self.spec = spec
         self.paths = spec.paths
         self.proc: subprocess.Popen[bytes] | None = None
+        self.copier: threading.Thread | None = None
         self.restarts = 0
         self.last_exit_code: int | None = None
         self.started_at = 0.0
@@ -198,15 +215,20 @@ class Watchdog:
             self.url = self.spec.url.replace(token, str(self.port))
         with open_log(logf) as out:
             out.write(f"\n--- prefect-swarm watchdog: start #{self.restarts} at {time.ctime()} ---\n".encode())
-            out.flush()
-            self.proc = subprocess.Popen(
-                self.argv,
-                env={**os.environ, **self.spec.env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        env = {**os.environ, **self.spec.env}
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        self.copier = threading.Thread(
+            target=copy_redacted, args=(self.proc.stdout, logf, secret_values(env)), daemon=True, name="engine-log"
+        )
+        self.copier.start()
         self.started_at = time.time()
         self.proc_ref = ProcRef.of(self.proc.pid)
         self.healthy, self.bad_checks, self.detail = ReplicaHealth.UNKNOWN, 0, "starting"
@@ -377,6 +399,8 @@ class Watchdog:
         rc = self.proc.poll()
         if rc is not None:
             self.last_exit_code = rc
+            if self.copier is not None:  # its last lines are the reason: in the log before it is read
+                self.copier.join(LOG_DRAIN_S)
             return self.handle_failure(f"exited with code {rc}")
         if not self.check():
             return self.handle_failure(self.detail)

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -48,6 +49,15 @@ FORKING = _stub_after("import subprocess\nsubprocess.Popen([sys.executable, '-c'
 
 # the stub reads its key from STUB_API_KEY; the engine gets it as PREFECT_SWARM_API_KEY
 KEYED = _stub_after("import os\nos.environ['STUB_API_KEY'] = os.environ['PREFECT_SWARM_API_KEY']")
+
+# an engine whose log would keep its key: in its own words, as an access log's request line with the
+# key as a query parameter, and as a header; the watchdog's copy of its output masks all three
+LEAKY = _stub_after(
+    "import os\nkey = os.environ['PREFECT_SWARM_API_KEY']\nos.environ['STUB_API_KEY'] = key\n"
+    "print(f'INFO: started with key {key}', flush=True)\n"
+    "print('INFO: 127.0.0.1:4242 - \"GET /v1/models?api_key=' + key + '&x=1 HTTP/1.1\" 200 OK', flush=True)\n"
+    "print('DEBUG: headers Authorization: Bearer ' + key, flush=True)"
+)
 
 
 def _pid(swarm: Swarm, i: int = 0) -> int:
@@ -207,3 +217,19 @@ def test_watchdog_logs_changes_of_health_not_every_probe(tmp_path: Path) -> None
     assert not [line for line in lines if "HTTP Request" in line], lines
     assert any("Unknown -> Healthy" in line for line in lines), lines
     assert len(lines) <= 5, lines  # started, Unknown -> Healthy, stopping
+
+
+def test_the_engines_log_keeps_no_secret_and_every_file_is_the_users_alone(local_swarm: Callable[..., Swarm]) -> None:
+    """The engine's output reaches replica-<i>.log through the watchdog's redaction: its key, a
+    query string of a request line, an Authorization header are masked; the swarm folder lists
+    nothing another user may read (``find -perm /077``)."""
+    key = "sk-leaky-secret-0123456789"
+    swarm = local_swarm(command=LEAKY, api_key=key)
+    assert swarm.status().phase is ServingPhase.RUNNING
+    text = swarm.paths.replica_log(0).read_text()
+    assert "INFO: started with key ***" in text, text
+    assert '"GET /v1/models?*** HTTP/1.1" 200' in text and "Authorization: ***" in text, text
+    assert key not in text
+    home = Path(os.environ["PREFECT_SWARM_HOME"])
+    opened = subprocess.run(["find", str(home), "-perm", "/077"], capture_output=True, text=True, check=True)
+    assert opened.stdout.split() == [], opened.stdout
