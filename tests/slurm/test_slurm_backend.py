@@ -31,7 +31,7 @@ from _slurmkit import (
 
 from prefect_swarm.backends.slurm.client import SlurmClient
 from prefect_swarm.backends.slurm.compute import SlurmCompute
-from prefect_swarm.exceptions import BackendError, CapacityError
+from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError
 from prefect_swarm.interfaces import JobRequest, JobStatus, ServingPhase
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -92,7 +92,7 @@ def test_more_gpus_than_the_node_has_fails_with_the_slurm_reason(slurm_swarm: Ma
 
 def test_a_replica_bigger_than_any_node_is_refused_at_submit(slurm_swarm: MakeSwarm) -> None:
     swarm = slurm_swarm(stub_config(replicas=1, gpus_per_replica=5))
-    with pytest.raises(CapacityError, match="Requested node configuration is not available"):
+    with pytest.raises(ConfigError, match=r"Slurm refused the request(.|\n)*node configuration is not available"):
         swarm.serving.create_or_update(swarm.cfg)
     assert our_jobs(swarm.cfg) == ""
 

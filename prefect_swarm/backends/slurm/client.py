@@ -19,12 +19,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from prefect_swarm.config.slurm_time import slurm_seconds
-from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError
+from prefect_swarm.exceptions import BackendError, ConfigError
 from prefect_swarm.paths import PRIVATE_UMASK
 
 DEFAULT_TIMEOUT_S = 60.0
 
-_CAPACITY = (
+_TOO_BIG = (
     "Requested node configuration is not available",
     "Requested partition configuration not available",
     "More processors requested than permitted",
@@ -265,19 +265,27 @@ def _acct_entry(line: str) -> AcctEntry | None:
 
 
 def map_error(argv: Sequence[str], code: int, stderr: str, what: str) -> Exception:
-    """The one translation of a failed Slurm command into CapacityError, ConfigError or BackendError."""
+    """The one translation of a failed Slurm command into ConfigError or BackendError.
+
+    Slurm refusing the request itself -- an unknown partition, account or QOS, more than a node or
+    a policy allows -- is one kind of error whatever Slurm's reason (ConfigError, exit 2): the
+    request as configured will not be taken, so asking again does not help; the message carries
+    Slurm's words and what to change. (A job Slurm takes but cannot start in time is a
+    CapacityError, raised where the queue is watched.)"""
     err = stderr.strip()
     tool = argv[0]
-    for needle in _CAPACITY:
+    for needle in _TOO_BIG:
         if needle in err:
-            return CapacityError(
-                f"{tool} refused to {what}: Slurm cannot give what was asked.\n"
+            return ConfigError(
+                f"Slurm refused the request: {tool} could not {what}: Slurm cannot give what was asked.\n"
                 f"stderr: {err}\ncommand: {' '.join(argv)}\n"
                 "Hint: ask for fewer GPUs/CPUs per replica or fewer replicas, or pick another partition."
             )
     for needle, config_hint in _CONFIG_HINTS.items():
         if needle in err:
-            return ConfigError(f"{tool} refused to {what}.\nstderr: {err}\nHint: {config_hint}")
+            return ConfigError(
+                f"Slurm refused the request: {tool} could not {what}.\nstderr: {err}\nHint: {config_hint}"
+            )
     down = "Unable to contact slurm controller" in err or "Socket timed out" in err
     return BackendError(
         f"{tool} exited {code} while trying to {what}.",

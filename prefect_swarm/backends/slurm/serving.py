@@ -258,12 +258,17 @@ class SlurmServing:
                 return
             if deadline is None:
                 deadline = time.monotonic() + max(e.time_left_s or 0.0 for e in ending) + GONE_WAIT_S
+                why = "; ".join(
+                    f"{e.id} is completing (cancelled or ended)"
+                    if e.state == "COMPLETING"
+                    else f"{e.id} is {e.time_left_s or 0:.0f}s from its time limit"
+                    for e in ending
+                )
                 log.info(
-                    "swarm '%s': job(s) %s are ending (their time limit is less than %.0fs away); waiting for "
-                    "them to leave the queue before submitting fresh ones",
+                    "swarm '%s': waiting for job(s) on their way out to leave the queue before submitting fresh "
+                    "ones (%s)",
                     self.cfg.name,
-                    ", ".join(e.id for e in ending),
-                    floor,
+                    why,
                 )
             if time.monotonic() > deadline + GONE_WAIT_S:
                 log.warning("swarm '%s': job(s) %s are still ending; going on", self.cfg.name, ending)
