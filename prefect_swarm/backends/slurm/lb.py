@@ -68,8 +68,9 @@ STRIKES = 2
 
 PLACEHOLDER = "server 127.0.0.1:9 down;  # no replica alive\n"
 
-REPLENISH_S = 5.0
-"""How often the reconciler looks for replica tasks that left the queue."""
+REPLENISH_S = 10.0
+"""How often the reconciler looks for replica tasks that left the queue (one squeue call): with
+``members.KEEP_LB_S``, an idle swarm asks Slurm 12 times a minute, not more, for its whole life."""
 
 
 def read_heads(paths: SwarmPaths) -> dict[int, str]:

@@ -44,8 +44,8 @@ LIVE_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUS
 MAX_RESUBMITS = 5
 """Resubmissions per task index (and of the LB job) over a swarm's life; past it the task stays
 missing (status says why) and a lost LB stops the swarm."""
-KEEP_LB_S = 5.0
-"""How often (for the whole swarm) a replica task looks whether the LB job is still queued."""
+KEEP_LB_S = 10.0
+"""How often (for the whole swarm) a replica task looks whether the LB job is still queued (one squeue call)."""
 
 
 def life_left(record: Mapping[str, Any], now: float | None = None) -> float | None:
