@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AliasChoices, Field, SecretStr, field_validator, model_validator
 
-from prefect_swarm.config.base import Count, NonNegativeInt, NonNegativeSeconds, Port, Seconds, StrictModel
+from prefect_swarm.config.base import Count, EnvName, NonNegativeInt, NonNegativeSeconds, Port, Seconds, StrictModel
 from prefect_swarm.config.cost import Priced
 from prefect_swarm.config.slurm_time import check_slurm_time, slurm_seconds
 
@@ -297,7 +297,7 @@ class LeptonConfig(Priced):
         default=None,
         description="Workspace API token; default: the environment variable named by token_env.",
     )
-    token_env: str = Field(
+    token_env: EnvName = Field(
         default="LEPTON_WORKSPACE_TOKEN",
         description="Environment variable read for the token when 'token' is unset.",
     )
@@ -346,7 +346,7 @@ class LeptonConfig(Priced):
         "wrote under shared_path (proving both see the same storage) and import prefect_swarm with "
         "job_python, within this many seconds; null skips the check.",
     )
-    secret_env: dict[str, str] = Field(
+    secret_env: dict[EnvName, str] = Field(
         default_factory=dict,
         description="Environment variables of the endpoint read from Lepton workspace secrets, "
         "{ENV_NAME: secret-name} (e.g. {HF_TOKEN: hf-token} for a gated model): the spec carries only "
@@ -429,7 +429,6 @@ def lepton_priority_class(value: object) -> str:
     return f"{band}-{level}000"
 
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ExternalConfig(Priced):
@@ -443,7 +442,7 @@ class ExternalConfig(Priced):
         description="Base URL of the endpoint, with or without a trailing /v1 (e.g. http://10.0.0.5:8000 or "
         "https://api.example.com/v1); requests go to <base>/v1/chat/completions and the like."
     )
-    api_key_env: str | None = Field(
+    api_key_env: EnvName | None = Field(
         default=None,
         description="Environment variable holding the endpoint's API key, read when a request is made "
         "(never written to a state row, a log or a job spec).",
@@ -488,13 +487,6 @@ class ExternalConfig(Priced):
                 "base URL and put the key in the variable named by api_key_env or in a Secret block (api_key_secret)"
             )
         return value.rstrip("/")
-
-    @field_validator("api_key_env")
-    @classmethod
-    def _env_name(cls, value: str | None) -> str | None:
-        if value is not None and not _ENV_NAME.match(value):
-            raise ValueError(f"'{value}' is not an environment variable name (letters, digits, '_'; not a digit first)")
-        return value
 
     @model_validator(mode="after")
     def _one_key_source(self) -> ExternalConfig:

@@ -3,9 +3,10 @@ and the constrained number types the config fields share."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 
 class StrictModel(BaseModel):
@@ -28,3 +29,21 @@ NonNegativeSeconds = Annotated[float, Field(ge=0)]
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 """A TCP port."""
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+"""What an environment variable's name looks like (the one rule: config fields and rendered scripts)."""
+
+
+def check_env_name(value: str) -> str:
+    """``value`` when it is an environment variable's name; else ValueError that does not echo it (a
+    field that wants a variable's *name* is where a key gets pasted by mistake)."""
+    if not ENV_NAME.match(value):
+        raise ValueError(
+            "is not an environment variable name (letters, digits and '_', not a digit first); the value is "
+            "not shown, in case it is a key pasted by mistake: give the name of the variable that holds it"
+        )
+    return value
+
+
+EnvName = Annotated[str, AfterValidator(check_env_name)]
+"""The name of an environment variable (``api_key_env``, ``token_env``, the keys of ``secret_env``)."""

@@ -12,9 +12,15 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.redaction import redact
 
 SECRET_FIELDS = frozenset({"api_key", "token"})
-"""Fields whose offending value is never echoed back in an error message."""
+"""Fields whose offending value is never echoed back in an error message; so are the values of
+fields that name a variable (``*_env``: where a key gets pasted by mistake) or a secret (``*_secret``)."""
+
+
+def _secret_field(loc: tuple[Any, ...]) -> bool:
+    return any(str(p) in SECRET_FIELDS or str(p).endswith(("_env", "_secret")) for p in loc)
 
 
 def _field_names(model: type[BaseModel]) -> list[str]:
@@ -34,9 +40,10 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
 
 
 def _backend_models() -> dict[str, type[BaseModel]]:
-    from prefect_swarm.config.backends import LeptonConfig, LocalConfig, SlurmConfig
+    from prefect_swarm.config.backends import BackendConfig
 
-    return {"local": LocalConfig, "slurm": SlurmConfig, "lepton": LeptonConfig}
+    union = typing.get_args(BackendConfig)[0]  # Annotated[A | B | ..., Field(discriminator="type")]
+    return {m.model_fields["type"].default: m for m in typing.get_args(union)}
 
 
 def _model_at(root: type[BaseModel], loc: Iterable[Any]) -> type[BaseModel] | None:
@@ -96,10 +103,9 @@ def _one(root: type[BaseModel], err: Mapping[str, Any]) -> str:
     if kind == "missing":
         return f"{_path(loc)}: required field is missing."
     got = err.get("input")
-    secret = any(str(p) in SECRET_FIELDS for p in loc)
-    shown = "" if secret or isinstance(got, dict | list) else f" (got {got!r})"
+    shown = "" if _secret_field(loc) or isinstance(got, dict | list) else f" (got {got!r})"
     msg = str(err["msg"]).removeprefix("Value error, ")
-    return f"{_path(loc)}: {msg}{shown}."
+    return redact(f"{_path(loc)}: {msg}{shown}.")  # a URL's user-info, a bearer token: never echoed
 
 
 def config_error(

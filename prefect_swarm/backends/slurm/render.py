@@ -34,6 +34,7 @@ from prefect_swarm.backends.engine import (
 )
 from prefect_swarm.config import ContainerConfig, SlurmConfig
 from prefect_swarm.config.backends import SlurmJobsConfig
+from prefect_swarm.config.base import ENV_NAME
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces.jobenv import API_KEY, BEARER_TOKEN, HOME, LOG_LEVEL
 from prefect_swarm.paths import SwarmPaths
@@ -75,7 +76,6 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 KEY_GUARD = "psw_key_guard.KeyGuard"
 """vLLM ``--middleware`` of a closed replica: every route needs the key (prefect_swarm.sidecar.key_guard)."""
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
 
@@ -174,7 +174,7 @@ def env_lines(env: dict[str, str], field: str) -> list[str]:
     """``export K=V`` lines, names checked, values quoted."""
     lines = []
     for key, value in env.items():
-        if not _ENV_NAME.match(key):
+        if not ENV_NAME.match(key):
             raise ConfigError(f"{field}: '{key}' is not a valid environment variable name.")
         lines.append(f"export {key}={q(value)}")
     return lines
@@ -224,7 +224,7 @@ def file_options(cfg: SwarmConfig, paths: SwarmPaths) -> list[str]:
         export = "ALL"
     else:
         names = list(dict.fromkeys([*sc.export, *NEEDED_EXPORT]))
-        bad = [n for n in names if not _ENV_NAME.match(n)]
+        bad = [n for n in names if not ENV_NAME.match(n)]
         if bad:
             raise ConfigError(f"backend.export: {bad} are not environment variable names.")
         export = ",".join(names)
