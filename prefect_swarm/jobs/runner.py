@@ -11,15 +11,18 @@ Outages pause, they do not fail rows: a timeout or connection error counts again
 endpoint is alive, so the failure is the row's own); when nothing answered since, or the failure
 takes the endpoint out of rotation, the row is sent again without counting it (elsewhere when
 another endpoint is in rotation, else after waiting for the swarm). So a row becomes an error row
-only for what it caused: a 4xx, an answer that cannot be used, or retries spent on 429/5xx or on
-no answer while its endpoint answered others.
+only for what it caused: a 4xx, an answer that cannot be used, or retries spent on 429/5xx, on
+no answer while its endpoint answered others, or on answers whose body broke (below).
 A 200 whose answer the job refuses (:class:`~prefect_swarm.jobs.api.InvalidAnswer`, e.g. it breaks
 the response schema) is asked again at once, up to the job's ``answer_retries`` times (not counted
 against ``max_retries``). An HTTP error's body is kept as valid JSON (long strings shortened, see
 :func:`shorten_json`): in the row's error text, and whole up to 64 KiB for the OpenAI Batch output.
 
 A 200 counts only once its whole body is read: a body cut by a dropped connection, or a timeout
-while reading it, is a connection error and is retried like one.
+while reading it, fails the request and the row is sent again. Its endpoint did answer (its status
+line and headers came), so that failure is the row's own, never an outage's: it counts against
+``max_retries`` (a row whose every answer is cut becomes an error row saying so) and it keeps the
+endpoint in rotation (it brings an ejected one back, as any answer does).
 
 How many requests are in flight: by default the closed loop of :mod:`prefect_swarm.jobs.control`
 (each replica kept full with a short queue, read from its ``/metrics``, latency when it has none;
@@ -336,10 +339,10 @@ class EndpointPool:
         if self._room_waiters and self.room > 0:
             self._wake(1)
 
-    def answered(self, ep: Endpoint) -> None:
-        """The endpoint answered (any HTTP status): it is alive."""
+    def answered(self, ep: Endpoint, at: float | None = None) -> None:
+        """The endpoint answered (any HTTP status; ``at``: when, if not now): it is alive."""
         ep.fails = 0
-        ep.answered_at = time.monotonic()
+        ep.answered_at = time.monotonic() if at is None else max(ep.answered_at, at)
         if ep.ejected_until:
             ep.ejected_until, ep.ejections, ep.probing = 0.0, 0, False
             self.ejected -= 1
@@ -635,8 +638,7 @@ class Runner:
         try:
             body = fastjson.loads(data)
         except ValueError as exc:
-            error = f"unparsable response: {type(exc).__name__}: {exc}: {_snippet(data)}"
-            return RowResult(item.row, item.rid, STATUS_ERROR, error, 200, 0, 0, latency, attempts)
+            return RowResult(item.row, item.rid, STATUS_ERROR, _unparsable(exc, data), 200, 0, 0, latency, attempts)
         return RowResult(item.row, item.rid, STATUS_OK, None, 200, 0, 0, latency, attempts, {"answer": body})
 
     async def _request(
@@ -656,7 +658,7 @@ class Runner:
                 return None  # stopped (a signal, or an outage past outage_timeout_s): redone on resume
             attempt += 1
             sent_at = time.monotonic()
-            status, data, retry_after, error, latency = await self._post(session, ep, item)
+            status, data, retry_after, error, latency, head_at = await self._post(session, ep, item)
             if status:
                 pool.answered(ep)
                 result = self._answered(item, status, data, latency, attempt, parse)
@@ -665,7 +667,7 @@ class Runner:
                 spared += status == 200  # an answer the job refused: asked again, not counted as a retry
                 error = f"HTTP {status}: {_snippet(data)}"
             else:
-                counted, elsewhere = self._no_answer(ep, sent_at)
+                counted, elsewhere = self._no_answer(ep, sent_at, head_at)
                 spared += not counted
                 if elsewhere and moved < 2 * len(pool.endpoints):
                     moved += 1  # another endpoint is up: send it there now
@@ -682,11 +684,19 @@ class Runner:
             if self.limit is not None:
                 await self.limit.acquire()
 
-    def _no_answer(self, ep: Endpoint, sent_at: float) -> tuple[bool, bool]:
-        """A request sent at ``sent_at`` that nothing answered (timeout, connection error): (whether it
-        counts against the row's retries, whether to send it to another endpoint now). It counts only
-        when ``ep`` answered another request since and stays in rotation: the endpoint is alive, so the
-        failure is the row's own; else it is the swarm's (an outage pauses rows, never fails them)."""
+    def _no_answer(self, ep: Endpoint, sent_at: float, head_at: float = 0.0) -> tuple[bool, bool]:
+        """A request sent at ``sent_at`` that brought no answer (timeout, connection error): (whether it
+        counts against the row's retries, whether to send it to another endpoint now).
+
+        ``head_at``: when its answer's status line and headers came, before its body broke (cut by a
+        dropped connection, or the timeout while reading it); 0 when none came. Then ``ep`` answered this
+        very request: it is alive (back in rotation if it was out), and the failure is the row's own
+        (it counts), whatever else the endpoint answers. Otherwise it counts only when ``ep`` answered
+        another request since and stays in rotation; else it is the swarm's (an outage pauses rows,
+        never fails them)."""
+        if head_at:
+            self.pool.answered(ep, head_at)
+            return True, False
         out = self.pool.failed(ep)
         if out or ep.answered_at <= sent_at:
             return False, out and self.pool.in_rotation > 0
@@ -713,16 +723,20 @@ class Runner:
 
     async def _post(
         self, session: aiohttp.ClientSession, ep: Endpoint, item: Item
-    ) -> tuple[int, bytes, str | None, str, float]:
-        """One request: (status, body, Retry-After, error, latency ms); status 0 when nothing was answered.
+    ) -> tuple[int, bytes, str | None, str, float, float]:
+        """One request: (status, body, Retry-After, error, latency ms, when its headers came); status 0
+        when nothing was answered, the last 0.0 when not even the status line and headers came (a body
+        cut short or stalled has them: see :meth:`_no_answer`).
         Every attempt waits for the rate limits first (:mod:`prefect_swarm.jobs.ratelimit`)."""
         estimate = await self.rate.acquire(item.body) if self.rate is not None else 0
         started = time.monotonic()
-        status, error, retry_after, data = 0, "", None, b""
+        status, error, retry_after, data, head_at = 0, "", None, b"", 0.0
+        head: aiohttp.ClientResponse | None = None
         self.requests += 1
         ep.sent += 1
         try:
             async with session.post(request_url(ep.url, item.path), data=item.body) as resp:
+                head, head_at = resp, time.monotonic()
                 data = await resp.read()  # a body cut short raises here: not an answer
                 status = resp.status
                 if status != 200:
@@ -731,10 +745,14 @@ class Runner:
                     ep.overloads += status in OVERLOAD_STATUSES
         except TimeoutError:
             error = f"timeout after {self.cfg.request_timeout_s:g}s"
+            if head is not None:
+                error = f"{_cut(head, 'stalled mid-body')}: {error}"
             ep.timeouts += 1
             ep.overloads += 1
         except aiohttp.ClientError as exc:
             error = f"connection error: {type(exc).__name__}: {exc}"
+            if head is not None:
+                error = f"{_cut(head, 'cut short')}: {error}"
             ep.conn_errors += 1
         finally:
             self.pool.release(ep)
@@ -746,7 +764,7 @@ class Runner:
             ep.lat_floor_ms = min(ep.lat_floor_ms, latency)
         if self.limit is not None:
             await self.limit.release(latency, overloaded=status in (429, 503) or bool(error))
-        return status, data, retry_after, error, latency
+        return status, data, retry_after, error, latency, head_at
 
     async def _wait_for_endpoint(self) -> Endpoint | None:
         """Every endpoint is ejected (an outage): wait for a probe to bring one back. Past
@@ -819,7 +837,7 @@ class Runner:
                 item.row,
                 item.rid,
                 STATUS_ERROR,
-                f"unparsable response: {type(exc).__name__}: {exc}: {_snippet(data)}",
+                _unparsable(exc, data),
                 200,
                 0,
                 0,
@@ -845,6 +863,28 @@ def request_url(base: str, path: str) -> URL:
     absolute URL) can name another host; the scheme, host and port are the endpoint's."""
     url = URL(base)
     return url.with_path(url.path.rstrip("/") + "/" + path.lstrip("/"))
+
+
+def _cut(resp: aiohttp.ClientResponse, how: str) -> str:
+    """An answer whose status line and headers came, but not its whole body (``how``: what stopped it)."""
+    length = resp.headers.get("Content-Length")
+    return f"HTTP {resp.status} answer {how}" + (f" (Content-Length {length})" if length else "")
+
+
+def _unparsable(exc: Exception, data: bytes) -> str:
+    """A row's error for a 200 whose body the job could not read: what was wrong with the body (empty,
+    not JSON, JSON but not an object), what the job's parser raised, and the start of the body."""
+    if not data.strip():
+        return f"unparsable response: empty body ({type(exc).__name__}: {exc})"
+    try:
+        value = fastjson.loads(data)
+    except ValueError:
+        what = "not JSON"
+    else:
+        kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
+        what = "" if isinstance(value, dict) else f"a JSON {kind}, not an object"
+    what = f"{what}: " if what else ""
+    return f"unparsable response: {what}{type(exc).__name__}: {exc}: {_snippet(data)}"
 
 
 def _snippet(data: bytes, n: int = ERROR_CHARS) -> str:

@@ -19,7 +19,9 @@ watchdog tests, a replica dying mid-job), ``--startup-delay-s`` (health is 503 u
 ``--api-key`` (401 without it, on every route), ``--invalid-json-rate`` (the answer to a request with a
 ``response_format`` is not valid JSON, or misses a required field: structured-output retries),
 ``--require-ray-nodes K`` (health is 503 until the local Ray cluster has K alive nodes: multi-node tests),
-``--ignore-n`` (one choice whatever OpenAI's ``n`` asks, as an engine that does not serve it).
+``--ignore-n`` (one choice whatever OpenAI's ``n`` asks, as an engine that does not serve it),
+``--broken-prompt REGEX --broken-form FORM`` (every answer to a request whose prompt matches is a 200
+with a broken body: one of :data:`BROKEN_FORMS`, as a misbehaving proxy or a dying replica sends).
 
 Like an engine, it refuses with a 400 and an OpenAI error body (``{"error": {"message", "type",
 "param", "code"}}``): a ``temperature`` outside 0..2, ``max_tokens`` above ``--max-model-len``,
@@ -42,6 +44,7 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -59,6 +62,15 @@ COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
 ROUTES = ("/health", "/stats", "/metrics", "/v1/models", *COMPLETION_PATHS)
 """Every route the stub serves (the security tests try each without the key)."""
+
+BROKEN_FORMS = ("html", "empty", "no-choices", "truncated-json", "array", "cut")
+"""Broken 200s (``--broken-form``): an HTML page, an empty body, JSON without ``choices`` (an embedding
+without ``data``), JSON cut in half (a whole HTTP message), a JSON array, and a body cut by closing
+the connection (its ``Content-Length`` says the whole answer, 16 bytes of it are sent)."""
+BROKEN_HTML = (
+    b"<html><head><title>502 Bad Gateway</title></head>"
+    b"<body><center><h1>502 Bad Gateway</h1></center><hr><center>nginx</center></body></html>"
+)
 
 _REASONS = {
     200: b"OK",
@@ -118,6 +130,11 @@ class StubOptions:
     ``RAY_ADDRESS``) reports this many alive nodes: a multi-node test cannot pass without the cluster."""
     ignore_n: bool = False
     """Answer one choice whatever OpenAI's ``n`` asks (an engine that does not serve ``n``)."""
+    broken_prompt: str | None = None
+    """A regex: every answer to a completion whose prompt text matches it is a broken 200 (``broken_form``);
+    the same row is broken on every try, while every other row and ``/health`` are fine."""
+    broken_form: str = "html"
+    """Which broken 200 (one of :data:`BROKEN_FORMS`)."""
     started: float = field(default_factory=time.monotonic)
     """When the stub started (``time.monotonic``)."""
 
@@ -373,6 +390,11 @@ class StubProtocol(asyncio.Protocol):
         req = self.accepted(headers, body)
         if req is None:
             return
+        if opts.broken_prompt is not None and re.search(opts.broken_prompt, _prompt_text(req)):
+            stats["broken"] += 1
+            payload = json.dumps(answer(path, req, opts.model, not opts.ignore_n)).encode()
+            self._reply(self.send_broken, payload)
+            return
         if opts.storm_429_s and (time.monotonic() - opts.started) % opts.storm_429_period_s < opts.storm_429_s:
             stats["429"] += 1
             stats["storm_429"] += 1
@@ -413,13 +435,17 @@ class StubProtocol(asyncio.Protocol):
             stats["ok"] += 1
             stats["prompt_tokens"] += body_out["usage"]["prompt_tokens"]
             stats["generation_tokens"] += body_out["usage"].get("completion_tokens", 0)
-        if opts.latency_s:
-            stats["running"] += 1
-            asyncio.get_running_loop().call_later(opts.latency_s, self._reply_later, reply, payload)
-        else:
-            reply(200, payload)
+        self._reply(reply, payload)
         if opts.exit_after is not None and stats["ok"] >= opts.exit_after:
             asyncio.get_running_loop().call_later(opts.latency_s + 0.05, os._exit, 3)
+
+    def _reply(self, reply: Callable[[int, bytes], None], payload: bytes) -> None:
+        """``reply(200, payload)`` now, or after ``latency_s`` (counted as running meanwhile)."""
+        if self.opts.latency_s:
+            self.stats["running"] += 1
+            asyncio.get_running_loop().call_later(self.opts.latency_s, self._reply_later, reply, payload)
+        else:
+            reply(200, payload)
 
     def _reply_later(self, reply: Callable[[int, bytes], None], payload: bytes) -> None:
         self.stats["running"] -= 1
@@ -430,6 +456,24 @@ class StubProtocol(asyncio.Protocol):
         if not self.t.is_closing():
             self.t.write(self._head(status, len(body)) + body[: len(body) // 2])
             self.t.abort()
+
+    def send_broken(self, status: int, body: bytes) -> None:
+        """A 200 whose body is broken as ``broken_form`` says (``body``: the good answer it stands for)."""
+        form = self.opts.broken_form
+        if form == "cut":  # the whole answer announced, 16 bytes of it sent, then the connection closed
+            if not self.t.is_closing():
+                self.t.write(self._head(status, len(body)) + body[:16])
+                self.t.close()
+            return
+        value = json.loads(body)
+        broken = {
+            "html": BROKEN_HTML,
+            "empty": b"",
+            "no-choices": json.dumps({k: v for k, v in value.items() if k not in ("choices", "data")}).encode(),
+            "truncated-json": body[: len(body) // 2],
+            "array": json.dumps([value]).encode(),
+        }[form]
+        self.send(status, broken, content_type="text/html" if form == "html" else "application/json")
 
     def send_stalled(self, status: int, body: bytes) -> None:
         """Headers and half the body, then nothing more (the client's read timeout fires)."""
@@ -580,6 +624,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
         "--require-ray-nodes", type=int, default=None, help="health is 503 until Ray reports this many alive nodes"
     )
     ap.add_argument("--ignore-n", action="store_true", help="one choice whatever n asks (an engine without n)")
+    ap.add_argument("--broken-prompt", default=None, help="regex: a prompt matching it always gets a broken 200")
+    ap.add_argument("--broken-form", choices=BROKEN_FORMS, default="html", help="what is broken in those 200s")
     a, _unknown = ap.parse_known_args(argv)  # tolerate vLLM-style extra flags
     opts = StubOptions(
         model=a.model,
@@ -602,6 +648,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
         max_model_len=a.max_model_len,
         require_ray_nodes=a.require_ray_nodes,
         ignore_n=a.ignore_n,
+        broken_prompt=a.broken_prompt,
+        broken_form=a.broken_form,
     )
     return a.host, a.port, opts
 
