@@ -213,9 +213,9 @@ def atomic_file(path: Path) -> Iterator[Path]:
 
 @contextmanager
 def file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created, with its folder, when missing)."""
+    """Hold an exclusive ``flock`` on ``path`` (created 0600, with its folder, when missing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

@@ -70,24 +70,35 @@ def open_to_others(root: Path) -> list[str]:
 
 
 @needs_root
+@pytest.mark.parametrize(
+    ("swarms_by", "refused"),
+    [
+        ("her", r"swarms: it is a shared folder of nobody, who may replace what is in it"),  # she made both
+        ("site", r"swarms/t-[0-9a-f]+: it belongs to nobody, not to you"),  # a sticky swarms/ of root's
+    ],
+)
 def test_a_swarm_folder_another_user_made_first_is_refused_before_anything_is_submitted(
-    scratch: Path, swarm_home: Path
+    scratch: Path, swarm_home: Path, swarms_by: str, refused: str
 ) -> None:
     cfg = stub_config(replicas=1, backend={"run_dir": str(scratch)})
     folder = scratch / "swarms" / cfg.name
+    if swarms_by == "site":
+        (scratch / "swarms").mkdir(mode=0o1777)
+        os.chmod(scratch / "swarms", 0o1777)
 
     def squat() -> str:
         folder.mkdir(parents=True, mode=0o777)
-        os.chmod(scratch / "swarms", 0o1777)
+        if swarms_by == "her":
+            os.chmod(scratch / "swarms", 0o1777)
         os.chmod(folder, 0o777)
         (folder / "replicas.sbatch").write_text("#!/bin/bash\nid > /tmp/owned-by-her\n")
         return str(folder)
 
     ok, value = as_user(NOBODY, squat)
     assert ok, value
-    with pytest.raises(AccessError, match=rf"{folder}: it belongs to nobody, not to you") as err:
+    with pytest.raises(AccessError, match=refused) as err:
         Swarm(cfg).up()
-    assert "mkdir -m 700" in str(err.value)
+    assert str(scratch) in str(err.value) and "mkdir -m 700" in str(err.value)
     assert our_jobs(cfg) == ""
     assert (folder / "replicas.sbatch").read_text() == "#!/bin/bash\nid > /tmp/owned-by-her\n"
     assert sorted(p.name for p in folder.iterdir()) == ["replicas.sbatch"]  # nothing of the owner's in it

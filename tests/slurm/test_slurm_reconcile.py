@@ -23,6 +23,7 @@ from _slurmkit import (
     refused_without_key,
     stub_config,
 )
+from services import wait_until
 
 from prefect_swarm.backends.slurm import members
 from prefect_swarm.backends.slurm.client import SlurmClient
@@ -118,6 +119,8 @@ def test_scale_up_and_down_keeps_the_running_replicas(slurm_swarm: MakeSwarm, tm
     job = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=2))
     error_log = swarm.serving.paths.lb_error_log
     seen = error_log.stat().st_size  # from here on: what scaling did
+    # its steps may wait a moment for Slurm on a loaded machine: scaling starts once they run
+    assert wait_until(lambda: compute.probe(job).status is not JobStatus.PENDING, 60), compute.probe(job)
     for n in (4, 2):
         assert compute.probe(job).status is JobStatus.RUNNING, "scaling happens during the job"
         swarm.cfg = cfg.model_copy(update={"replicas": n})
