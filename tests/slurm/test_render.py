@@ -553,3 +553,27 @@ def test_stage_needs_a_model_directory() -> None:
         SwarmConfig.model_validate(data)
     with pytest.raises(ValueError, match="absolute path"):
         SwarmConfig.model_validate(data | {"stage": {"to": "local", "from": "/m"}})
+
+
+@pytest.mark.parametrize(
+    ("kind", "port_range", "refused"),
+    [
+        ("vllm", "15000-15999", True),  # inside Ray's worker ports: every start would fail the same way
+        ("vllm", "9000-10002", True),  # touches them
+        ("vllm", "20000-20999", False),
+        ("sglang", "15000-15999", False),  # no Ray
+    ],
+)
+def test_a_ray_replicas_port_range_among_rays_worker_ports_is_refused_by_validate(
+    kind: str, port_range: str, refused: bool, tmp_path: Path
+) -> None:
+    data = multi_node_cfg("none", kind).model_dump(by_alias=True)
+    data["backend"] |= {"port_range": port_range, "run_dir": str(tmp_path / "run"), "open_endpoint": True}
+    data["model"] = "org/tiny-model"  # a Hugging Face id: no model folder to find on this host
+    cfg = SwarmConfig.model_validate(data)
+    serving = SlurmServing(cfg, SwarmPaths(tmp_path / "s"))
+    if not refused:
+        serving.validate(cfg, ask=False)
+        return
+    with pytest.raises(ConfigError, match=rf"backend.port_range {port_range} overlaps the ports Ray's workers use"):
+        serving.validate(cfg, ask=False)

@@ -145,6 +145,9 @@ def test_two_node_replica_serves_survives_a_lost_ray_worker_and_leaves_nothing(
     assert "ray cluster ready: 2 nodes" in (paths.root / "replica-0.rank-0.log").read_text()
     assert (paths.root / "replica-0.rank-1.log").exists()
     assert "stub engine: 2 alive Ray node(s)" in paths.replica_log(0).read_text()  # ready only through Ray
+    # Ray's scratch on each node (they share this machine's /tmp): new random folders, 0700, the owner's
+    scratch = [p for p in Path("/tmp").glob("psw-ray-*") if p.stat().st_mtime >= started - 1]
+    assert len(scratch) == 2 and all(p.stat().st_mode & 0o777 == 0o700 for p in scratch), scratch
 
     # served through the LB (addressed by the node's bridge address from out here)
     def lb_url() -> str:
@@ -220,9 +223,9 @@ def test_two_node_replica_serves_survives_a_lost_ray_worker_and_leaves_nothing(
         while (left := leftovers(two_node_cluster, node)) and time.monotonic() < deadline:
             time.sleep(1)
         assert not left, f"left on {node} after down: {left}"
-    # nor Ray's scratch (backend.node_tmp/psw-ray-<job>-<node>), on the worker node as on the head's
+    # nor Ray's scratch (backend.node_tmp/psw-ray-<random>), on the worker node as on the head's
     # (the nodes share this machine's /tmp)
-    scratch = [p.name for p in Path("/tmp").glob("psw-ray-*-node*") if p.stat().st_mtime >= started - 1]
+    scratch = [p.name for p in Path("/tmp").glob("psw-ray-*") if p.stat().st_mtime >= started - 1]
     assert scratch == [], scratch
 
 

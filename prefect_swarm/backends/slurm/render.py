@@ -55,6 +55,10 @@ DIST_PORT_TOKEN = "@PSW_DIST_PORT@"
 RAY_MODULE = "ray.scripts.scripts"
 """``python -m ray.scripts.scripts`` is the ``ray`` CLI of the engine's interpreter (no PATH lookup)."""
 
+RAY_WORKER_PORTS = (10002, 19999)
+"""The ports Ray's workers listen on (``ray start``'s ``--min-worker-port``/``--max-worker-port``
+defaults): Ray refuses to start when a port it was told to use falls among them."""
+
 PORT_TOKEN = "@PSW_PORT@"
 """Stands for the replica's port in watchdog specs; the watchdog picks a free one at each start
 (``port + index`` when free) and publishes it in the status file, the script in the head file."""
@@ -122,6 +126,20 @@ def closed(cfg: SwarmConfig) -> bool:
 def key_guarded(cfg: SwarmConfig) -> bool:
     """True when the replicas run vLLM behind :data:`KEY_GUARD` (a closed vLLM swarm)."""
     return closed(cfg) and cfg.engine.kind == "vllm"
+
+
+def check_ray_ports(cfg: SwarmConfig) -> None:
+    """ConfigError when a replica spanning nodes runs Ray and ``backend.port_range`` overlaps Ray's worker
+    ports: the head's port is picked in the range, and Ray refuses a port among its workers' (every
+    start of the replica would fail the same way)."""
+    ports = slurm_section(cfg).ports
+    low, high = RAY_WORKER_PORTS
+    if uses_ray(cfg) and ports and ports[0] <= high and ports[1] >= low:
+        raise ConfigError(
+            f"backend.port_range {ports[0]}-{ports[1]} overlaps the ports Ray's workers use ({low}-{high}); a "
+            f"replica spanning nodes forms a Ray cluster whose head port is picked in port_range, and Ray refuses "
+            f"one among its workers'. Pick a range outside {low}-{high} (e.g. 20000-20999)."
+        )
 
 
 def check_api_key(cfg: SwarmConfig) -> None:

@@ -98,6 +98,7 @@ class SlurmServing:
         have is a ConfigError naming it. A cluster that cannot be asked is a warning (returned)."""
         files = render.render_files(cfg, self.paths)
         render.check_api_key(cfg)
+        render.check_ray_ports(cfg)
         if cfg.engine.kind == "sglang" and identity.generated(cfg):
             raise ConfigError(
                 "a Slurm swarm's endpoint is closed by default (a generated API key), but SGLang takes a key "
