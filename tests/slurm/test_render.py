@@ -196,7 +196,7 @@ def test_golden_multi_node_plan(runtime: str, kind: str) -> None:
     argv = spec["argv"]
     if kind == "vllm":
         assert "-m ray.scripts.scripts)\n" in script  # the engine interpreter's `ray`
-        head, worker = script.index('"${RAY[@]}" start --head'), script.index("--block & wait $!' _")
+        head, worker = script.index('"${RAY[@]}" start --head'), script.index("--block & wait $!' \\\n    _")
         assert head < worker < script.index("ray cluster ready")
         assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
         assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
@@ -224,7 +224,7 @@ def test_validate_prints_the_ray_start_sequence_and_the_vllm_argv(tmp_path: Path
     assert out.returncode == 0, out.stderr + out.stdout
     plan = json.loads(out.stdout)["plan"]
     text = plan["replicas.sbatch"]
-    assert text.index("start --head") < text.index("--block & wait $!' _") < text.index("ray cluster ready")
+    assert text.index("start --head") < text.index("--block & wait $!' \\\n    _") < text.index("ray cluster ready")
     argv = json.loads(plan["watchdog-0.json"])["argv"]
     assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
     assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
