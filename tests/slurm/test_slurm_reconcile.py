@@ -258,3 +258,39 @@ def test_cancel_lets_the_steps_flush_and_the_rerun_is_exactly_once(slurm_swarm: 
     again = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=2, detach=False))
     assert compute.probe(again).status is JobStatus.SUCCEEDED
     assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(2000)]
+
+
+def test_a_replica_task_that_keeps_failing_at_start_is_resubmitted_once_and_status_says_why(
+    slurm_swarm: MakeSwarm,
+) -> None:
+    """A task that leaves the queue before its replica ever became healthy (here: cancelled while its
+    engine still starts; on a site: Ray that cannot start) is resubmitted once more, not five times:
+    the second time the reconciler leaves it out, and status says why."""
+    swarm = slurm_swarm(stub_config(replicas=1, engine={"args": ["--startup-delay-s", "600"]}))
+    swarm.handle = swarm.serving.create_or_update(swarm.cfg)
+
+    def record() -> dict:
+        return read_json(swarm.paths.slurm_record, {}) or {}
+
+    def starting() -> bool:  # the watchdog of the task's latest submission started its engine
+        started = (read_json(swarm.paths.replica_status(0), {}) or {}).get("started_at") or 0
+        return float(started) >= float(record()["submitted"]["0"])
+
+    def queued(task: str) -> bool:
+        out = subprocess.run(["squeue", "-h", "-o", "%i", "-n", swarm.serving.names.replicas], capture_output=True)
+        return task in out.stdout.decode().split()
+
+    first = record()["tasks"]["0"]
+    assert wait_until(starting, 120), record()
+    SlurmClient().scancel([first])
+    assert wait_until(lambda: record()["tasks"]["0"] != first, 60), record()  # resubmitted once
+    second = record()["tasks"]["0"]
+    assert record()["start_failures"]["0"] == 1
+    assert wait_until(starting, 120), record()
+    SlurmClient().scancel([second])
+    assert wait_until(lambda: record()["start_failures"].get("0") == 2, 60), record()
+    assert wait_until(lambda: not queued(second), 60)
+    assert record()["tasks"]["0"] == second and record()["resubmits"]["0"] == 1, "not resubmitted again"
+    status = swarm.serving.status(swarm.handle)
+    assert "replica task 0 is not resubmitted" in status.detail, status
+    assert "before any of its replicas became healthy" in status.detail, status

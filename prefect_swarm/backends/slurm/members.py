@@ -44,6 +44,10 @@ LIVE_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUS
 MAX_RESUBMITS = 5
 """Resubmissions per task index (and of the LB job) over a swarm's life; past it the task stays
 missing (status says why) and a lost LB stops the swarm."""
+MAX_START_FAILURES = 2
+"""A replica task that left the queue this many times in a row before any of its replicas became
+healthy (Ray that cannot start, a node that cannot run it) is not resubmitted again: the same
+failure would only take another allocation (status says why, `up` starts it afresh)."""
 KEEP_LB_S = 10.0
 """How often (for the whole swarm) a replica task looks whether the LB job is still queued (one squeue call)."""
 
@@ -58,6 +62,11 @@ def no_replacement(record: Mapping[str, Any], key: str) -> str:
     """Why nothing may be resubmitted for ``key`` (a task index or ``"lb"``), or ''."""
     if int((record.get("resubmits") or {}).get(key, 0)) >= MAX_RESUBMITS:
         return f"it was already resubmitted {MAX_RESUBMITS} times (the most)"
+    if int((record.get("start_failures") or {}).get(key, 0)) >= MAX_START_FAILURES:
+        return (
+            f"it ended {MAX_START_FAILURES} times in a row before any of its replicas became healthy (see their "
+            "replica and rank logs); `prefect-swarm up` starts it afresh"
+        )
     left = life_left(record)
     if left is not None and left < float(record.get("min_life_s") or 0.0):
         return f"the swarm's life (backend.time_limit) ends in {max(left, 0):.0f}s"
@@ -133,6 +142,7 @@ def submit_tasks(
         groups.append((plain, list(extra)))
     groups += [([t], [*special[str(t)], *extra]) for t in tasks if str(t) in special]
     ids = record.setdefault("tasks", {})
+    submitted = record.setdefault("submitted", {})
     job_id = ""
     text = script if script is not None else script_text(paths, record, paths.replicas_script)
     for group, extra in groups:
@@ -140,7 +150,22 @@ def submit_tasks(
         job_id = client.sbatch(text, env=env, what=what, args=[array, *extra])
         for t in group:
             ids[str(t)] = f"{job_id}_{t}"
+            submitted[str(t)] = time.time()
     return job_id
+
+
+def came_up(paths: SwarmPaths, record: Mapping[str, Any], task: int) -> bool:
+    """Whether a replica of array task ``task`` became healthy since the task was last submitted (its
+    watchdog's status says so for a start after that); True when the record does not say when."""
+    since = (record.get("submitted") or {}).get(str(task))
+    if since is None:
+        return True
+    per_task = int(record.get("per_task") or 1)
+    for i in range(task * per_task, min((task + 1) * per_task, int(record.get("replicas") or 0))):
+        status = read_json(paths.replica_status(i), {}) or {}
+        if status.get("ever_healthy") and float(status.get("started_at") or 0) >= float(since):
+            return True
+    return False
 
 
 def replenish(
@@ -161,8 +186,21 @@ def replenish(
         return []
     live = live_tasks(client, name)
     counts: dict[str, int] = record.setdefault("resubmits", {})
-    missing = [t for t in range(want) if t not in live and t not in skip and not no_replacement(record, str(t))]
+    failures: dict[str, int] = record.setdefault("start_failures", {})
+    missing = []
+    for t in range(want):
+        key = str(t)
+        if t in live or t in skip or no_replacement(record, key):
+            continue
+        failures[key] = 0 if came_up(paths, record, t) else failures.get(key, 0) + 1
+        why = no_replacement(record, key)
+        if why:
+            log.error("replica task %d left the queue and is not resubmitted: %s", t, why)
+            continue
+        missing.append(t)
     if not missing:
+        if any(failures.values()):
+            atomic_write_json(paths.slurm_record, record)
         return []
     per_task = int(record.get("per_task") or 1)
     for t in missing:

@@ -233,6 +233,20 @@ class SlurmServing:
                 atomic_write_json(self.paths.slurm_record, record)
         return self._handle(str(record["replicas_job"]), str(lb_id), record["tasks"])
 
+    def _refused_tasks(self) -> str:
+        """The replica tasks the reconciler stopped resubmitting because they kept failing at start, and
+        why ('' when none): they stay out of the queue until `up`."""
+        record = read_json(self.paths.slurm_record, {}) or {}
+        failures = record.get("start_failures") or {}
+        refused = [
+            t
+            for t in range(int(record.get("array_tasks") or 0))
+            if failures.get(str(t), 0) >= members.MAX_START_FAILURES
+        ]
+        return "; ".join(
+            f"replica task {t} is not resubmitted: {members.no_replacement(record, str(t))}" for t in refused
+        )
+
     def _life(self, record: dict[str, Any], *, submits: bool) -> dict[str, float]:
         """``ends_at`` (``backend.time_limit`` from now when this ``up`` submits a job, else as it was)
         and ``min_life_s`` (what a replacement needs left): see :mod:`members`."""
@@ -458,6 +472,11 @@ class SlurmServing:
             return ServingPhase.INITIALIZING, f"the load balancer is starting; {n}"
         if healthy == len(replicas):
             return ServingPhase.RUNNING, f"{n} behind {self._lb_url()}"
+        refused = self._refused_tasks()
+        if refused and not healthy and not jobs.pending():
+            return ServingPhase.FAILED, f"{n}; {refused}"
+        if refused:
+            return ServingPhase.RUNNING, f"degraded: {n} behind {self._lb_url()}; {refused}"
         if healthy:
             missing = [str(r.index) for r in replicas if r.health is not ReplicaHealth.HEALTHY]
             return ServingPhase.RUNNING, (
