@@ -18,11 +18,10 @@ quiet "$VENV/bin/pip" install -q uv
 # --refresh: ask the index again for every package instead of the cache's view of it.
 quiet "$VENV/bin/uv" pip install --python "$VENV/bin/python" -q --refresh --upgrade -e '.[dev,lepton]'
 quiet "$VENV/bin/uv" pip install --python "$VENV/bin/python" -q --no-deps --require-hashes -r requirements/leptonai.txt
-echo "[test-latest] versions that differ from requirements/lock.txt:"
-"$VENV/bin/uv" pip freeze --python "$VENV/bin/python" --exclude-editable | sort -f > "$VENV/freeze.txt"
-sed -n 's/^\([A-Za-z0-9._-]*==[^ ;]*\).*/\1/p' requirements/lock.txt | sort -f > "$VENV/locked.txt"
-join -i -t= -j1 <(sort -f -t= -k1,1 "$VENV/locked.txt") <(sort -f -t= -k1,1 "$VENV/freeze.txt") \
-  | awk -F= '$3 != $5 {printf "  %-28s %s -> %s\n", $1, $3, $5; n++} END {if (!n) print "  (none)"}'
+echo "[test-latest] what differs from requirements/lock.txt (- locked, + installed here):"
+# what `uv pip sync` would change to go back to the lock: exactly the differences, for this Python
+"$VENV/bin/uv" pip sync --dry-run --python "$VENV/bin/python" requirements/lock.txt 2>&1 \
+  | grep -E '^ [-+] ' | grep -vE ' (leptonai|prefect-swarm)==' | sed 's/^ - / + /; t; s/^ + / - /' || echo "  (none)"
 "$VENV/bin/prefect-swarm" version
 PREFECT_SWARM_REQUIRE_SERVICES=1 "$VENV/bin/pytest" -q ${PYTEST_ARGS:--n 2} -p no:cacheprovider \
   -m "smoke or ($UNIT_MARKS)"

@@ -152,7 +152,7 @@ COMMANDS = [["list"], ["job", "status", "j1"], ["down", "s", "-y"], ["status", "
 def test_another_users_commands_on_the_owners_home_get_one_message(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """`list`, `job status`, `down`, `status`, `job cancel` by another user pointed at the owner's home:
+    """`list`, `job status`, `down`, `status`, `job cancel`, `up` by another user pointed at the owner's home:
     exit 2, one message naming the folder, no traceback, nothing of the owner's read or changed."""
     for argv in COMMANDS:  # warm-up as the owner on a home of its own: the imports each command needs
         CliRunner().invoke(app, argv)
@@ -163,7 +163,10 @@ def test_another_users_commands_on_the_owners_home_get_one_message(
         monkeypatch.setenv("PREFECT_SWARM_HOME", str(home))
         StateStore().list_swarms()  # the owner's home, 0700, with its state.db
         before = (home / "state.db").read_bytes()
-        for argv in COMMANDS:
+        config = base / "s.yaml"  # a config she may read: her `up` of it against the owner's home
+        config.write_text("name: s\nmodel: m\nengine: {kind: command, command: [/bin/true]}\n")
+        config.chmod(0o644)
+        for argv in [*COMMANDS, ["up", "-c", str(config)]]:
             code, output = as_other_user(argv)
             assert code == 2, (argv, output)
             assert "Traceback" not in output and "AccessError" in output, (argv, output)
