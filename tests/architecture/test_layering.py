@@ -20,6 +20,7 @@ LAYER = {
     "exceptions": 0,
     "settings": 0,
     "paths": 0,
+    "redaction": 0,
     "interfaces": 0,
     "config": 0,
     # platforms, the data plane, the state database, processes beside replicas
@@ -44,6 +45,7 @@ PREFECT_FREE = {
     "exceptions",
     "settings",
     "paths",
+    "redaction",
     "interfaces",
     "config",
     "sidecar",
