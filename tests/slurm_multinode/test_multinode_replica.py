@@ -146,8 +146,11 @@ def test_two_node_replica_serves_survives_a_lost_ray_worker_and_leaves_nothing(
     assert (paths.root / "replica-0.rank-1.log").exists()
     assert "stub engine: 2 alive Ray node(s)" in paths.replica_log(0).read_text()  # ready only through Ray
     # Ray's scratch on each node (they share this machine's /tmp): new random folders, 0700, the owner's
+    # (Ray makes its own temp dir inside 0777: nobody else can reach it)
     scratch = [p for p in Path("/tmp").glob("psw-ray-*") if p.stat().st_mtime >= started - 1]
-    assert len(scratch) == 2 and all(p.stat().st_mode & 0o777 == 0o700 for p in scratch), scratch
+    assert len(scratch) == 2, scratch
+    assert [oct(p.stat().st_mode & 0o777) for p in scratch] == ["0o700", "0o700"], scratch
+    assert all((p / "ray").is_dir() for p in scratch), scratch
 
     # served through the LB (addressed by the node's bridge address from out here)
     def lb_url() -> str:
