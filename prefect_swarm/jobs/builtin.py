@@ -19,6 +19,11 @@ _TEXT_OUTPUTS = {"text": pa.string(), "finish_reason": pa.string()}
 _SAMPLE_OUTPUTS = {"text": pa.list_(pa.string()), "finish_reason": pa.list_(pa.string())}
 
 
+
+MAX_SAMPLES = 128
+"""The most answers one row may ask for (``samples``, ``sampling.n``): OpenAI's API takes n from 1 to
+128, and each answer is one sequence of the engine's batch (a row asking 100,000 wedges a replica)."""
+
 class _TextJob(SwarmJob):
     """A job whose answers are text choices (chat, completion): one answer per row, or with
     ``samples`` = n > 1 n answers per row. ``text`` and ``finish_reason`` are then lists of n, in
@@ -47,6 +52,13 @@ class _TextJob(SwarmJob):
             raise ConfigError(
                 f"{name}: samples must be a whole number of answers per row, 1 or more (got {samples!r})."
             )
+        for field, asked in (("samples", samples), ("sampling.n", self.sampling.get("n"))):
+            if isinstance(asked, int) and asked > MAX_SAMPLES:
+                raise ConfigError(
+                    f"{name}: {field} is {asked}, more than the {MAX_SAMPLES} answers one row may ask for (OpenAI's "
+                    "limit on n; each answer is a sequence in the engine's batch, so one row could wedge a "
+                    "replica). Ask for fewer, or repeat the rows in the input."
+                )
         if samples_by not in get_args(SamplesBy):
             raise ConfigError(
                 f"{name}: samples_by must be one of {', '.join(get_args(SamplesBy))} (got {samples_by!r}): 'n' asks "

@@ -234,3 +234,15 @@ def test_a_shard_stopped_by_a_signal_is_preempted_resumable_and_resumes_exactly_
     assert sorted(table.column("id").to_pylist()) == sorted(
         pq.read_table(tmp_path / "in.parquet").column("id").to_pylist()
     )
+
+
+def test_a_row_asking_too_many_answers_is_refused_before_any_request(tmp_path: Path) -> None:
+    """`samples: 100000` on a 1-row input: exit 2 naming the field, and the engine never asked."""
+    make_dataset(tmp_path / "in.parquet", 1)
+    with _swarm() as swarm:
+        before = _requests(swarm)  # the readiness probe's
+        res = _submit(tmp_path, "--id", "j-many", "--job-kwargs", '{"samples": 100000}')
+        assert res.exit_code == 2, res.output
+        assert "samples is 100000, more than the 128 answers one row may ask for" in res.output
+        assert _requests(swarm) == before
+        assert not (tmp_path / "out.parquet").exists()

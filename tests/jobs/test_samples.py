@@ -71,6 +71,8 @@ def test_a_bad_samples_by_is_refused_naming_the_choices() -> None:
         ({"samples": 0}, "samples must be a whole number"),
         ({"samples": "4"}, "samples must be a whole number"),
         ({"samples": 2, "sampling": {"n": 2}}, "not also sampling.n"),
+        ({"samples": 100000}, "samples is 100000, more than the 128 answers one row may ask for"),
+        ({"sampling": {"n": 129}}, "sampling.n is 129, more than the 128 answers"),
     ],
 )
 def test_bad_samples_are_refused_naming_the_field(kwargs: dict, wanted: str) -> None:
