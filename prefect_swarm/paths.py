@@ -144,13 +144,11 @@ def private_dir(path: Path) -> Path:
     for p in reversed(chain[:first]):
         try:
             os.mkdir(p, PRIVATE_DIR_MODE)
-        except FileExistsError:
-            pass  # made by someone else meanwhile: checked below like any folder found
         except PermissionError:
             raise _refuse(p, f"you may not create it in {p.parent} ({_owner(os.stat(p.parent).st_uid)}'s)") from None
-        st = os.lstat(p)
-        if p != path and _replaceable_by_others(st):
-            raise _refuse(p, _replaceable_by_others(st))
+        except FileExistsError:  # someone made it after we looked: judged as any folder found (``path`` below)
+            if p != path and (why := _replaceable_by_others(os.lstat(p))):
+                raise _refuse(p, why) from None
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise _refuse(path, "it is not a folder" + (" (a symbolic link)" if stat.S_ISLNK(st.st_mode) else ""))

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import logging
 import os
 import signal
@@ -50,7 +51,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.exceptions import BudgetReached
 from prefect_swarm.interfaces.jobenv import API_KEY
@@ -82,14 +83,20 @@ LOG_DRAIN_S = 2.0
 """How long the watchdog waits for an exited engine's last output to reach its log."""
 
 
-def copy_redacted(stream: IO[bytes], log_file: Path, secrets: list[str]) -> None:
-    """Append the engine's output ``stream`` to ``log_file`` line by line through
+def copy_redacted(stream: io.BufferedReader, log_file: Path, secrets: list[str]) -> None:
+    """Append the engine's output ``stream`` to ``log_file`` through
     :func:`prefect_swarm.redaction.redact` (its key, tokens, request query strings: an access log
-    keeps no secret), until the engine closes it."""
+    keeps no secret), until the engine closes it. What one read brings is redacted and written at
+    once, whole lines only (a line is never cut where a secret could straddle the cut)."""
+    rest = b""
     with stream, open_log(log_file) as out:
-        for line in iter(stream.readline, b""):
-            out.write(redact(line.decode("utf-8", "replace"), secrets).encode())
-            out.flush()
+        while chunk := stream.read1(1 << 16):  # what the pipe holds now, at most one read
+            lines, _, rest = (rest + chunk).rpartition(b"\n")
+            if lines:
+                out.write(redact((lines + b"\n").decode("utf-8", "replace"), secrets).encode())
+                out.flush()
+        if rest:  # the last words of an engine that ended without a newline
+            out.write(redact(rest.decode("utf-8", "replace"), secrets).encode())
 
 
 @dataclass(frozen=True)

@@ -174,3 +174,36 @@ def test_another_users_commands_on_the_owners_home_get_one_message(
         assert (home / "state.db").read_bytes() == before
     finally:
         shutil.rmtree(base)
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("raced", "mode", "refused"),
+    [
+        ("swarms", 0o777, r"swarms: other users may write it \(mode 777\)"),  # a level above the swarm's folder
+        ("swarms/s", 0o700, r"swarms/s: it belongs to nobody, not to you"),  # the swarm's folder itself
+    ],
+)
+def test_a_folder_another_user_makes_between_our_look_and_our_mkdir_is_judged_as_one_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raced: str, mode: int, refused: str
+) -> None:
+    """The race :func:`private_dir` must survive: it looked (nothing there), she made the folder, its
+    mkdir then finds it. The squatter is played by the look itself (it makes the folder, as nobody's,
+    and answers that nothing is there)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    target = run_dir / raced
+    real = os.path.lexists
+
+    def look_then_squat(p: str | os.PathLike[str]) -> bool:
+        if Path(p) == target and not real(target):
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            target.mkdir(mode=mode)
+            os.chmod(target, mode)
+            os.chown(target, OTHER, OTHER)
+            return False
+        return False if Path(p).is_relative_to(target) else real(p)
+
+    monkeypatch.setattr(os.path, "lexists", look_then_squat)
+    with pytest.raises(AccessError, match=refused):
+        SwarmPaths.of("s", str(run_dir)).ensure()

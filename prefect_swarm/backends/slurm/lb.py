@@ -321,8 +321,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.replicas_job_name and time.monotonic() >= next_replenish:
                 next_replenish = time.monotonic() + REPLENISH_S
                 replenish(paths, args.replicas_job_name, client)
-                if (read_json(paths.slurm_record, {}) or {}).get("stopped"):  # it stopped the swarm (members)
-                    log.error("the swarm was stopped: %s", read_json(paths.slurm_record)["stopped"].get("reason"))
+                stopped = (read_json(paths.slurm_record, {}) or {}).get("stopped")  # by replenish (members)
+                if stopped:
+                    log.error("the swarm was stopped: %s", stopped.get("reason"))
                     return 0  # the LB script stops nginx and ends the job
             why = stop_reason(idle, budget, rec.engines) if args.replicas_job_name else None
             if why:

@@ -94,9 +94,13 @@ def live_tasks(client: SlurmClient, name: str) -> dict[int, QueueEntry]:
     return out
 
 
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def script_digests(scripts: Mapping[Path, str]) -> dict[str, str]:
     """``{file name: sha256}`` of the batch scripts ``up`` wrote (kept in ``slurm.json``, see :func:`script_text`)."""
-    return {path.name: hashlib.sha256(text.encode()).hexdigest() for path, text in scripts.items()}
+    return {path.name: _digest(text) for path, text in scripts.items()}
 
 
 def script_text(paths: SwarmPaths, record: Mapping[str, Any], script: Path) -> str:
@@ -109,7 +113,7 @@ def script_text(paths: SwarmPaths, record: Mapping[str, Any], script: Path) -> s
     with os.fdopen(fd, encoding="utf-8") as fh:
         text = fh.read()
     want = (record.get("scripts") or {}).get(script.name)
-    if want != hashlib.sha256(text.encode()).hexdigest():
+    if want != _digest(text):
         raise AccessError(
             f"{script} is not the script `up` wrote for this swarm (its digest differs from slurm.json's): "
             "not submitted. Someone changed it; `prefect-swarm down` the swarm, check who could write "
