@@ -8,6 +8,7 @@ backends import only what they need. The Prefect blocks are exposed lazily (PEP 
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,6 +17,11 @@ __version__ = "0.1.0"
 _LAZY_BLOCKS = ("LeptonBackend", "LocalBackend", "SlurmBackend", "SwarmSpec")
 
 __all__ = ["__version__"]
+
+if os.environ.get("PREFECT_SWARM_HOME") and not os.environ.get("PREFECT_HOME"):  # (the rule's cheap half)
+    from prefect_swarm.settings import keep_prefect_off_home
+
+    keep_prefect_off_home()
 
 
 def lazy_names(package: str, where: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
