@@ -92,7 +92,7 @@ class Settings(BaseSettings):
 
 
 PREFECT_FILES = "prefect"
-"""The folder of ``$PREFECT_SWARM_HOME`` that takes Prefect's own files when :func:`keep_prefect_off_home` moves them."""
+"""Where in ``$PREFECT_SWARM_HOME`` :func:`keep_prefect_off_home` puts Prefect's own files."""
 
 
 def keep_prefect_off_home() -> None:
