@@ -2,6 +2,7 @@
 
     python bench/slurm_calls.py [--shards 8 64] [--rows-per-shard 40] [--latency-ms 250]
                                 [--mode cli tasks] [--json OUT]
+    python bench/slurm_calls.py --idle 120     # an idle swarm's calls per minute
 
 Needs the single-node Slurm (``make slurm``). Brings a stub-engine swarm up on it with
 ``prefect-swarm up``, then runs each job with a PATH shim in front of the real Slurm tools: a
@@ -210,6 +211,22 @@ def measure(
     return out
 
 
+def idle_rate(work: Path, seconds: float) -> dict[str, float]:
+    """Slurm calls per minute of an idle swarm: one brought up with the shim on PATH (its LB reconciler
+    and replica keepers then count), then left alone for ``seconds`` after it is ready."""
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**make_shim(work / "shim", work / "calls.txt"), "PREFECT_SWARM_HOME": str(work / "home")}
+    name = f"idle-{uuid.uuid4().hex[:6]}"
+    cli(["up", "-c", str(swarm_yaml(work / "swarm.yaml", name, 1.0, "jobs"))], env)
+    try:
+        before, t0 = counts(work / "calls.txt"), time.monotonic()
+        time.sleep(seconds)  # the measurement: calls the swarm makes in a window of its idle life
+        after, wall = counts(work / "calls.txt"), time.monotonic() - t0
+    finally:
+        cli(["down", name, "--force", "--yes"], env, check=False)
+    return {f"{tool}_per_min": round((after[tool] - before[tool]) * 60 / wall, 1) for tool in TOOLS}
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The Markdown table of BENCHMARKS.md."""
     lines = [
@@ -239,7 +256,12 @@ def main() -> None:
         "shards run as sbatch jobs of their own). One swarm each.",
     )
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--idle", type=float, default=0, help="instead: calls per minute of an idle swarm over this many s")
     args = ap.parse_args()
+    if args.idle:
+        with tempfile.TemporaryDirectory(prefix="slurm-calls-") as tmp:
+            print(json.dumps(idle_rate(Path(tmp), args.idle)))
+        return
     rows = []
     with tempfile.TemporaryDirectory(prefix="slurm-calls-") as tmp:
         for placement in args.placement:

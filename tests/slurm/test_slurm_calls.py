@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from slurm_calls import measure  # the benchmark's own measurement (BENCHMARKS.md)
+from slurm_calls import idle_rate, measure  # the benchmark's own measurement (BENCHMARKS.md)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -34,3 +34,15 @@ def test_squeue_and_sacct_per_minute_do_not_grow_with_shards(need_slurm: None, t
             rate_few, rate_many = few[f"{tool}_per_min"], many[f"{tool}_per_min"]
             assert rate_many <= 1.5 * rate_few + 6, (mode, tool, few, many)
             assert rate_many <= ABSOLUTE_PER_MIN[tool], (mode, tool, many)
+
+
+IDLE_PER_MIN = 12.0
+"""An idle swarm's Slurm calls a minute: the LB's reconciler (one squeue per ``lb.REPLENISH_S``) and the
+replica tasks' keeper (one per ``members.KEEP_LB_S`` for the whole swarm), 10 s each, whatever the load."""
+
+
+@pytest.mark.timeout(600)
+def test_an_idle_swarm_asks_slurm_at_a_slow_pace(need_slurm: None, tmp_path: Path) -> None:
+    rate = idle_rate(tmp_path, 60)
+    assert rate["squeue_per_min"] <= IDLE_PER_MIN + 2, rate  # + the edges of the window
+    assert rate["sacct_per_min"] == 0, rate
