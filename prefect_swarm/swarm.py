@@ -490,10 +490,26 @@ class Swarm:
         if refused:
             raise ConfigError(
                 f"swarm '{self.cfg.name}' refused {'the API key' if key else 'a request without an API key'} "
-                f"({refused} at {url}/v1/models); nothing was submitted. The key comes from the swarm's "
-                f"config (api_key, kept 0600 in {self.paths.api_key_file} by `up`), else from {API_KEY}: "
-                "run `prefect-swarm up -c CONFIG` again as the user who owns the swarm, or set it to the swarm's key."
+                f"({refused} at {url}/v1/models); nothing was submitted. The key was looked for, in this order, "
+                f"in: {'; '.join(self.key_sources())}. Put the swarm's key in the first of these that "
+                "you use, or run `prefect-swarm up -c CONFIG` again as the user who owns the swarm."
             )
+
+    def key_sources(self) -> list[str]:
+        """Where this process looks for the key the swarm's clients send, in the order tried, each saying
+        whether it is there (never the key): the environment, the config the swarm came from, the
+        swarm's ``swarm.key``, then the backend's own (:meth:`ServingBackend.key_sources`)."""
+        file = self.paths.api_key_file
+        try:
+            there = "there" if file.exists() else "not there"
+        except OSError as exc:  # another user's folder
+            there = f"cannot be read: {exc.strerror}"
+        return [
+            f"${API_KEY} ({'set' if os.environ.get(API_KEY) else 'not set here'})",
+            "the config's api_key (of the file or Prefect block the swarm came from)",
+            f"{file} (kept 0600 by `up`; {there})",
+            *self.backends.serving.key_sources(),
+        ]
 
     @property
     def compute(self) -> ComputeBackend:

@@ -80,6 +80,12 @@ class ServingBackend(Protocol):
         key the backend generated for the swarm (Slurm); None for an open endpoint. Never logged."""
         ...
 
+    def key_sources(self) -> list[str]:
+        """Where this backend looks for the key clients send beyond the swarm's own (``$PREFECT_SWARM_API_KEY``,
+        the config's ``api_key``, ``swarm.key``), in the order tried, each saying whether it is there: what a
+        message about a missing or refused key names. Never the key itself."""
+        ...
+
     def metrics_targets(self, handle: ServingHandle) -> MetricsTargets:
         """Where each replica engine's ``/metrics`` is now (the file_sd list the backend keeps in the
         swarm folder); a backend that cannot tell answers no targets and a ``reason``. Never blocks."""

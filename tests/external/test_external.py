@@ -209,6 +209,28 @@ def test_up_without_the_key_names_the_variable(tmp_path: Path, keyed_stub: StubE
     assert _sent(keyed_stub) == 1  # the refused readiness completion; nothing else was sent
 
 
+def test_a_job_without_the_key_names_where_it_was_looked_for(
+    tmp_path: Path, keyed_stub: StubEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = external_config(tmp_path, keyed_stub.url + "/v1")
+    res = cli("up", "-c", str(config), env={KEY_ENV: KEY})
+    assert res.returncode == 0, res.stdout + res.stderr
+    data, out = dataset(tmp_path / "in.parquet", 5), tmp_path / "out.parquet"
+    args = ("job", "submit", "-n", "ext", "--input", str(data), "--output", str(out), "--id-column", "id")
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    for env, state in (({}, "not set here"), ({KEY_ENV: "sk-wrong-key-0000"}, "set")):
+        res = cli(*args, "--job-kwargs", SAMPLING, env=env)
+        said = res.stdout + res.stderr
+        assert res.returncode == 2, said
+        # the places, in the order tried: the swarm's own, then the variable its config names
+        assert said.index("$PREFECT_SWARM_API_KEY (not set here)") < said.index("swarm.key") < said.index(
+            f"${KEY_ENV}, named by backend.api_key_env ({state})"
+        ), said
+        assert "sk-wrong-key-0000" not in said
+    assert _sent(keyed_stub) == 1  # up's readiness completion; no row was sent
+    assert not out.exists()
+
+
 def test_the_job_holds_requests_per_minute_across_its_shards(tmp_path: Path, keyed_stub: StubEngine) -> None:
     """R = 300/min over 2 shards (each 2.5/s, 2.5 of burst): sampled at the server, no 2 s window sees
     more than R x 2 s plus the bursts, and the whole job cannot finish faster than R allows."""

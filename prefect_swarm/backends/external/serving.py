@@ -208,6 +208,17 @@ class ExternalServing:
         """See :meth:`ServingBackend.client_key`."""
         return external_key(self.cfg)
 
+    def key_sources(self) -> list[str]:
+        """See :meth:`ServingBackend.key_sources`: the variable named by ``backend.api_key_env``, or the
+        Secret block named by ``backend.api_key_secret`` (which `up` loads into the swarm's key)."""
+        ext = self.ext
+        if ext.api_key_env:
+            state = "set" if os.environ.get(ext.api_key_env) else "not set here"
+            return [f"${ext.api_key_env}, named by backend.api_key_env ({state})"]
+        if ext.api_key_secret:
+            return [f"the Secret block '{ext.api_key_secret}', named by backend.api_key_secret (loaded by `up`)"]
+        return []
+
     def metrics_targets(self, handle: ServingHandle) -> MetricsTargets:
         """None: the endpoint's engine metrics (if any) are not ours to scrape."""
         return MetricsTargets(reason=NOT_MANAGED)

@@ -333,6 +333,10 @@ class LeptonServing:
         """See :meth:`ServingBackend.client_key`."""
         return self.cfg.api_key.get_secret_value() if self.cfg.api_key is not None else None
 
+    def key_sources(self) -> list[str]:
+        """See :meth:`ServingBackend.key_sources`: none beyond the swarm's own."""
+        return []
+
     def metrics_targets(self, handle: ServingHandle) -> MetricsTargets:
         """None: n/a with the reason (the endpoint's replicas are reached only through Lepton's gateway)."""
         del handle

@@ -407,6 +407,10 @@ class LocalServing:
         """See :meth:`ServingBackend.client_key`."""
         return self.cfg.api_key.get_secret_value() if self.cfg.api_key is not None else None
 
+    def key_sources(self) -> list[str]:
+        """See :meth:`ServingBackend.key_sources`: none beyond the swarm's own."""
+        return []
+
     def metrics_targets(self, handle: ServingHandle) -> MetricsTargets:
         """Every replica's engine (written by ``create_or_update``; gone after ``delete``)."""
         found = read_file_sd(self.paths.metrics_targets)

@@ -389,6 +389,10 @@ class SlurmServing:
         """See :meth:`ServingBackend.client_key` (the generated key once `up` made it)."""
         return self.cfg.api_key.get_secret_value() if self.cfg.api_key is not None else None
 
+    def key_sources(self) -> list[str]:
+        """See :meth:`ServingBackend.key_sources`: none beyond the swarm's own."""
+        return []
+
     def metrics_targets(self, handle: ServingHandle) -> MetricsTargets:
         """The replicas the LB reconciler routes to (it keeps ``targets.json`` next to the upstream file)."""
         del handle  # the file is in this swarm's folder
