@@ -50,7 +50,31 @@ TEMP_SUFFIX = ".tmp"
 """Suffix of the temp files atomic writes rename into place (``.<name>.<random>.tmp``)."""
 PROBE_PREFIX = ".prefect-swarm-probe-"
 """Name start of the probe file/object created and deleted next to an output (or in an object-store
-ledger) to prove it writable before any request."""
+ledger) to prove it writable before any request (:func:`probe_name`)."""
+
+
+def temp_name(of: str, tag: str) -> str:
+    """The one naming rule of a temporary file or object prefect-swarm writes on its way to ``of`` (a
+    final name in the same folder): ``.<of>.<tag>.tmp``. What a killed run left, the next run's
+    clean-up of ``of`` finds by :func:`is_temp_of`."""
+    return f".{of}.{tag}{TEMP_SUFFIX}"
+
+
+def is_temp_of(of: str, name: str) -> bool:
+    """Whether ``name`` is a temporary of ``of`` (:func:`temp_name`)."""
+    return name.startswith(f".{of}.") and name.endswith(TEMP_SUFFIX)
+
+
+def probe_name(tag: str) -> str:
+    """A write probe's name (``.prefect-swarm-probe-<tag>.tmp``): a probe belongs to no final name, so
+    every probe prefect-swarm writes in a folder is found by :func:`is_probe` there."""
+    return f"{PROBE_PREFIX}{tag}{TEMP_SUFFIX}"
+
+
+def is_probe(name: str) -> bool:
+    """Whether ``name`` is a write probe (:func:`probe_name`): left only by a run killed between its
+    write and its delete, removed by the next check of that folder."""
+    return name.startswith(PROBE_PREFIX) and name.endswith(TEMP_SUFFIX)
 
 
 PRIVATE_UMASK = 0o077
@@ -197,7 +221,7 @@ def atomic_file(path: Path) -> Iterator[Path]:
     file is removed and ``path`` is left as it was.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)  # temp_name's rule
     os.close(fd)
     try:
         yield Path(tmp)

@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from prefect_swarm.exceptions import ConfigError, DatasetError
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.spec import JobSpec, is_jsonl
-from prefect_swarm.paths import PROBE_PREFIX, JobPaths, atomic_write_json, read_json
+from prefect_swarm.paths import PROBE_PREFIX, TEMP_SUFFIX, JobPaths, atomic_write_json, read_json
 
 _BATCH_COLUMNS = ("custom_id", "method", "url", "body")
 _BATCH_SCHEMA = pa.schema([(c, pa.string()) for c in _BATCH_COLUMNS])
@@ -712,7 +712,7 @@ def _probe_writable(out: Path) -> None:
             f"output {out}: its parent {folder} is a file, not a folder. Choose an output path in a folder."
         )
     try:
-        fd, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, dir=folder)
+        fd, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, suffix=TEMP_SUFFIX, dir=folder)  # probe_name's rule
     except OSError as exc:
         raise ConfigError(
             f"output {out} cannot be written: creating a file in {folder} fails ({exc.strerror or exc}). "

@@ -54,7 +54,7 @@ import pyarrow.parquet as pq
 
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.jobs import storage
-from prefect_swarm.paths import TEMP_SUFFIX, atomic_write_json
+from prefect_swarm.paths import atomic_write_json, temp_name
 
 MANIFEST = "_manifest.json"
 """The dataset's manifest (inside the output folder)."""
@@ -323,7 +323,7 @@ def staging(out: storage.Location, commit: str) -> storage.Location:
     if out.remote:
         return out
     path = Path(out.path.rstrip("/"))
-    tmp = path.parent / f".{path.name}.{commit}{TEMP_SUFFIX}"
+    tmp = path.parent / temp_name(path.name, commit)
     return storage.Location(str(tmp) + "/", "", str(tmp))
 
 
@@ -348,7 +348,7 @@ def prepare(out: storage.Location, commit: str) -> storage.Location:
             _delete(out, SUCCESS)
         return stage
     root = Path(out.path.rstrip("/"))
-    for old in root.parent.glob(f".{root.name}.*{TEMP_SUFFIX}"):
+    for old in root.parent.glob(temp_name(root.name, "*")):
         shutil.rmtree(old, ignore_errors=True)
     Path(stage.path).mkdir(parents=True)
     return stage
@@ -428,7 +428,7 @@ def _exchange(a: Path, b: Path) -> None:
     fn = getattr(libc, "renameat2", None)
     if fn is not None and fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return
-    aside = b.with_name(f".{b.name}.{time.time_ns()}.old{TEMP_SUFFIX}")
+    aside = b.with_name(temp_name(b.name, f"{time.time_ns()}.old"))
     os.rename(b, aside)
     os.rename(a, b)
     os.rename(aside, a)

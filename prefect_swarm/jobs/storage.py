@@ -56,7 +56,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from prefect_swarm.exceptions import ConfigError, PrefectSwarmError
-from prefect_swarm.paths import PROBE_PREFIX, TEMP_SUFFIX, atomic_file
+from prefect_swarm.paths import atomic_file, is_probe, is_temp_of, probe_name, temp_name
 
 log = logging.getLogger("prefect_swarm.jobs")
 
@@ -316,14 +316,30 @@ def check_writable(loc: Location, field: str, *, folder: bool = False) -> None:
     if not loc.remote:
         return
     parent = loc.path.rstrip("/") if folder else loc.path.rpartition("/")[0] or loc.path
-    probe = f"{parent}/{PROBE_PREFIX}{uuid.uuid4().hex}{TEMP_SUFFIX}"
+    probe = f"{parent}/{probe_name(uuid.uuid4().hex)}"
     fs = loc.fs
     with refusing(loc, field, "write"), fs.open_output_stream(probe, compression=None) as sink:
         sink.write(b"prefect-swarm write probe\n")
     try:
         delete_object(probe, loc.scheme, fs)
+    except FileNotFoundError:
+        pass  # another run's sweep (below) took it first
     except Exception as exc:  # a key that may write but not delete could not publish an output either
         raise store_error(exc, loc, field, "delete objects in") from exc
+    _sweep_probes(parent, loc.scheme, fs)
+
+
+def _sweep_probes(parent: str, scheme: str, fs: pafs.FileSystem) -> None:
+    """Delete the probes a run killed between its write and its delete left in ``parent``: billed
+    objects nobody would otherwise remove. A folder prefect-swarm may write is one it may list."""
+    try:
+        found = fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True))
+    except (OSError, pa.ArrowException):
+        return
+    for info in found:
+        if info.type == pafs.FileType.File and is_probe(info.base_name):
+            with suppress(FileNotFoundError):
+                delete_object(info.path, scheme, fs)
 
 
 def delete_object(path: str, scheme: str, fs: pafs.FileSystem) -> None:
@@ -499,7 +515,7 @@ def publish(loc: Location) -> Iterator[Path | pa.NativeFile]:
         return
     fs = loc.fs
     parent, _, name = loc.path.rpartition("/")
-    tmp = f"{parent}/.{name}.{uuid.uuid4().hex}{TEMP_SUFFIX}"
+    tmp = f"{parent}/{temp_name(name, uuid.uuid4().hex)}"
     try:
         with fs.open_output_stream(tmp, compression=None) as sink:
             yield sink
@@ -513,10 +529,6 @@ def publish(loc: Location) -> Iterator[Path | pa.NativeFile]:
             delete_object(tmp, loc.scheme, fs)
 
 
-def _is_temp_of(name: str, base_name: str) -> bool:
-    return base_name.startswith(f".{name}.") and base_name.endswith(TEMP_SUFFIX)
-
-
 def remove_stale_temps(loc: Location) -> None:
     """Delete what a commit killed mid-write left beside ``loc`` (object stores): its temporary keys,
     and its unfinished multipart uploads of them (:func:`abort_uploads`)."""
@@ -524,11 +536,11 @@ def remove_stale_temps(loc: Location) -> None:
         return
     parent, _, name = loc.path.rpartition("/")
     final = loc.path.partition("/")[2]  # an S3 output is uploaded to its own key (see publish)
-    abort_uploads(f"{parent}/", loc.scheme, lambda key: key == final or _is_temp_of(name, key.rpartition("/")[2]))
+    abort_uploads(f"{parent}/", loc.scheme, lambda key: key == final or is_temp_of(name, key.rpartition("/")[2]))
     try:
         found = loc.fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True))
     except (OSError, pa.ArrowException):
         return
     for info in found:
-        if _is_temp_of(name, info.base_name):
+        if is_temp_of(name, info.base_name):
             loc.fs.delete_file(info.path)

@@ -25,6 +25,7 @@ from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.run import main as job_main
 from prefect_swarm.jobs.spec import JobSpec
+from prefect_swarm.paths import is_probe, probe_name
 from prefect_swarm.testing.moto_s3 import MotoS3
 from prefect_swarm.testing.ports import free_port
 
@@ -240,6 +241,24 @@ def test_the_probe_leaves_nothing_and_a_good_job_runs(tmp_path: Path, s3: MotoS3
     assert not [k for k in keys if ".prefect-swarm-probe-" in k or k.endswith(".tmp")], keys
     assert {f"{prefix}/in.parquet", f"{prefix}/out.parquet"} <= set(keys)
     assert pq.read_table(out).num_rows == 20 and _uploads(s3, prefix) == []
+
+
+def test_probes_a_killed_run_left_are_removed_by_the_next_run(
+    tmp_path: Path, s3: MotoS3, aws_env, stub, own_signals
+) -> None:
+    """A kill -9 between a probe's write and its delete leaves a billed object; the next run's check of
+    that folder removes it (beside the output and in the ledger), whatever run wrote it."""
+    prefix = "killed-probe"
+    src = _put_input(s3, tmp_path, prefix)
+    left = [f"{prefix}/{probe_name('a' * 32)}", f"{prefix}/ledger/{probe_name('b' * 32)}"]
+    for key in left:
+        s3.client().put_object(Bucket=BUCKET, Key=key, Body=b"prefect-swarm write probe\n")
+    out = f"s3://{BUCKET}/{prefix}/out.parquet"
+    spec = write_spec(tmp_path, input=src, output=out, ledger=f"s3://{BUCKET}/{prefix}/ledger", endpoints=[stub.url])
+    assert job_main(["--spec", str(spec), "--shard-id", "0", "--nshards", "1"]) == 0
+    keys = _objects(s3, prefix)
+    assert not [k for k in keys if is_probe(k.rpartition("/")[2])], keys
+    assert pq.read_table(out).num_rows == 20
 
 
 # ----------------------------------------------------------------------------- multipart uploads
