@@ -23,6 +23,9 @@ _SAMPLE_OUTPUTS = {"text": pa.list_(pa.string()), "finish_reason": pa.list_(pa.s
 MAX_SAMPLES = 128
 """The most answers one row may ask for (``samples``, ``sampling.n``): OpenAI's API takes n from 1 to
 128, and each answer is one sequence of the engine's batch (a row asking 100,000 wedges a replica)."""
+MAX_ROW_COMPLETION_TOKENS = 2**20
+"""The most completion tokens one row may ask for, all its answers together (``max_tokens`` or
+``max_completion_tokens`` x ``samples`` or ``sampling.n``): 128 answers of 8,192 tokens."""
 
 class _TextJob(SwarmJob):
     """A job whose answers are text choices (chat, completion): one answer per row, or with
@@ -59,6 +62,15 @@ class _TextJob(SwarmJob):
                     "limit on n; each answer is a sequence in the engine's batch, so one row could wedge a "
                     "replica). Ask for fewer, or repeat the rows in the input."
                 )
+        answers = samples if samples > 1 else self.sampling.get("n") or 1
+        longest = next((k for k in ("max_tokens", "max_completion_tokens") if k in self.sampling), None)
+        most = self.sampling.get(longest) if longest else None
+        if isinstance(answers, int) and isinstance(most, int) and answers * most > MAX_ROW_COMPLETION_TOKENS:
+            raise ConfigError(
+                f"{name}: sampling.{longest} x {'samples' if samples > 1 else 'sampling.n'} is {most:,} x "
+                f"{answers} = {answers * most:,} completion tokens for one row, more than "
+                f"{MAX_ROW_COMPLETION_TOKENS:,}. Lower one of them."
+            )
         if samples_by not in get_args(SamplesBy):
             raise ConfigError(
                 f"{name}: samples_by must be one of {', '.join(get_args(SamplesBy))} (got {samples_by!r}): 'n' asks "

@@ -6,6 +6,8 @@ A message's ``content`` may be a list of parts, ``{"type": "text", "text": ...}`
 given or read from the image's first bytes (PNG, JPEG, GIF, WebP, BMP, TIFF). Anything else (a file
 path, another scheme, a data URL that is not an image or not base64, bytes of an unknown format)
 raises :class:`~prefect_swarm.jobs.api.RowRefused`: the row is an error row and no request is sent.
+So does a row past the bounds one row may ask for: :data:`MAX_IMAGE_BYTES` per image and
+:data:`MAX_IMAGES_PER_ROW` images in a row's messages.
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from prefect_swarm.exceptions import RowRefused
+
+MAX_IMAGE_BYTES = 20 * 2**20
+"""The largest image one row may send, in bytes (OpenAI's limit per image: 20 MB). A data URL counts
+its decoded bytes."""
+MAX_IMAGES_PER_ROW = 16
+"""The most images one row's messages may hold: each is encoded by the engine's vision tower before
+the row's first token, so one row of hundreds would hold a replica's batch."""
 
 _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"\x89PNG\r\n\x1a\n", "image/png"),
@@ -41,6 +50,7 @@ def image_part(value: Any, mime: str | None = None) -> dict[str, Any]:
         data = bytes(value)
         if not data:
             raise RowRefused("the image is empty (0 bytes)")
+        _check_size(len(data))
         kind = mime or sniff_mime(data)
         if kind is None:
             raise RowRefused(
@@ -61,9 +71,10 @@ def check_image_url(url: str) -> None:
         if not sep or not head.startswith("data:image/") or not head.endswith(";base64"):
             raise RowRefused(f"image data URL must be 'data:image/<type>;base64,<data>', got {url[:40]!r}")
         try:
-            base64.b64decode(data, validate=True)
+            decoded = base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError) as exc:
             raise RowRefused(f"image data URL does not hold valid base64 ({exc})") from None
+        _check_size(len(decoded))
         return
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -73,15 +84,35 @@ def check_image_url(url: str) -> None:
         )
 
 
-def check_messages(messages: Any) -> None:
-    """Refuse messages whose content parts are not OpenAI's shape (text parts, image_url parts)."""
+def _check_size(size: int) -> None:
+    if size > MAX_IMAGE_BYTES:
+        raise RowRefused(
+            f"the image is {size:,} bytes, more than the {MAX_IMAGE_BYTES:,} one row may send; scale it down first"
+        )
+
+
+def check_image_count(count: int) -> None:
+    """Refuse a row whose messages hold more than :data:`MAX_IMAGES_PER_ROW` images."""
+    if count > MAX_IMAGES_PER_ROW:
+        raise RowRefused(
+            f"the row holds {count} images, more than the {MAX_IMAGES_PER_ROW} one row may send; split it into rows"
+        )
+
+
+def check_messages(messages: Any) -> int:
+    """Refuse messages whose content parts are not OpenAI's shape (text parts, image_url parts), or
+    that hold more images than one row may send; the number of images they hold."""
     if not isinstance(messages, list):
         raise RowRefused(f"messages must be a list of {{role, content}}, not {type(messages).__name__}")
+    images = 0
     for i, message in enumerate(messages):
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
             for j, part in enumerate(content):
                 _check_part(part, f"messages[{i}].content[{j}]")
+                images += part.get("type") == "image_url"
+    check_image_count(images)
+    return images
 
 
 def _check_part(part: Any, where: str) -> None:

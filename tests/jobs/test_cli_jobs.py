@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from _jobkit import make_dataset, write_spec
 from typer.testing import CliRunner
 
@@ -236,13 +237,22 @@ def test_a_shard_stopped_by_a_signal_is_preempted_resumable_and_resumes_exactly_
     )
 
 
-def test_a_row_asking_too_many_answers_is_refused_before_any_request(tmp_path: Path) -> None:
-    """`samples: 100000` on a 1-row input: exit 2 naming the field, and the engine never asked."""
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ('{"samples": 100000}', "samples is 100000, more than the 128 answers one row may ask for"),
+        ('{"sampling": {"n": 1000000}}', "sampling.n is 1000000, more than the 128 answers"),
+        ('{"samples": 64, "sampling": {"max_tokens": 100000}}', "sampling.max_tokens x samples is 100,000 x 64"),
+        ('{"sampling": {"n": 8, "max_completion_tokens": 1000000}}', "sampling.max_completion_tokens x sampling.n"),
+    ],
+)
+def test_a_row_asking_too_much_is_refused_before_any_request(tmp_path: Path, kwargs: str, says: str) -> None:
+    """`samples: 100000` and friends on a 1-row input: exit 2 naming the field, and the engine never asked."""
     make_dataset(tmp_path / "in.parquet", 1)
     with _swarm() as swarm:
         before = _requests(swarm)  # the readiness probe's
-        res = _submit(tmp_path, "--id", "j-many", "--job-kwargs", '{"samples": 100000}')
+        res = _submit(tmp_path, "--id", "j-many", "--job-kwargs", kwargs)
         assert res.exit_code == 2, res.output
-        assert "samples is 100000, more than the 128 answers one row may ask for" in res.output
+        assert says in res.output
         assert _requests(swarm) == before
         assert not (tmp_path / "out.parquet").exists()

@@ -10,6 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from _jobkit import requests, run_job, write_spec
 
+from prefect_swarm.jobs.images import MAX_IMAGE_BYTES, MAX_IMAGES_PER_ROW
+
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 24
 JPEG = b"\xff\xd8\xff\xe0" + b"\x01" * 24
 
@@ -26,9 +28,11 @@ def _run(tmp: Path, stub, table: pa.Table, **kwargs) -> list[dict]:
 def test_binary_image_column_becomes_a_data_url(tmp_path: Path, stub) -> None:
     table = pa.table(
         {
-            "id": ["png", "jpeg", "garbage", "empty"],
-            "prompt": ["what is this?"] * 4,
-            "image": pa.array([PNG, JPEG, b"not an image", b""], type=pa.binary()),
+            "id": ["png", "jpeg", "garbage", "empty", "huge"],
+            "prompt": ["what is this?"] * 5,
+            "image": pa.array(
+                [PNG, JPEG, b"not an image", b"", PNG.ljust(MAX_IMAGE_BYTES + 1, b"\0")], type=pa.binary()
+            ),
         }
     )
     before = requests(stub)
@@ -38,6 +42,7 @@ def test_binary_image_column_becomes_a_data_url(tmp_path: Path, stub) -> None:
         assert rows[rid]["status"] == "ok" and rows[rid]["text"].endswith("images=1"), rows[rid]
     assert "no known format" in rows["garbage"]["error"] and "image_mime" in rows["garbage"]["error"]
     assert "the image is empty" in rows["empty"]["error"]
+    assert f"more than the {MAX_IMAGE_BYTES:,} one row may send" in rows["huge"]["error"]
     assert rows["png"]["image"] == PNG  # input columns kept as they are
 
 
@@ -58,6 +63,8 @@ def test_messages_with_image_parts(tmp_path: Path, stub) -> None:
         "bad-base64": _message(_image("data:image/png;base64,@@@not-base64")),
         "not-image": _message(_image("data:text/plain;base64,aGk=")),
         "bad-part": _message({"type": "audio", "audio": "x"}),
+        "too-many": _message(*[_image(f"https://example.com/{i}.png") for i in range(MAX_IMAGES_PER_ROW + 1)]),
+        "too-big": _message(_image("data:image/png;base64," + base64.b64encode(bytes(MAX_IMAGE_BYTES + 1)).decode())),
     }
     table = pa.table({"id": list(cases), "messages": list(cases.values())})
     before = requests(stub)
@@ -69,3 +76,5 @@ def test_messages_with_image_parts(tmp_path: Path, stub) -> None:
     assert "messages[0].content[1]" in rows["bad-base64"]["error"] and "base64" in rows["bad-base64"]["error"]
     assert "data:image/<type>;base64" in rows["not-image"]["error"]
     assert "must be 'text' or 'image_url'" in rows["bad-part"]["error"]
+    assert f"holds {MAX_IMAGES_PER_ROW + 1} images, more than the {MAX_IMAGES_PER_ROW}" in rows["too-many"]["error"]
+    assert "messages[0].content[1]" in rows["too-big"]["error"] and "one row may send" in rows["too-big"]["error"]
