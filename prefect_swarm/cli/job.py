@@ -39,6 +39,7 @@ from prefect_swarm.cli.errors import ExitCode
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
 from prefect_swarm.cli.views import cost_text, job_view
 from prefect_swarm.config.cost import duration, projection_text, usd_text
+from prefect_swarm.config.errors import invalid_fields
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import JobStatus
 from prefect_swarm.jobs.spec import JobSpec
@@ -57,7 +58,7 @@ def _spec_from_args(base: Path | None, fields: dict[str, Any]) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValueError as exc:
-        raise ConfigError(f"invalid job arguments:\n{exc}") from exc
+        raise invalid_fields(exc, JobSpec, "invalid job arguments") from exc
 
 
 @job_app.command("submit")

@@ -24,6 +24,7 @@ from prefect_swarm.cli.output import OutputFormat, console, emit_json
 from prefect_swarm.cli.swarms import ConfigOpt, NameOpt, OutputOpt, ReplicasOpt, make_swarm
 from prefect_swarm.config import LeptonConfig, SlurmConfig, SwarmConfig, load_config
 from prefect_swarm.config.cost import projection_text
+from prefect_swarm.config.errors import invalid_fields
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.jobs.spec import JobSpec
@@ -134,7 +135,7 @@ def _pilot_spec(
     try:
         return JobSpec.model_validate(data)
     except ValueError as exc:
-        raise ConfigError(f"invalid job arguments for --estimate:\n{exc}") from exc
+        raise invalid_fields(exc, JobSpec, "invalid job arguments for --estimate") from exc
 
 
 def pilot_estimate(cfg: SwarmConfig, config: Path, spec: JobSpec, k: int) -> dict[str, Any]:

@@ -123,3 +123,11 @@ def config_error(
         lines.append(f"  (environment overrides applied: {', '.join(env_keys)})")
     lines.append("Fix the fields above; `prefect-swarm validate -c FILE` checks a config without starting anything.")
     return ConfigError("\n".join(lines))
+
+
+def invalid_fields(exc: ValueError, root: type[BaseModel], title: str) -> ConfigError:
+    """A ConfigError for ``exc`` raised validating a ``root`` (a job spec, say): ``title``, then one line a
+    problem with its field path, through the same rule as a swarm config's (no secret echoed)."""
+    if isinstance(exc, ValidationError):
+        return ConfigError("\n".join([f"{title}:", *("  " + _one(root, e) for e in exc.errors())]))
+    return ConfigError(redact(f"{title}: {exc}"))

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.config.cost import projection
+from prefect_swarm.config.errors import invalid_fields
 from prefect_swarm.exceptions import ConfigError, JobError
 from prefect_swarm.interfaces.jobenv import LOG_LEVEL
 from prefect_swarm.jobs.dataset import InputDataset, open_input
@@ -76,7 +77,7 @@ def pilot_spec(spec: JobSpec, k: int, folder: Path) -> tuple[JobSpec, int]:
     try:
         pilot = JobSpec.model_validate(fields)
     except ValueError as exc:
-        raise ConfigError(f"invalid job arguments for the pilot:\n{exc}") from exc
+        raise invalid_fields(exc, JobSpec, "invalid job arguments for the pilot") from exc
     return pilot, ds.num_rows
 
 
