@@ -201,6 +201,19 @@ class SwarmConfig(StrictModel):
         return _strip_secrets(self)
 
 
+def secretless(data: object) -> object:
+    """``data`` (a raw config mapping, or lists and mappings holding some: a flow's parameters) with the
+    value of every secret field (:data:`~prefect_swarm.config.errors.SECRET_FIELDS`: ``api_key``, a
+    backend ``token``) set to None, as :meth:`SwarmConfig.redacted` drops them."""
+    from prefect_swarm.config.errors import SECRET_FIELDS
+
+    if isinstance(data, dict):
+        return {k: None if k in SECRET_FIELDS and isinstance(v, str) else secretless(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [secretless(v) for v in data]
+    return data
+
+
 def staged_path(to: str, source: str) -> str:
     """The staged folder of ``source`` under ``to`` (see :attr:`SwarmConfig.staged_model`)."""
     source = source.rstrip("/") or "/"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from prefect_swarm.config.swarm import Sharing
@@ -31,6 +31,7 @@ from prefect_swarm.flows.params import (
     SwarmArg,
     job_spec,
     run_budget,
+    swarm_flow,
     with_budget,
 )
 from prefect_swarm.tasks._common import failed_run, flow_result_storage, label_run, run_stop_event
@@ -40,11 +41,11 @@ from prefect_swarm.tasks.reaper import reap_quietly
 from prefect_swarm.tasks.swarm import block_ref, resolve_swarm, swarm_up, swarm_use, teardown_owned, wait_ready
 
 
-@flow(
+@swarm_flow(
     name="batch-inference",
     persist_result=True,
     result_storage=flow_result_storage(),  # PREFECT_SWARM_RESULT_STORAGE, else $PREFECT_SWARM_HOME/prefect-results
-    task_runner=ThreadPoolTaskRunner(max_workers=TASK_THREADS),  # type: ignore[arg-type]
+    task_runner=ThreadPoolTaskRunner(max_workers=TASK_THREADS),
     on_cancellation=[teardown_hook],
     on_crashed=[teardown_hook],
 )

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
+from prefect_swarm.flows.params import swarm_flow
 from prefect_swarm.tasks.artifacts import artifact_key
 
 
-@flow(name="failed-rows-notice")
+@swarm_flow(name="failed-rows-notice")
 def failed_rows_notice(
     job_id: str, swarm: str = "", output: str = "", rows: int = 0, failed: int = 0, failed_rows: str = ""
 ) -> str:

@@ -8,16 +8,22 @@ two cannot drift. The flow turns options + its own parameters into the JobSpec.
 from __future__ import annotations
 
 import copy
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, ParamSpec, TypeVar
 
+from prefect import Flow
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from prefect_swarm.blocks import SwarmSpec
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.config.cost import CostConfig
+from prefect_swarm.config.swarm import secretless
 from prefect_swarm.jobs.sizing import size_for_swarm
 from prefect_swarm.jobs.spec import JobSpec, OutputFormat
 from prefect_swarm.swarm import Swarm, engine_fingerprint
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 FLOW_OWNED = frozenset(
     {
@@ -153,3 +159,25 @@ ConcurrencyArg = Annotated[int | None, Field(ge=1, le=1_048_576)]
 MaxFailedArg = Annotated[float | None, Field(ge=0.0, le=1.0)]
 MaxGpuHoursArg = Annotated[float | None, Field(gt=0.0)]
 MaxCostArg = Annotated[float | None, Field(gt=0.0)]
+
+
+class SwarmFlow(Flow[P, R]):
+    """A Prefect flow whose run record never holds a secret: an inline config given as a parameter (a
+    swarm's ``api_key``, a backend ``token``) is recorded with those values set to None
+    (:func:`~prefect_swarm.config.swarm.secretless`), while this process's run still uses them.
+    A run started again from its record (a retry from the UI) then takes the key as a reattach does:
+    from ``PREFECT_SWARM_API_KEY`` or the swarm's ``swarm.key``. A saved SwarmSpec block, a Secret
+    block or an environment variable is the way to give a deployment's runs a key."""
+
+    def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        """See :meth:`prefect.Flow.serialize_parameters`; secret values dropped."""
+        return {k: secretless(v) for k, v in super().serialize_parameters(parameters).items()}
+
+
+def swarm_flow(**options: Any) -> Callable[[Callable[P, R]], SwarmFlow[P, R]]:
+    """``@flow(**options)`` making a :class:`SwarmFlow`: every flow of the package is one."""
+
+    def make(fn: Callable[P, R]) -> SwarmFlow[P, R]:
+        return SwarmFlow(fn, **options)
+
+    return make

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from prefect.futures import PrefectFuture
 from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -43,6 +43,7 @@ from prefect_swarm.flows.params import (
     ShardsArg,
     SwarmArg,
     job_options,
+    swarm_flow,
 )
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.api import load_job
@@ -274,11 +275,11 @@ def _let_go(name: str) -> None:
         swarm_down(name, owner=flow_run_owner(run_id))
 
 
-@flow(
+@swarm_flow(
     name="pipeline",
     persist_result=True,
     result_storage=flow_result_storage(),  # PREFECT_SWARM_RESULT_STORAGE, else $PREFECT_SWARM_HOME/prefect-results
-    task_runner=ThreadPoolTaskRunner(max_workers=2 * MAX_STAGES + 4),  # type: ignore[arg-type]
+    task_runner=ThreadPoolTaskRunner(max_workers=2 * MAX_STAGES + 4),
     on_cancellation=[teardown_hook],
     on_crashed=[teardown_hook],
 )

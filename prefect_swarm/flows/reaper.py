@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 
+from prefect_swarm.flows.params import swarm_flow
 from prefect_swarm.tasks._common import tag_run
 from prefect_swarm.tasks.reaper import reap_orphans
 
 
-@flow(name="reap-orphans")
+@swarm_flow(name="reap-orphans")
 def reap_orphans_flow(dry_run: bool = False) -> list[str]:
     """Stop swarms that no live user holds any more (their flow runs ended, their processes and
     jobs are gone) and that were not kept.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
@@ -21,6 +20,7 @@ from prefect_swarm.flows.params import (
     ShardsArg,
     SwarmArg,
     job_spec,
+    swarm_flow,
 )
 from prefect_swarm.swarm import flow_run_lease, flow_run_owner
 from prefect_swarm.tasks._common import current_flow_run_id, flow_result_storage, label_run, run_stop_event
@@ -31,7 +31,7 @@ from prefect_swarm.tasks.swarm import swarm_down as swarm_down_task
 from prefect_swarm.tasks.swarm import swarm_up as swarm_up_task
 
 
-@flow(name="swarm-up")
+@swarm_flow(name="swarm-up")
 def swarm_up(
     swarm: SwarmArg,
     reuse: bool = True,
@@ -59,7 +59,7 @@ def swarm_up(
     return {"name": live.cfg.name, "endpoints": endpoints, "fingerprint": live.fingerprint}
 
 
-@flow(name="swarm-down")
+@swarm_flow(name="swarm-down")
 def swarm_down(
     name: Annotated[str, Field(min_length=1)],
     force: bool = False,
@@ -75,11 +75,11 @@ def swarm_down(
     return swarm_down_task(name, force=force)
 
 
-@flow(
+@swarm_flow(
     name="run-job",
     persist_result=True,
     result_storage=flow_result_storage(),  # PREFECT_SWARM_RESULT_STORAGE, else $PREFECT_SWARM_HOME/prefect-results
-    task_runner=ThreadPoolTaskRunner(max_workers=TASK_THREADS),  # type: ignore[arg-type]
+    task_runner=ThreadPoolTaskRunner(max_workers=TASK_THREADS),
     on_cancellation=[teardown_hook],
     on_crashed=[teardown_hook],
 )
