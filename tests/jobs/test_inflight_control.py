@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx
 import pytest
-from services import wait_until
 
 from prefect_swarm.interfaces.metrics import engine_targets, parse, total, write_file_sd
 from prefect_swarm.jobs.builtin import ChatCompletionJob
@@ -29,6 +28,7 @@ from prefect_swarm.jobs.runner import Item, Runner, RunnerConfig, prefix_key
 from prefect_swarm.testing import free_port
 from prefect_swarm.testing.gpu_sim import MODULE, SimOptions
 from prefect_swarm.testing.stub_engine import StubEngine
+from prefect_swarm.testing.waiting import wait_until
 
 PATH = "/v1/chat/completions"
 
@@ -127,7 +127,7 @@ def test_loop_keeps_a_replica_full_with_a_short_queue(sim) -> None:
             running, waiting = engine_load(engine.url)
             return running >= 60 and waiting <= 2 * margin
 
-        assert wait_until(full_with_a_short_queue, 20.0), "not full with a short queue after 20 s"
+        wait_until("the replica full with a short queue", full_with_a_short_queue, timeout_s=20)
         seen = load_samples(engine.url, 3.0)  # and it stays short
     running = sorted(r for r, _ in seen)
     waiting = [w for _, w in seen]
@@ -262,9 +262,12 @@ def test_429s_back_the_limit_off(stub_factory) -> None:
     with Drive([busy.url], 1_000_000, replica_capacity=128) as drive:
         # within 2 s quiet; a loaded machine runs the control loop less often
         half = 0.5 * (128 + queue_margin(128))
-        backed_off = wait_until(lambda: drive.runner.pool.endpoints[0].limit < half, timeout_s=20)
-        limit = drive.runner.pool.endpoints[0].limit
-    assert backed_off, limit
+        wait_until(
+            f"the limit below {half}",
+            lambda: drive.runner.pool.endpoints[0].limit,
+            until=lambda n: n < half,
+            timeout_s=20,
+        )
 
 
 def test_explicit_concurrency_is_a_cap(sim) -> None:

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-import services
 
 from prefect_swarm.exceptions import BudgetReached
 from prefect_swarm.interfaces import JobHandle, JobProbe, JobStatus
 from prefect_swarm.launch import JobWatcher, ShardStopped, latest_submissions
+from prefect_swarm.testing.waiting import wait_until
 
 
 class CountingCompute:
@@ -109,7 +109,11 @@ def test_stop_and_budget_end_every_wait(tmp_path: Path) -> None:
     with pytest.raises(BudgetReached, match="budget reached"):
         broke.wait(JobHandle(id="b", backend="fake"), mark=None)
     # the grace, plus room for a loaded machine
-    services.wait_until(lambda: broke.thread is None and watcher.thread is None, WATCH_GRACE_S + 30, step_s=0.1)
+    wait_until(
+        "both watchers' threads to end",
+        lambda: broke.thread is None and watcher.thread is None,
+        timeout_s=WATCH_GRACE_S + 30,
+    )
     assert broke.thread is None and watcher.thread is None  # nothing watched: the threads ended
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +12,7 @@ from prefect_swarm.interfaces import ServingStatus
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing import free_port_block
 from prefect_swarm.testing.stub_engine import engine_command
+from prefect_swarm.testing.waiting import wait_until
 
 STUB = engine_command()
 
@@ -43,12 +43,7 @@ def stub_config(
 
 
 def wait_for(swarm: Swarm, ok: Callable[[ServingStatus], bool], timeout_s: float = 30) -> ServingStatus:
-    """Poll status until ``ok``; fail with the last status."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        st = swarm.status()
-        if ok(st):
-            return st
-        if time.monotonic() > deadline:
-            raise AssertionError(f"status never matched within {timeout_s}s: {st}")
-        time.sleep(0.2)
+    """The swarm's status once it passes ``ok`` (:func:`~prefect_swarm.testing.waiting.wait_until`)."""
+    return wait_until(
+        f"swarm '{swarm.cfg.name}' status to pass {ok.__name__}", swarm.status, until=ok, timeout_s=timeout_s
+    )

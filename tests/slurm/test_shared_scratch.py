@@ -11,7 +11,6 @@ scratch is a sticky 1777 folder, as a site's is.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -19,7 +18,6 @@ from pathlib import Path
 
 import pytest
 from _slurmkit import job_command, make_job, our_jobs, output_ids, stub_config
-from services import wait_until
 
 from prefect_swarm.backends.slurm.client import SlurmClient
 from prefect_swarm.backends.slurm.compute import SlurmCompute
@@ -30,6 +28,7 @@ from prefect_swarm.interfaces import JobRequest, JobStatus, ServingHandle
 from prefect_swarm.paths import SwarmPaths, read_json
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.users import NOBODY, as_user
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -135,10 +134,15 @@ def test_nothing_of_the_owners_is_open_and_a_changed_script_is_never_run(
     script.write_text(script.read_text().replace("set -uo pipefail\n", f"set -uo pipefail\ntouch {marker}\n", 1))
     record = read_json(swarm.paths.slurm_record)
     SlurmClient().scancel([record["tasks"]["0"]])
-    assert wait_until(lambda: "stopped" in (read_json(swarm.paths.slurm_record) or {}), 60), json.dumps(
-        read_json(swarm.paths.slurm_record), indent=1
+    wait_until(
+        "the record to say stopped",
+        lambda: read_json(swarm.paths.slurm_record) or {},
+        until=lambda r: "stopped" in r,
+        timeout_s=60,
     )
     reason = read_json(swarm.paths.slurm_record)["stopped"]["reason"]
     assert "is not the script `up` wrote" in reason and str(script) in reason, reason
-    assert wait_until(lambda: our_jobs(cfg) == "", 60), our_jobs(cfg)  # stopped, nothing resubmitted
+    wait_until(
+        "no job of the swarm queued", lambda: our_jobs(cfg), until=lambda q: q == "", timeout_s=60
+    )  # stopped, nothing resubmitted
     assert not marker.exists()

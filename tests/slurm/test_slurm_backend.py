@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import services
 from _slurmkit import (
     PY,
     LiveSwarm,
@@ -33,6 +32,7 @@ from prefect_swarm.backends.slurm.client import SlurmClient
 from prefect_swarm.backends.slurm.compute import SlurmCompute
 from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError
 from prefect_swarm.interfaces import JobRequest, JobStatus, ServingPhase
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -282,8 +282,7 @@ def test_vllm_cpu_swarm_on_slurm(slurm_swarm: MakeSwarm, need_vllm: None, tmp_pa
         ]  # fmt: skip
 
     # the job has left squeue; its steps' processes get SIGTERM, then SIGKILL KillWait (5 s) later
-    services.wait_until(lambda: not ours(), 30, step_s=0.5)
-    assert ours() == [], ours()
+    wait_until("no engine process of the job left", ours, until=lambda left: left == [], timeout_s=30)
 
 
 def _answers_200(url: str, headers: dict[str, str], within_s: float = 30) -> bool:

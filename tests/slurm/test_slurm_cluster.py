@@ -17,9 +17,9 @@ import httpx
 import pytest
 import yaml
 from _slurmkit import make_job, output_ids, stub_config
-from services import wait_until
 
 from prefect_swarm.paths import SwarmPaths
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -163,7 +163,7 @@ def test_shards_in_their_own_allocation_run_exactly_once(need_slurm: None, tmp_p
                 line.startswith(f"psw-{swarm.cfg.name}.chat-") and "|1|200M" in line for line in lines
             )
 
-        assert wait_until(recorded, timeout_s=30), names
+        wait_until("both steps in sacct", recorded, timeout_s=30)
         assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(300)]
         assert compute.probe(job).exit_code == 0
         failed = tmp_path / "job" / "failed.jsonl"  # the shards sent the swarm's key: no row got a 401

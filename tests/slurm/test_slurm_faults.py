@@ -27,6 +27,7 @@ from prefect_swarm.cli.main import app
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.paths import SwarmPaths, atomic_write_json, read_json
 from prefect_swarm.state import StateStore
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -51,16 +52,6 @@ def _queue(name: str) -> dict[str, str]:
     """Job id -> state of the swarm's jobs named ``name`` (this user's)."""
     out = subprocess.run(["squeue", "-h", "-r", "-n", name, "-o", "%i %T"], capture_output=True, text=True).stdout
     return dict(line.split() for line in out.splitlines() if line.strip())
-
-
-def _wait(what: str, check: Callable[[], Any], timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.5)
-    raise AssertionError(f"not within {timeout_s:g}s: {what}")
 
 
 def _check_hints(*texts: str) -> list[list[str]]:
@@ -112,14 +103,14 @@ def test_a_lost_lb_is_replaced_and_a_job_it_stopped_ends_exactly_once(
         first = _lb_ids(cfg)
         assert len(first) == 1, first
         subprocess.run(["scancel", *first], check=True)
-        gone = _wait("the LB job left the queue", lambda: not (_lb_ids(cfg) & first), 30)
-        assert gone
+        wait_until("the LB job left the queue", lambda: not (_lb_ids(cfg) & first), timeout_s=30)
         meanwhile = _json(run_cli("status", cfg.name, "-o", "json", "--no-history"))["status"]["detail"]
-        second = _wait("a new LB job", lambda: _lb_ids(cfg) - first, 30)
-        _wait(
+        second = wait_until("a new LB job", lambda: _lb_ids(cfg) - first, timeout_s=30)
+        wait_until(
             "the swarm serves again",
-            lambda: _json(run_cli("status", cfg.name, "-o", "json", "--no-history"))["status"]["phase"] == "RUNNING",
-            90,
+            lambda: _json(run_cli("status", cfg.name, "-o", "json", "--no-history"))["status"]["phase"],
+            until=lambda phase: phase == "RUNNING",
+            timeout_s=90,
         )
         record = read_json(paths.slurm_record)
         assert record["resubmits"]["lb"] == 1 and record["lb_job"] in second, record
@@ -139,7 +130,7 @@ def test_a_lost_lb_is_replaced_and_a_job_it_stopped_ends_exactly_once(
             env=dict(os.environ),
         )
         parts = tmp_path / "job" / "shards"
-        _wait("both shards checkpointed", lambda: len(list(parts.glob("*/part-*.parquet"))) >= 2, 60)
+        wait_until("both shards checkpointed", lambda: len(list(parts.glob("*/part-*.parquet"))) >= 2, timeout_s=60)
         lost = _lb_ids(cfg)
         subprocess.run(["scancel", *lost], check=True)
         out, err = proc.communicate(timeout=300)
@@ -177,11 +168,11 @@ def test_a_lost_lb_that_may_not_be_replaced_stops_the_swarm_and_says_why(
             record = read_json(paths.slurm_record)
             atomic_write_json(paths.slurm_record, {**record, "resubmits": {"lb": members.MAX_RESUBMITS}})
         subprocess.run(["scancel", *_lb_ids(cfg)], check=True)
-        _wait("the replicas are stopped too", lambda: not _queue(f"psw-{cfg.name}-replicas"), 60)
+        wait_until("the replicas are stopped too", lambda: not _queue(f"psw-{cfg.name}-replicas"), timeout_s=60)
         status = _json(run_cli("status", cfg.name, "-o", "json", "--no-history"))["status"]
         if status["phase"] != "STOPPED":  # the LB job may linger as COMPLETING a moment: it has ended
             assert status["phase"] == "FAILED" and status["detail"].startswith("stopping: "), status
-            _wait("the LB job leaves the queue", lambda: not _queue(f"psw-{cfg.name}-lb"), 60)
+            wait_until("the LB job leaves the queue", lambda: not _queue(f"psw-{cfg.name}-lb"), timeout_s=60)
             status = _json(run_cli("status", cfg.name, "-o", "json", "--no-history"))["status"]
         assert status["phase"] == "STOPPED", status
         assert "not replaced" in status["detail"] and "5 times" in status["detail"], status
@@ -277,7 +268,11 @@ def test_an_idle_swarm_stops_itself_and_listens_only_in_its_port_range(
             time.sleep(2)
         assert _lb_ids(cfg) and _queue(f"psw-{cfg.name}-replicas"), "stopped while in use"
         quiet = time.monotonic()
-        _wait("the idle swarm left the queue", lambda: not _lb_ids(cfg) and not _queue(f"psw-{cfg.name}-replicas"), 90)
+        wait_until(
+            "the idle swarm left the queue",
+            lambda: not _lb_ids(cfg) and not _queue(f"psw-{cfg.name}-replicas"),
+            timeout_s=90,
+        )
         assert time.monotonic() - quiet >= 20 - 5  # not before the timeout (counters are read every 5 s)
         status = _json(run_cli("status", cfg.name, "-o", "json", "--no-history"))["status"]
         assert status["phase"] == "STOPPED" and "idle_timeout_s" in status["detail"], status

@@ -23,7 +23,6 @@ from _slurmkit import (
     refused_without_key,
     stub_config,
 )
-from services import wait_until
 
 from prefect_swarm.backends.slurm import members
 from prefect_swarm.backends.slurm.client import SlurmClient
@@ -31,6 +30,7 @@ from prefect_swarm.backends.slurm.compute import SlurmCompute
 from prefect_swarm.interfaces import JobRequest, JobStatus, ReplicaHealth, ServingPhase
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
 from prefect_swarm.testing.stub_engine import ROUTES
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -120,7 +120,12 @@ def test_scale_up_and_down_keeps_the_running_replicas(slurm_swarm: MakeSwarm, tm
     error_log = swarm.serving.paths.lb_error_log
     seen = error_log.stat().st_size  # from here on: what scaling did
     # its steps may wait a moment for Slurm on a loaded machine: scaling starts once they run
-    assert wait_until(lambda: compute.probe(job).status is not JobStatus.PENDING, 60), compute.probe(job)
+    wait_until(
+        "the job past PENDING",
+        lambda: compute.probe(job),
+        until=lambda p: p.status is not JobStatus.PENDING,
+        timeout_s=60,
+    )
     for n in (4, 2):
         assert compute.probe(job).status is JobStatus.RUNNING, "scaling happens during the job"
         swarm.cfg = cfg.model_copy(update={"replicas": n})
@@ -281,15 +286,15 @@ def test_a_replica_task_that_keeps_failing_at_start_is_resubmitted_once_and_stat
         return task in out.stdout.decode().split()
 
     first = record()["tasks"]["0"]
-    assert wait_until(starting, 120), record()
+    wait_until("replica 0 starting", starting, timeout_s=120)
     SlurmClient().scancel([first])
-    assert wait_until(lambda: record()["tasks"]["0"] != first, 60), record()  # resubmitted once
+    wait_until("task 0 resubmitted", record, until=lambda r: r["tasks"]["0"] != first, timeout_s=60)  # once
     second = record()["tasks"]["0"]
     assert record()["start_failures"]["0"] == 1
-    assert wait_until(starting, 120), record()
+    wait_until("replica 0 starting again", starting, timeout_s=120)
     SlurmClient().scancel([second])
-    assert wait_until(lambda: record()["start_failures"].get("0") == 2, 60), record()
-    assert wait_until(lambda: not queued(second), 60)
+    wait_until("two start failures recorded", record, until=lambda r: r["start_failures"].get("0") == 2, timeout_s=60)
+    wait_until("the second task out of the queue", lambda: not queued(second), timeout_s=60)
     assert record()["tasks"]["0"] == second and record()["resubmits"]["0"] == 1, "not resubmitted again"
     status = swarm.serving.status(swarm.handle)
     assert "replica task 0 is not resubmitted" in status.detail, status

@@ -10,13 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import services
 from _slurmkit import STUB_COMMAND, LiveSwarm, stub_config
 
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.paths import file_lock
 from prefect_swarm.sidecar.stage import lock_path
 from prefect_swarm.testing.models import make_model_folder, model_checking_engine
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -54,8 +54,7 @@ def test_two_tasks_on_one_node_stage_once_and_a_second_up_skips(
     t0 = time.monotonic()
     with file_lock(lock_path(staged)):  # both tasks reach the stager while the lock is held: they contend
         first.handle = first.serving.create_or_update(cfg)
-        running = services.wait_until(lambda: len(running_tasks(cfg)) == 2, 60)
-        assert running, squeue(cfg)
+        wait_until("both tasks running", lambda: running_tasks(cfg), until=lambda t: len(t) == 2, timeout_s=60)
         time.sleep(2.0)  # each task runs its stager, which blocks on the lock
         assert not first.paths.stage_log.exists() or "staged" not in first.paths.stage_log.read_text()
     first.serving.wait_ready(first.handle, 120)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -29,6 +29,7 @@ from prefect_swarm.config.backends import DEFAULT_EXPORT
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.testing import free_port_block
 from prefect_swarm.testing.stub_engine import StubEngine, engine_command
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm_multinode, pytest.mark.slow]
 
@@ -71,17 +72,6 @@ class Controller:
         failed bring-up on a loaded CI machine needs to be understood without a rerun."""
         logs = sorted(p for p in self.run_dir.glob("swarms/*/*") if p.suffix in (".log", ".out", ".err"))
         return "\n".join(f"--- {p.name} (last {tail} chars)\n{p.read_text(errors='replace')[-tail:]}" for p in logs)
-
-
-def wait_for(what: str, check: Callable[[], object], timeout: float, poll: float = 1.0) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}", pytrace=False)
-        time.sleep(poll)
 
 
 def leftovers(cluster: TwoNodeCluster, node: str) -> list[str]:
@@ -191,7 +181,7 @@ def test_two_node_replica_serves_survives_a_lost_ray_worker_and_leaves_nothing(
         node, port = paths.replica_head(0).read_text().split()[0].rsplit(":", 1)
         return int(httpx.get(f"http://{two_node_cluster.address(node)}:{port}/stats", timeout=5).json()["requests"])
 
-    wait_for("the job's first answers", lambda: answered() >= 10, timeout=60, poll=0.5)
+    wait_until("the job's first answers", answered, until=lambda n: n >= 10, timeout_s=60, poll_s=0.5)
 
     # ... during which the Ray worker on node2 dies: the replica fails as one unit, the reconciler replaces it
     raylets = [
@@ -202,10 +192,11 @@ def test_two_node_replica_serves_survives_a_lost_ray_worker_and_leaves_nothing(
     assert raylets, f"no raylet on node2: {leftovers(two_node_cluster, 'node2')}"
     for pid in raylets:
         os.kill(pid, signal.SIGKILL)
-    wait_for(
+    wait_until(
         "the replica's task to be replaced",
-        lambda: json.loads(paths.slurm_record.read_text())["tasks"].get("0") not in (None, first_task),
-        timeout=300,
+        lambda: json.loads(paths.slurm_record.read_text())["tasks"].get("0"),
+        until=lambda task: task not in (None, first_task),
+        timeout_s=300,
     )
     assert "node rank 1 was lost" in (paths.root / "watchdog-0.log").read_text()
 
