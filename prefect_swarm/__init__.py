@@ -19,7 +19,7 @@ _LAZY_BLOCKS = ("LeptonBackend", "LocalBackend", "SlurmBackend", "SwarmSpec")
 __all__ = ["__version__"]
 
 if os.environ.get("PREFECT_SWARM_HOME") and not os.environ.get("PREFECT_HOME"):  # (the rule's cheap half)
-    from prefect_swarm.settings import keep_prefect_off_home
+    from prefect_swarm.paths import keep_prefect_off_home
 
     keep_prefect_off_home()
 

@@ -89,6 +89,33 @@ USER_UMASK_ENV = "PREFECT_SWARM_USER_UMASK"
 committed output is the user's file, made with the user's umask (:func:`user_umask`)."""
 
 
+PREFECT_FILES = "prefect"
+"""Where in ``$PREFECT_SWARM_HOME`` :func:`keep_prefect_off_home` puts Prefect's own files."""
+
+
+def keep_prefect_off_home() -> None:
+    """Prefect's own files (its profiles, the database of the temporary server a flow run starts when
+    no ``PREFECT_API_URL`` is set) go to ``$PREFECT_SWARM_HOME/prefect`` rather than ``~/.prefect``
+    when ``PREFECT_SWARM_HOME`` is set, ``PREFECT_HOME`` is not, and there is no ``~/.prefect``: a
+    submit host whose prefect-swarm home is moved off ``$HOME`` gets nothing written under ``$HOME``.
+    An existing ``~/.prefect`` is the user's Prefect profile (it may name their server) and is kept.
+    Only before Prefect is imported (Prefect reads its settings then); run when prefect_swarm is
+    imported, so stdlib only (the settings' ``home`` is this variable, expanded)."""
+    import sys
+
+    given = os.environ.get("PREFECT_SWARM_HOME")
+    if "prefect" in sys.modules or os.environ.get("PREFECT_HOME") or not given:
+        return
+    if Path("~/.prefect").expanduser().exists():
+        return
+    home = Path(given).expanduser()
+    try:
+        home.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)  # Prefect makes its folder, not those above
+    except OSError:
+        return  # prefect-swarm's own commands say what is wrong with the folder
+    os.environ["PREFECT_HOME"] = str(home / PREFECT_FILES)
+
+
 def private_umask() -> None:
     """Give this process :data:`PRIVATE_UMASK`: called first by each of prefect-swarm's entry points
     (the CLI, a job process, a watchdog, the Slurm LB and replica helpers, model staging), so that

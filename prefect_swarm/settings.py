@@ -8,8 +8,6 @@ every call so a changed variable takes effect at once.
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Literal
 
@@ -89,29 +87,6 @@ class Settings(BaseSettings):
     def defaults_file(self) -> Path:
         """Path of the user's defaults file (lowest-precedence config after built-ins)."""
         return self.home_dir / "defaults.yaml"
-
-
-PREFECT_FILES = "prefect"
-"""Where in ``$PREFECT_SWARM_HOME`` :func:`keep_prefect_off_home` puts Prefect's own files."""
-
-
-def keep_prefect_off_home() -> None:
-    """Prefect's own files (its profiles, the database of the temporary server a flow run starts when
-    no ``PREFECT_API_URL`` is set) go to ``$PREFECT_SWARM_HOME/prefect`` rather than ``~/.prefect``
-    when ``PREFECT_SWARM_HOME`` is set, ``PREFECT_HOME`` is not, and there is no ``~/.prefect``: a
-    submit host whose prefect-swarm home is moved off ``$HOME`` gets nothing written under ``$HOME``.
-    An existing ``~/.prefect`` is the user's Prefect profile (it may name their server) and is kept.
-    Only before Prefect is imported: Prefect reads its settings then."""
-    if "prefect" in sys.modules or os.environ.get("PREFECT_HOME") or not os.environ.get("PREFECT_SWARM_HOME"):
-        return
-    if Path("~/.prefect").expanduser().exists():
-        return
-    home = get_settings().home_dir
-    try:
-        home.mkdir(mode=0o700, parents=True, exist_ok=True)  # Prefect makes its folder, not the ones above
-    except OSError:
-        return  # prefect-swarm's own commands say what is wrong with the folder
-    os.environ["PREFECT_HOME"] = str(home / PREFECT_FILES)
 
 
 def get_settings() -> Settings:

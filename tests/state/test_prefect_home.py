@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from prefect_swarm.settings import PREFECT_FILES
+from prefect_swarm.paths import PREFECT_FILES
 
 FLOW = """
 import prefect_swarm.flows
