@@ -33,6 +33,7 @@ LAYER = {
     "swarm": 3,
     "holding": 4,
     "launch": 5,
+    "batchserver": 5,  # the OpenAI batch service: jobs through launch, swarms through holding
     # the Prefect layer
     "blocks": 6,
     "tasks": 7,
@@ -56,6 +57,7 @@ PREFECT_FREE = {
     "swarm",
     "holding",
     "launch",
+    "batchserver",
 }
 """Areas that never import Prefect (the job process and the backends run without it)."""
 

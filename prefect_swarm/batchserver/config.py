@@ -1,0 +1,85 @@
+"""The batch service's config: which swarm serves each model, the upload limits, the runner's pace.
+
+    # batch-service.yaml
+    models:
+      stub-model: local-stub.yaml        # a swarm config file (relative to this file), or inline:
+      other-model: {name: other, model: org/other, backend: {type: external, url: ...}}
+    max_file_bytes: 209715200            # OpenAI's limits by default
+    max_requests: 50000
+    idle_release_s: 300                  # a model's swarm is let go this long after its last batch
+
+A batch's ``model`` (every line's ``body.model``, the same on all lines) picks the swarm; the swarm's
+served model name must be that model, since the lines are sent as they are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from prefect_swarm.config import SwarmConfig
+from prefect_swarm.config.base import StrictModel
+from prefect_swarm.exceptions import ConfigError
+
+OPENAI_MAX_FILE_BYTES = 200 * 2**20
+"""OpenAI's largest batch input file (200 MB)."""
+OPENAI_MAX_REQUESTS = 50_000
+"""OpenAI's most requests in one batch."""
+
+
+class ServiceConfig(StrictModel):
+    """The batch service's config file."""
+
+    models: dict[str, str | dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Model name -> the swarm that serves it: a swarm config file (relative to this file) or "
+        "an inline swarm config. Its served model name must be the model.",
+    )
+    max_file_bytes: int = Field(
+        default=OPENAI_MAX_FILE_BYTES, ge=1, description="Largest upload, bytes (refused while it streams)."
+    )
+    max_requests: int = Field(
+        default=OPENAI_MAX_REQUESTS, ge=1, description="Most lines of a batch input file (refused while it streams)."
+    )
+    idle_release_s: float = Field(
+        default=300.0, ge=0, description="A model's swarm is let go this long after its last batch ended."
+    )
+    poll_s: float = Field(default=0.5, gt=0, description="How often the runner looks at the batches in flight.")
+    max_resubmits: int = Field(
+        default=3, ge=0, description="Times a batch whose job processes died unfinished is resumed from its checkpoint."
+    )
+
+
+class LoadedService:
+    """A service config with each model's swarm config loaded."""
+
+    def __init__(self, cfg: ServiceConfig, swarms: dict[str, SwarmConfig]) -> None:
+        self.cfg = cfg
+        self.swarms = swarms
+
+
+def load_service(path: Path | None = None, data: dict[str, Any] | None = None) -> LoadedService:
+    """Read the service config (a file, or ``data``) and every model's swarm config; a model whose
+    swarm serves another name is refused here, before the service starts."""
+    from prefect_swarm.config.errors import invalid_fields
+    from prefect_swarm.config.loader import load_config, read_yaml
+
+    raw = read_yaml(path) if path is not None else dict(data or {})
+    try:
+        cfg = ServiceConfig.model_validate(raw)
+    except ValueError as exc:
+        raise invalid_fields(exc, ServiceConfig, f"invalid batch service config {path or ''}".strip()) from exc
+    base = path.parent if path is not None else Path.cwd()
+    swarms: dict[str, SwarmConfig] = {}
+    for model, ref in cfg.models.items():
+        swarm = load_config(base / ref) if isinstance(ref, str) else load_config(data=ref)
+        if swarm.model_name != model:
+            raise ConfigError(
+                f"batch service config: model '{model}' is served by swarm '{swarm.name}' as '{swarm.model_name}'; "
+                f"a batch's lines are sent as they are, so the swarm must serve '{model}'. Set the swarm's "
+                f"served_model_name: {model}, or list the model under its served name."
+            )
+        swarms[model] = swarm
+    return LoadedService(cfg, swarms)
