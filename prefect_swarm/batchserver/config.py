@@ -47,6 +47,11 @@ class ServiceConfig(StrictModel):
         default=300.0, ge=0, description="A model's swarm is let go this long after its last batch ended."
     )
     poll_s: float = Field(default=0.5, gt=0, description="How often the runner looks at the batches in flight.")
+    job: dict[str, Any] = Field(
+        default_factory=dict,
+        description="JobSpec fields every batch's job gets (checkpoint_seconds, concurrency, shards, max_retries...); "
+        "input, output, job and job_id are the service's.",
+    )
     max_resubmits: int = Field(
         default=3, ge=0, description="Times a batch whose job processes died unfinished is resumed from its checkpoint."
     )
@@ -71,6 +76,7 @@ def load_service(path: Path | None = None, data: dict[str, Any] | None = None) -
         cfg = ServiceConfig.model_validate(raw)
     except ValueError as exc:
         raise invalid_fields(exc, ServiceConfig, f"invalid batch service config {path or ''}".strip()) from exc
+    _check_job_fields(cfg.job, path)
     base = path.parent if path is not None else Path.cwd()
     swarms: dict[str, SwarmConfig] = {}
     for model, ref in cfg.models.items():
@@ -83,3 +89,22 @@ def load_service(path: Path | None = None, data: dict[str, Any] | None = None) -
             )
         swarms[model] = swarm
     return LoadedService(cfg, swarms)
+
+
+RESERVED_JOB_FIELDS = frozenset(
+    {"input", "output", "job", "job_id", "job_dir", "output_format", "swarm", "endpoints", "max_failed_fraction"}
+)
+
+
+def _check_job_fields(fields: dict[str, Any], path: Path | None) -> None:
+    """Refuse job fields the service sets itself, and fields a JobSpec refuses."""
+    from prefect_swarm.config.errors import invalid_fields
+    from prefect_swarm.jobs.spec import JobSpec
+
+    taken = sorted(RESERVED_JOB_FIELDS & set(fields))
+    if taken:
+        raise ConfigError(f"batch service config {path or ''}: job fields {taken} are set by the service; remove them.")
+    try:
+        JobSpec.model_validate({"input": "in.jsonl", "output": "out.jsonl", **fields})
+    except ValueError as exc:
+        raise invalid_fields(exc, JobSpec, f"batch service config {path or ''}: invalid 'job' fields") from exc

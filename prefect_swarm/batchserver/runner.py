@@ -181,6 +181,7 @@ class BatchRunner:
         paths = self.store.paths
         paths.work(row.id).mkdir(mode=0o700, parents=True, exist_ok=True)
         return JobSpec(
+            **self.svc.cfg.job,
             input=str(paths.file(row.doc["input_file_id"])),
             output=str(paths.committed(row.id)),
             job="openai-batch",
