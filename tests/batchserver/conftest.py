@@ -109,8 +109,13 @@ def service_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callab
         return svc
 
     yield make
+    from prefect_swarm.state import StateStore
+
     for svc, swarms in started:
-        svc.stop()
+        svc.stop()  # the jobs of batches still in flight keep running (a restart would pick them up): stop them
+        for job in StateStore(svc.home / "state.db").list_jobs():
+            if job.status.active:
+                svc.cli("job", "cancel", job.id)
         for name in swarms:  # a swarm a killed service left behind, or one a test's job still held
             svc.cli("down", name, "-y", "--force")
 

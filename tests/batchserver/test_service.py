@@ -230,3 +230,24 @@ def test_two_tenants_see_only_their_own(svc: Service, alice: Any, tmp_path: Path
         assert secret not in svc.log  # neither a key nor a prompt is logged
     db = (svc.home / "batch-service" / "service.db").read_bytes()
     assert key.encode() not in db  # only its hash is kept
+
+
+def test_the_documented_client_runs(svc: Service) -> None:
+    """examples/batch_service/client.py, as docs/batch-service.md shows it, against the service."""
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "batch_service" / "client.py"
+    env = {**os.environ, "OPENAI_BASE_URL": svc.url, "OPENAI_API_KEY": svc.key("docs")}
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("completed") and res.stdout.count("\nq") == 10
+
+
+def test_the_example_config_loads() -> None:
+    """examples/batch_service/service.yaml: its model served by examples/local-stub.yaml's swarm."""
+    from prefect_swarm.batchserver.config import load_service
+
+    loaded = load_service(Path(__file__).resolve().parents[2] / "examples" / "batch_service" / "service.yaml")
+    assert loaded.swarms["stub-model"].name == "local-stub" and loaded.cfg.job == {"checkpoint_seconds": 10}
