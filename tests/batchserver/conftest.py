@@ -30,10 +30,10 @@ def cli_argv() -> list[str]:
 class Service:
     """One `prefect-swarm serve batches` process (started again after a kill with :meth:`start`)."""
 
-    def __init__(self, home: Path, config: Path) -> None:
+    def __init__(self, home: Path, config: Path, env: dict[str, str] | None = None) -> None:
         self.home, self.config, self.port = home, config, free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.env = {**os.environ, "PREFECT_SWARM_HOME": str(home), "COLUMNS": "200"}
+        self.env = {**os.environ, "PREFECT_SWARM_HOME": str(home), "COLUMNS": "200", **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
         self.log = ""
 
@@ -102,9 +102,9 @@ def service_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callab
     """Start services (each with its own home); each is stopped, and its swarms stopped, at the end."""
     started: list[tuple[Service, list[str]]] = []
 
-    def make(models: dict[str, Any], **fields: Any) -> Service:
+    def make(models: dict[str, Any], env: dict[str, str] | None = None, **fields: Any) -> Service:
         home = tmp_path_factory.mktemp("batch-home")
-        svc = Service(home, write_config(home, models, **fields)).start()
+        svc = Service(home, write_config(home, models, **fields), env).start()
         started.append((svc, [m["name"] for m in models.values() if isinstance(m, dict)]))
         return svc
 
