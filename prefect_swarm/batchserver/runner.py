@@ -62,10 +62,14 @@ class SwarmPool:
         self._last_used: dict[str, float] = {}
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="swarm-up")
 
+    def touch(self, model: str) -> None:
+        """A batch of ``model`` is in flight: its swarm is not idle."""
+        self._last_used[model] = time.monotonic()
+
     def ready(self, model: str) -> Any:
         """The model's swarm when it is up and held; None while it is being brought up. A failed
         bring-up raises its error once (the next call tries again)."""
-        self._last_used[model] = time.monotonic()
+        self.touch(model)
         if model in self._swarms:
             return self._swarms[model]
         fut = self._pending.get(model)
@@ -208,7 +212,7 @@ class BatchRunner:
 
         assert row.job_id is not None
         if row.model:
-            self.swarms._last_used[row.model] = time.monotonic()
+            self.swarms.touch(row.model)
         doc = job_status(row.job_id, store=self.jobs)
         progress = doc.get("progress") or {}
         counts = {
