@@ -46,7 +46,15 @@ class ServiceConfig(StrictModel):
     idle_release_s: float = Field(
         default=300.0, ge=0, description="A model's swarm is let go this long after its last batch ended."
     )
-    poll_s: float = Field(default=0.5, gt=0, description="How often the runner looks at the batches in flight.")
+    poll_s: float = Field(
+        default=0.5, gt=0, description="How often the runner looks at the batches in flight (their ledgers)."
+    )
+    probe_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How often the runner asks the compute backend (squeue, the Lepton API...) whether a "
+        "batch's job processes still run.",
+    )
     job: dict[str, Any] = Field(
         default_factory=dict,
         description="JobSpec fields every batch's job gets (checkpoint_seconds, concurrency, shards, max_retries...); "

@@ -126,6 +126,7 @@ class BatchRunner:
         self.wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._probed: dict[str, float] = {}
 
     def start(self) -> BatchRunner:
         """Start the runner's thread."""
@@ -213,7 +214,11 @@ class BatchRunner:
         assert row.job_id is not None
         if row.model:
             self.swarms.touch(row.model)
-        doc = job_status(row.job_id, store=self.jobs)
+        # the ledger every step (files); the compute backend (a scheduler call) every probe_s
+        refresh = time.monotonic() - self._probed.get(row.id, 0.0) >= self.svc.cfg.probe_s
+        if refresh:
+            self._probed[row.id] = time.monotonic()
+        doc = job_status(row.job_id, refresh=refresh, store=self.jobs)
         progress = doc.get("progress") or {}
         counts = {
             "total": int(progress.get("total") or row.doc["request_counts"]["total"]),
@@ -287,6 +292,7 @@ class BatchRunner:
         changes["output_file_id"] = out_id if split.completed else None
         changes["error_file_id"] = err_id if split.failed else None
         self.store.finish_batch(row.id, files, changes)
+        self._probed.pop(row.id, None)
         _drop(paths.committed(row.id))
         log.info("batch %s: %s (%d completed, %d failed)", row.id, final, split.completed, split.failed)
 
