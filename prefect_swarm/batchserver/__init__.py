@@ -37,6 +37,16 @@ def serve(
     from prefect_swarm.batchserver.store import ServiceStore
 
     svc = load_service(config)
+    if svc.cfg.prefect_deployment:
+        from prefect_swarm.batchserver.prefect_runs import api_configured
+        from prefect_swarm.exceptions import ConfigError
+
+        if not api_configured():
+            raise ConfigError(
+                f"the batch service config names the deployment '{svc.cfg.prefect_deployment}' but no Prefect API "
+                "is configured: set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api), or remove prefect_deployment "
+                "to run batches as jobs of the service itself."
+            )
     store = ServiceStore()
     runner = BatchRunner(store, svc)
     context = None

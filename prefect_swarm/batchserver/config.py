@@ -60,6 +60,15 @@ class ServiceConfig(StrictModel):
         description="JobSpec fields every batch's job gets (checkpoint_seconds, concurrency, shards, max_retries...); "
         "input, output, job and job_id are the service's.",
     )
+    prefect_deployment: str | None = Field(
+        default=None,
+        description="Run each batch as a run of this Prefect deployment (e.g. 'batch-inference/on-demand'), so it "
+        "shows in the UI with its history; needs a Prefect API (PREFECT_API_URL). Default: jobs of the service's "
+        "own process.",
+    )
+    prefect_job_variables: dict[str, Any] = Field(
+        default_factory=dict, description="Job variables of those runs (the work pool's: env, swarm_home...)."
+    )
     max_resubmits: int = Field(
         default=3, ge=0, description="Times a batch whose job processes died unfinished is resumed from its checkpoint."
     )

@@ -37,6 +37,7 @@ from prefect_swarm.batchserver.output import Split, committed_lines, split_lines
 from prefect_swarm.batchserver.store import BatchRow, FileRow, ServiceStore, derived_id
 from prefect_swarm.interfaces import JobStatus
 from prefect_swarm.jobs.spec import JobSpec
+from prefect_swarm.paths import home_dir
 from prefect_swarm.state import StateStore
 
 log = logging.getLogger("prefect_swarm.batchserver")
@@ -198,6 +199,9 @@ class BatchRunner:
         from prefect_swarm.launch import submit_job
 
         assert row.model is not None
+        if self.svc.cfg.prefect_deployment:
+            self._start_run(row)
+            return
         try:
             swarm = self.swarms.ready(row.model)
         except Exception as exc:
@@ -208,9 +212,48 @@ class BatchRunner:
         submit_job(swarm, self._spec(row), detach=True, store=self.jobs)
         self.store.update_batch(row.id, {"status": "in_progress", "in_progress_at": int(self.now())}, job_id=row.id)
 
+    def _start_run(self, row: BatchRow) -> None:
+        """The batch as a run of the configured deployment (see :mod:`.prefect_runs`)."""
+        from prefect_swarm.batchserver import prefect_runs
+
+        assert row.model is not None and self.svc.cfg.prefect_deployment is not None
+        spec = self._spec(row)
+        params = {
+            "swarm": self.svc.swarms[row.model].redacted(),  # no secret in a parameter: the worker has its own
+            "job": "openai-batch",
+            "input": spec.input,
+            "output": spec.output,
+            "max_failed_fraction": 1.0,
+        }
+        variables = dict(self.svc.cfg.prefect_job_variables)  # the run records its job where the service reads it
+        variables["env"] = {"PREFECT_SWARM_HOME": str(home_dir()), **variables.get("env", {})}
+        run_id = prefect_runs.start_run(self.svc.cfg.prefect_deployment, row.id, params, variables)
+        self.store.update_batch(
+            row.id, {"status": "in_progress", "in_progress_at": int(self.now())}, flow_run_id=run_id
+        )
+
+    def _run_job(self, row: BatchRow) -> str | None:
+        """The job of the batch's deployment run once the run recorded it (None before); a run that
+        ended without one stops the batch."""
+        from prefect_swarm.batchserver import prefect_runs
+
+        assert row.flow_run_id is not None
+        job_id = self._run_job_id(row)
+        if job_id is not None:
+            self.store.update_batch(row.id, {}, job_id=job_id)
+            return job_id
+        if prefect_runs.run_state(row.flow_run_id) in prefect_runs.FINAL_FAILED:
+            self._stop_now(row, "failed", "batch_failed")
+        return None
+
     def _follow(self, row: BatchRow) -> None:
         from prefect_swarm.launch import commit_job, job_status
 
+        if row.job_id is None and row.flow_run_id is not None:
+            job_id = self._run_job(row)
+            if job_id is None:
+                return
+            row = self.store.update_batch(row.id, {})
         assert row.job_id is not None
         if row.model:
             self.swarms.touch(row.model)
@@ -241,6 +284,12 @@ class BatchRunner:
         """The job's processes ended with lines unanswered: resume it from its checkpoint, or give up."""
         from prefect_swarm.launch import submit_job
 
+        if row.flow_run_id is not None:  # the run's own retries resume its job; the service does not
+            from prefect_swarm.batchserver import prefect_runs
+
+            if prefect_runs.run_state(row.flow_run_id) in (*prefect_runs.FINAL_FAILED, "COMPLETED"):
+                self._stop_now(row, "failed", "batch_failed")
+            return
         if row.resubmits >= self.svc.cfg.max_resubmits:
             self._stop_now(row, "failed", "batch_failed")
             return
@@ -258,15 +307,26 @@ class BatchRunner:
 
         if final == "cancelled" and row.status != "cancelling":
             row = self.store.update_batch(row.id, {"status": "cancelling", "cancelling_at": int(self.now())})
+        if row.flow_run_id and not row.stop_sent:
+            from prefect_swarm.batchserver import prefect_runs
+
+            prefect_runs.cancel_run(row.flow_run_id)
+            if row.job_id is None:
+                row = self.store.update_batch(row.id, {}, job_id=self._run_job_id(row))
         if row.job_id and not row.stop_sent:
             cancel_job(row.job_id, store=self.jobs)
+        if not row.stop_sent:
             row = self.store.update_batch(row.id, {}, stop_sent=1)
         if row.job_id and running_submissions(row.job_id, store=self.jobs):
             return  # the shards are flushing their checkpoints
         self._stop_now(row, final, code)
 
+    def _run_job_id(self, row: BatchRow) -> str | None:
+        return next((j.id for j in self.jobs.list_jobs() if j.flow_run_id == row.flow_run_id), None)
+
     def _stop_now(self, row: BatchRow, final: str, code: str) -> None:
-        spec = JobSpec.model_validate(self.jobs.require_job(row.job_id).spec) if row.job_id else None
+        job_id = row.job_id or (self._run_job_id(row) if row.flow_run_id else None)
+        spec = JobSpec.model_validate(self.jobs.require_job(job_id).spec) if job_id else None
         message = {
             "batch_cancelled": "The batch was cancelled before this request was answered.",
             "batch_expired": "The batch's completion window passed before this request was answered.",

@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS files (
 CREATE TABLE IF NOT EXISTS batches (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, tenant TEXT NOT NULL,
     status TEXT NOT NULL, model TEXT, job_id TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0,
-    stop_sent INTEGER NOT NULL DEFAULT 0, resubmits INTEGER NOT NULL DEFAULT 0, doc TEXT NOT NULL
+    stop_sent INTEGER NOT NULL DEFAULT 0, resubmits INTEGER NOT NULL DEFAULT 0, flow_run_id TEXT,
+    doc TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS files_tenant ON files (tenant, seq);
 CREATE INDEX IF NOT EXISTS batches_tenant ON batches (tenant, seq);
@@ -105,6 +106,7 @@ class BatchRow:
     cancel_requested: bool
     stop_sent: bool
     resubmits: int
+    flow_run_id: str | None
     doc: dict[str, Any]
 
 
@@ -227,11 +229,13 @@ class ServiceStore:
 
     def _batch(self, where: str, args: tuple[Any, ...]) -> list[BatchRow]:
         rows = self._all(
-            "SELECT id, tenant, status, model, job_id, cancel_requested, stop_sent, resubmits, doc FROM batches "
-            + where,
+            "SELECT id, tenant, status, model, job_id, cancel_requested, stop_sent, resubmits, flow_run_id, doc "
+            "FROM batches " + where,
             args,
         )
-        return [BatchRow(r[0], r[1], r[2], r[3], r[4], bool(r[5]), bool(r[6]), r[7], json.loads(r[8])) for r in rows]
+        return [
+            BatchRow(r[0], r[1], r[2], r[3], r[4], bool(r[5]), bool(r[6]), r[7], r[8], json.loads(r[9])) for r in rows
+        ]
 
     def get_batch(self, tenant: str, batch_id: str) -> BatchRow | None:
         """Batch ``batch_id`` of ``tenant`` (None for another tenant's)."""
@@ -254,7 +258,7 @@ class ServiceStore:
 
     def update_batch(self, batch_id: str, changes: dict[str, Any], **columns: Any) -> BatchRow:
         """Merge ``changes`` into batch ``batch_id``'s object (its ``status`` column follows) and set
-        ``columns`` (job_id, cancel_requested, stop_sent, resubmits), in one transaction."""
+        ``columns`` (job_id, cancel_requested, stop_sent, resubmits, flow_run_id), in one transaction."""
         with self._tx() as db:
             (raw,) = db.execute("SELECT doc FROM batches WHERE id = ?", (batch_id,)).fetchone()
             doc = {**json.loads(raw), **changes}

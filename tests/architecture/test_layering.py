@@ -33,11 +33,11 @@ LAYER = {
     "swarm": 3,
     "holding": 4,
     "launch": 5,
-    "batchserver": 5,  # the OpenAI batch service: jobs through launch, swarms through holding
     # the Prefect layer
     "blocks": 6,
     "tasks": 7,
     "flows": 8,
+    "batchserver": 8,  # the OpenAI batch service: jobs through launch (or a deployment run), swarms through holding
     "cli": 9,
 }
 """An area may import its own layer and the ones below it, never one above."""
@@ -57,7 +57,6 @@ PREFECT_FREE = {
     "swarm",
     "holding",
     "launch",
-    "batchserver",
 }
 """Areas that never import Prefect (the job process and the backends run without it)."""
 
