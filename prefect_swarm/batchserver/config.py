@@ -69,6 +69,12 @@ class ServiceConfig(StrictModel):
     prefect_job_variables: dict[str, Any] = Field(
         default_factory=dict, description="Job variables of those runs (the work pool's: env, swarm_home...)."
     )
+    max_running_batches: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most batches running at once on one model's swarm; the others wait in 'validating' and start "
+        "in fair order between tenants (the tenant with the fewest running goes next). Default: no limit.",
+    )
     max_resubmits: int = Field(
         default=3, ge=0, description="Times a batch whose job processes died unfinished is resumed from its checkpoint."
     )

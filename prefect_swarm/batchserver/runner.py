@@ -27,7 +27,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,7 @@ class BatchRunner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._probed: dict[str, float] = {}
+        self._last_start: dict[tuple[str | None, str], float] = {}
 
     def start(self) -> BatchRunner:
         """Start the runner's thread."""
@@ -150,9 +152,11 @@ class BatchRunner:
             self.wake.clear()
 
     def tick(self) -> None:
-        """One step of every batch in flight; then let go of idle swarms."""
+        """One step of every batch in flight, the queued ones in fair order (:func:`fair_order`); then
+        let go of idle swarms."""
         batches = self.store.active_batches()
-        for row in batches:
+        now, waiting = fair_order(batches, self.svc.cfg.max_running_batches, self._last_start)
+        for row in now + [b for b in waiting if self._stop_reason(b) is not None]:  # a queued batch may expire
             try:
                 self.step(row)
             except Exception as exc:  # one batch's trouble does not stop the others
@@ -210,6 +214,7 @@ class BatchRunner:
         if swarm is None:
             return
         submit_job(swarm, self._spec(row), detach=True, store=self.jobs)
+        self._last_start[(row.model, row.tenant)] = time.monotonic()
         self.store.update_batch(row.id, {"status": "in_progress", "in_progress_at": int(self.now())}, job_id=row.id)
 
     def _start_run(self, row: BatchRow) -> None:
@@ -228,6 +233,7 @@ class BatchRunner:
         variables = dict(self.svc.cfg.prefect_job_variables)  # the run records its job where the service reads it
         variables["env"] = {"PREFECT_SWARM_HOME": str(home_dir()), **variables.get("env", {})}
         run_id = prefect_runs.start_run(self.svc.cfg.prefect_deployment, row.id, params, variables)
+        self._last_start[(row.model, row.tenant)] = time.monotonic()
         self.store.update_batch(
             row.id, {"status": "in_progress", "in_progress_at": int(self.now())}, flow_run_id=run_id
         )
@@ -359,6 +365,35 @@ class BatchRunner:
     def _fail(self, row: BatchRow, code: str, message: str) -> None:
         errors = {"object": "list", "data": [{"code": code, "message": message, "param": None, "line": None}]}
         self.store.update_batch(row.id, {"status": "failed", "failed_at": int(self.now()), "errors": errors})
+
+
+def fair_order(
+    batches: list[BatchRow], cap: int | None, last_start: Mapping[tuple[str | None, str], float] | None = None
+) -> tuple[list[BatchRow], list[BatchRow]]:
+    """``(now, waiting)``: the batches to step now, in order (every batch already started or being
+    cancelled, then the queued ones, ``validating``, that fit under ``cap`` batches running per
+    model), and the queued ones that must wait. Fair: each time the tenant with the fewest batches
+    running on that model goes next (of those, the one whose last batch on it started longest ago,
+    ``last_start``), its oldest batch first; so a second tenant's first batch starts before the first
+    tenant's second, and one tenant's hundred batches queue behind nobody else's."""
+    last = last_start or {}
+    started = [b for b in batches if b.status != "validating" or b.cancel_requested]
+    queued = [b for b in batches if b.status == "validating" and not b.cancel_requested]
+    per_model = Counter(b.model for b in started)
+    per_tenant = Counter((b.model, b.tenant) for b in started)
+    order, waiting = [], []
+    while queued:
+        row = min(  # min keeps the oldest of a tie
+            queued, key=lambda b: (per_tenant[(b.model, b.tenant)], last.get((b.model, b.tenant), float("-inf")))
+        )
+        queued.remove(row)
+        if cap is not None and per_model[row.model] >= cap:
+            waiting.append(row)
+            continue
+        per_model[row.model] += 1
+        per_tenant[(row.model, row.tenant)] += 1
+        order.append(row)
+    return started + order, waiting
 
 
 def _final_changes(final: str, now: int, split: Split, row: BatchRow) -> dict[str, Any]:

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from prefect_swarm.batchserver.app import _filename
 from prefect_swarm.batchserver.config import load_service
 from prefect_swarm.batchserver.output import split_lines, stopped_lines
-from prefect_swarm.batchserver.store import FileRow, ServiceStore
+from prefect_swarm.batchserver.runner import fair_order
+from prefect_swarm.batchserver.store import BatchRow, FileRow, ServiceStore
 from prefect_swarm.batchserver.validate import MAX_ERRORS, check_input
 from prefect_swarm.cli.main import app
 from prefect_swarm.exceptions import ConfigError
@@ -88,3 +89,26 @@ def test_a_batch_stopped_before_its_job_has_every_line_as_an_error(tmp_path: Pat
 )
 def test_an_upload_name_is_a_label_never_a_path(given: str | None, kept: str) -> None:
     assert _filename(given) == kept
+
+
+def _row(seq: int, tenant: str, status: str = "validating", model: str = "m") -> BatchRow:
+    return BatchRow(f"b{seq}", tenant, status, model, None, False, False, 0, None, {"status": status})
+
+
+def test_queued_batches_start_in_fair_order_between_tenants() -> None:
+    rows = [_row(1, "a", "in_progress"), _row(2, "a"), _row(3, "a"), _row(4, "b"), _row(5, "c"), _row(6, "b")]
+    now, waiting = fair_order(rows, cap=None)
+    assert [r.id for r in now] == ["b1", "b4", "b5", "b2", "b6", "b3"]  # a runs one: b and c go first
+    assert waiting == []
+    now, waiting = fair_order(rows, cap=3)
+    assert [r.id for r in now] == ["b1", "b4", "b5"] and sorted(r.id for r in waiting) == ["b2", "b3", "b6"]
+    other = [_row(7, "a", model="n")]  # another model's swarm has its own cap
+    assert [r.id for r in fair_order(rows + other, cap=3)[0]] == ["b1", "b4", "b5", "b7"]
+
+
+def test_with_none_running_the_tenant_that_started_least_recently_goes_first() -> None:
+    rows = [_row(2, "a"), _row(3, "a"), _row(4, "b")]  # a's first batch has ended; b has not started one
+    now, _ = fair_order(rows, cap=1, last_start={("m", "a"): 10.0})
+    assert [r.id for r in now] == ["b4"]
+    now, _ = fair_order(rows, cap=1, last_start={("m", "a"): 10.0, ("m", "b"): 20.0})
+    assert [r.id for r in now] == ["b2"]
