@@ -7,9 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from service_kit import Service, chat_line, jsonl, lines_of, wait_batch, write_config
-
-__all__ = ["Service", "chat_line", "jsonl", "lines_of", "wait_batch"]
+from service_kit import Service, write_config
 
 
 @pytest.fixture(scope="module")

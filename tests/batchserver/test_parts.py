@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import chat_line, jsonl
+from service_kit import chat_line, jsonl
 from typer.testing import CliRunner
 
 from prefect_swarm.batchserver.app import _filename

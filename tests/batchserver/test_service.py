@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 import yaml
-from conftest import Service, chat_line, jsonl, lines_of, wait_batch
+from service_kit import Service, chat_line, jsonl, lines_of, wait_batch
 
 from prefect_swarm.testing.stub_engine import StubEngine, stub_swarm_config
 

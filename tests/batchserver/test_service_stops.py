@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Service, chat_line, jsonl, lines_of, wait_batch
+from service_kit import Service, chat_line, jsonl, lines_of, wait_batch
 
 from prefect_swarm.state import StateStore
 from prefect_swarm.testing import gpu_sim

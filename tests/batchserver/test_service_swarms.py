@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import chat_line, jsonl, lines_of, wait_batch
+from service_kit import chat_line, jsonl, lines_of, wait_batch
 
 from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.state import StateStore

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import services
-from conftest import Service, jsonl, lines_of, wait_batch
+from service_kit import Service, jsonl, lines_of, wait_batch
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 KEY_ENV = "BATCH_VLLM_KEY"
