@@ -113,5 +113,37 @@ def test_service_killed_mid_batch_completes_exactly_once(svc: Service, alice: An
     out, err = _every_line_once(alice, batch, ids, None)
     assert not err and len(out) == ROWS
     assert _stat(svc, "requests") - sent == ROWS  # no request sent twice
+    assert _sends(svc, batch.id) == Counter({cid: 1 for cid in ids})
     job = StateStore(svc.home / "state.db").require_job(batch.id)  # the batch's job has the batch's id
     assert len(job.submissions) == 1  # the restart attached to the running job; nothing was started again
+
+
+def test_service_killed_as_the_batch_starts_completes_exactly_once(svc: Service, alice: Any, tmp_path: Path) -> None:
+    """Killed right after the batch was accepted (its job being submitted, or about to be): the
+    restarted service submits it, or attaches to what was submitted; never twice."""
+    sent = _stat(svc, "requests")
+    batch, ids = _start(alice, tmp_path)
+    svc.kill()
+    svc.start()
+    batch = wait_batch(alice, batch.id)
+    assert batch.status == "completed"
+    out, err = _every_line_once(alice, batch, ids, None)
+    assert not err and len(out) == ROWS
+    assert _sends(svc, batch.id) == Counter({cid: 1 for cid in ids})  # the job's own record: each line sent once
+    # the engine saw the lines and, at most, the ping of the restarted service's readiness check of the swarm
+    assert ROWS <= _stat(svc, "requests") - sent <= ROWS + 1
+    assert len(StateStore(svc.home / "state.db").require_job(batch.id).submissions) == 1
+
+
+def _sends(svc: Service, batch_id: str) -> Counter[str]:
+    """Requests the batch's job sent per custom_id, from its ledger (every write of a row, its attempts)."""
+    from prefect_swarm.jobs.ledger import read_ledger, shard_store
+    from prefect_swarm.jobs.spec import JobSpec
+
+    spec = JobSpec.model_validate(StateStore(svc.home / "state.db").require_job(batch_id).spec)
+    sends: Counter[str] = Counter()
+    for i in range(spec.shards):
+        table = read_ledger(shard_store(spec, i), ["_id", "attempts"])
+        for cid, attempts in zip(table.column("_id").to_pylist(), table.column("attempts").to_pylist(), strict=True):
+            sends[cid] += attempts
+    return sends
