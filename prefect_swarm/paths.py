@@ -745,3 +745,36 @@ class PipelinePaths(Folder):
     def stamp(self, handed: str | Path) -> Path:
         """What the hand-over written to ``handed`` was made from (its source file's identity, the filter)."""
         return self.root / f"{Path(str(handed).rstrip('/')).name}.from.json"
+
+
+class BatchServicePaths(Folder):
+    """Files of the OpenAI-compatible batch service (:mod:`prefect_swarm.batchserver`): its database,
+    the files clients upload and the service writes, and one work folder per batch. Every name here
+    comes from an id the service generated, never from what a client sent."""
+
+    @classmethod
+    def for_home(cls, base: Path | None = None) -> BatchServicePaths:
+        """The service's folder: ``<home>/batch-service`` (default ``$PREFECT_SWARM_HOME``)."""
+        return cls((base or home_dir()) / "batch-service")
+
+    @property
+    def db(self) -> Path:
+        """The service's SQLite database: tenants' hashed keys, files, batches."""
+        return self.root / "service.db"
+
+    @property
+    def files(self) -> Path:
+        """The folder of stored files (uploads and outputs), one per file id."""
+        return self.root / "files"
+
+    def file(self, file_id: str) -> Path:
+        """The stored bytes of file ``file_id`` (a JSONL file; the suffix tells the job its format)."""
+        return self.files / f"{file_id}.jsonl"
+
+    def work(self, batch_id: str) -> Path:
+        """Batch ``batch_id``'s work folder: the job's committed output before it is split."""
+        return self.root / "work" / batch_id
+
+    def committed(self, batch_id: str) -> Path:
+        """Where batch ``batch_id``'s job writes its OpenAI Batch output (every line, in input order)."""
+        return self.work(batch_id) / "output.jsonl"

@@ -53,6 +53,7 @@ from prefect_swarm.cli.history import history_cmd
 from prefect_swarm.cli.job import job_app
 from prefect_swarm.cli.logs import logs_cmd
 from prefect_swarm.cli.output import setup_logging
+from prefect_swarm.cli.serve import serve_app
 from prefect_swarm.cli.volumes import volumes_app
 from prefect_swarm.paths import private_umask
 from prefect_swarm.settings import get_settings
@@ -108,6 +109,7 @@ app.command("history", epilog=EXIT_CODES_HELP)(history_cmd)
 app.add_typer(automations_app, name="automations")
 app.add_typer(volumes_app, name="volumes")
 app.add_typer(cache_app, name="cache")
+app.add_typer(serve_app, name="serve")
 
 
 def run() -> None:

@@ -37,6 +37,7 @@ LAYER = {
     "blocks": 6,
     "tasks": 7,
     "flows": 8,
+    "batchserver": 8,  # the OpenAI batch service: jobs through launch (or a deployment run), swarms through holding
     "cli": 9,
 }
 """An area may import its own layer and the ones below it, never one above."""

@@ -68,6 +68,10 @@ NOT_RUN_HERE: dict[str, str] = {
     "prefect-swarm up -c examples/external.yaml": EXTERNAL_CLI_TEST,
     "prefect-swarm job submit -n external": EXTERNAL_CLI_TEST,
     "prefect-swarm down external": EXTERNAL_CLI_TEST,
+    # The batch service runs until stopped; its tests start it this very way and run the client against it.
+    "prefect-swarm serve batches": "runs until stopped: tests/batchserver/conftest.py (Service.start) starts it so",
+    "OPENAI_BASE_URL=": "needs a running batch service: tests/batchserver/test_service.py::"
+    "test_the_documented_client_runs runs the script against one",
 }
 """Command prefixes that do not run here, each with the reason or the test that covers it."""
 
