@@ -305,6 +305,12 @@ class LeptonConfig(Priced):
         default=None,
         description="Name of a Lepton secret holding the endpoint's API token; default: the swarm's api_key.",
     )
+    adopt: bool = Field(
+        default=False,
+        description="Take over an endpoint of the swarm's name that this swarm did not make (by hand, or "
+        "another home's swarm of the same name): `up` then replaces its spec and `down` deletes it. Off: "
+        "such a name is refused before any change. `prefect-swarm up --adopt` sets it.",
+    )
     resource_shape: str = Field(default="gpu.h100-sxm", description="Resource shape of each endpoint replica.")
     job_resource_shape: str = Field(default="cpu.small", description="Resource shape of each batch-job worker.")
     node_groups: list[str] = Field(default_factory=list, description="Node group ids to schedule on.")

@@ -691,6 +691,9 @@ class FakeLepton:
         problem = self._spec_problem(new)
         if problem:
             return 400, {"code": "bad_request", "message": problem}
+        labels = (body.get("metadata") or {}).get("labels")
+        if labels:  # a merge patch of the object: the metadata's labels merge too
+            w.body["metadata"]["labels"] = {**(w.body["metadata"].get("labels") or {}), **labels}
         self._apply_spec(w, new)
         return 200, self._dep_json(name)
 

@@ -31,6 +31,7 @@ from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmErro
 
 if TYPE_CHECKING:
     from prefect_swarm.config import LeptonConfig
+    from prefect_swarm.paths import SwarmPaths
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,52 @@ LABEL_CREATE = "prefect-swarm-create"
 """Label holding the name a job was created under: Lepton job names are not unique, so a retried
 create finds the job an earlier try made by this label, and adopts it instead of making another."""
 
+LABEL_OWNER = "prefect-swarm-owner"
+"""Label holding the identity of the swarm (its home's :func:`swarm_owner`) that made a deployment or
+job: ``up`` adopts, and ``down``, scale and the reaper touch, only what carries this swarm's."""
+OWNER_ENV = "PREFECT_SWARM_OWNER"
+"""The same identity as an env var of the endpoint's spec: the new Endpoint API has no labels
+(leptonai 0.47.1 api/v2/translation.py ``_reject_unrepresentable_labels``), its spec's envs are read
+back on both APIs."""
+
 T = TypeVar("T")
+
+
+def swarm_owner(paths: SwarmPaths) -> str:
+    """This home's identity of the swarm: ``<user>-<host>-<random>`` (a label value), made once and
+    kept in ``paths.owner_file``. Two homes (two laptops, a Prefect worker) with one swarm name have
+    two identities, so neither takes over nor deletes what the other made."""
+    import getpass
+    import secrets
+    import socket
+
+    from prefect_swarm.paths import file_lock
+
+    path = paths.owner_file
+    with file_lock(path.with_name(path.name + ".lock")):
+        try:
+            found = path.read_text().strip()
+        except FileNotFoundError:
+            found = ""
+        if found:
+            return found
+        who = re.sub(r"[^a-z0-9]+", "-", f"{getpass.getuser()}-{socket.gethostname().split('.')[0]}".lower())
+        owner = f"{who.strip('-')[:40].strip('-') or 'swarm'}-{secrets.token_hex(4)}"
+        path.write_text(owner + "\n")
+        return owner
+
+
+def owner_mark(obj: Any) -> str | None:
+    """The swarm identity an SDK deployment/endpoint/job carries: its :data:`LABEL_OWNER` label,
+    else (the new Endpoint API has no labels) the :data:`OWNER_ENV` env var of its spec; None
+    when it carries neither (made by hand, by another tool, or by another prefect-swarm)."""
+    labels = getattr(getattr(obj, "metadata", None), "labels", None) or {}
+    if labels.get(LABEL_OWNER):
+        return str(labels[LABEL_OWNER])
+    for var in getattr(getattr(obj, "spec", None), "envs", None) or []:
+        if getattr(var, "name", None) == OWNER_ENV and getattr(var, "value", None):
+            return str(var.value)
+    return None
 
 
 def import_sdk() -> Any:
@@ -551,20 +597,22 @@ def _key_part(key: str) -> str:
     return re.sub(r"[^A-Z0-9_]", "_", key.upper()) + "_" + _digest(key, 6)
 
 
-def secret_prefix(swarm: str) -> str:
-    """Prefix of every workspace secret prefect-swarm creates for ``swarm``: a fixed-length digest
-    of the name, so no swarm's prefix is a prefix of another's."""
-    return f"PSW_{_digest(swarm, 12)}_"
+def secret_prefix(swarm: str, owner: str) -> str:
+    """Prefix of every workspace secret prefect-swarm creates for ``swarm`` made by ``owner`` (its
+    :func:`swarm_owner`): a fixed-length digest of both, so no swarm's prefix is a prefix of
+    another's, and a swarm of the same name from another home never reads nor deletes these (a
+    secret has no labels: its name is its mark)."""
+    return f"PSW_{_digest(swarm + chr(0) + owner, 12)}_"
 
 
-def swarm_secret_name(swarm: str, key: str) -> str:
+def swarm_secret_name(swarm: str, owner: str, key: str) -> str:
     """The secret holding env var ``key`` shared by all of ``swarm``'s jobs (its API key)."""
-    return f"{secret_prefix(swarm)}S_{_key_part(key)}"
+    return f"{secret_prefix(swarm, owner)}S_{_key_part(key)}"
 
 
-def job_secret_name(swarm: str, job: str, key: str) -> str:
+def job_secret_name(swarm: str, owner: str, job: str, key: str) -> str:
     """The secret holding env var ``key`` of job submission ``job`` of ``swarm``."""
-    return f"{secret_prefix(swarm)}J{_digest(job, 8)}_{_key_part(key)}"
+    return f"{secret_prefix(swarm, owner)}J{_digest(job, 8)}_{_key_part(key)}"
 
 
 def under_mount(cfg: LeptonConfig, path: str) -> bool:

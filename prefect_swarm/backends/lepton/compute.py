@@ -23,6 +23,7 @@ from prefect_swarm import __version__
 from prefect_swarm.backends.lepton.client import (
     LABEL_CREATE,
     LABEL_JOB,
+    LABEL_OWNER,
     LABEL_SWARM,
     OWNED_JOB_FIELDS,
     LeptonClient,
@@ -33,6 +34,7 @@ from prefect_swarm.backends.lepton.client import (
     queue_config,
     read_log,
     reservation_config,
+    swarm_owner,
     swarm_secret_name,
     under_mount,
     with_passthrough,
@@ -106,6 +108,18 @@ class LeptonCompute(ComputeBase):
         self.serving = serving
         self.backend: LeptonConfig = cfg.backend  # type: ignore[assignment]
         self.client = LeptonClient(self.backend)
+        self._owner: str | None = None
+
+    @property
+    def owner(self) -> str:
+        """This home's identity of the swarm (:func:`swarm_owner`), marked on every job and secret."""
+        if self._owner is None:
+            self._owner = swarm_owner(self.paths)
+        return self._owner
+
+    def labels(self, job: str, create: str) -> dict[str, str]:
+        """The labels of a job this swarm makes: its name, its owner, the job, the create's name."""
+        return {LABEL_SWARM: self.cfg.name, LABEL_OWNER: self.owner, LABEL_JOB: job, LABEL_CREATE: create}
 
     def job_runtime(self) -> JobRuntime:
         """``python3`` in ``backend.job_image`` (else the endpoint's image); the swarm's env and, as
@@ -273,7 +287,7 @@ class LeptonCompute(ComputeBase):
         probe = folder / f"{nonce}.txt"
         probe.write_text(nonce)
         _group, (job_name,) = job_names(f"{self.cfg.name}-storage", 1)
-        labels = {LABEL_SWARM: self.cfg.name, LABEL_JOB: "storage-check", LABEL_CREATE: job_name}
+        labels = self.labels("storage-check", job_name)
         spec = LeptonJob(
             metadata=Metadata(id=job_name, name=job_name, labels=labels),
             spec=LeptonJobUserSpec(
@@ -412,18 +426,20 @@ class LeptonCompute(ComputeBase):
         for key, value in values.items():
             shared = key == API_KEY and self.cfg.api_key is not None and self._is_endpoint_token(value)
             refs[key] = (
-                swarm_secret_name(self.cfg.name, key) if shared else job_secret_name(self.cfg.name, request.name, key)
+                swarm_secret_name(self.cfg.name, self.owner, key)
+                if shared
+                else job_secret_name(self.cfg.name, self.owner, request.name, key)
             )
         return refs, {refs[key]: value for key, value in values.items()}
 
     def _swarm_secrets(self, refs: Mapping[str, str]) -> set[str]:
-        return {name for key, name in refs.items() if name == swarm_secret_name(self.cfg.name, key)}
+        return {name for key, name in refs.items() if name == swarm_secret_name(self.cfg.name, self.owner, key)}
 
     def put_swarm_secrets(self) -> None:
         """Create or replace the swarm's shared secrets (its API key) once, before any job reads them."""
         if self.cfg.api_key is None or self.backend.endpoint_token_secret:
             return
-        name = swarm_secret_name(self.cfg.name, API_KEY)
+        name = swarm_secret_name(self.cfg.name, self.owner, API_KEY)
         self.client.ensure_secret(name, self.cfg.api_key.get_secret_value(), replace=True)
 
     def secret_names(self, request: JobRequest) -> dict[str, str]:
@@ -457,11 +473,7 @@ class LeptonCompute(ComputeBase):
             reservation_config=reservation_config(b),
         )
         return LeptonJob(
-            metadata=Metadata(
-                id=job_name,
-                name=job_name,
-                labels={LABEL_SWARM: self.cfg.name, LABEL_JOB: label, LABEL_CREATE: job_name},
-            ),
+            metadata=Metadata(id=job_name, name=job_name, labels=self.labels(label, job_name)),
             spec=with_passthrough(user_spec, b.job_spec, "job_spec", OWNED_JOB_FIELDS),
         )
 

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.engine import engine_argv, engine_env
 from prefect_swarm.backends.lepton.client import (
+    LABEL_OWNER,
     LABEL_SWARM,
+    OWNER_ENV,
     OWNED_DEPLOYMENT_FIELDS,
     LeptonClient,
     affinity,
@@ -25,9 +27,11 @@ from prefect_swarm.backends.lepton.client import (
     import_sdk,
     is_conflict,
     mounts,
+    owner_mark,
     read_log,
     reservation_config,
     secret_prefix,
+    swarm_owner,
     validate_lepton,
     with_passthrough,
 )
@@ -61,6 +65,8 @@ DEPLOYMENT_PHASES: dict[str, ServingPhase] = {
 }
 """Every ``LeptonDeploymentState`` value -> our phase (tests check the table covers the enum)."""
 
+OWNER_PLACEHOLDER = "<owner>"
+"""Stands for the swarm's identity in the rendered plan (it is made at the first ``up``)."""
 MASK = "***"
 """Stands for a secret in the rendered plan."""
 QUEUED_REASONS = frozenset({"NoCapacity", "Queueing"})
@@ -102,6 +108,14 @@ class LeptonServing:
         self.paths = paths
         self.backend: LeptonConfig = cfg.backend  # type: ignore[assignment]
         self.client = LeptonClient(self.backend)
+        self._owner: str | None = None
+
+    @property
+    def owner(self) -> str:
+        """This home's identity of the swarm (:func:`swarm_owner`), marked on what it makes."""
+        if self._owner is None:
+            self._owner = swarm_owner(self.paths)
+        return self._owner
 
     # ---------------------------------------------------------------- protocol
     def capabilities(self) -> Capabilities:
@@ -161,6 +175,7 @@ class LeptonServing:
     def plan(self) -> dict[str, str]:
         """The deployment spec ``up`` sends and the template of a job's spec, as JSON; secrets masked."""
         job = LeptonCompute(self.cfg, self.paths, None)
+        job._owner = OWNER_PLACEHOLDER  # validate writes nothing: the identity is made at `up`
         request = JobRequest(
             name="<job>", command=job.job_runtime().module_argv("prefect_swarm.jobs.run", "--spec", "<spec.json>")
         )
@@ -175,6 +190,8 @@ class LeptonServing:
         self.client.check_access()
         name = cfg.name
         existing = self._get(name)
+        if existing is not None and _state(existing) != "Deleting":
+            self._check_owner(name, existing)  # before any change: a name another made is refused
         if existing is not None and _state(existing) == "Deleting":
             if not self._wait_gone(name):
                 raise BackendError(
@@ -219,6 +236,13 @@ class LeptonServing:
                 if not is_conflict(exc):
                     raise
                 held = self._get(name)
+                if held is not None and _state(held) != "Deleting" and owner_mark(held) == self.owner:
+                    # an earlier try of this create went through (a 504 after the gateway passed it
+                    # on), or another `up` of this swarm from this home made it: the same spec, ours
+                    log.info("adopting Lepton deployment '%s', created by an earlier try of this swarm", name)
+                    return held
+                if held is not None and _state(held) != "Deleting":
+                    self._check_owner(name, held)
                 if (held is not None and _state(held) != "Deleting") or time.monotonic() >= deadline:
                     raise BackendError(
                         f"Lepton deployment '{name}' exists already (workspace '{self.backend.workspace_id}')"
@@ -287,10 +311,16 @@ class LeptonServing:
         """Delete the deployment, the swarm's jobs and secrets. Idempotent; waits until it is gone."""
         name = handle.name
         self._delete_jobs(name)
-        self.client.call(f"delete deployment '{name}'", lambda api: api.deployment.delete(name), missing_ok=True)
-        if not self._wait_gone(name):
-            log.warning("Lepton deployment '%s' is still being deleted after %.0fs", name, DELETE_WAIT_S)
-        self.client.delete_secrets(secret_prefix(name))
+        dep = self._get(name)
+        if dep is not None and owner_mark(dep) != self.owner:
+            log.warning(
+                "Lepton deployment '%s' was not made by this swarm (%s): left as it is", name, _made_by(dep)
+            )
+        elif dep is not None:
+            self.client.call(f"delete deployment '{name}'", lambda api: api.deployment.delete(name), missing_ok=True)
+            if not self._wait_gone(name):
+                log.warning("Lepton deployment '%s' is still being deleted after %.0fs", name, DELETE_WAIT_S)
+        self.client.delete_secrets(secret_prefix(name, self.owner))
 
     def gpu_usage(self, handle: ServingHandle) -> GpuUsage:
         """The deployment's age x its replicas x GPUs per replica, priced per ``resource_shape``.
@@ -384,6 +414,21 @@ class LeptonServing:
                 return f"the platform restarted a replica {event.count} times ({event.type_} {event.reason})"
         return None
 
+    def _check_owner(self, name: str, dep: Any) -> None:
+        """ConfigError when deployment ``name`` does not carry this swarm's mark and ``backend.adopt``
+        is off: another user's swarm of the same name, or one made by hand, is never taken over (the
+        SDK's own ``lep endpoint create`` refuses an existing name at once, cli/deployment.py)."""
+        if owner_mark(dep) == self.owner or self.backend.adopt:
+            if owner_mark(dep) != self.owner:
+                log.warning("adopting Lepton deployment '%s' (%s): `up` updates it, `down` deletes it",
+                            name, _made_by(dep))
+            return
+        raise ConfigError(
+            f"name '{name}' is taken by a Lepton endpoint not made by this swarm ({_made_by(dep)}; this swarm "
+            f"is '{self.owner}', workspace '{self.backend.workspace_id}'): pick another name or `--adopt` "
+            "(`up --adopt` takes it over: its spec is replaced and `down` deletes it). Nothing was changed."
+        )
+
     def _check_secrets(self) -> None:
         """``endpoint_token_secret`` and each ``secret_env`` secret must be a secret of the workspace
         (a misspelt one would leave the endpoint's token, every job's API key, or the engine's
@@ -474,13 +519,19 @@ class LeptonServing:
             ),
             api_tokens=tokens,
             allow_unauthenticated_access=not tokens,  # false with tokens, as the SDK's CLI sends
-            envs=env_vars(engine_env(cfg), b.secret_env),
+            envs=env_vars({**engine_env(cfg), OWNER_ENV: OWNER_PLACEHOLDER if mask else self.owner}, b.secret_env),
             mounts=mounts(b),
             image_pull_secrets=list(b.image_pull_secrets) or None,
             reservation_config=reservation_config(b),
         )
         return LeptonDeployment(
-            metadata=Metadata(id=cfg.name, name=cfg.name, labels={LABEL_SWARM: cfg.name} if labels else None),
+            metadata=Metadata(
+                id=cfg.name,
+                name=cfg.name,
+                labels={LABEL_SWARM: cfg.name, LABEL_OWNER: OWNER_PLACEHOLDER if mask else self.owner}
+                if labels
+                else None,
+            ),
             spec=with_passthrough(user_spec, b.deployment_spec, "deployment_spec", OWNED_DEPLOYMENT_FIELDS),
         )
 
@@ -581,10 +632,10 @@ class LeptonServing:
         return "\n".join(lines)
 
     def _delete_jobs(self, name: str) -> None:
-        jobs = self.client.call("list jobs", lambda api: api.job.list_all(query=f"{LABEL_SWARM}={name}")) or []
+        jobs = self.client.call("list jobs", lambda api: api.job.list_all(query=f"{LABEL_OWNER}={self.owner}")) or []
         for job in jobs:
             labels = job.metadata.labels or {}
-            if labels.get(LABEL_SWARM) == name:
+            if labels.get(LABEL_SWARM) == name and labels.get(LABEL_OWNER) == self.owner:
                 jid = job.metadata.id_
                 self.client.call(f"delete job '{jid}'", lambda api, j: api.job.delete(j), jid, missing_ok=True)
 
@@ -595,6 +646,16 @@ class LeptonServing:
                 return False
             time.sleep(min(1.0, self.backend.ready_poll_s))
         return True
+
+
+def _made_by(dep: Any) -> str:
+    """Who made a deployment, as far as its marks tell."""
+    owner = owner_mark(dep)
+    if owner:
+        return f"made by the prefect-swarm swarm '{owner}'"
+    if (getattr(getattr(dep, "metadata", None), "labels", None) or {}).get(LABEL_SWARM):
+        return "made by a prefect-swarm without owner marks"
+    return "no prefect-swarm owner mark: made by hand or by another tool"
 
 
 def _shape_name(shape: Any) -> str:
