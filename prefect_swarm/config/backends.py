@@ -313,7 +313,11 @@ class LeptonConfig(Priced):
     )
     resource_shape: str = Field(default="gpu.h100-sxm", description="Resource shape of each endpoint replica.")
     job_resource_shape: str = Field(default="cpu.small", description="Resource shape of each batch-job worker.")
-    node_groups: list[str] = Field(default_factory=list, description="Node group ids to schedule on.")
+    node_groups: list[str] = Field(
+        default_factory=list,
+        description="Node groups to schedule on, each by id or by name (an id first, then a name, as the "
+        "leptonai CLI matches them); the specs sent carry their ids.",
+    )
     image: str = Field(default="vllm/vllm-openai:latest", description="Container image of the endpoint.")
     job_image: str | None = Field(
         default=None,
@@ -433,8 +437,6 @@ def lepton_priority_class(value: object) -> str:
         )
     band = next(b for b, (lo, hi) in _PRIORITY_BANDS.items() if lo <= level <= hi)
     return f"{band}-{level}000"
-
-
 
 
 class ExternalConfig(Priced):

@@ -488,15 +488,16 @@ class FakeLepton:
 
     def _shapes_json(self, *, query: dict[str, list[str]], **_: Any) -> Reply:
         """Resource shapes per node group (leptonai 0.47.1 api/v2/resource_shape.py ``list_shapes``
-        filters by ``node_groups`` and ``purpose``; types/shape.py gives each a ``spec.name`` and
-        ``spec.node_group_id``; cli/node.py names a shape by ``spec.name`` first and keeps those
-        whose ``listable_in`` holds the purpose). The id is the server's, not the name."""
-        groups = query.get("node_groups") or sorted(self.node_groups)
+        filters by ``node_groups``, documented as a node group *name*, and ``purpose``; types/shape.py
+        gives each a ``spec.name`` and ``spec.node_group_id``; cli/node.py names a shape by
+        ``spec.name`` first and keeps those whose ``listable_in`` holds the purpose). The id is the
+        server's, not the name."""
+        wanted = query.get("node_groups")
         purpose = next(iter(query.get("purpose") or []), None)
         out = []
         for ng in sorted(self.node_groups):
-            if ng not in groups and self.node_groups[ng] not in groups:
-                continue
+            if wanted and self.node_groups[ng] not in wanted:
+                continue  # "node_group: Optional node group name filter": an id matches nothing
             for shape in self._group_shapes(ng):
                 listable = ["pod", "deployment", "job"]
                 if purpose and purpose not in listable:

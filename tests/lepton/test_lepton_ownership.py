@@ -74,7 +74,10 @@ def test_two_homes_one_name_the_second_up_is_refused_and_the_first_is_untouched(
     env = _home(tmp_path, monkeypatch, "b")
     cfg_b = lepton_cfg(api_key="key-of-b")
     done = run_cli(
-        "up", "-c", str(_config_file(cfg_b, tmp_path / "b.yaml")), env={**env, "LEPTON_WORKSPACE_TOKEN": fake_lepton.token}
+        "up",
+        "-c",
+        str(_config_file(cfg_b, tmp_path / "b.yaml")),
+        env={**env, "LEPTON_WORKSPACE_TOKEN": fake_lepton.token},
     )
     assert done.returncode == 2, done.stderr
     err = " ".join(done.stderr.split())
@@ -117,7 +120,8 @@ def _hand_made(fake: FakeLepton, name: str) -> dict[str, Any]:
         metadata=Metadata(id=name, name=name),
         spec=LeptonDeploymentUserSpec(
             container=LeptonContainer(
-                image="my/own:1", command=["python3", "-m", "server", "--served-model-name", "prod"],
+                image="my/own:1",
+                command=["python3", "-m", "server", "--served-model-name", "prod"],
                 ports=[ContainerPort(container_port=8080)],
             ),
             resource_requirement=ResourceRequirement(resource_shape="cpu.small", min_replicas=1, max_replicas=1),
@@ -134,7 +138,9 @@ def test_a_hand_made_endpoint_survives_up_and_down_of_a_swarm_of_its_name(
 ) -> None:
     body = _hand_made(fake_lepton, "prod")
     swarm = Swarm(lepton_cfg(name="prod"))
-    with pytest.raises(Exception, match=r"(?s)taken by a Lepton endpoint not made by this swarm \(no prefect-swarm owner mark"):
+    with pytest.raises(
+        Exception, match=r"(?s)taken by a Lepton endpoint not made by this swarm \(no prefect-swarm owner mark"
+    ):
         swarm.up()
     swarm.down()
     assert fake_lepton.deployments["prod"].body == body
@@ -142,8 +148,9 @@ def test_a_hand_made_endpoint_survives_up_and_down_of_a_swarm_of_its_name(
 
 
 @pytest.mark.parametrize("fake_lepton", [{}, {"new_deployment_api": True}], indirect=True, ids=["legacy", "new-api"])
-def test_adopt_takes_a_name_over_and_marks_it(lepton_cfg: Make, fake_lepton: FakeLepton, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_adopt_takes_a_name_over_and_marks_it(
+    lepton_cfg: Make, fake_lepton: FakeLepton, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _home(tmp_path, monkeypatch, "a")
     first = Swarm(lepton_cfg(api_key="key-of-a"))
     first.up()

@@ -216,6 +216,9 @@ class LeptonClient:
     def __init__(self, cfg: LeptonConfig) -> None:
         self.cfg = cfg
         self._api: Any = None
+        self._resolved: LeptonConfig | None = None
+        self.group_names: dict[str, str] = {}
+        """Node group id -> name, as the last catalog read found them."""
 
     # ---------------------------------------------------------------- credentials
     def token(self) -> str:
@@ -406,19 +409,34 @@ def _warn_unreadable(groups: list[dict[str, Any]], where: str) -> None:
             )
 
 
-def _check_node_groups(b: LeptonConfig, groups: list[dict[str, Any]], where: str) -> None:
-    ids = {_group_id(g): str((g.get("metadata") or {}).get("name") or _group_id(g)) for g in groups}
+def group_names(groups: list[dict[str, Any]]) -> dict[str, str]:
+    """Node group id -> its name (its id when it has none)."""
+    return {_group_id(g): str((g.get("metadata") or {}).get("name") or _group_id(g)) for g in groups}
+
+
+def _resolve_node_groups(b: LeptonConfig, groups: list[dict[str, Any]], where: str) -> list[str]:
+    """The id of each ``backend.node_groups`` entry, given by id or by name: an id first, then a
+    name (the SDK's CLI takes names, cli/util.py ``_get_valid_nodegroup_ids``, and matches either,
+    ``resolve_node_groups``); the API's affinity takes ids. ConfigError naming what the workspace has."""
+    ids = group_names(groups)
     listed = ", ".join(f"{name} (id {gid})" for gid, name in sorted(ids.items())) or "none"
+    out: list[str] = []
     for ng in b.node_groups:
-        if ng in ids:
-            continue
         by_name = [gid for gid, name in ids.items() if name == ng]
-        if by_name:
+        if ng in ids:
+            out.append(ng)
+        elif len(by_name) == 1:
+            out.append(by_name[0])
+        elif by_name:
             raise ConfigError(
-                f"backend.node_groups: '{ng}' is the name of node group '{by_name[0]}' in {where}; "
-                f"the API takes ids: use '{by_name[0]}'."
+                f"backend.node_groups: {where} has {len(by_name)} node groups named '{ng}' "
+                f"(ids {', '.join(sorted(by_name))}): give the id."
             )
-        raise ConfigError(f"backend.node_groups: {where} has no node group '{ng}'; it has: {listed}.")
+        else:
+            raise ConfigError(
+                f"backend.node_groups: {where} has no node group '{ng}' (by id or name); it has: {listed}."
+            )
+    return list(dict.fromkeys(out))
 
 
 def _check_mounts(b: LeptonConfig, groups: list[dict[str, Any]], where: str) -> None:
@@ -445,16 +463,32 @@ def _check_mounts(b: LeptonConfig, groups: list[dict[str, Any]], where: str) -> 
         )
 
 
-def check_catalogs(client: LeptonClient) -> None:
+def resolved(client: LeptonClient) -> LeptonConfig:
+    """``client.cfg`` with ``node_groups`` as ids (names resolved through the workspace's catalog;
+    read once per client). As given when the config pins none, or the workspace has no catalog route."""
+    b = client.cfg
+    if not b.node_groups:
+        return b
+    if client._resolved is None:
+        groups = client.call("list node groups", node_group_catalog, missing_ok=True)
+        client.group_names = group_names(groups or [])
+        ids = b.node_groups if groups is None else _resolve_node_groups(b, groups, f"workspace '{b.workspace_id}'")
+        client._resolved = b.model_copy(update={"node_groups": ids})
+    return client._resolved
+
+
+def check_catalogs(client: LeptonClient) -> LeptonConfig:
     """Refuse ``backend.node_groups``, mount volumes and ``image_pull_secrets`` the workspace does
     not have, naming the field and what the workspace has, before anything is created. A catalog
-    whose route the workspace does not serve (404) is left to the create call."""
+    whose route the workspace does not serve (404) is left to the create call. Returns the backend
+    config with node groups as ids (:func:`resolved`)."""
     b = client.cfg
     where = f"workspace '{b.workspace_id}'"
     groups = client.call("list node groups", node_group_catalog, missing_ok=True)
     if groups is not None:
         _warn_unreadable(groups, where)
-        _check_node_groups(b, groups, where)
+        client.group_names = group_names(groups)
+        client._resolved = b = b.model_copy(update={"node_groups": _resolve_node_groups(b, groups, where)})
         _check_mounts(b, groups, where)
     if b.image_pull_secrets:
         names = client.call("list image pull secrets", image_pull_secret_names, missing_ok=True)
@@ -466,6 +500,7 @@ def check_catalogs(client: LeptonClient) -> None:
                         f"{', '.join(sorted(names)) or 'none'}. Create it in the dashboard (Settings -> "
                         "Registries) or fix the name."
                     )
+    return b
 
 
 def _outcome_summary(state: RetryCallState) -> str:

@@ -34,6 +34,7 @@ from prefect_swarm.backends.lepton.client import (
     queue_config,
     read_log,
     reservation_config,
+    resolved,
     swarm_owner,
     swarm_secret_name,
     under_mount,
@@ -133,6 +134,7 @@ class LeptonCompute(ComputeBase):
     def _launch(self, request: JobRequest) -> JobHandle:
         """Create one Lepton job per shard (or just ``shard_id``); returns at once."""
         self._check_shared(request.command)
+        self.backend = resolved(self.client)  # node groups given by name: the job specs take ids
         shards = request.shards()
         group, names = job_names(request.name, len(shards))
         refs, stored = self._secrets(request)

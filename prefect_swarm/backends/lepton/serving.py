@@ -18,8 +18,8 @@ from prefect_swarm.backends.engine import engine_argv, engine_env
 from prefect_swarm.backends.lepton.client import (
     LABEL_OWNER,
     LABEL_SWARM,
-    OWNER_ENV,
     OWNED_DEPLOYMENT_FIELDS,
+    OWNER_ENV,
     LeptonClient,
     affinity,
     check_catalogs,
@@ -200,11 +200,14 @@ class LeptonServing:
                     hint="wait for it to go, then retry `up`.",
                 )
             existing = None
+        # node groups first (given by id or name; the specs take ids): the shapes are listed per node group
+        self.backend = check_catalogs(self.client)
+        cfg = cfg.model_copy(update={"backend": self.backend})
         spec = self._spec(cfg, labels=not self._new_api())
-        check_catalogs(self.client)  # node groups first: the shapes are listed per node group
         self._check_shapes()
         self._check_secrets()
         compute = LeptonCompute(cfg, self.paths, None)
+        compute._owner = self.owner
         if existing is None and self.backend.storage_check_timeout_s is not None:
             compute.check_shared_storage(self.backend.storage_check_timeout_s)
         compute.put_swarm_secrets()
@@ -313,9 +316,7 @@ class LeptonServing:
         self._delete_jobs(name)
         dep = self._get(name)
         if dep is not None and owner_mark(dep) != self.owner:
-            log.warning(
-                "Lepton deployment '%s' was not made by this swarm (%s): left as it is", name, _made_by(dep)
-            )
+            log.warning("Lepton deployment '%s' was not made by this swarm (%s): left as it is", name, _made_by(dep))
         elif dep is not None:
             self.client.call(f"delete deployment '{name}'", lambda api: api.deployment.delete(name), missing_ok=True)
             if not self._wait_gone(name):
@@ -420,8 +421,9 @@ class LeptonServing:
         SDK's own ``lep endpoint create`` refuses an existing name at once, cli/deployment.py)."""
         if owner_mark(dep) == self.owner or self.backend.adopt:
             if owner_mark(dep) != self.owner:
-                log.warning("adopting Lepton deployment '%s' (%s): `up` updates it, `down` deletes it",
-                            name, _made_by(dep))
+                log.warning(
+                    "adopting Lepton deployment '%s' (%s): `up` updates it, `down` deletes it", name, _made_by(dep)
+                )
             return
         raise ConfigError(
             f"name '{name}' is taken by a Lepton endpoint not made by this swarm ({_made_by(dep)}; this swarm "
@@ -461,13 +463,7 @@ class LeptonServing:
             known: set[str] = set()
             groups: list[str | None] = [*b.node_groups] or [None]
             for group in groups:
-                shapes = self.client.call(
-                    "list resource shapes",
-                    lambda api, g, p: api.shapes.list_shapes(node_group=g, purpose=p),
-                    group,
-                    purpose,
-                    missing_ok=True,
-                )
+                shapes = self._shapes(group, purpose)
                 if shapes is None:  # a workspace without the shapes route: the create call will tell
                     return
                 known |= {_shape_name(s) for s in shapes}
@@ -476,6 +472,30 @@ class LeptonServing:
                     f"backend.{field}: {where} has no resource shape '{shape}' for {purpose}s; "
                     f"it has: {', '.join(sorted(known)) or 'none'}."
                 )
+
+    def _shapes(self, group: str | None, purpose: str) -> list[Any] | None:
+        """The shapes of node group ``group`` (an id; None: all) usable for ``purpose``; None when the
+        workspace has no shapes route. As the SDK's CLI (leptonai 0.47.1 cli/node.py
+        ``resource_shape_command``): asked by the group's id, then by its name when the id finds
+        nothing (``list_shapes`` documents a node group *name* filter), and kept when its
+        ``listable_in`` holds the purpose."""
+
+        def ask(by: str | None) -> list[Any] | None:
+            return self.client.call(
+                "list resource shapes",
+                lambda api, g, p: api.shapes.list_shapes(node_group=g, purpose=p),
+                by,
+                purpose,
+                missing_ok=True,
+            )
+
+        shapes = ask(group)
+        name = self.client.group_names.get(group or "")
+        if shapes is not None and not shapes and name and name != group:
+            shapes = ask(name)
+        if shapes is None:
+            return None
+        return [s for s in shapes if _listable(s, purpose)]
 
     def _new_api(self) -> bool:
         """True when the workspace serves endpoints through the new Endpoint API (no labels, no
@@ -656,6 +676,12 @@ def _made_by(dep: Any) -> str:
     if (getattr(getattr(dep, "metadata", None), "labels", None) or {}).get(LABEL_SWARM):
         return "made by a prefect-swarm without owner marks"
     return "no prefect-swarm owner mark: made by hand or by another tool"
+
+
+def _listable(shape: Any, purpose: str) -> bool:
+    """True when ``shape`` may be used for ``purpose`` (its ``listable_in``; a shape without one is kept)."""
+    listable = getattr(getattr(shape, "spec", None), "listable_in", None)
+    return not listable or purpose.lower() in {str(x).lower() for x in listable}
 
 
 def _shape_name(shape: Any) -> str:
