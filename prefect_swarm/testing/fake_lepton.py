@@ -130,6 +130,7 @@ class _Injection:
     match: str
     retry_after: float | None
     apply: bool = False
+    method: str = ""
 
 
 @dataclass
@@ -309,12 +310,19 @@ class FakeLepton:
 
     # ------------------------------------------------------------------ knobs and views
     def inject(
-        self, status: int = 503, count: int = 1, match: str = "", retry_after: float | None = 0, apply: bool = False
+        self,
+        status: int = 503,
+        count: int = 1,
+        match: str = "",
+        retry_after: float | None = 0,
+        apply: bool = False,
+        method: str = "",
     ) -> None:
-        """Answer the next ``count`` requests whose path contains ``match`` with ``status``; with
-        ``apply`` the request takes effect first (a gateway timing out on a call that went through)."""
+        """Answer the next ``count`` requests whose path contains ``match`` (and whose verb is
+        ``method``, when given) with ``status``; with ``apply`` the request takes effect first (a
+        gateway timing out on a call that went through)."""
         with self.lock:
-            self._injections.append(_Injection(status, count, match, retry_after, apply))
+            self._injections.append(_Injection(status, count, match, retry_after, apply, method.upper()))
 
     def expire_token(self) -> str:
         """The current token expires (every later request with it answers 401); returns a new one."""
@@ -362,7 +370,7 @@ class FakeLepton:
         with self.lock:
             self._sweep()
             for inj in self._injections:
-                if inj.count > 0 and inj.match in path:
+                if inj.count > 0 and inj.match in path and inj.method in ("", method):
                     inj.count -= 1
                     if inj.apply:
                         self._route(method, path, query, body or {})

@@ -175,3 +175,45 @@ def test_adopt_takes_a_name_over_and_marks_it(
     Swarm(lepton_cfg(api_key="key-of-b")).up()  # its own: reconciled without --adopt
     second.down()
     assert fake_lepton.deployments == {}
+
+
+def _route(fake: FakeLepton) -> str:
+    return "/endpoints" if fake.new_deployment_api else "/deployments"
+
+
+@pytest.mark.parametrize("fake_lepton", [{}, {"new_deployment_api": True}], indirect=True, ids=["legacy", "new-api"])
+def test_a_504_on_the_endpoint_create_adopts_the_endpoint_it_made(
+    lepton_cfg: Make, fake_lepton: FakeLepton, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect_swarm.backends.lepton.client import LeptonClient
+
+    monkeypatch.setattr(LeptonClient, "backoff_s", 0.01)
+    fake_lepton.inject(504, count=1, match=_route(fake_lepton), method="POST", apply=True)  # made; the answer lost
+    swarm = Swarm(lepton_cfg())
+    swarm.up()
+    assert swarm.wait_ready().phase.name == "RUNNING"
+    posts = [s for m, p, s in fake_lepton.requests if m == "POST" and p.endswith(_route(fake_lepton))]
+    assert posts == [504, 409]  # the retry met the endpoint its first try made: ours, adopted
+    assert list(fake_lepton.deployments) == ["lep"]
+    swarm.down()
+    assert fake_lepton.deployments == {}
+
+
+@pytest.mark.parametrize("fake_lepton", [{}, {"new_deployment_api": True}], indirect=True, ids=["legacy", "new-api"])
+def test_an_endpoint_made_by_a_create_that_then_failed_is_cleaned(
+    lepton_cfg: Make, fake_lepton: FakeLepton, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect_swarm.backends.lepton.client import LeptonClient
+    from prefect_swarm.backends.lepton.serving import LeptonServing
+    from prefect_swarm.exceptions import BackendError
+
+    monkeypatch.setattr(LeptonClient, "backoff_s", 0.01)
+    route = _route(fake_lepton)
+    fake_lepton.inject(504, count=1, match=route, method="POST", apply=True)  # went through...
+    fake_lepton.inject(503, count=LeptonClient.attempts, match=route, method="POST")  # ...every retry refused
+    cfg = lepton_cfg(storage_check_timeout_s=None)
+    with pytest.raises(BackendError, match="stayed unavailable while trying to create deployment 'lep'"):
+        LeptonServing(cfg, SwarmPaths.for_swarm("lep")).create_or_update(cfg)
+    # the one try that went through made an endpoint nobody wants: deleted by the failed create itself
+    assert fake_lepton.deployments == {}
+    assert any(m == "DELETE" and p.endswith(f"{route}/lep") for m, p, _s in fake_lepton.requests)

@@ -213,7 +213,11 @@ class LeptonServing:
         compute.put_swarm_secrets()
         if existing is None:
             log.info("creating Lepton deployment '%s' in workspace '%s'", name, self.backend.workspace_id)
-            dep = self._create(name, spec)
+            try:
+                dep = self._create(name, spec)
+            except PrefectSwarmError:
+                self._clean_failed_create(name)
+                raise
         else:
             log.info("updating Lepton deployment '%s' in workspace '%s'", name, self.backend.workspace_id)
             dep = self.client.call(f"update deployment '{name}'", lambda api: api.deployment.update(name, spec))
@@ -258,6 +262,18 @@ class LeptonServing:
         if not hasattr(dep, "status"):  # an old server answered with an empty body
             dep = self._get(name)
         return dep
+
+    def _clean_failed_create(self, name: str) -> None:
+        """After a create that failed: a deployment of ``name`` carrying this swarm's mark was made by
+        a try whose answer was lost (a 504 after the gateway passed the request on) and is not wanted:
+        deleted, so it is not billed until the next ``up``. One not ours is left alone."""
+        try:
+            held = self._get(name)
+            if held is not None and _state(held) != "Deleting" and owner_mark(held) == self.owner:
+                log.warning("deleting Lepton deployment '%s': its create failed, but one try of it went through", name)
+                self.client.call(f"delete deployment '{name}'", lambda api: api.deployment.delete(name), missing_ok=True)
+        except PrefectSwarmError as exc:  # the API is still down: `down` (which a failed `up` runs) retries
+            log.warning("could not check for a Lepton deployment '%s' left by the failed create: %s", name, exc)
 
     def wait_ready(self, handle: ServingHandle, timeout_s: float) -> ServingStatus:
         """Poll the deployment until Ready and one chat completion answers through the endpoint.
