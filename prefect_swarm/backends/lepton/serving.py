@@ -72,6 +72,9 @@ MASK = "***"
 QUEUED_REASONS = frozenset({"NoCapacity", "Queueing"})
 FATAL_REASONS = frozenset({"ConfigError"})
 DELETE_WAIT_S = 60.0
+KEY_REFUSED_PROBES = 3
+"""Chat probes in a row the Ready endpoint answers 401/403 after which readiness fails: the key is
+wrong, not the gateway slow to take a new token."""
 CRASH_LOOP_RESTARTS = 3
 """Exits of one replica after which readiness gives up rather than wait for ``ready_timeout_s``."""
 LOG_QUIET_S = 3
@@ -141,7 +144,7 @@ class LeptonServing:
 
     def validate(self, cfg: SwarmConfig, *, ask: bool = True) -> list[str]:
         """Refuse a config this backend cannot run (no SDK, no shared mount). Needs no token, calls
-        nothing; no warnings."""
+        nothing. Warns when the endpoint's token cannot be checked at readiness (only in a secret)."""
         validate_lepton(cfg.backend)  # type: ignore[arg-type]
         import_sdk()
         from leptonai.api.v2.spec_utils import make_mounts_from_strings, validate_environment_variable_name
@@ -170,7 +173,17 @@ class LeptonServing:
                 make_mounts_from_strings([f"{m.path}:{m.mount_path}:{m.from_}"])
             except ValueError as exc:
                 raise ConfigError(f"backend.mounts[{i}].from: {exc}") from None
-        return []
+        unverified = cfg.api_key is None and cfg.backend.endpoint_token_secret  # type: ignore[union-attr]
+        return [self._unverified_token()] if unverified else []
+
+    def _unverified_token(self) -> str:
+        """Why the endpoint's token is not checked at readiness (api_key unset, the token only in a secret)."""
+        secret = self.backend.endpoint_token_secret
+        return (
+            f"the endpoint's token is only in workspace secret '{secret}', which cannot be read back: readiness "
+            "cannot send the key jobs will use, and skips the chat probe. Set api_key (or PREFECT_SWARM_API_KEY) "
+            "to the token that secret holds, and readiness checks the endpoint accepts it"
+        )
 
     def plan(self) -> dict[str, str]:
         """The deployment spec ``up`` sends and the template of a job's spec, as JSON; secrets masked."""
@@ -186,7 +199,8 @@ class LeptonServing:
 
     def create_or_update(self, cfg: SwarmConfig) -> ServingHandle:
         """Create the deployment, or update its spec when it already exists (never a duplicate)."""
-        self.validate(cfg)
+        for warning in self.validate(cfg):
+            log.warning("%s", warning)
         self.client.check_access()
         name = cfg.name
         existing = self._get(name)
@@ -271,7 +285,9 @@ class LeptonServing:
             held = self._get(name)
             if held is not None and _state(held) != "Deleting" and owner_mark(held) == self.owner:
                 log.warning("deleting Lepton deployment '%s': its create failed, but one try of it went through", name)
-                self.client.call(f"delete deployment '{name}'", lambda api: api.deployment.delete(name), missing_ok=True)
+                self.client.call(
+                    f"delete deployment '{name}'", lambda api: api.deployment.delete(name), missing_ok=True
+                )
         except PrefectSwarmError as exc:  # the API is still down: `down` (which a failed `up` runs) retries
             log.warning("could not check for a Lepton deployment '%s' left by the failed create: %s", name, exc)
 
@@ -281,6 +297,7 @@ class LeptonServing:
         deadline = time.monotonic() + timeout_s
         last = "no status yet"
         queued_since: float | None = None
+        refused = 0
         while True:
             st = self.status(handle)
             queued_since = (queued_since or time.monotonic()) if st.phase is ServingPhase.PENDING else None
@@ -298,6 +315,11 @@ class LeptonServing:
                 ok, last = self._probe_chat(st.url or handle.url)
                 if ok:
                     return ServingStatus(ServingPhase.RUNNING, st.url, last, st.replicas)
+                refused = (
+                    refused + 1 if last.startswith(("Ready, but chat: HTTP 401", "Ready, but chat: HTTP 403")) else 0
+                )
+                if refused >= KEY_REFUSED_PROBES:
+                    raise self._key_refused(handle, last)
             else:
                 last = st.detail
             if time.monotonic() >= deadline:
@@ -625,15 +647,31 @@ class LeptonServing:
             )
         return tuple(out)
 
+    def _key_refused(self, handle: ServingHandle, last: str) -> ReadinessError:
+        """The endpoint is Ready but refuses the key the swarm's jobs will send."""
+        b = self.backend
+        status = last.removeprefix("Ready, but chat: ").split(":")[0]
+        if b.endpoint_token_secret:
+            what = (
+                f"refuses the swarm's api_key ({status}), which its jobs send: the endpoint's token comes from "
+                f"workspace secret '{b.endpoint_token_secret}' (backend.endpoint_token_secret), which must hold "
+                "that same token"
+            )
+            hint = (
+                f"put the api_key's token in secret '{b.endpoint_token_secret}' (or fix api_key), then `up` again; "
+                "a secret changed after the endpoint started is read again only when its replicas restart."
+            )
+        else:
+            what = f"refuses the swarm's api_key ({status}), which prefect-swarm set as its token"
+            hint = "check the endpoint's access settings in the Lepton dashboard."
+        return ReadinessError(f"Lepton deployment '{handle.name}' (workspace '{b.workspace_id}') {what}.", hint=hint)
+
     def _probe_chat(self, url: str | None) -> tuple[bool, str]:
         if not url:
             return False, "the deployment reports no endpoint URL yet"
         if self.cfg.api_key is None and self.backend.endpoint_token_secret:
             # The token lives only in a Lepton secret: the state plus replica readiness must do.
-            return (
-                True,
-                f"Ready (chat probe skipped: token only in secret '{self.backend.endpoint_token_secret}')",
-            )
+            return True, f"Ready (chat probe skipped: {self._unverified_token()})"
         key = self.cfg.api_key.get_secret_value() if self.cfg.api_key else None
         probe = check_chat(url, self.cfg.model_name, key, timeout_s=60.0)
         return probe.ok, "Ready; chat completion answered" if probe.ok else f"Ready, but chat: {probe.detail}"
