@@ -333,6 +333,13 @@ class LeptonConfig(Priced):
         description="Shell lines run before each job process in the container, e.g. "
         "'pip install prefect-swarm==<version>' when job_image lacks it; written verbatim.",
     )
+    job_wheel: bool = Field(
+        default=True,
+        description="Stage this prefect-swarm's own wheel (the installed version) under shared_path at `up`, "
+        "once per version, and install it with job_python's pip in each job's setup when job_image lacks "
+        "that version; its dependencies come from the image or the package index. false: job_image must "
+        "have prefect-swarm.",
+    )
     image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets used to pull private images.")
     mounts: list[LeptonMount] = Field(default_factory=list, description="Storage mounts for endpoint and jobs.")
     shared_path: str | None = Field(

@@ -68,7 +68,10 @@ then 404, the name refused with 409 until the delete is done), ``legacy_create_r
 create answers 200 with an empty body, as old servers do), ``unknown_reads`` (a new or updated
 deployment reads the unknown state ``""`` that many times), ``group_volumes`` / ``group_shapes``
 (node group id -> its own volumes / shapes; default every group has all), ``malformed_node_groups``
-(their catalog entry carries a volume the SDK's model refuses, so ``nodegroup.list_all`` skips it).
+(their catalog entry carries a volume the SDK's model refuses, so ``nodegroup.list_all`` skips it),
+``pull_s`` (a job reads ``Starting``, no process yet, this long after its create: its image being
+pulled), ``images`` values :data:`WITHOUT_PREFECT_SWARM` (an image like ``vllm/vllm-openai``: every
+package of the worker's interpreter but prefect-swarm, fresh for each job).
 """
 
 from __future__ import annotations
@@ -232,6 +235,7 @@ class FakeLepton:
         group_volumes: Mapping[str, tuple[str, ...]] | None = None,
         group_shapes: Mapping[str, tuple[str, ...]] | None = None,
         malformed_node_groups: tuple[str, ...] = (),
+        pull_s: float = 0.0,
     ) -> None:
         self.token = token or "fake-lepton-" + secrets.token_hex(12)
         self.workspace_id = workspace_id
@@ -256,6 +260,7 @@ class FakeLepton:
         self.group_volumes = dict(group_volumes) if group_volumes is not None else None
         self.group_shapes = dict(group_shapes) if group_shapes is not None else None
         self.malformed_node_groups = tuple(malformed_node_groups)
+        self.pull_s = pull_s
         self._name_free_at: dict[str, float] = {}
         self.job_logs: dict[str, Path] = {}  # job id -> its log: the historical logs outlive the job
         self.volumes: dict[str, Path | None] = (
@@ -822,8 +827,20 @@ class FakeLepton:
         )
         w.extra["created"] = time.time()
         self.jobs[jid] = w
-        self._start_job(w)
+        if self.pull_s > 0:  # its image is pulled first: ``Starting`` until then, no process yet
+            w.extra["pulling"] = True
+            timer = threading.Timer(self.pull_s, self._pulled, args=(w,))
+            timer.daemon = True
+            timer.start()
+        else:
+            self._start_job(w)
         return 200, self._job_json(jid)
+
+    def _pulled(self, w: _Workload) -> None:
+        with self.lock:
+            if w.extra.pop("pulling", False) and not w.stopped and "gone_at" not in w.extra:
+                if w.body["metadata"]["id"] in self.jobs:
+                    self._start_job(w)
 
     def _start_job(self, w: _Workload) -> None:
         spec = w.body["spec"]
@@ -847,15 +864,24 @@ class FakeLepton:
         seen = self._mounted(spec)
         argv = [_remap(a, seen) for a in argv]
         env = {k: _remap(v, seen) for k, v in env.items()}
+        jid = w.body["metadata"]["id"]
         try:
-            image = self._image_root(str(container.get("image") or ""))
+            image = self._image_root(str(container.get("image") or ""), jid)
             argv[0] = _resolve(argv[0], image, [src for _mp, src in seen])
+            if (
+                len(argv) > 4
+                and argv[1] == "-c"
+                and argv[2].endswith('exec "$@"')
+                and os.path.basename(argv[0]) == "sh"
+            ):
+                # a setup wrapper (``sh -c '<setup> && exec "$@"' sh PROGRAM ...``): the container's
+                # shell would find PROGRAM in the image too, or fail the exec
+                argv[4] = _resolve(argv[4], image, [src for _mp, src in seen])
         except LookupError as exc:  # what the container runtime reports, and the job fails
             w.log_path.write_text(f"{exc}\n")
             w.extra["exit"] = 127
             return
         # what the image sets, under the spec's env; no variable of the worker's environment
-        jid = w.body["metadata"]["id"]
         tmp, cwd = image / "tmp" / jid, image / "work" / jid  # this job's own /tmp and empty working dir
         tmp.mkdir(parents=True, exist_ok=True)
         cwd.mkdir(parents=True, exist_ok=True)
@@ -912,12 +938,17 @@ class FakeLepton:
             out.append((mount_path, src))
         return out
 
-    def _image_root(self, image: str) -> Path:
-        """The job root standing for ``image``: ``bin/python3`` runs the interpreter the image maps to."""
+    def _image_root(self, image: str, jid: str) -> Path:
+        """The job root standing for ``image``: ``bin/python3`` runs the interpreter the image maps to.
+        An image mapped to :data:`WITHOUT_PREFECT_SWARM` gets a root of its own per job (a container
+        starts from its image: what one job installs, the next does not have)."""
         python = self.python if self.images is None else self.images.get(image)
         if python is None:
             raise LookupError(f"failed to pull image {image!r}: not found (the fake knows {sorted(self.images or {})})")
         root = self.workdir / "images" / re.sub(r"[^A-Za-z0-9_.-]+", "_", image or "default")
+        if python == WITHOUT_PREFECT_SWARM:
+            root = root / "containers" / jid
+            python = self._bare_python(root / "venv")
         if not (root / "bin" / "python3").exists():
             (root / "bin").mkdir(parents=True, exist_ok=True)
             (root / "root").mkdir(exist_ok=True)
@@ -930,6 +961,31 @@ class FakeLepton:
                     (root / "bin" / tool).symlink_to(found)
         return root
 
+    def _bare_python(self, venv: Path) -> str:
+        """A fresh virtual environment that sees every package of this interpreter but prefect-swarm
+        (through a ``.pth`` naming a folder of links to them), with no pip of its own but theirs."""
+        deps = self.workdir / "images" / "site-without-prefect-swarm"
+        if not deps.exists():
+            import sysconfig
+
+            tmp = deps.with_name(deps.name + ".tmp")
+            tmp.mkdir(parents=True, exist_ok=True)
+            for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+                name = entry.name.lower()
+                if name.startswith(("prefect_swarm", "__editable__", "prefect-swarm")) or name.endswith(".pth"):
+                    continue
+                (tmp / entry.name).symlink_to(entry)
+            tmp.rename(deps)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        purelib = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        (Path(purelib) / "image-packages.pth").write_text(f"{deps}\n")
+        return str(venv / "bin" / "python")
+
     def _job_state(self, w: _Workload) -> str:
         if w.forced:
             return w.forced
@@ -937,6 +993,8 @@ class FakeLepton:
             return "Deleting"
         if w.extra.get("queued"):
             return "Stopped" if w.stopped else "Queueing"
+        if w.extra.get("pulling"):
+            return "Stopped" if w.stopped else "Starting"
         if w.stopped:
             state = "Stopping" if w.alive() else "Stopped"
         elif w.gets <= 1 and w.alive():
@@ -1054,6 +1112,11 @@ class FakeLepton:
     ) -> subprocess.Popen[bytes]:
         return start_logged(argv, env, log_path, cwd)
 
+
+WITHOUT_PREFECT_SWARM = "<without-prefect-swarm>"
+"""An ``images`` value: the image's ``python3`` has every package of the worker's interpreter but
+prefect-swarm (like ``vllm/vllm-openai``), and each job gets a fresh copy: a job that needs it must
+install it in its own setup, every time."""
 
 RESERVED_ENV_NAMES = frozenset(
     {

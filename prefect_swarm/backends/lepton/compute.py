@@ -40,6 +40,7 @@ from prefect_swarm.backends.lepton.client import (
     under_mount,
     with_passthrough,
 )
+from prefect_swarm.backends.lepton.wheel import INSTALL_FAILED, install_line, stage, staged_path
 from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError
 from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus
 from prefect_swarm.interfaces.jobenv import API_KEY, HOME
@@ -135,6 +136,7 @@ class LeptonCompute(ComputeBase):
         """Create one Lepton job per shard (or just ``shard_id``); returns at once."""
         self._check_shared(request.command)
         self.backend = resolved(self.client)  # node groups given by name: the job specs take ids
+        self.stage_wheel()
         shards = request.shards()
         group, names = job_names(request.name, len(shards))
         refs, stored = self._secrets(request)
@@ -283,6 +285,7 @@ class LeptonCompute(ComputeBase):
         from leptonai.api.v2.types.job import LeptonJob, LeptonJobUserSpec
 
         b = self.backend
+        self.stage_wheel()
         nonce = secrets.token_hex(16)
         folder = Path(str(b.shared_path)) / STORAGE_CHECK_DIR
         folder.mkdir(parents=True, exist_ok=True)
@@ -298,7 +301,7 @@ class LeptonCompute(ComputeBase):
                 container=LeptonContainer(
                     image=self.job_runtime().image,
                     command=_wrap(
-                        ["sh", "-c", _CHECK_SCRIPT, "sh", str(probe), nonce, b.job_python], None, b.job_setup
+                        ["sh", "-c", _CHECK_SCRIPT, "sh", str(probe), nonce, b.job_python], None, self.setup()
                     ),
                 ),
                 completions=1,
@@ -314,29 +317,39 @@ class LeptonCompute(ComputeBase):
             # every poll, the log read and the delete go by the id the platform returned
             job_id = self._create_job(job_name, spec)
             handle = JobHandle(id=job_id, backend="lepton", name="storage-check", meta={"jobs": [job_id]})
-            deadline = time.monotonic() + timeout_s
+            # the check's own time counts from its container's start: before, its image is pulled (a
+            # multi-GB image on a cold node takes minutes), given as long as the endpoint's (ready_timeout_s)
+            t0 = time.monotonic()
+            deadline = t0 + max(timeout_s, self.cfg.ready_timeout_s)
+            started = False
             while True:
                 st = self.probe(handle)
                 if st.status is not None and st.status.finished:
                     break
+                if st.status is JobStatus.RUNNING and not started:
+                    started, deadline = True, time.monotonic() + timeout_s
                 if time.monotonic() >= deadline:
-                    raise BackendError(
-                        f"the shared-storage check job '{job_id}' did not finish within {timeout_s:.0f}s "
-                        f"(workspace '{b.workspace_id}', job_resource_shape {b.job_resource_shape}): {st.detail}.",
-                        hint="check that job_resource_shape can be scheduled, or raise "
-                        "backend.storage_check_timeout_s (null skips the check).",
-                    )
+                    raise self._check_timeout(job_id, started, time.monotonic() - t0, timeout_s, st.detail)
                 time.sleep(b.ready_poll_s)
             if st.status is not JobStatus.SUCCEEDED:
                 where = "; ".join(f"{m.from_}:{m.path} at {m.mount_path}" for m in b.mounts)
                 tail = self.logs(handle)[-2000:]
+                image = self.job_runtime().image
+                if INSTALL_FAILED in tail:
+                    raise ConfigError(
+                        f"backend.job_wheel: '{b.job_python}' in image {image} could not install prefect-swarm "
+                        f"{__version__} from the wheel staged under backend.shared_path (its pip, or the package "
+                        "index for its dependencies, failed: see the job log). Use a job_image with prefect-swarm "
+                        "installed as the README installs it (from a clone: pip install '.[lepton]'), and set "
+                        "backend.job_wheel: false.\nJob log:\n" + tail
+                    )
                 if NO_PREFECT_SWARM in tail:
                     raise ConfigError(
-                        f"backend.job_image: '{b.job_python}' in image {self.job_runtime().image} cannot import "
-                        f"prefect_swarm, so no batch job could run there. Use a job_image with prefect-swarm "
-                        f"{__version__} installed, point backend.job_python at the interpreter that has it, or "
-                        f"install it in backend.job_setup (e.g. 'pip install prefect-swarm=={__version__}')."
-                        + f"\nJob log:\n{tail}"
+                        f"backend.job_image: '{b.job_python}' in image {image} cannot import prefect_swarm, so no "
+                        f"batch job could run there. Set backend.job_wheel: true (up stages this prefect-swarm's "
+                        f"wheel and each job installs it), use a job_image with prefect-swarm {__version__} "
+                        "installed as the README installs it (from a clone: pip install '.[lepton]'), or point "
+                        "backend.job_python at the interpreter that has it." + f"\nJob log:\n{tail}"
                     )
                 raise ConfigError(
                     f"backend.mounts: a Lepton job could not read {probe}, which this process wrote under "
@@ -348,6 +361,44 @@ class LeptonCompute(ComputeBase):
             if job_id is not None:
                 self.client.call(f"delete job '{job_id}'", lambda api, j: api.job.delete(j), job_id, missing_ok=True)
             probe.unlink(missing_ok=True)
+
+    def _check_timeout(self, job_id: str, started: bool, waited: float, timeout_s: float, detail: str) -> BackendError:
+        """The storage check ran out of time: waiting for capacity, pulling its image, or running."""
+        b = self.backend
+        where = f"workspace '{b.workspace_id}', job_resource_shape {b.job_resource_shape}"
+        if started:
+            return BackendError(
+                f"the shared-storage check job '{job_id}' started but did not finish within "
+                f"storage_check_timeout_s ({timeout_s:.0f}s; {where}): {detail}.",
+                hint="its setup installs prefect-swarm when the image lacks it (backend.job_wheel), which a slow "
+                "package index can hold up: raise backend.storage_check_timeout_s (null skips the check).",
+            )
+        if "Queueing" in detail:
+            return BackendError(
+                f"the shared-storage check job '{job_id}' waited {waited:.0f}s for capacity ({where}): {detail}.",
+                hint="check that job_resource_shape can be scheduled on the node groups, or retry later.",
+            )
+        return BackendError(
+            f"the shared-storage check job '{job_id}' was still starting after {waited:.0f}s ({where}): {detail}. "
+            f"Its image {self.job_runtime().image} is most likely still being pulled: a multi-GB image on a cold "
+            "node takes minutes.",
+            hint="the check's own time (storage_check_timeout_s) counts only once its container runs; the pull is "
+            "given ready_timeout_s: raise it, or use a smaller backend.job_image.",
+        )
+
+    def setup(self) -> list[str]:
+        """The shell lines run before each job process: the staged wheel's install (backend.job_wheel),
+        then ``backend.job_setup``."""
+        b = self.backend
+        if not (b.job_wheel and b.shared_path):
+            return list(b.job_setup)
+        return [install_line(b.job_python, staged_path(b.shared_path)), *b.job_setup]
+
+    def stage_wheel(self) -> None:
+        """Stage this prefect-swarm's wheel under ``backend.shared_path`` for the jobs' setup (once per
+        version and content; a no-op with ``job_wheel`` off)."""
+        if self.backend.job_wheel and self.backend.shared_path:
+            stage(self.backend.shared_path)
 
     # ---------------------------------------------------------------- internals
     def _ledger_done(self, handle: JobHandle, shard: int) -> bool:
@@ -464,7 +515,7 @@ class LeptonCompute(ComputeBase):
             affinity=affinity(b),
             container=LeptonContainer(
                 image=runtime.image,
-                command=_wrap(request.argv(shard), request.workdir or runtime.workdir, b.job_setup),
+                command=_wrap(request.argv(shard), request.workdir or runtime.workdir, self.setup()),
             ),
             completions=1,
             parallelism=1,

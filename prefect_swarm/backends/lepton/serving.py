@@ -222,6 +222,7 @@ class LeptonServing:
         self._check_secrets()
         compute = LeptonCompute(cfg, self.paths, None)
         compute._owner = self.owner
+        compute.stage_wheel()  # before the check: its setup installs it as every job's does
         if existing is None and self.backend.storage_check_timeout_s is not None:
             compute.check_shared_storage(self.backend.storage_check_timeout_s)
         compute.put_swarm_secrets()
