@@ -838,9 +838,9 @@ class FakeLepton:
 
     def _pulled(self, w: _Workload) -> None:
         with self.lock:
-            if w.extra.pop("pulling", False) and not w.stopped and "gone_at" not in w.extra:
-                if w.body["metadata"]["id"] in self.jobs:
-                    self._start_job(w)
+            live = not w.stopped and "gone_at" not in w.extra and w.body["metadata"]["id"] in self.jobs
+            if w.extra.pop("pulling", False) and live:
+                self._start_job(w)
 
     def _start_job(self, w: _Workload) -> None:
         spec = w.body["spec"]
