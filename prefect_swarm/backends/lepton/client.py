@@ -107,8 +107,12 @@ def import_sdk() -> Any:
 
 # ---------------------------------------------------------------------------------- error mapping
 def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status of a failed call: its response's, or (leptonai 0.47.1 ``LogAPIError``, which
+    carries no response) its own ``status_code``."""
     response = getattr(exc, "response", None)
     code = getattr(response, "status_code", None)
+    if not isinstance(code, int):
+        code = getattr(exc, "status_code", None)
     return code if isinstance(code, int) else None
 
 
@@ -126,6 +130,9 @@ def _api_message(exc: BaseException) -> str:
 
 
 def _retry_after(exc: BaseException) -> float | None:
+    given = getattr(exc, "retry_after", None)  # LogAPIError parses it itself
+    if isinstance(given, int | float):
+        return float(given)
     headers = getattr(getattr(exc, "response", None), "headers", None) or {}
     try:
         return float(headers.get("Retry-After", ""))

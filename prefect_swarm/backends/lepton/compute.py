@@ -254,7 +254,9 @@ class LeptonCompute(ComputeBase):
 
     def _historical_log(self, jid: str, timeout_s: int) -> str:
         """An archived job's log from ``GET /logs`` (leptonai's ``LogAPI.get_log`` with both ``start``
-        and ``end``: the historical query), its first HISTORY_LINES lines of the last HISTORY_DAYS days."""
+        and ``end``: the historical query), its first HISTORY_LINES lines of the last HISTORY_DAYS days.
+        A 404 reads :data:`NO_LOGS_YET`; a 429 (the log store's rate limit, its ``Retry-After`` kept
+        by the SDK's ``LogAPIError``) is retried like any transient answer."""
         end = time.time_ns()
         start = end - HISTORY_DAYS * 86_400 * 10**9
         answer = self.client.call(
@@ -272,6 +274,8 @@ class LeptonCompute(ComputeBase):
             missing_ok=True,
         )
         result = ((answer or {}).get("data") or {}).get("result") or []
+        if answer is None:  # 404: the log store has nothing of this job (yet: it is indexed late)
+            return NO_LOGS_YET
         values = sorted((int(v[0]), str(v[1])) for stream in result for v in stream.get("values") or [])
         return "\n".join(line for _, line in values)
 
@@ -549,6 +553,9 @@ def _spec_path(command: Sequence[str]) -> str | None:
 
 HISTORY_DAYS = 7
 """How far back an archived job's log is looked for."""
+
+NO_LOGS_YET = "(no logs yet: the workspace's log store has none for this job)"
+"""What a job's historical log reads when the log store answers 404."""
 
 HISTORY_LINES = 5000
 """Most lines of an archived job's log read (the first ones; the SDK's default limit)."""
