@@ -146,12 +146,16 @@ class _LogStream:
     ConnectionError from ``iter_content``); a finished one's ends with its last line."""
 
     workload: _Workload
+    fake: FakeLepton
     poll_s: float = 0.05
 
     def write(self, out: Any) -> None:
-        """Write the stream to ``out`` (the socket file) as HTTP/1.1 chunks."""
-        w, offset = self.workload, 0
+        """Write the stream to ``out`` (the socket file) as HTTP/1.1 chunks; a connection dropped by
+        :meth:`FakeLepton.drop_log_streams` ends without the last chunk, as a cut connection does."""
+        w, offset, generation = self.workload, 0, self.fake.stream_generation
         while True:
+            if self.fake.stream_generation != generation:
+                raise ConnectionResetError("the fake dropped the log stream")
             alive = w.alive()  # read before the file: what a finished process wrote is all there
             data = b""
             if w.log_path.exists():
@@ -261,6 +265,7 @@ class FakeLepton:
         self.group_shapes = dict(group_shapes) if group_shapes is not None else None
         self.malformed_node_groups = tuple(malformed_node_groups)
         self.pull_s = pull_s
+        self.stream_generation = 0
         self._name_free_at: dict[str, float] = {}
         self.job_logs: dict[str, Path] = {}  # job id -> its log: the historical logs outlive the job
         self.volumes: dict[str, Path | None] = (
@@ -335,6 +340,12 @@ class FakeLepton:
             self._expired.add(self.token)
             self.token = "fake-lepton-" + secrets.token_hex(12)
             return self.token
+
+    def drop_log_streams(self) -> None:
+        """Cut every replica log stream open now (the platform drops long streams: leptonai 0.47.1's
+        ``get_log`` says not to rely on one lasting)."""
+        with self.lock:
+            self.stream_generation += 1
 
     def force_state(self, name: str, state: str | None) -> None:
         """Pin the state of deployment or job ``name`` (None: back to the process-driven state)."""
@@ -442,7 +453,7 @@ class FakeLepton:
         """``VERB /rest`` -> handler(name, workload) of one existing deployment or job."""
         shared: dict[str, Callable[..., Reply]] = {
             "GET /replicas": lambda n, w, **kw: (200, self._replicas_json(n, w)),
-            "GET /replicas/*/log": lambda n, w, **kw: (200, _LogStream(w)),
+            "GET /replicas/*/log": lambda n, w, **kw: (200, _LogStream(w, self)),
             "GET /events": lambda n, w, **kw: (200, self._events(w)),
         }
         own: dict[str, Callable[..., Reply]]

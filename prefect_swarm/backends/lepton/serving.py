@@ -77,6 +77,8 @@ KEY_REFUSED_PROBES = 3
 wrong, not the gateway slow to take a new token."""
 CRASH_LOOP_RESTARTS = 3
 """Exits of one replica after which readiness gives up rather than wait for ``ready_timeout_s``."""
+FOLLOW_RECONNECTS = 5
+"""Log-stream connections in a row that may drop before ``logs --follow`` gives up."""
 LOG_QUIET_S = 3
 """``prefect-swarm logs`` without --follow: a live replica's stream is read until quiet this long."""
 SECRET_ENV_NAMES = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
@@ -397,7 +399,42 @@ class LeptonServing:
                 f"read log of '{rep.id_}'", lambda api: read_log(api.deployment.get_log(name, rep, timeout=LOG_QUIET_S))
             )
             return iter([text] if text else [])
-        return _follow(self.client.api.deployment.get_log(name, rep, timeout=None))
+        return self._follow(name, rep)
+
+    def _follow(self, name: str, rep: Any) -> Iterator[str]:
+        """Replica ``rep``'s log, followed: the SDK's stream with no timeout, opened again when the
+        connection drops ("connections can be dropped when streamed for a long time", leptonai 0.47.1
+        ``get_log``). Each stream starts from the log's beginning, so what was printed already is
+        skipped. Ends when a stream ends (the replica stopped), the replica is gone, or
+        FOLLOW_RECONNECTS connections in a row dropped before giving anything."""
+        import requests
+        from urllib3.exceptions import HTTPError as Urllib3Error
+
+        printed = drops = 0
+        while True:
+            skip = printed
+            try:
+                for chunk in self.client.api.deployment.get_log(name, rep, timeout=None):
+                    part = chunk[skip:]
+                    skip = max(0, skip - len(chunk))
+                    if part:
+                        printed, drops = printed + len(part), 0
+                        yield part
+                return
+            except (requests.RequestException, Urllib3Error) as exc:
+                drops += 1
+                reps = self.client.call(
+                    f"list replicas of '{name}'", lambda api: api.deployment.get_replicas(name), missing_ok=True
+                )
+                if drops > FOLLOW_RECONNECTS or rep.id_ not in {r.id_ for r in reps or []}:
+                    log.warning(
+                        "the log stream of replica '%s' dropped (%s); not reconnecting", rep.id_, type(exc).__name__
+                    )
+                    return
+                log.info("the log stream of replica '%s' dropped (%s); reconnecting", rep.id_, type(exc).__name__)
+                time.sleep(min(5.0, 0.2 * 2**drops))
+            except RuntimeError:  # the SDK's answer to a refused stream (the replica went away)
+                return
 
     def client_key(self) -> str | None:
         """See :meth:`ServingBackend.client_key`."""
@@ -743,16 +780,6 @@ def _shape_name(shape: Any) -> str:
     """A shape's name as the SDK's CLI shows it: ``spec.name``, else ``metadata.name``, else its id."""
     spec, meta = getattr(shape, "spec", None), getattr(shape, "metadata", None)
     return str(getattr(spec, "name", None) or getattr(meta, "name", None) or getattr(meta, "id_", None) or "")
-
-
-def _follow(stream: Iterator[str]) -> Iterator[str]:
-    """A followed log stream; a dropped connection ends it (what came is kept), as a read timeout does."""
-    import requests
-
-    try:
-        yield from stream
-    except (requests.ConnectionError, requests.Timeout):
-        return
 
 
 def _json(spec: Any) -> str:
