@@ -105,6 +105,11 @@ from prefect_swarm.testing.stub_engine import engine_command
 
 Reply = tuple[int, Any]
 
+DELETE_S = 1.0
+"""Default ``delete_s``: a delete finishes in the background, as on the platform (0 makes it instant)."""
+UNKNOWN_READS = 2
+"""Default ``unknown_reads``: a new or updated deployment reads the unknown state first, as on the platform."""
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -233,9 +238,9 @@ class FakeLepton:
         node_groups: Mapping[str, str] | None = None,
         image_pull_secrets: tuple[str, ...] = (),
         queue_deployments: tuple[str, ...] = (),
-        delete_s: float = 0.0,
+        delete_s: float = DELETE_S,
         legacy_create_response: bool = False,
-        unknown_reads: int = 0,
+        unknown_reads: int = UNKNOWN_READS,
         group_volumes: Mapping[str, tuple[str, ...]] | None = None,
         group_shapes: Mapping[str, tuple[str, ...]] | None = None,
         malformed_node_groups: tuple[str, ...] = (),
@@ -354,6 +359,21 @@ class FakeLepton:
             if target is None:
                 raise KeyError(name)
             target.forced = state
+
+    def wait_deletes(self, timeout_s: float = 20.0) -> None:
+        """Return once every delete started so far has finished in the background (each object then
+        answers 404 and its name is free again), as a user waits for ``lep`` to stop listing it;
+        TimeoutError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.lock:
+                self._sweep()
+                pending = [n for t in (self.deployments, self.jobs) for n, w in t.items() if "gone_at" in w.extra]
+                if not pending and not self._name_free_at:
+                    return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"deletes still running after {timeout_s:.0f}s: {pending or self._name_free_at}")
+            time.sleep(0.05)
 
     def running_processes(self) -> list[int]:
         """PIDs of deployment and job processes still alive."""

@@ -83,6 +83,7 @@ def test_a_job_image_without_prefect_swarm_is_refused_before_the_endpoint(lepton
             ConfigError, match=r"backend.job_image: 'python3' in image vllm/vllm-openai:latest cannot"
         ) as err:
             srv.create_or_update(cfg)
+        fake.wait_deletes()  # deletes finish in the background, as on the platform
         assert fake.deployments == {} and fake.jobs == {}
         # the hint names what the README documents (a clone's install, or the staged wheel), no release
         assert "backend.job_wheel: true" in str(err.value) and "pip install '.[lepton]'" in str(err.value)

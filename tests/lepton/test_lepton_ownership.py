@@ -215,5 +215,6 @@ def test_an_endpoint_made_by_a_create_that_then_failed_is_cleaned(
     with pytest.raises(BackendError, match="stayed unavailable while trying to create deployment 'lep'"):
         LeptonServing(cfg, SwarmPaths.for_swarm("lep")).create_or_update(cfg)
     # the one try that went through made an endpoint nobody wants: deleted by the failed create itself
+    fake_lepton.wait_deletes()  # deletes finish in the background, as on the platform
     assert fake_lepton.deployments == {}
     assert any(m == "DELETE" and p.endswith(f"{route}/lep") for m, p, _s in fake_lepton.requests)

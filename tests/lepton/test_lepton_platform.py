@@ -70,6 +70,7 @@ def test_the_storage_check_polls_and_deletes_by_the_returned_id(lepton_cfg: Make
     (job_id,) = {p.split("/jobs/")[1].split("/")[0] for _m, p, _s in by_id}
     assert job_id.startswith("lep-storage-") and job_id.count("-") == 4  # <name>-<server's suffix>
     assert ("DELETE", f"{post}/{job_id}", 200) in fake_lepton.requests
+    fake_lepton.wait_deletes()  # deletes finish in the background, as on the platform
     assert fake_lepton.jobs == {}
 
 
