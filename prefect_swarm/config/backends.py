@@ -369,6 +369,13 @@ class LeptonConfig(Priced):
         "{ENV_NAME: secret-name} (e.g. {HF_TOKEN: hf-token} for a gated model): the spec carries only "
         "the reference. Each secret must exist in the workspace (checked before anything starts).",
     )
+    job_secret_env: dict[EnvName, str] = Field(
+        default_factory=dict,
+        description="Environment variables of every batch job read from Lepton workspace secrets, "
+        "{ENV_NAME: secret-name}: e.g. {AWS_ACCESS_KEY_ID: aws-key-id, AWS_SECRET_ACCESS_KEY: aws-secret} "
+        "for s3:// input and output (AWS_ENDPOINT_URL / AWS_REGION, not secret, go in env). The spec "
+        "carries only the reference; each secret must exist in the workspace (checked at up).",
+    )
     reservation: str | None = Field(
         default=None,
         description="Node reservation id the endpoint and the jobs run in (needs node_groups).",

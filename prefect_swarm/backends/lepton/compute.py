@@ -46,6 +46,7 @@ from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, J
 from prefect_swarm.interfaces.jobenv import API_KEY, HOME
 from prefect_swarm.jobs.plan import shard_marked_done
 from prefect_swarm.jobs.spec import JobSpec
+from prefect_swarm.jobs.storage import is_remote
 
 if TYPE_CHECKING:
     from prefect_swarm.config import LeptonConfig, SwarmConfig
@@ -463,12 +464,29 @@ class LeptonCompute(ComputeBase):
             return  # written later by the caller; the job reports a missing spec itself
         spec = JobSpec.load(value)
         for field, path in (("input", spec.input), ("output", spec.output), ("job_dir", spec.job_dir)):
+            if path and field != "job_dir" and is_remote(path):
+                self._check_store_credentials(field, path)
+                continue
             if path and not under_mount(self.backend, os.path.abspath(os.path.expanduser(path))):
                 raise ConfigError(
                     f"the job's {field} {path} is not on the storage Lepton jobs mount (mount_path: {mounts_}); "
                     f"a Lepton job sees only what is mounted. Put the {field} under a mount_path, "
                     f"e.g. under backend.shared_path ({self.backend.shared_path})."
                 )
+
+    def _check_store_credentials(self, field: str, path: str) -> None:
+        """An ``s3://`` input or output needs the store's credentials in the job's own environment: a
+        Lepton job has none of this process's (no ``~/.aws``, no instance role of ours)."""
+        if not path.startswith("s3://"):
+            return  # gs://: Google's default credentials, as the job's image and env give them
+        given = {*self.backend.job_secret_env, *self.job_runtime().env}
+        if not {"AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE"} & given:
+            raise ConfigError(
+                f"the job's {field} {path} is on S3, but a Lepton job gets no credentials of this process. "
+                "Keep them in workspace secrets and name them in backend.job_secret_env, e.g. "
+                "{AWS_ACCESS_KEY_ID: aws-key-id, AWS_SECRET_ACCESS_KEY: aws-secret} (`lep secret create -n "
+                "aws-key-id -v ...`); AWS_ENDPOINT_URL / AWS_REGION, not secret, go in env."
+            )
 
     def _secrets(self, request: JobRequest) -> tuple[dict[str, str], dict[str, str]]:
         """(env name -> Lepton secret name, secret name -> value to store): values go to workspace
@@ -480,6 +498,9 @@ class LeptonCompute(ComputeBase):
         if token_secret and (API_KEY not in values or self._is_endpoint_token(values[API_KEY])):
             values.pop(API_KEY, None)
             refs[API_KEY] = token_secret
+        for key in self.backend.job_secret_env:  # the user's own secrets, by reference: a value never passes here
+            values.pop(key, None)
+        refs.update(self.backend.job_secret_env)
         for key, value in values.items():
             shared = key == API_KEY and self.cfg.api_key is not None and self._is_endpoint_token(value)
             refs[key] = (

@@ -162,13 +162,7 @@ class LeptonServing:
                     f"a workspace secret (`lep secret create -n {name.lower().replace('_', '-')} -v ...`) and "
                     f"name it in backend.secret_env: {{{name}: {name.lower().replace('_', '-')}}}."
                 )
-        for name in cfg.backend.secret_env:  # type: ignore[union-attr]
-            try:
-                validate_environment_variable_name(name)
-            except ValueError as exc:
-                raise ConfigError(f"backend.secret_env: {name!r} cannot be used on Lepton: {exc}") from None
-            if name in engine_env(cfg):
-                raise ConfigError(f"backend.secret_env: {name} is set in env / engine.env too; keep one.")
+        _check_secret_env(cfg)
         self.plan()  # backend.deployment_spec / job_spec merged and checked by the SDK's models
         for i, m in enumerate(cfg.backend.mounts):  # type: ignore[union-attr]
             try:  # the SDK's own check of a volume name (node-local, or node-<type>:<name>)
@@ -514,6 +508,7 @@ class LeptonServing:
         b = self.backend
         wanted = [("backend.endpoint_token_secret", b.endpoint_token_secret)] if b.endpoint_token_secret else []
         wanted += [(f"backend.secret_env.{env}", name) for env, name in b.secret_env.items()]
+        wanted += [(f"backend.job_secret_env.{env}", name) for env, name in b.job_secret_env.items()]
         if not wanted:
             return
         names = self.client.secret_names()
@@ -758,6 +753,25 @@ class LeptonServing:
                 return False
             time.sleep(min(1.0, self.backend.ready_poll_s))
         return True
+
+
+def _check_secret_env(cfg: SwarmConfig) -> None:
+    """``backend.secret_env`` (the endpoint's) and ``backend.job_secret_env`` (every job's) name
+    usable env variables, none also set in plain env."""
+    from leptonai.api.v2.spec_utils import validate_environment_variable_name
+
+    b: LeptonConfig = cfg.backend  # type: ignore[assignment]
+    for field, names, plain in (
+        ("secret_env", b.secret_env, engine_env(cfg)),
+        ("job_secret_env", b.job_secret_env, cfg.env),
+    ):
+        for name in names:
+            try:
+                validate_environment_variable_name(name)
+            except ValueError as exc:
+                raise ConfigError(f"backend.{field}: {name!r} cannot be used on Lepton: {exc}") from None
+            if name in plain:
+                raise ConfigError(f"backend.{field}: {name} is set in env / engine.env too; keep one.")
 
 
 def _made_by(dep: Any) -> str:
