@@ -320,7 +320,7 @@ def test_missing_sdk_gives_install_hint(lepton_cfg: Make, monkeypatch: pytest.Mo
     for mod in [m for m in sys.modules if m == "leptonai" or m.startswith("leptonai.")]:
         monkeypatch.delitem(sys.modules, mod)
     monkeypatch.setitem(sys.modules, "leptonai", None)
-    with pytest.raises(ConfigError, match=r"pip install 'prefect-swarm\[lepton\]'"):
+    with pytest.raises(ConfigError, match=r"pip install '\.\[lepton\]' .*as the README installs it"):
         Swarm(cfg).validate()
 
 

@@ -35,7 +35,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'prefect-swarm[lepton]' && pip install --no-deps 'leptonai==0.47.1'"
+INSTALL_HINT = (
+    "pip install '.[lepton]' && pip install --no-deps 'leptonai==0.47.1' "
+    "(in a prefect-swarm clone, as the README installs it)"
+)
 TRANSIENT_STATUSES = frozenset({429, 502, 503, 504})
 LABEL_SWARM = "prefect-swarm-swarm"
 LABEL_JOB = "prefect-swarm-job"
