@@ -86,5 +86,8 @@ def test_the_shipped_example_validates_comes_up_runs_a_two_shard_job_and_goes_do
         j for j in workspace.jobs.values() if j.body["metadata"]["labels"].get("prefect-swarm-job") != "storage-check"
     ]
     assert len(shards) == 2
+    for job in shards:  # each shard installed the staged wheel in its own (fresh) container first
+        assert str(staged[0]) in job.body["spec"]["container"]["command"][2]
+        assert "/containers/" in job.extra["env"]["PATH"]
     cli("down", "llama-8b", "--yes")
     assert workspace.deployments == {} and "swarm-endpoint-token" in workspace.secrets

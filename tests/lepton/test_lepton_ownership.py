@@ -147,6 +147,24 @@ def test_a_hand_made_endpoint_survives_up_and_down_of_a_swarm_of_its_name(
     assert StateStore().require_swarm("prod").phase.name in ("FAILED", "STOPPED")
 
 
+def test_up_adopt_on_the_command_line_takes_a_hand_made_endpoint_over(
+    lepton_cfg: Make, fake_lepton: FakeLepton, tmp_path: Path, run_cli: Cli
+) -> None:
+    _hand_made(fake_lepton, "prod")
+    config = _config_file(lepton_cfg(name="prod", storage_check_timeout_s=None), tmp_path / "prod.yaml")
+    env = {"LEPTON_WORKSPACE_TOKEN": fake_lepton.token}
+    refused = run_cli("up", "-c", str(config), env=env)
+    assert refused.returncode == 2 and "pick another name or `--adopt`" in " ".join(refused.stderr.split())
+    adopted = run_cli("up", "-c", str(config), "--adopt", env=env)
+    assert adopted.returncode == 0, adopted.stderr
+    owner = swarm_owner(SwarmPaths.for_swarm("prod"))
+    dep = fake_lepton.deployments["prod"]
+    assert dep.body["metadata"]["labels"][LABEL_OWNER] == owner and dep.body["spec"]["container"]["image"] != "my/own:1"
+    assert run_cli("down", "prod", "--yes", env=env).returncode == 0
+    fake_lepton.wait_deletes()
+    assert fake_lepton.deployments == {}
+
+
 @pytest.mark.parametrize("fake_lepton", [{}, {"new_deployment_api": True}], indirect=True, ids=["legacy", "new-api"])
 def test_adopt_takes_a_name_over_and_marks_it(
     lepton_cfg: Make, fake_lepton: FakeLepton, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
