@@ -351,7 +351,12 @@ class LeptonServing:
         self._delete_jobs(name)
         dep = self._get(name)
         if dep is not None and owner_mark(dep) != self.owner:
-            log.warning("Lepton deployment '%s' was not made by this swarm (%s): left as it is", name, _made_by(dep))
+            log.warning(
+                "Lepton deployment '%s' was not made by this swarm (%s): left as it is. To remove it with "
+                "prefect-swarm, `up --adopt` it first, then `down`",
+                name,
+                _made_by(dep),
+            )
         elif dep is not None:
             self.client.call(f"delete deployment '{name}'", lambda api: api.deployment.delete(name), missing_ok=True)
             if not self._wait_gone(name):
