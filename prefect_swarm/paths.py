@@ -10,6 +10,7 @@
     watchdog-<i>.log / .pid / .json   watchdog log, pid record, spec (no secrets)
     replicas.sbatch lb.sbatch nginx.conf slurm.json slurm.lock   scripts, wanted/submitted tasks, lock (Slurm)
     swarm.key                    the swarm's API key, mode 0600 (its api_key, or generated on Slurm)
+    owner.id                     this home's identity of the swarm, marked on what it makes (Lepton)
     ray.token                    generated Ray auth token, mode 0600 (Slurm, replicas spanning nodes over Ray)
     lb/auth.conf                 the LB's key check (nginx map), mode 0600, written by the LB job
     engine-path/psw_key_guard.py the key check of a closed vLLM replica (--middleware; on its PYTHONPATH)
@@ -524,6 +525,12 @@ class SwarmPaths(Folder):
         """The swarm's API key, mode 0600, never in state or logs: its ``api_key``, kept by ``up`` so that
         every later command and job of this user finds it; on Slurm without ``api_key``, the key it generated."""
         return self.root / "swarm.key"
+
+    @property
+    def owner_file(self) -> Path:
+        """This home's identity of the swarm on a platform other users share (Lepton marks what the
+        swarm makes with it, and touches nothing without it); made at its first ``up``, not a secret."""
+        return self.root / "owner.id"
 
     @property
     def ray_token_file(self) -> Path:

@@ -69,6 +69,14 @@ def up(
     ] = False,
     timeout: TimeoutOpt = None,
     output: OutputOpt = OutputFormat.table,
+    adopt: Annotated[
+        bool,
+        typer.Option(
+            "--adopt",
+            help="Lepton: take over an endpoint of the swarm's name that this swarm did not make "
+            "(backend.adopt); without it such a name is refused before any change.",
+        ),
+    ] = False,
 ) -> None:
     """Bring a swarm up and wait until every replica answers a chat completion.
 
@@ -76,6 +84,10 @@ def up(
     applied; healthy replicas keep running.
     """
     cfg = load_config(config, overrides={"replicas": replicas, "name": name})
+    if adopt:
+        if "adopt" not in type(cfg.backend).model_fields:
+            raise ConfigError(f"--adopt: the {cfg.backend.type} backend has no objects of others to adopt.")
+        cfg = cfg.model_copy(update={"backend": cfg.backend.model_copy(update={"adopt": True})})
     bring_up(cfg, keep=keep, no_wait=no_wait, timeout=timeout, output=output)
 
 

@@ -305,9 +305,19 @@ class LeptonConfig(Priced):
         default=None,
         description="Name of a Lepton secret holding the endpoint's API token; default: the swarm's api_key.",
     )
+    adopt: bool = Field(
+        default=False,
+        description="Take over an endpoint of the swarm's name that this swarm did not make (by hand, or "
+        "another home's swarm of the same name): `up` then replaces its spec and `down` deletes it. Off: "
+        "such a name is refused before any change. `prefect-swarm up --adopt` sets it.",
+    )
     resource_shape: str = Field(default="gpu.h100-sxm", description="Resource shape of each endpoint replica.")
     job_resource_shape: str = Field(default="cpu.small", description="Resource shape of each batch-job worker.")
-    node_groups: list[str] = Field(default_factory=list, description="Node group ids to schedule on.")
+    node_groups: list[str] = Field(
+        default_factory=list,
+        description="Node groups to schedule on, each by id or by name (an id first, then a name, as the "
+        "leptonai CLI matches them); the specs sent carry their ids.",
+    )
     image: str = Field(default="vllm/vllm-openai:latest", description="Container image of the endpoint.")
     job_image: str | None = Field(
         default=None,
@@ -322,6 +332,13 @@ class LeptonConfig(Priced):
         default_factory=list,
         description="Shell lines run before each job process in the container, e.g. "
         "'pip install prefect-swarm==<version>' when job_image lacks it; written verbatim.",
+    )
+    job_wheel: bool = Field(
+        default=True,
+        description="Stage this prefect-swarm's own wheel (the installed version) under shared_path at `up`, "
+        "once per version, and install it with job_python's pip in each job's setup when job_image lacks "
+        "that version; its dependencies come from the image or the package index. false: job_image must "
+        "have prefect-swarm.",
     )
     image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets used to pull private images.")
     mounts: list[LeptonMount] = Field(default_factory=list, description="Storage mounts for endpoint and jobs.")
@@ -351,6 +368,13 @@ class LeptonConfig(Priced):
         description="Environment variables of the endpoint read from Lepton workspace secrets, "
         "{ENV_NAME: secret-name} (e.g. {HF_TOKEN: hf-token} for a gated model): the spec carries only "
         "the reference. Each secret must exist in the workspace (checked before anything starts).",
+    )
+    job_secret_env: dict[EnvName, str] = Field(
+        default_factory=dict,
+        description="Environment variables of every batch job read from Lepton workspace secrets, "
+        "{ENV_NAME: secret-name}: e.g. {AWS_ACCESS_KEY_ID: aws-key-id, AWS_SECRET_ACCESS_KEY: aws-secret} "
+        "for s3:// input and output (AWS_ENDPOINT_URL / AWS_REGION, not secret, go in env). The spec "
+        "carries only the reference; each secret must exist in the workspace (checked at up).",
     )
     reservation: str | None = Field(
         default=None,
@@ -427,8 +451,6 @@ def lepton_priority_class(value: object) -> str:
         )
     band = next(b for b, (lo, hi) in _PRIORITY_BANDS.items() if lo <= level <= hi)
     return f"{band}-{level}000"
-
-
 
 
 class ExternalConfig(Priced):

@@ -68,7 +68,10 @@ then 404, the name refused with 409 until the delete is done), ``legacy_create_r
 create answers 200 with an empty body, as old servers do), ``unknown_reads`` (a new or updated
 deployment reads the unknown state ``""`` that many times), ``group_volumes`` / ``group_shapes``
 (node group id -> its own volumes / shapes; default every group has all), ``malformed_node_groups``
-(their catalog entry carries a volume the SDK's model refuses, so ``nodegroup.list_all`` skips it).
+(their catalog entry carries a volume the SDK's model refuses, so ``nodegroup.list_all`` skips it),
+``pull_s`` (a job reads ``Starting``, no process yet, this long after its create: its image being
+pulled), ``images`` values :data:`WITHOUT_PREFECT_SWARM` (an image like ``vllm/vllm-openai``: every
+package of the worker's interpreter but prefect-swarm, fresh for each job).
 """
 
 from __future__ import annotations
@@ -102,6 +105,11 @@ from prefect_swarm.testing.stub_engine import engine_command
 
 Reply = tuple[int, Any]
 
+DELETE_S = 1.0
+"""Default ``delete_s``: a delete finishes in the background, as on the platform (0 makes it instant)."""
+UNKNOWN_READS = 2
+"""Default ``unknown_reads``: a new or updated deployment reads the unknown state first, as on the platform."""
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -130,6 +138,7 @@ class _Injection:
     match: str
     retry_after: float | None
     apply: bool = False
+    method: str = ""
 
 
 @dataclass
@@ -142,12 +151,16 @@ class _LogStream:
     ConnectionError from ``iter_content``); a finished one's ends with its last line."""
 
     workload: _Workload
+    fake: FakeLepton
     poll_s: float = 0.05
 
     def write(self, out: Any) -> None:
-        """Write the stream to ``out`` (the socket file) as HTTP/1.1 chunks."""
-        w, offset = self.workload, 0
+        """Write the stream to ``out`` (the socket file) as HTTP/1.1 chunks; a connection dropped by
+        :meth:`FakeLepton.drop_log_streams` ends without the last chunk, as a cut connection does."""
+        w, offset, generation = self.workload, 0, self.fake.stream_generation
         while True:
+            if self.fake.stream_generation != generation:
+                raise ConnectionResetError("the fake dropped the log stream")
             alive = w.alive()  # read before the file: what a finished process wrote is all there
             data = b""
             if w.log_path.exists():
@@ -225,12 +238,13 @@ class FakeLepton:
         node_groups: Mapping[str, str] | None = None,
         image_pull_secrets: tuple[str, ...] = (),
         queue_deployments: tuple[str, ...] = (),
-        delete_s: float = 0.0,
+        delete_s: float = DELETE_S,
         legacy_create_response: bool = False,
-        unknown_reads: int = 0,
+        unknown_reads: int = UNKNOWN_READS,
         group_volumes: Mapping[str, tuple[str, ...]] | None = None,
         group_shapes: Mapping[str, tuple[str, ...]] | None = None,
         malformed_node_groups: tuple[str, ...] = (),
+        pull_s: float = 0.0,
     ) -> None:
         self.token = token or "fake-lepton-" + secrets.token_hex(12)
         self.workspace_id = workspace_id
@@ -255,6 +269,8 @@ class FakeLepton:
         self.group_volumes = dict(group_volumes) if group_volumes is not None else None
         self.group_shapes = dict(group_shapes) if group_shapes is not None else None
         self.malformed_node_groups = tuple(malformed_node_groups)
+        self.pull_s = pull_s
+        self.stream_generation = 0
         self._name_free_at: dict[str, float] = {}
         self.job_logs: dict[str, Path] = {}  # job id -> its log: the historical logs outlive the job
         self.volumes: dict[str, Path | None] = (
@@ -309,12 +325,19 @@ class FakeLepton:
 
     # ------------------------------------------------------------------ knobs and views
     def inject(
-        self, status: int = 503, count: int = 1, match: str = "", retry_after: float | None = 0, apply: bool = False
+        self,
+        status: int = 503,
+        count: int = 1,
+        match: str = "",
+        retry_after: float | None = 0,
+        apply: bool = False,
+        method: str = "",
     ) -> None:
-        """Answer the next ``count`` requests whose path contains ``match`` with ``status``; with
-        ``apply`` the request takes effect first (a gateway timing out on a call that went through)."""
+        """Answer the next ``count`` requests whose path contains ``match`` (and whose verb is
+        ``method``, when given) with ``status``; with ``apply`` the request takes effect first (a
+        gateway timing out on a call that went through)."""
         with self.lock:
-            self._injections.append(_Injection(status, count, match, retry_after, apply))
+            self._injections.append(_Injection(status, count, match, retry_after, apply, method.upper()))
 
     def expire_token(self) -> str:
         """The current token expires (every later request with it answers 401); returns a new one."""
@@ -323,6 +346,12 @@ class FakeLepton:
             self.token = "fake-lepton-" + secrets.token_hex(12)
             return self.token
 
+    def drop_log_streams(self) -> None:
+        """Cut every replica log stream open now (the platform drops long streams: leptonai 0.47.1's
+        ``get_log`` says not to rely on one lasting)."""
+        with self.lock:
+            self.stream_generation += 1
+
     def force_state(self, name: str, state: str | None) -> None:
         """Pin the state of deployment or job ``name`` (None: back to the process-driven state)."""
         with self.lock:
@@ -330,6 +359,21 @@ class FakeLepton:
             if target is None:
                 raise KeyError(name)
             target.forced = state
+
+    def wait_deletes(self, timeout_s: float = 20.0) -> None:
+        """Return once every delete started so far has finished in the background (each object then
+        answers 404 and its name is free again), as a user waits for ``lep`` to stop listing it;
+        TimeoutError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.lock:
+                self._sweep()
+                pending = [n for t in (self.deployments, self.jobs) for n, w in t.items() if "gone_at" in w.extra]
+                if not pending and not self._name_free_at:
+                    return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"deletes still running after {timeout_s:.0f}s: {pending or self._name_free_at}")
+            time.sleep(0.05)
 
     def running_processes(self) -> list[int]:
         """PIDs of deployment and job processes still alive."""
@@ -362,7 +406,7 @@ class FakeLepton:
         with self.lock:
             self._sweep()
             for inj in self._injections:
-                if inj.count > 0 and inj.match in path:
+                if inj.count > 0 and inj.match in path and inj.method in ("", method):
                     inj.count -= 1
                     if inj.apply:
                         self._route(method, path, query, body or {})
@@ -429,7 +473,7 @@ class FakeLepton:
         """``VERB /rest`` -> handler(name, workload) of one existing deployment or job."""
         shared: dict[str, Callable[..., Reply]] = {
             "GET /replicas": lambda n, w, **kw: (200, self._replicas_json(n, w)),
-            "GET /replicas/*/log": lambda n, w, **kw: (200, _LogStream(w)),
+            "GET /replicas/*/log": lambda n, w, **kw: (200, _LogStream(w, self)),
             "GET /events": lambda n, w, **kw: (200, self._events(w)),
         }
         own: dict[str, Callable[..., Reply]]
@@ -488,15 +532,16 @@ class FakeLepton:
 
     def _shapes_json(self, *, query: dict[str, list[str]], **_: Any) -> Reply:
         """Resource shapes per node group (leptonai 0.47.1 api/v2/resource_shape.py ``list_shapes``
-        filters by ``node_groups`` and ``purpose``; types/shape.py gives each a ``spec.name`` and
-        ``spec.node_group_id``; cli/node.py names a shape by ``spec.name`` first and keeps those
-        whose ``listable_in`` holds the purpose). The id is the server's, not the name."""
-        groups = query.get("node_groups") or sorted(self.node_groups)
+        filters by ``node_groups``, documented as a node group *name*, and ``purpose``; types/shape.py
+        gives each a ``spec.name`` and ``spec.node_group_id``; cli/node.py names a shape by
+        ``spec.name`` first and keeps those whose ``listable_in`` holds the purpose). The id is the
+        server's, not the name."""
+        wanted = query.get("node_groups")
         purpose = next(iter(query.get("purpose") or []), None)
         out = []
         for ng in sorted(self.node_groups):
-            if ng not in groups and self.node_groups[ng] not in groups:
-                continue
+            if wanted and self.node_groups[ng] not in wanted:
+                continue  # "node_group: Optional node group name filter": an id matches nothing
             for shape in self._group_shapes(ng):
                 listable = ["pod", "deployment", "job"]
                 if purpose and purpose not in listable:
@@ -691,6 +736,9 @@ class FakeLepton:
         problem = self._spec_problem(new)
         if problem:
             return 400, {"code": "bad_request", "message": problem}
+        labels = (body.get("metadata") or {}).get("labels")
+        if labels:  # a merge patch of the object: the metadata's labels merge too
+            w.body["metadata"]["labels"] = {**(w.body["metadata"].get("labels") or {}), **labels}
         self._apply_spec(w, new)
         return 200, self._dep_json(name)
 
@@ -810,8 +858,20 @@ class FakeLepton:
         )
         w.extra["created"] = time.time()
         self.jobs[jid] = w
-        self._start_job(w)
+        if self.pull_s > 0:  # its image is pulled first: ``Starting`` until then, no process yet
+            w.extra["pulling"] = True
+            timer = threading.Timer(self.pull_s, self._pulled, args=(w,))
+            timer.daemon = True
+            timer.start()
+        else:
+            self._start_job(w)
         return 200, self._job_json(jid)
+
+    def _pulled(self, w: _Workload) -> None:
+        with self.lock:
+            live = not w.stopped and "gone_at" not in w.extra and w.body["metadata"]["id"] in self.jobs
+            if w.extra.pop("pulling", False) and live:
+                self._start_job(w)
 
     def _start_job(self, w: _Workload) -> None:
         spec = w.body["spec"]
@@ -835,15 +895,24 @@ class FakeLepton:
         seen = self._mounted(spec)
         argv = [_remap(a, seen) for a in argv]
         env = {k: _remap(v, seen) for k, v in env.items()}
+        jid = w.body["metadata"]["id"]
         try:
-            image = self._image_root(str(container.get("image") or ""))
+            image = self._image_root(str(container.get("image") or ""), jid)
             argv[0] = _resolve(argv[0], image, [src for _mp, src in seen])
+            if (
+                len(argv) > 4
+                and argv[1] == "-c"
+                and argv[2].endswith('exec "$@"')
+                and os.path.basename(argv[0]) == "sh"
+            ):
+                # a setup wrapper (``sh -c '<setup> && exec "$@"' sh PROGRAM ...``): the container's
+                # shell would find PROGRAM in the image too, or fail the exec
+                argv[4] = _resolve(argv[4], image, [src for _mp, src in seen])
         except LookupError as exc:  # what the container runtime reports, and the job fails
             w.log_path.write_text(f"{exc}\n")
             w.extra["exit"] = 127
             return
         # what the image sets, under the spec's env; no variable of the worker's environment
-        jid = w.body["metadata"]["id"]
         tmp, cwd = image / "tmp" / jid, image / "work" / jid  # this job's own /tmp and empty working dir
         tmp.mkdir(parents=True, exist_ok=True)
         cwd.mkdir(parents=True, exist_ok=True)
@@ -900,12 +969,17 @@ class FakeLepton:
             out.append((mount_path, src))
         return out
 
-    def _image_root(self, image: str) -> Path:
-        """The job root standing for ``image``: ``bin/python3`` runs the interpreter the image maps to."""
+    def _image_root(self, image: str, jid: str) -> Path:
+        """The job root standing for ``image``: ``bin/python3`` runs the interpreter the image maps to.
+        An image mapped to :data:`WITHOUT_PREFECT_SWARM` gets a root of its own per job (a container
+        starts from its image: what one job installs, the next does not have)."""
         python = self.python if self.images is None else self.images.get(image)
         if python is None:
             raise LookupError(f"failed to pull image {image!r}: not found (the fake knows {sorted(self.images or {})})")
         root = self.workdir / "images" / re.sub(r"[^A-Za-z0-9_.-]+", "_", image or "default")
+        if python == WITHOUT_PREFECT_SWARM:
+            root = root / "containers" / jid
+            python = self._bare_python(root / "venv")
         if not (root / "bin" / "python3").exists():
             (root / "bin").mkdir(parents=True, exist_ok=True)
             (root / "root").mkdir(exist_ok=True)
@@ -918,6 +992,31 @@ class FakeLepton:
                     (root / "bin" / tool).symlink_to(found)
         return root
 
+    def _bare_python(self, venv: Path) -> str:
+        """A fresh virtual environment that sees every package of this interpreter but prefect-swarm
+        (through a ``.pth`` naming a folder of links to them), with no pip of its own but theirs."""
+        deps = self.workdir / "images" / "site-without-prefect-swarm"
+        if not deps.exists():
+            import sysconfig
+
+            tmp = deps.with_name(deps.name + ".tmp")
+            tmp.mkdir(parents=True, exist_ok=True)
+            for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+                name = entry.name.lower()
+                if name.startswith(("prefect_swarm", "__editable__", "prefect-swarm")) or name.endswith(".pth"):
+                    continue
+                (tmp / entry.name).symlink_to(entry)
+            tmp.rename(deps)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        purelib = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        (Path(purelib) / "image-packages.pth").write_text(f"{deps}\n")
+        return str(venv / "bin" / "python")
+
     def _job_state(self, w: _Workload) -> str:
         if w.forced:
             return w.forced
@@ -925,6 +1024,8 @@ class FakeLepton:
             return "Deleting"
         if w.extra.get("queued"):
             return "Stopped" if w.stopped else "Queueing"
+        if w.extra.get("pulling"):
+            return "Stopped" if w.stopped else "Starting"
         if w.stopped:
             state = "Stopping" if w.alive() else "Stopped"
         elif w.gets <= 1 and w.alive():
@@ -1042,6 +1143,11 @@ class FakeLepton:
     ) -> subprocess.Popen[bytes]:
         return start_logged(argv, env, log_path, cwd)
 
+
+WITHOUT_PREFECT_SWARM = "<without-prefect-swarm>"
+"""An ``images`` value: the image's ``python3`` has every package of the worker's interpreter but
+prefect-swarm (like ``vllm/vllm-openai``), and each job gets a fresh copy: a job that needs it must
+install it in its own setup, every time."""
 
 RESERVED_ENV_NAMES = frozenset(
     {

@@ -95,7 +95,8 @@ def test_the_lepton_plan_masks_the_endpoint_token(
     deployment = json.loads(doc["plan"]["deployment.json"])
     assert deployment["spec"]["api_tokens"] == [{"value": "***"}]
     job = json.loads(doc["plan"]["job-template.json"])
-    assert job["spec"]["container"]["command"][0] == "python3"
+    command = job["spec"]["container"]["command"]  # the setup (the staged wheel's install), then python3
+    assert command[:2] == ["sh", "-c"] and ".wheels/" in command[2] and command[4] == "python3"
     secret_refs = [e for e in job["spec"]["envs"] if e["name"] == "PREFECT_SWARM_API_KEY"]
     assert secret_refs and "value" not in secret_refs[0]
 

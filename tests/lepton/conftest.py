@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 os.environ.setdefault("LEPTON_CACHE_DIR", tempfile.mkdtemp(prefix="lepton-cache-"))
 
 from prefect_swarm.config import SwarmConfig
+from prefect_swarm.interfaces import ServingBackend, ServingHandle, ServingPhase, ServingStatus
 from prefect_swarm.testing.fake_lepton import FakeLepton
 
 API_KEY = "endpoint-key-7f3a9c1e5b"
@@ -35,6 +37,7 @@ def fake_lepton(
         monkeypatch.delenv(key, raising=False)
     with FakeLepton(**getattr(request, "param", {})) as fake:
         yield fake
+        fake.wait_deletes()
     assert fake.running_processes() == []
 
 
@@ -73,3 +76,25 @@ def lepton_cfg(fake_lepton: FakeLepton, shared_dir: Path) -> Callable[..., Swarm
         return SwarmConfig.model_validate(data)
 
     return make
+
+
+KnownStatus = Callable[[ServingBackend, ServingHandle], ServingStatus]
+
+
+@pytest.fixture
+def known_status() -> KnownStatus:
+    """See :func:`_known_status`."""
+    return _known_status
+
+
+def _known_status(srv: ServingBackend, handle: ServingHandle, timeout_s: float = 20.0) -> ServingStatus:
+    """The endpoint's status once the platform has looked at it: right after a create or an update a
+    deployment reads the unknown state a few times (the fake does as the platform), and a user
+    asking `prefect-swarm status` again sees the state it settles in. Waits on that state."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = srv.status(handle)
+        if st.phase is not ServingPhase.UNKNOWN:
+            return st
+        assert time.monotonic() < deadline, f"still unknown after {timeout_s:.0f}s: {st.detail}"
+        time.sleep(0.05)

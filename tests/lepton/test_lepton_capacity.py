@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -42,7 +43,9 @@ def test_a_queued_endpoint_fails_with_capacity_error_after_the_queue_timeout(
     assert fake_lepton.deployments == {} and fake_lepton.jobs == {}  # torn down all the same
 
 
-def test_a_queued_endpoint_reads_pending(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
+def test_a_queued_endpoint_reads_pending(
+    lepton_cfg: Make, fake_lepton: FakeLepton, known_status: Callable[..., Any]
+) -> None:
     from prefect_swarm.backends.lepton.serving import LeptonServing
     from prefect_swarm.paths import SwarmPaths
 
@@ -50,6 +53,6 @@ def test_a_queued_endpoint_reads_pending(lepton_cfg: Make, fake_lepton: FakeLept
     cfg = lepton_cfg()
     srv = LeptonServing(cfg, SwarmPaths.for_swarm(cfg.name))
     handle = srv.create_or_update(cfg)
-    status = srv.status(handle)
+    status = known_status(srv, handle)
     assert status.phase is ServingPhase.PENDING and "NoCapacity" in status.detail
     srv.delete(handle)

@@ -145,8 +145,9 @@ def test_shapes_are_per_node_group_and_named_by_spec_name(lepton_cfg: Make, fake
     from leptonai.api.v2 import APIClient
 
     api = APIClient(workspace_id=fake_lepton.workspace_id, auth_token=fake_lepton.token, url=fake_lepton.url)
-    listed = api.shapes.list_shapes(node_group="ng-a", purpose="deployment")
+    listed = api.shapes.list_shapes(node_group="pool-a", purpose="deployment")  # the SDK's filter takes names
     assert {s.spec.name for s in listed} == {"gpu.h100-sxm", "cpu.small"}
+    assert api.shapes.list_shapes(node_group="ng-a", purpose="deployment") == []  # an id matches nothing
     assert not {s.metadata.id_ for s in listed} & {"gpu.h100-sxm", "cpu.small"}
 
 

@@ -41,6 +41,7 @@ def test_jobs_page_and_filter(fake_lepton: FakeLepton) -> None:
     assert [j.metadata.name for j in api.job.list_all(q="job-1")] == ["job-1"]  # q: a part of the name
     for jid in ids:
         api.job.delete(jid)
+    fake_lepton.wait_deletes()  # Deleting, then gone
     assert api.job.list_all() == []
 
 

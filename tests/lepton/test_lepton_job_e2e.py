@@ -68,7 +68,7 @@ def test_two_shard_job_exactly_once(
         compute = swarm.compute
         command = compute.job_runtime().module_argv("prefect_swarm.jobs.run", "--spec", str(spec_path))
         handle = compute.submit(JobRequest(name="job-e2e", command=command, nshards=2))
-        assert len(handle.meta["jobs"]) == 2 and len(fake_lepton.jobs) == 2
+        assert len(handle.meta["jobs"]) == 2 and set(handle.meta["jobs"]) <= set(fake_lepton.jobs)
         status = compute.wait(handle, poll_s=0.2)
         assert status is JobStatus.SUCCEEDED, compute.logs(handle)
         commit_output(spec)
@@ -78,6 +78,7 @@ def test_two_shard_job_exactly_once(
         assert compute.wait(again, poll_s=0.2) is JobStatus.SUCCEEDED
         commit_output(spec)
         _check_output(shared_dir / "out.parquet")
+    fake_lepton.wait_deletes()  # deletes finish in the background, as on the platform
     assert fake_lepton.deployments == {} and fake_lepton.jobs == {}
     assert fake_lepton.running_processes() == []
 

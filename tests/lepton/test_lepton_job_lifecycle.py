@@ -113,3 +113,28 @@ def test_an_archived_jobs_log_comes_from_the_historical_logs(
     time.sleep(1.0)  # out of the archive: the job is gone (404), its log is not
     assert "gone" in compute.probe(job).detail and jid not in fake_lepton.jobs
     assert f"[{jid}] last line of the shard" in compute.logs(job)
+
+
+@pytest.mark.parametrize("fake_lepton", [{"archive_after_s": 0.5}], indirect=True)
+def test_the_historical_logs_404_is_no_logs_yet_and_429_is_retried(
+    lepton_cfg: Make, fake_lepton: FakeLepton, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect_swarm.backends.lepton.client import LeptonClient
+    from prefect_swarm.backends.lepton.compute import NO_LOGS_YET
+
+    monkeypatch.setattr(LeptonClient, "backoff_s", 0.01)
+    cfg = lepton_cfg()
+    compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)
+    job = compute.submit(JobRequest(name="talker", command=["python3", "-c", "print('said once')"]))
+    assert compute.wait(job, poll_s=0.1) is JobStatus.SUCCEEDED
+    (jid,) = job.meta["jobs"]
+    deadline = time.monotonic() + 30
+    while "Archived" not in compute.probe(job).detail:  # waits on the state the API reports
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    fake_lepton.inject(404, count=1, match="/logs", method="GET")
+    assert compute.logs(job) == f"[{jid}] {NO_LOGS_YET}"
+    fake_lepton.inject(429, count=2, match="/logs", method="GET", retry_after=0)
+    assert compute.logs(job) == f"[{jid}] said once"
+    statuses = [s for m, p, s in fake_lepton.requests if p.endswith("/logs")]
+    assert statuses[-3:] == [429, 429, 200]

@@ -54,6 +54,9 @@ def test_the_legacy_api_keeps_labels_and_readiness(lepton_cfg: Make, fake_lepton
     srv = serving(cfg)
     handle = srv.create_or_update(cfg)
     srv.wait_ready(handle, timeout_s=30)
-    assert fake_lepton.deployments["lep"].body["metadata"]["labels"] == {"prefect-swarm-swarm": "lep"}
+    assert fake_lepton.deployments["lep"].body["metadata"]["labels"] == {
+        "prefect-swarm-swarm": "lep",
+        "prefect-swarm-owner": srv.owner,
+    }
     assert any(path.endswith("/readiness") for _m, path, _s in fake_lepton.requests)
     srv.delete(handle)

@@ -70,6 +70,7 @@ def test_the_storage_check_polls_and_deletes_by_the_returned_id(lepton_cfg: Make
     (job_id,) = {p.split("/jobs/")[1].split("/")[0] for _m, p, _s in by_id}
     assert job_id.startswith("lep-storage-") and job_id.count("-") == 4  # <name>-<server's suffix>
     assert ("DELETE", f"{post}/{job_id}", 200) in fake_lepton.requests
+    fake_lepton.wait_deletes()  # deletes finish in the background, as on the platform
     assert fake_lepton.jobs == {}
 
 
@@ -203,3 +204,40 @@ def test_logs_cli_prints_and_follows_a_lepton_replica(
             fh.write("replica said: after\n")
         followed.wait_for("replica said: after")  # ... and carries what it gains
         assert followed.stop() == 0
+
+
+def test_a_followed_replica_log_reconnects_when_the_stream_drops(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
+    import threading
+
+    from prefect_swarm.swarm import Swarm
+
+    cfg = lepton_cfg(storage_check_timeout_s=None)
+    swarm = Swarm(cfg)
+    swarm.up()
+    swarm.wait_ready()
+    log = fake_lepton.deployments["lep"].log_path
+    serving, handle = swarm.backends.serving, swarm.handle
+    assert handle is not None
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.extend(serving.replica_log(handle, 0, follow=True)), daemon=True)
+
+    def printed(text: str) -> None:  # waits on what the follower printed
+        deadline = time.monotonic() + 20
+        while text not in "".join(got):
+            assert time.monotonic() < deadline, "".join(got)[-500:]
+            time.sleep(0.05)
+
+    with log.open("a") as fh:
+        fh.write("replica said: before\n")
+    reader.start()
+    printed("replica said: before")
+    for n in range(3):  # the platform cuts long streams: each time the follower opens it again
+        fake_lepton.drop_log_streams()
+        with log.open("a") as fh:
+            fh.write(f"replica said: after drop {n}\n")
+        printed(f"replica said: after drop {n}")
+    text = "".join(got)
+    assert text.count("replica said: before") == 1 and text.count("after drop 0") == 1  # nothing printed twice
+    swarm.down()  # the replica goes: the follower ends
+    reader.join(timeout=30)
+    assert not reader.is_alive()

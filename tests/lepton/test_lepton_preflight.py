@@ -37,12 +37,12 @@ def _nothing_created(fake: FakeLepton) -> None:
     [
         (
             {"node_groups": ["ng-nope"]},
-            rf"backend.node_groups: workspace 'ws-test' has no node group 'ng-nope'.*{NG_ID}",
+            rf"backend.node_groups: workspace 'ws-test' has no node group 'ng-nope' \(by id or name\).*"
+            rf"{NG_NAME} \(id {NG_ID}\)",
         ),
-        ({"node_groups": [NG_NAME]}, rf"backend.node_groups: '{NG_NAME}' is the name of .*use '{NG_ID}'"),
         ({"image_pull_secrets": ["regcred"]}, r"backend.image_pull_secrets: .* no image pull secret 'regcred'"),
     ],
-    ids=["unknown-node-group", "node-group-by-name", "unknown-pull-secret"],
+    ids=["unknown-node-group", "unknown-pull-secret"],
 )
 def test_unknown_catalog_names_are_refused_before_anything_is_created(
     lepton_cfg: Make, fake_lepton: FakeLepton, backend: dict[str, object], message: str
@@ -110,3 +110,50 @@ def test_a_malformed_volume_name_is_refused_by_validate_without_a_call(
     with pytest.raises(ConfigError, match=r"backend.mounts\[0\].from: .*missing storage_name"):
         Swarm(cfg).validate()
     assert fake_lepton.requests == []
+
+
+GROUPS = {"ng-a1b2c3": "h100-pool", "ng-d4e5f6": "cpu-pool"}
+
+
+@pytest.mark.parametrize(
+    "fake_lepton",
+    [{"node_groups": GROUPS, "group_shapes": {"ng-a1b2c3": ("gpu.h100-sxm",), "ng-d4e5f6": ("cpu.small",)}}],
+    indirect=True,
+)
+@pytest.mark.parametrize("given", [["h100-pool", "cpu-pool"], ["ng-a1b2c3", "ng-d4e5f6"], ["h100-pool", "ng-d4e5f6"]])
+def test_node_groups_by_name_or_by_id_reach_the_specs_as_ids(
+    lepton_cfg: Make, fake_lepton: FakeLepton, given: list[str]
+) -> None:
+    """The shapes of each group are found (the fake filters /shapes by group *name*, as the SDK
+    documents: asked by id first, the backend falls back to the name), and every spec sent, the
+    endpoint's, the storage check's and a job's, pins the ids."""
+    from prefect_swarm.backends.lepton.compute import LeptonCompute
+    from prefect_swarm.interfaces import JobRequest, JobStatus
+
+    cfg = lepton_cfg(node_groups=given, resource_shape="gpu.h100-sxm", job_resource_shape="cpu.small")
+    srv = LeptonServing(cfg, SwarmPaths.for_swarm(cfg.name))
+    handle = srv.create_or_update(cfg)
+    ids = ["ng-a1b2c3", "ng-d4e5f6"]
+    spec = fake_lepton.deployments["lep"].body["spec"]
+    assert spec["resource_requirement"]["affinity"]["allowed_dedicated_node_groups"] == ids
+    shape_asks = [p for m, p, _s in fake_lepton.requests if m == "GET" and p.endswith("/shapes")]
+    assert shape_asks  # the shapes were checked per group (by name where the id found none)
+    compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), handle)
+    job = compute.submit(JobRequest(name="echo", command=["python3", "-c", "print(1)"]))
+    assert compute.wait(job, poll_s=0.1) is JobStatus.SUCCEEDED
+    assert all(j.body["spec"]["affinity"]["allowed_dedicated_node_groups"] == ids for j in fake_lepton.jobs.values())
+    srv.delete(handle)
+
+
+@pytest.mark.parametrize(
+    "fake_lepton",
+    [{"node_groups": GROUPS, "group_shapes": {"ng-a1b2c3": ("cpu.small",), "ng-d4e5f6": ("cpu.small",)}}],
+    indirect=True,
+)
+def test_a_shape_no_pinned_group_has_is_refused_with_what_they_have(lepton_cfg: Make, fake_lepton: FakeLepton) -> None:
+    cfg = lepton_cfg(node_groups=["h100-pool"], resource_shape="gpu.h100-sxm")
+    with pytest.raises(
+        ConfigError, match=r"backend.resource_shape: .* no resource shape 'gpu.h100-sxm'.*it has: cpu.small"
+    ):
+        _up(cfg)
+    _nothing_created(fake_lepton)

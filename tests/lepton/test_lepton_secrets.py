@@ -95,20 +95,24 @@ def test_eight_concurrent_shard_submits_share_the_swarm_secret(
 
 
 def test_down_deletes_only_its_own_secrets(lepton_cfg: Callable[..., SwarmConfig], fake_lepton: FakeLepton) -> None:
-    from prefect_swarm.backends.lepton.client import job_secret_name, swarm_secret_name
+    from prefect_swarm.backends.lepton.client import job_secret_name, swarm_owner, swarm_secret_name
+    from prefect_swarm.paths import SwarmPaths
 
-    # names are unambiguous: no swarm's secrets are a prefix of another's, no two (swarm, key) share one
-    assert not swarm_secret_name("lep-2", "K").startswith(swarm_secret_name("lep", "K")[:-1])
-    assert swarm_secret_name("a", "B_C") != swarm_secret_name("a-b", "C")
-    assert job_secret_name("a", "j", "B_C") != job_secret_name("a-b", "j", "C")
-    assert job_secret_name("s", "j", "hf_token") != job_secret_name("s", "j", "HF_TOKEN")
+    # names are unambiguous: no swarm's secrets are a prefix of another's, no two (swarm, key) share one,
+    # and a swarm of the same name from another home (another owner) has names of its own
+    assert not swarm_secret_name("lep-2", "o", "K").startswith(swarm_secret_name("lep", "o", "K")[:-1])
+    assert swarm_secret_name("a", "o", "B_C") != swarm_secret_name("a-b", "o", "C")
+    assert swarm_secret_name("a", "o1", "K") != swarm_secret_name("a", "o2", "K")
+    assert job_secret_name("a", "o", "j", "B_C") != job_secret_name("a-b", "o", "j", "C")
+    assert job_secret_name("s", "o", "j", "hf_token") != job_secret_name("s", "o", "j", "HF_TOKEN")
     first, second = Swarm(lepton_cfg(name="lep")), Swarm(lepton_cfg(name="lep-2"))
     first.up()
     second.up()
     theirs = set(fake_lepton.secrets)
     assert len(theirs) == 2
     first.down()
-    assert set(fake_lepton.secrets) == {swarm_secret_name("lep-2", "PREFECT_SWARM_API_KEY")}
+    owner = swarm_owner(SwarmPaths.for_swarm("lep-2"))
+    assert set(fake_lepton.secrets) == {swarm_secret_name("lep-2", owner, "PREFECT_SWARM_API_KEY")}
     second.down()
     assert fake_lepton.secrets == {}
 

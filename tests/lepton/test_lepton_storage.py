@@ -63,6 +63,7 @@ def test_the_storage_check_runs_before_the_endpoint(lepton_cfg: Make, fake_lepto
     job_posts = [i for i, (m, p, s) in enumerate(fake_lepton.requests) if m == "POST" and p.endswith("/jobs")]
     dep_posts = [i for i, (m, p, s) in enumerate(fake_lepton.requests) if m == "POST" and p.endswith("/deployments")]
     assert len(job_posts) == 1 and len(dep_posts) == 1 and job_posts[0] < dep_posts[0]
+    fake_lepton.wait_deletes()  # deletes finish in the background, as on the platform
     assert fake_lepton.jobs == {}  # the check job is gone, and so is its nonce
     assert not any((Path(cfg.backend.shared_path) / ".storage-check").iterdir())  # type: ignore[union-attr]
     srv.create_or_update(cfg)  # an update of a live endpoint does not check again
@@ -83,6 +84,7 @@ def test_a_worker_that_sees_another_folder_is_refused_before_any_gpu(lepton_cfg:
         srv = LeptonServing(cfg, SwarmPaths.for_swarm(cfg.name))
         with pytest.raises(ConfigError, match=r"backend.mounts: a Lepton job could not read .*storage-check"):
             srv.create_or_update(cfg)
+        fake.wait_deletes()  # deletes finish in the background, as on the platform
         assert fake.deployments == {} and fake.jobs == {}
         # the same volume at exactly mount_path: the check passes and the endpoint starts
         volume_view = tmp_path / "volume" / "prefect-swarm"

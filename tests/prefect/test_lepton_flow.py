@@ -198,6 +198,7 @@ def test_batch_inference_on_lepton_block_through_the_worker(
     assert table.column("id").to_pylist() == [f"r{i:05d}" for i in range(60)]
     assert set(table.column("status").to_pylist()) == {"ok"}
     # down: nothing left in the workspace
+    fake.wait_deletes()  # deletes finish in the background, as on the platform
     assert fake.running_processes() == [] and fake.deployments == {} and fake.jobs == {}
     rec = StateStore().require_swarm("lep-flow")
     assert rec.phase == "STOPPED" and rec.source == ref and rec.flow_run_id == str(run.id)
@@ -253,6 +254,7 @@ def test_cancel_deletes_the_deployment_without_a_token_in_the_env(
             client.set_flow_run_state(run.id, Cancelling(), force=True)  # the UI's Cancel button
         wait_for(lambda: not fake.deployments, 60, step_s=0.5, what="the Lepton deployment to be deleted")
         wait_for(lambda: not fake.running_processes(), 30, what="no process left in the fake")
+        fake.wait_deletes()
         assert fake.jobs == {}
         # Swarm.down records STOPPED once Lepton confirms the deployment gone and its secrets deleted
         wait_for(lambda: store.require_swarm("lep-cancel").phase == "STOPPED", 30, what="record STOPPED")

@@ -31,10 +31,14 @@ from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmErro
 
 if TYPE_CHECKING:
     from prefect_swarm.config import LeptonConfig
+    from prefect_swarm.paths import SwarmPaths
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'prefect-swarm[lepton]' && pip install --no-deps 'leptonai==0.47.1'"
+INSTALL_HINT = (
+    "pip install '.[lepton]' && pip install --no-deps 'leptonai==0.47.1' "
+    "(in a prefect-swarm clone, as the README installs it)"
+)
 TRANSIENT_STATUSES = frozenset({429, 502, 503, 504})
 LABEL_SWARM = "prefect-swarm-swarm"
 LABEL_JOB = "prefect-swarm-job"
@@ -42,7 +46,52 @@ LABEL_CREATE = "prefect-swarm-create"
 """Label holding the name a job was created under: Lepton job names are not unique, so a retried
 create finds the job an earlier try made by this label, and adopts it instead of making another."""
 
+LABEL_OWNER = "prefect-swarm-owner"
+"""Label holding the identity of the swarm (its home's :func:`swarm_owner`) that made a deployment or
+job: ``up`` adopts, and ``down``, scale and the reaper touch, only what carries this swarm's."""
+OWNER_ENV = "PREFECT_SWARM_OWNER"
+"""The same identity as an env var of the endpoint's spec: the new Endpoint API has no labels
+(leptonai 0.47.1 api/v2/translation.py ``_reject_unrepresentable_labels``), its spec's envs are read
+back on both APIs."""
+
 T = TypeVar("T")
+
+
+def swarm_owner(paths: SwarmPaths) -> str:
+    """This home's identity of the swarm: ``<user>-<host>-<random>`` (a label value), made once and
+    kept in ``paths.owner_file``. Two homes (two laptops, a Prefect worker) with one swarm name have
+    two identities, so neither takes over nor deletes what the other made."""
+    import getpass
+    import secrets
+    import socket
+
+    from prefect_swarm.paths import file_lock
+
+    path = paths.owner_file
+    with file_lock(path.with_name(path.name + ".lock")):
+        try:
+            found = path.read_text().strip()
+        except FileNotFoundError:
+            found = ""
+        if found:
+            return found
+        who = re.sub(r"[^a-z0-9]+", "-", f"{getpass.getuser()}-{socket.gethostname().split('.')[0]}".lower())
+        owner = f"{who.strip('-')[:40].strip('-') or 'swarm'}-{secrets.token_hex(4)}"
+        path.write_text(owner + "\n")
+        return owner
+
+
+def owner_mark(obj: Any) -> str | None:
+    """The swarm identity an SDK deployment/endpoint/job carries: its :data:`LABEL_OWNER` label,
+    else (the new Endpoint API has no labels) the :data:`OWNER_ENV` env var of its spec; None
+    when it carries neither (made by hand, by another tool, or by another prefect-swarm)."""
+    labels = getattr(getattr(obj, "metadata", None), "labels", None) or {}
+    if labels.get(LABEL_OWNER):
+        return str(labels[LABEL_OWNER])
+    for var in getattr(getattr(obj, "spec", None), "envs", None) or []:
+        if getattr(var, "name", None) == OWNER_ENV and getattr(var, "value", None):
+            return str(var.value)
+    return None
 
 
 def import_sdk() -> Any:
@@ -61,8 +110,12 @@ def import_sdk() -> Any:
 
 # ---------------------------------------------------------------------------------- error mapping
 def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status of a failed call: its response's, or (leptonai 0.47.1 ``LogAPIError``, which
+    carries no response) its own ``status_code``."""
     response = getattr(exc, "response", None)
     code = getattr(response, "status_code", None)
+    if not isinstance(code, int):
+        code = getattr(exc, "status_code", None)
     return code if isinstance(code, int) else None
 
 
@@ -80,6 +133,9 @@ def _api_message(exc: BaseException) -> str:
 
 
 def _retry_after(exc: BaseException) -> float | None:
+    given = getattr(exc, "retry_after", None)  # LogAPIError parses it itself
+    if isinstance(given, int | float):
+        return float(given)
     headers = getattr(getattr(exc, "response", None), "headers", None) or {}
     try:
         return float(headers.get("Retry-After", ""))
@@ -170,6 +226,9 @@ class LeptonClient:
     def __init__(self, cfg: LeptonConfig) -> None:
         self.cfg = cfg
         self._api: Any = None
+        self._resolved: LeptonConfig | None = None
+        self.group_names: dict[str, str] = {}
+        """Node group id -> name, as the last catalog read found them."""
 
     # ---------------------------------------------------------------- credentials
     def token(self) -> str:
@@ -360,19 +419,34 @@ def _warn_unreadable(groups: list[dict[str, Any]], where: str) -> None:
             )
 
 
-def _check_node_groups(b: LeptonConfig, groups: list[dict[str, Any]], where: str) -> None:
-    ids = {_group_id(g): str((g.get("metadata") or {}).get("name") or _group_id(g)) for g in groups}
+def group_names(groups: list[dict[str, Any]]) -> dict[str, str]:
+    """Node group id -> its name (its id when it has none)."""
+    return {_group_id(g): str((g.get("metadata") or {}).get("name") or _group_id(g)) for g in groups}
+
+
+def _resolve_node_groups(b: LeptonConfig, groups: list[dict[str, Any]], where: str) -> list[str]:
+    """The id of each ``backend.node_groups`` entry, given by id or by name: an id first, then a
+    name (the SDK's CLI takes names, cli/util.py ``_get_valid_nodegroup_ids``, and matches either,
+    ``resolve_node_groups``); the API's affinity takes ids. ConfigError naming what the workspace has."""
+    ids = group_names(groups)
     listed = ", ".join(f"{name} (id {gid})" for gid, name in sorted(ids.items())) or "none"
+    out: list[str] = []
     for ng in b.node_groups:
-        if ng in ids:
-            continue
         by_name = [gid for gid, name in ids.items() if name == ng]
-        if by_name:
+        if ng in ids:
+            out.append(ng)
+        elif len(by_name) == 1:
+            out.append(by_name[0])
+        elif by_name:
             raise ConfigError(
-                f"backend.node_groups: '{ng}' is the name of node group '{by_name[0]}' in {where}; "
-                f"the API takes ids: use '{by_name[0]}'."
+                f"backend.node_groups: {where} has {len(by_name)} node groups named '{ng}' "
+                f"(ids {', '.join(sorted(by_name))}): give the id."
             )
-        raise ConfigError(f"backend.node_groups: {where} has no node group '{ng}'; it has: {listed}.")
+        else:
+            raise ConfigError(
+                f"backend.node_groups: {where} has no node group '{ng}' (by id or name); it has: {listed}."
+            )
+    return list(dict.fromkeys(out))
 
 
 def _check_mounts(b: LeptonConfig, groups: list[dict[str, Any]], where: str) -> None:
@@ -399,16 +473,32 @@ def _check_mounts(b: LeptonConfig, groups: list[dict[str, Any]], where: str) -> 
         )
 
 
-def check_catalogs(client: LeptonClient) -> None:
+def resolved(client: LeptonClient) -> LeptonConfig:
+    """``client.cfg`` with ``node_groups`` as ids (names resolved through the workspace's catalog;
+    read once per client). As given when the config pins none, or the workspace has no catalog route."""
+    b = client.cfg
+    if not b.node_groups:
+        return b
+    if client._resolved is None:
+        groups = client.call("list node groups", node_group_catalog, missing_ok=True)
+        client.group_names = group_names(groups or [])
+        ids = b.node_groups if groups is None else _resolve_node_groups(b, groups, f"workspace '{b.workspace_id}'")
+        client._resolved = b.model_copy(update={"node_groups": ids})
+    return client._resolved
+
+
+def check_catalogs(client: LeptonClient) -> LeptonConfig:
     """Refuse ``backend.node_groups``, mount volumes and ``image_pull_secrets`` the workspace does
     not have, naming the field and what the workspace has, before anything is created. A catalog
-    whose route the workspace does not serve (404) is left to the create call."""
+    whose route the workspace does not serve (404) is left to the create call. Returns the backend
+    config with node groups as ids (:func:`resolved`)."""
     b = client.cfg
     where = f"workspace '{b.workspace_id}'"
     groups = client.call("list node groups", node_group_catalog, missing_ok=True)
     if groups is not None:
         _warn_unreadable(groups, where)
-        _check_node_groups(b, groups, where)
+        client.group_names = group_names(groups)
+        client._resolved = b = b.model_copy(update={"node_groups": _resolve_node_groups(b, groups, where)})
         _check_mounts(b, groups, where)
     if b.image_pull_secrets:
         names = client.call("list image pull secrets", image_pull_secret_names, missing_ok=True)
@@ -420,6 +510,7 @@ def check_catalogs(client: LeptonClient) -> None:
                         f"{', '.join(sorted(names)) or 'none'}. Create it in the dashboard (Settings -> "
                         "Registries) or fix the name."
                     )
+    return b
 
 
 def _outcome_summary(state: RetryCallState) -> str:
@@ -551,20 +642,22 @@ def _key_part(key: str) -> str:
     return re.sub(r"[^A-Z0-9_]", "_", key.upper()) + "_" + _digest(key, 6)
 
 
-def secret_prefix(swarm: str) -> str:
-    """Prefix of every workspace secret prefect-swarm creates for ``swarm``: a fixed-length digest
-    of the name, so no swarm's prefix is a prefix of another's."""
-    return f"PSW_{_digest(swarm, 12)}_"
+def secret_prefix(swarm: str, owner: str) -> str:
+    """Prefix of every workspace secret prefect-swarm creates for ``swarm`` made by ``owner`` (its
+    :func:`swarm_owner`): a fixed-length digest of both, so no swarm's prefix is a prefix of
+    another's, and a swarm of the same name from another home never reads nor deletes these (a
+    secret has no labels: its name is its mark)."""
+    return f"PSW_{_digest(swarm + chr(0) + owner, 12)}_"
 
 
-def swarm_secret_name(swarm: str, key: str) -> str:
+def swarm_secret_name(swarm: str, owner: str, key: str) -> str:
     """The secret holding env var ``key`` shared by all of ``swarm``'s jobs (its API key)."""
-    return f"{secret_prefix(swarm)}S_{_key_part(key)}"
+    return f"{secret_prefix(swarm, owner)}S_{_key_part(key)}"
 
 
-def job_secret_name(swarm: str, job: str, key: str) -> str:
+def job_secret_name(swarm: str, owner: str, job: str, key: str) -> str:
     """The secret holding env var ``key`` of job submission ``job`` of ``swarm``."""
-    return f"{secret_prefix(swarm)}J{_digest(job, 8)}_{_key_part(key)}"
+    return f"{secret_prefix(swarm, owner)}J{_digest(job, 8)}_{_key_part(key)}"
 
 
 def under_mount(cfg: LeptonConfig, path: str) -> bool:

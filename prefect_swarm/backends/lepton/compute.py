@@ -23,6 +23,7 @@ from prefect_swarm import __version__
 from prefect_swarm.backends.lepton.client import (
     LABEL_CREATE,
     LABEL_JOB,
+    LABEL_OWNER,
     LABEL_SWARM,
     OWNED_JOB_FIELDS,
     LeptonClient,
@@ -33,15 +34,19 @@ from prefect_swarm.backends.lepton.client import (
     queue_config,
     read_log,
     reservation_config,
+    resolved,
+    swarm_owner,
     swarm_secret_name,
     under_mount,
     with_passthrough,
 )
+from prefect_swarm.backends.lepton.wheel import INSTALL_FAILED, install_line, stage, staged_path
 from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError
 from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus
 from prefect_swarm.interfaces.jobenv import API_KEY, HOME
 from prefect_swarm.jobs.plan import shard_marked_done
 from prefect_swarm.jobs.spec import JobSpec
+from prefect_swarm.jobs.storage import is_remote
 
 if TYPE_CHECKING:
     from prefect_swarm.config import LeptonConfig, SwarmConfig
@@ -106,6 +111,18 @@ class LeptonCompute(ComputeBase):
         self.serving = serving
         self.backend: LeptonConfig = cfg.backend  # type: ignore[assignment]
         self.client = LeptonClient(self.backend)
+        self._owner: str | None = None
+
+    @property
+    def owner(self) -> str:
+        """This home's identity of the swarm (:func:`swarm_owner`), marked on every job and secret."""
+        if self._owner is None:
+            self._owner = swarm_owner(self.paths)
+        return self._owner
+
+    def labels(self, job: str, create: str) -> dict[str, str]:
+        """The labels of a job this swarm makes: its name, its owner, the job, the create's name."""
+        return {LABEL_SWARM: self.cfg.name, LABEL_OWNER: self.owner, LABEL_JOB: job, LABEL_CREATE: create}
 
     def job_runtime(self) -> JobRuntime:
         """``python3`` in ``backend.job_image`` (else the endpoint's image); the swarm's env and, as
@@ -119,6 +136,8 @@ class LeptonCompute(ComputeBase):
     def _launch(self, request: JobRequest) -> JobHandle:
         """Create one Lepton job per shard (or just ``shard_id``); returns at once."""
         self._check_shared(request.command)
+        self.backend = resolved(self.client)  # node groups given by name: the job specs take ids
+        self.stage_wheel()
         shards = request.shards()
         group, names = job_names(request.name, len(shards))
         refs, stored = self._secrets(request)
@@ -236,7 +255,9 @@ class LeptonCompute(ComputeBase):
 
     def _historical_log(self, jid: str, timeout_s: int) -> str:
         """An archived job's log from ``GET /logs`` (leptonai's ``LogAPI.get_log`` with both ``start``
-        and ``end``: the historical query), its first HISTORY_LINES lines of the last HISTORY_DAYS days."""
+        and ``end``: the historical query), its first HISTORY_LINES lines of the last HISTORY_DAYS days.
+        A 404 reads :data:`NO_LOGS_YET`; a 429 (the log store's rate limit, its ``Retry-After`` kept
+        by the SDK's ``LogAPIError``) is retried like any transient answer."""
         end = time.time_ns()
         start = end - HISTORY_DAYS * 86_400 * 10**9
         answer = self.client.call(
@@ -254,6 +275,8 @@ class LeptonCompute(ComputeBase):
             missing_ok=True,
         )
         result = ((answer or {}).get("data") or {}).get("result") or []
+        if answer is None:  # 404: the log store has nothing of this job (yet: it is indexed late)
+            return NO_LOGS_YET
         values = sorted((int(v[0]), str(v[1])) for stream in result for v in stream.get("values") or [])
         return "\n".join(line for _, line in values)
 
@@ -267,13 +290,14 @@ class LeptonCompute(ComputeBase):
         from leptonai.api.v2.types.job import LeptonJob, LeptonJobUserSpec
 
         b = self.backend
+        self.stage_wheel()
         nonce = secrets.token_hex(16)
         folder = Path(str(b.shared_path)) / STORAGE_CHECK_DIR
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f"{nonce}.txt"
         probe.write_text(nonce)
         _group, (job_name,) = job_names(f"{self.cfg.name}-storage", 1)
-        labels = {LABEL_SWARM: self.cfg.name, LABEL_JOB: "storage-check", LABEL_CREATE: job_name}
+        labels = self.labels("storage-check", job_name)
         spec = LeptonJob(
             metadata=Metadata(id=job_name, name=job_name, labels=labels),
             spec=LeptonJobUserSpec(
@@ -282,7 +306,7 @@ class LeptonCompute(ComputeBase):
                 container=LeptonContainer(
                     image=self.job_runtime().image,
                     command=_wrap(
-                        ["sh", "-c", _CHECK_SCRIPT, "sh", str(probe), nonce, b.job_python], None, b.job_setup
+                        ["sh", "-c", _CHECK_SCRIPT, "sh", str(probe), nonce, b.job_python], None, self.setup()
                     ),
                 ),
                 completions=1,
@@ -298,29 +322,39 @@ class LeptonCompute(ComputeBase):
             # every poll, the log read and the delete go by the id the platform returned
             job_id = self._create_job(job_name, spec)
             handle = JobHandle(id=job_id, backend="lepton", name="storage-check", meta={"jobs": [job_id]})
-            deadline = time.monotonic() + timeout_s
+            # the check's own time counts from its container's start: before, its image is pulled (a
+            # multi-GB image on a cold node takes minutes), given as long as the endpoint's (ready_timeout_s)
+            t0 = time.monotonic()
+            deadline = t0 + max(timeout_s, self.cfg.ready_timeout_s)
+            started = False
             while True:
                 st = self.probe(handle)
                 if st.status is not None and st.status.finished:
                     break
+                if st.status is JobStatus.RUNNING and not started:
+                    started, deadline = True, time.monotonic() + timeout_s
                 if time.monotonic() >= deadline:
-                    raise BackendError(
-                        f"the shared-storage check job '{job_id}' did not finish within {timeout_s:.0f}s "
-                        f"(workspace '{b.workspace_id}', job_resource_shape {b.job_resource_shape}): {st.detail}.",
-                        hint="check that job_resource_shape can be scheduled, or raise "
-                        "backend.storage_check_timeout_s (null skips the check).",
-                    )
+                    raise self._check_timeout(job_id, started, time.monotonic() - t0, timeout_s, st.detail)
                 time.sleep(b.ready_poll_s)
             if st.status is not JobStatus.SUCCEEDED:
                 where = "; ".join(f"{m.from_}:{m.path} at {m.mount_path}" for m in b.mounts)
                 tail = self.logs(handle)[-2000:]
+                image = self.job_runtime().image
+                if INSTALL_FAILED in tail:
+                    raise ConfigError(
+                        f"backend.job_wheel: '{b.job_python}' in image {image} could not install prefect-swarm "
+                        f"{__version__} from the wheel staged under backend.shared_path (its pip, or the package "
+                        "index for its dependencies, failed: see the job log). Use a job_image with prefect-swarm "
+                        "installed as the README installs it (from a clone: pip install '.[lepton]'), and set "
+                        "backend.job_wheel: false.\nJob log:\n" + tail
+                    )
                 if NO_PREFECT_SWARM in tail:
                     raise ConfigError(
-                        f"backend.job_image: '{b.job_python}' in image {self.job_runtime().image} cannot import "
-                        f"prefect_swarm, so no batch job could run there. Use a job_image with prefect-swarm "
-                        f"{__version__} installed, point backend.job_python at the interpreter that has it, or "
-                        f"install it in backend.job_setup (e.g. 'pip install prefect-swarm=={__version__}')."
-                        + f"\nJob log:\n{tail}"
+                        f"backend.job_image: '{b.job_python}' in image {image} cannot import prefect_swarm, so no "
+                        f"batch job could run there. Set backend.job_wheel: true (up stages this prefect-swarm's "
+                        f"wheel and each job installs it), use a job_image with prefect-swarm {__version__} "
+                        "installed as the README installs it (from a clone: pip install '.[lepton]'), or point "
+                        "backend.job_python at the interpreter that has it." + f"\nJob log:\n{tail}"
                     )
                 raise ConfigError(
                     f"backend.mounts: a Lepton job could not read {probe}, which this process wrote under "
@@ -332,6 +366,44 @@ class LeptonCompute(ComputeBase):
             if job_id is not None:
                 self.client.call(f"delete job '{job_id}'", lambda api, j: api.job.delete(j), job_id, missing_ok=True)
             probe.unlink(missing_ok=True)
+
+    def _check_timeout(self, job_id: str, started: bool, waited: float, timeout_s: float, detail: str) -> BackendError:
+        """The storage check ran out of time: waiting for capacity, pulling its image, or running."""
+        b = self.backend
+        where = f"workspace '{b.workspace_id}', job_resource_shape {b.job_resource_shape}"
+        if started:
+            return BackendError(
+                f"the shared-storage check job '{job_id}' started but did not finish within "
+                f"storage_check_timeout_s ({timeout_s:.0f}s; {where}): {detail}.",
+                hint="its setup installs prefect-swarm when the image lacks it (backend.job_wheel), which a slow "
+                "package index can hold up: raise backend.storage_check_timeout_s (null skips the check).",
+            )
+        if "Queueing" in detail:
+            return BackendError(
+                f"the shared-storage check job '{job_id}' waited {waited:.0f}s for capacity ({where}): {detail}.",
+                hint="check that job_resource_shape can be scheduled on the node groups, or retry later.",
+            )
+        return BackendError(
+            f"the shared-storage check job '{job_id}' was still starting after {waited:.0f}s ({where}): {detail}. "
+            f"Its image {self.job_runtime().image} is most likely still being pulled: a multi-GB image on a cold "
+            "node takes minutes.",
+            hint="the check's own time (storage_check_timeout_s) counts only once its container runs; the pull is "
+            "given ready_timeout_s: raise it, or use a smaller backend.job_image.",
+        )
+
+    def setup(self) -> list[str]:
+        """The shell lines run before each job process: the staged wheel's install (backend.job_wheel),
+        then ``backend.job_setup``."""
+        b = self.backend
+        if not (b.job_wheel and b.shared_path):
+            return list(b.job_setup)
+        return [install_line(b.job_python, staged_path(b.shared_path)), *b.job_setup]
+
+    def stage_wheel(self) -> None:
+        """Stage this prefect-swarm's wheel under ``backend.shared_path`` for the jobs' setup (once per
+        version and content; a no-op with ``job_wheel`` off)."""
+        if self.backend.job_wheel and self.backend.shared_path:
+            stage(self.backend.shared_path)
 
     # ---------------------------------------------------------------- internals
     def _ledger_done(self, handle: JobHandle, shard: int) -> bool:
@@ -392,12 +464,29 @@ class LeptonCompute(ComputeBase):
             return  # written later by the caller; the job reports a missing spec itself
         spec = JobSpec.load(value)
         for field, path in (("input", spec.input), ("output", spec.output), ("job_dir", spec.job_dir)):
+            if path and field != "job_dir" and is_remote(path):
+                self._check_store_credentials(field, path)
+                continue
             if path and not under_mount(self.backend, os.path.abspath(os.path.expanduser(path))):
                 raise ConfigError(
                     f"the job's {field} {path} is not on the storage Lepton jobs mount (mount_path: {mounts_}); "
                     f"a Lepton job sees only what is mounted. Put the {field} under a mount_path, "
                     f"e.g. under backend.shared_path ({self.backend.shared_path})."
                 )
+
+    def _check_store_credentials(self, field: str, path: str) -> None:
+        """An ``s3://`` input or output needs the store's credentials in the job's own environment: a
+        Lepton job has none of this process's (no ``~/.aws``, no instance role of ours)."""
+        if not path.startswith("s3://"):
+            return  # gs://: Google's default credentials, as the job's image and env give them
+        given = {*self.backend.job_secret_env, *self.job_runtime().env}
+        if not {"AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE"} & given:
+            raise ConfigError(
+                f"the job's {field} {path} is on S3, but a Lepton job gets no credentials of this process. "
+                "Keep them in workspace secrets and name them in backend.job_secret_env, e.g. "
+                "{AWS_ACCESS_KEY_ID: aws-key-id, AWS_SECRET_ACCESS_KEY: aws-secret} (`lep secret create -n "
+                "aws-key-id -v ...`); AWS_ENDPOINT_URL / AWS_REGION, not secret, go in env."
+            )
 
     def _secrets(self, request: JobRequest) -> tuple[dict[str, str], dict[str, str]]:
         """(env name -> Lepton secret name, secret name -> value to store): values go to workspace
@@ -409,21 +498,26 @@ class LeptonCompute(ComputeBase):
         if token_secret and (API_KEY not in values or self._is_endpoint_token(values[API_KEY])):
             values.pop(API_KEY, None)
             refs[API_KEY] = token_secret
+        for key in self.backend.job_secret_env:  # the user's own secrets, by reference: a value never passes here
+            values.pop(key, None)
+        refs.update(self.backend.job_secret_env)
         for key, value in values.items():
             shared = key == API_KEY and self.cfg.api_key is not None and self._is_endpoint_token(value)
             refs[key] = (
-                swarm_secret_name(self.cfg.name, key) if shared else job_secret_name(self.cfg.name, request.name, key)
+                swarm_secret_name(self.cfg.name, self.owner, key)
+                if shared
+                else job_secret_name(self.cfg.name, self.owner, request.name, key)
             )
         return refs, {refs[key]: value for key, value in values.items()}
 
     def _swarm_secrets(self, refs: Mapping[str, str]) -> set[str]:
-        return {name for key, name in refs.items() if name == swarm_secret_name(self.cfg.name, key)}
+        return {name for key, name in refs.items() if name == swarm_secret_name(self.cfg.name, self.owner, key)}
 
     def put_swarm_secrets(self) -> None:
         """Create or replace the swarm's shared secrets (its API key) once, before any job reads them."""
         if self.cfg.api_key is None or self.backend.endpoint_token_secret:
             return
-        name = swarm_secret_name(self.cfg.name, API_KEY)
+        name = swarm_secret_name(self.cfg.name, self.owner, API_KEY)
         self.client.ensure_secret(name, self.cfg.api_key.get_secret_value(), replace=True)
 
     def secret_names(self, request: JobRequest) -> dict[str, str]:
@@ -446,7 +540,7 @@ class LeptonCompute(ComputeBase):
             affinity=affinity(b),
             container=LeptonContainer(
                 image=runtime.image,
-                command=_wrap(request.argv(shard), request.workdir or runtime.workdir, b.job_setup),
+                command=_wrap(request.argv(shard), request.workdir or runtime.workdir, self.setup()),
             ),
             completions=1,
             parallelism=1,
@@ -457,11 +551,7 @@ class LeptonCompute(ComputeBase):
             reservation_config=reservation_config(b),
         )
         return LeptonJob(
-            metadata=Metadata(
-                id=job_name,
-                name=job_name,
-                labels={LABEL_SWARM: self.cfg.name, LABEL_JOB: label, LABEL_CREATE: job_name},
-            ),
+            metadata=Metadata(id=job_name, name=job_name, labels=self.labels(label, job_name)),
             spec=with_passthrough(user_spec, b.job_spec, "job_spec", OWNED_JOB_FIELDS),
         )
 
@@ -484,6 +574,9 @@ def _spec_path(command: Sequence[str]) -> str | None:
 
 HISTORY_DAYS = 7
 """How far back an archived job's log is looked for."""
+
+NO_LOGS_YET = "(no logs yet: the workspace's log store has none for this job)"
+"""What a job's historical log reads when the log store answers 404."""
 
 HISTORY_LINES = 5000
 """Most lines of an archived job's log read (the first ones; the SDK's default limit)."""

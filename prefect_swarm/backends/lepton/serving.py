@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.engine import engine_argv, engine_env
 from prefect_swarm.backends.lepton.client import (
+    LABEL_OWNER,
     LABEL_SWARM,
     OWNED_DEPLOYMENT_FIELDS,
+    OWNER_ENV,
     LeptonClient,
     affinity,
     check_catalogs,
@@ -25,9 +27,11 @@ from prefect_swarm.backends.lepton.client import (
     import_sdk,
     is_conflict,
     mounts,
+    owner_mark,
     read_log,
     reservation_config,
     secret_prefix,
+    swarm_owner,
     validate_lepton,
     with_passthrough,
 )
@@ -61,13 +65,20 @@ DEPLOYMENT_PHASES: dict[str, ServingPhase] = {
 }
 """Every ``LeptonDeploymentState`` value -> our phase (tests check the table covers the enum)."""
 
+OWNER_PLACEHOLDER = "<owner>"
+"""Stands for the swarm's identity in the rendered plan (it is made at the first ``up``)."""
 MASK = "***"
 """Stands for a secret in the rendered plan."""
 QUEUED_REASONS = frozenset({"NoCapacity", "Queueing"})
 FATAL_REASONS = frozenset({"ConfigError"})
 DELETE_WAIT_S = 60.0
+KEY_REFUSED_PROBES = 3
+"""Chat probes in a row the Ready endpoint answers 401/403 after which readiness fails: the key is
+wrong, not the gateway slow to take a new token."""
 CRASH_LOOP_RESTARTS = 3
 """Exits of one replica after which readiness gives up rather than wait for ``ready_timeout_s``."""
+FOLLOW_RECONNECTS = 5
+"""Log-stream connections in a row that may drop before ``logs --follow`` gives up."""
 LOG_QUIET_S = 3
 """``prefect-swarm logs`` without --follow: a live replica's stream is read until quiet this long."""
 SECRET_ENV_NAMES = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
@@ -102,6 +113,14 @@ class LeptonServing:
         self.paths = paths
         self.backend: LeptonConfig = cfg.backend  # type: ignore[assignment]
         self.client = LeptonClient(self.backend)
+        self._owner: str | None = None
+
+    @property
+    def owner(self) -> str:
+        """This home's identity of the swarm (:func:`swarm_owner`), marked on what it makes."""
+        if self._owner is None:
+            self._owner = swarm_owner(self.paths)
+        return self._owner
 
     # ---------------------------------------------------------------- protocol
     def capabilities(self) -> Capabilities:
@@ -127,7 +146,7 @@ class LeptonServing:
 
     def validate(self, cfg: SwarmConfig, *, ask: bool = True) -> list[str]:
         """Refuse a config this backend cannot run (no SDK, no shared mount). Needs no token, calls
-        nothing; no warnings."""
+        nothing. Warns when the endpoint's token cannot be checked at readiness (only in a secret)."""
         validate_lepton(cfg.backend)  # type: ignore[arg-type]
         import_sdk()
         from leptonai.api.v2.spec_utils import make_mounts_from_strings, validate_environment_variable_name
@@ -143,24 +162,29 @@ class LeptonServing:
                     f"a workspace secret (`lep secret create -n {name.lower().replace('_', '-')} -v ...`) and "
                     f"name it in backend.secret_env: {{{name}: {name.lower().replace('_', '-')}}}."
                 )
-        for name in cfg.backend.secret_env:  # type: ignore[union-attr]
-            try:
-                validate_environment_variable_name(name)
-            except ValueError as exc:
-                raise ConfigError(f"backend.secret_env: {name!r} cannot be used on Lepton: {exc}") from None
-            if name in engine_env(cfg):
-                raise ConfigError(f"backend.secret_env: {name} is set in env / engine.env too; keep one.")
+        _check_secret_env(cfg)
         self.plan()  # backend.deployment_spec / job_spec merged and checked by the SDK's models
         for i, m in enumerate(cfg.backend.mounts):  # type: ignore[union-attr]
             try:  # the SDK's own check of a volume name (node-local, or node-<type>:<name>)
                 make_mounts_from_strings([f"{m.path}:{m.mount_path}:{m.from_}"])
             except ValueError as exc:
                 raise ConfigError(f"backend.mounts[{i}].from: {exc}") from None
-        return []
+        unverified = cfg.api_key is None and cfg.backend.endpoint_token_secret  # type: ignore[union-attr]
+        return [self._unverified_token()] if unverified else []
+
+    def _unverified_token(self) -> str:
+        """Why the endpoint's token is not checked at readiness (api_key unset, the token only in a secret)."""
+        secret = self.backend.endpoint_token_secret
+        return (
+            f"the endpoint's token is only in workspace secret '{secret}', which cannot be read back: readiness "
+            "cannot send the key jobs will use, and skips the chat probe. Set api_key (or PREFECT_SWARM_API_KEY) "
+            "to the token that secret holds, and readiness checks the endpoint accepts it"
+        )
 
     def plan(self) -> dict[str, str]:
         """The deployment spec ``up`` sends and the template of a job's spec, as JSON; secrets masked."""
         job = LeptonCompute(self.cfg, self.paths, None)
+        job._owner = OWNER_PLACEHOLDER  # validate writes nothing: the identity is made at `up`
         request = JobRequest(
             name="<job>", command=job.job_runtime().module_argv("prefect_swarm.jobs.run", "--spec", "<spec.json>")
         )
@@ -171,10 +195,13 @@ class LeptonServing:
 
     def create_or_update(self, cfg: SwarmConfig) -> ServingHandle:
         """Create the deployment, or update its spec when it already exists (never a duplicate)."""
-        self.validate(cfg)
+        for warning in self.validate(cfg):
+            log.warning("%s", warning)
         self.client.check_access()
         name = cfg.name
         existing = self._get(name)
+        if existing is not None and _state(existing) != "Deleting":
+            self._check_owner(name, existing)  # before any change: a name another made is refused
         if existing is not None and _state(existing) == "Deleting":
             if not self._wait_gone(name):
                 raise BackendError(
@@ -183,17 +210,25 @@ class LeptonServing:
                     hint="wait for it to go, then retry `up`.",
                 )
             existing = None
+        # node groups first (given by id or name; the specs take ids): the shapes are listed per node group
+        self.backend = check_catalogs(self.client)
+        cfg = cfg.model_copy(update={"backend": self.backend})
         spec = self._spec(cfg, labels=not self._new_api())
-        check_catalogs(self.client)  # node groups first: the shapes are listed per node group
         self._check_shapes()
         self._check_secrets()
         compute = LeptonCompute(cfg, self.paths, None)
+        compute._owner = self.owner
+        compute.stage_wheel()  # before the check: its setup installs it as every job's does
         if existing is None and self.backend.storage_check_timeout_s is not None:
             compute.check_shared_storage(self.backend.storage_check_timeout_s)
         compute.put_swarm_secrets()
         if existing is None:
             log.info("creating Lepton deployment '%s' in workspace '%s'", name, self.backend.workspace_id)
-            dep = self._create(name, spec)
+            try:
+                dep = self._create(name, spec)
+            except PrefectSwarmError:
+                self._clean_failed_create(name)
+                raise
         else:
             log.info("updating Lepton deployment '%s' in workspace '%s'", name, self.backend.workspace_id)
             dep = self.client.call(f"update deployment '{name}'", lambda api: api.deployment.update(name, spec))
@@ -219,6 +254,13 @@ class LeptonServing:
                 if not is_conflict(exc):
                     raise
                 held = self._get(name)
+                if held is not None and _state(held) != "Deleting" and owner_mark(held) == self.owner:
+                    # an earlier try of this create went through (a 504 after the gateway passed it
+                    # on), or another `up` of this swarm from this home made it: the same spec, ours
+                    log.info("adopting Lepton deployment '%s', created by an earlier try of this swarm", name)
+                    return held
+                if held is not None and _state(held) != "Deleting":
+                    self._check_owner(name, held)
                 if (held is not None and _state(held) != "Deleting") or time.monotonic() >= deadline:
                     raise BackendError(
                         f"Lepton deployment '{name}' exists already (workspace '{self.backend.workspace_id}')"
@@ -232,12 +274,27 @@ class LeptonServing:
             dep = self._get(name)
         return dep
 
+    def _clean_failed_create(self, name: str) -> None:
+        """After a create that failed: a deployment of ``name`` carrying this swarm's mark was made by
+        a try whose answer was lost (a 504 after the gateway passed the request on) and is not wanted:
+        deleted, so it is not billed until the next ``up``. One not ours is left alone."""
+        try:
+            held = self._get(name)
+            if held is not None and _state(held) != "Deleting" and owner_mark(held) == self.owner:
+                log.warning("deleting Lepton deployment '%s': its create failed, but one try of it went through", name)
+                self.client.call(
+                    f"delete deployment '{name}'", lambda api: api.deployment.delete(name), missing_ok=True
+                )
+        except PrefectSwarmError as exc:  # the API is still down: `down` (which a failed `up` runs) retries
+            log.warning("could not check for a Lepton deployment '%s' left by the failed create: %s", name, exc)
+
     def wait_ready(self, handle: ServingHandle, timeout_s: float) -> ServingStatus:
         """Poll the deployment until Ready and one chat completion answers through the endpoint.
         CapacityError once every replica has waited for capacity ``backend.queue_timeout_s``."""
         deadline = time.monotonic() + timeout_s
         last = "no status yet"
         queued_since: float | None = None
+        refused = 0
         while True:
             st = self.status(handle)
             queued_since = (queued_since or time.monotonic()) if st.phase is ServingPhase.PENDING else None
@@ -255,6 +312,11 @@ class LeptonServing:
                 ok, last = self._probe_chat(st.url or handle.url)
                 if ok:
                     return ServingStatus(ServingPhase.RUNNING, st.url, last, st.replicas)
+                refused = (
+                    refused + 1 if last.startswith(("Ready, but chat: HTTP 401", "Ready, but chat: HTTP 403")) else 0
+                )
+                if refused >= KEY_REFUSED_PROBES:
+                    raise self._key_refused(handle, last)
             else:
                 last = st.detail
             if time.monotonic() >= deadline:
@@ -287,10 +349,19 @@ class LeptonServing:
         """Delete the deployment, the swarm's jobs and secrets. Idempotent; waits until it is gone."""
         name = handle.name
         self._delete_jobs(name)
-        self.client.call(f"delete deployment '{name}'", lambda api: api.deployment.delete(name), missing_ok=True)
-        if not self._wait_gone(name):
-            log.warning("Lepton deployment '%s' is still being deleted after %.0fs", name, DELETE_WAIT_S)
-        self.client.delete_secrets(secret_prefix(name))
+        dep = self._get(name)
+        if dep is not None and owner_mark(dep) != self.owner:
+            log.warning(
+                "Lepton deployment '%s' was not made by this swarm (%s): left as it is. To remove it with "
+                "prefect-swarm, `up --adopt` it first, then `down`",
+                name,
+                _made_by(dep),
+            )
+        elif dep is not None:
+            self.client.call(f"delete deployment '{name}'", lambda api: api.deployment.delete(name), missing_ok=True)
+            if not self._wait_gone(name):
+                log.warning("Lepton deployment '%s' is still being deleted after %.0fs", name, DELETE_WAIT_S)
+        self.client.delete_secrets(secret_prefix(name, self.owner))
 
     def gpu_usage(self, handle: ServingHandle) -> GpuUsage:
         """The deployment's age x its replicas x GPUs per replica, priced per ``resource_shape``.
@@ -327,7 +398,42 @@ class LeptonServing:
                 f"read log of '{rep.id_}'", lambda api: read_log(api.deployment.get_log(name, rep, timeout=LOG_QUIET_S))
             )
             return iter([text] if text else [])
-        return _follow(self.client.api.deployment.get_log(name, rep, timeout=None))
+        return self._follow(name, rep)
+
+    def _follow(self, name: str, rep: Any) -> Iterator[str]:
+        """Replica ``rep``'s log, followed: the SDK's stream with no timeout, opened again when the
+        connection drops ("connections can be dropped when streamed for a long time", leptonai 0.47.1
+        ``get_log``). Each stream starts from the log's beginning, so what was printed already is
+        skipped. Ends when a stream ends (the replica stopped), the replica is gone, or
+        FOLLOW_RECONNECTS connections in a row dropped before giving anything."""
+        import requests
+        from urllib3.exceptions import HTTPError as Urllib3Error
+
+        printed = drops = 0
+        while True:
+            skip = printed
+            try:
+                for chunk in self.client.api.deployment.get_log(name, rep, timeout=None):
+                    part = chunk[skip:]
+                    skip = max(0, skip - len(chunk))
+                    if part:
+                        printed, drops = printed + len(part), 0
+                        yield part
+                return
+            except (requests.RequestException, Urllib3Error) as exc:
+                drops += 1
+                reps = self.client.call(
+                    f"list replicas of '{name}'", lambda api: api.deployment.get_replicas(name), missing_ok=True
+                )
+                if drops > FOLLOW_RECONNECTS or rep.id_ not in {r.id_ for r in reps or []}:
+                    log.warning(
+                        "the log stream of replica '%s' dropped (%s); not reconnecting", rep.id_, type(exc).__name__
+                    )
+                    return
+                log.info("the log stream of replica '%s' dropped (%s); reconnecting", rep.id_, type(exc).__name__)
+                time.sleep(min(5.0, 0.2 * 2**drops))
+            except RuntimeError:  # the SDK's answer to a refused stream (the replica went away)
+                return
 
     def client_key(self) -> str | None:
         """See :meth:`ServingBackend.client_key`."""
@@ -388,6 +494,22 @@ class LeptonServing:
                 return f"the platform restarted a replica {event.count} times ({event.type_} {event.reason})"
         return None
 
+    def _check_owner(self, name: str, dep: Any) -> None:
+        """ConfigError when deployment ``name`` does not carry this swarm's mark and ``backend.adopt``
+        is off: another user's swarm of the same name, or one made by hand, is never taken over (the
+        SDK's own ``lep endpoint create`` refuses an existing name at once, cli/deployment.py)."""
+        if owner_mark(dep) == self.owner or self.backend.adopt:
+            if owner_mark(dep) != self.owner:
+                log.warning(
+                    "adopting Lepton deployment '%s' (%s): `up` updates it, `down` deletes it", name, _made_by(dep)
+                )
+            return
+        raise ConfigError(
+            f"name '{name}' is taken by a Lepton endpoint not made by this swarm ({_made_by(dep)}; this swarm "
+            f"is '{self.owner}', workspace '{self.backend.workspace_id}'): pick another name or `--adopt` "
+            "(`up --adopt` takes it over: its spec is replaced and `down` deletes it). Nothing was changed."
+        )
+
     def _check_secrets(self) -> None:
         """``endpoint_token_secret`` and each ``secret_env`` secret must be a secret of the workspace
         (a misspelt one would leave the endpoint's token, every job's API key, or the engine's
@@ -395,6 +517,7 @@ class LeptonServing:
         b = self.backend
         wanted = [("backend.endpoint_token_secret", b.endpoint_token_secret)] if b.endpoint_token_secret else []
         wanted += [(f"backend.secret_env.{env}", name) for env, name in b.secret_env.items()]
+        wanted += [(f"backend.job_secret_env.{env}", name) for env, name in b.job_secret_env.items()]
         if not wanted:
             return
         names = self.client.secret_names()
@@ -420,13 +543,7 @@ class LeptonServing:
             known: set[str] = set()
             groups: list[str | None] = [*b.node_groups] or [None]
             for group in groups:
-                shapes = self.client.call(
-                    "list resource shapes",
-                    lambda api, g, p: api.shapes.list_shapes(node_group=g, purpose=p),
-                    group,
-                    purpose,
-                    missing_ok=True,
-                )
+                shapes = self._shapes(group, purpose)
                 if shapes is None:  # a workspace without the shapes route: the create call will tell
                     return
                 known |= {_shape_name(s) for s in shapes}
@@ -435,6 +552,30 @@ class LeptonServing:
                     f"backend.{field}: {where} has no resource shape '{shape}' for {purpose}s; "
                     f"it has: {', '.join(sorted(known)) or 'none'}."
                 )
+
+    def _shapes(self, group: str | None, purpose: str) -> list[Any] | None:
+        """The shapes of node group ``group`` (an id; None: all) usable for ``purpose``; None when the
+        workspace has no shapes route. As the SDK's CLI (leptonai 0.47.1 cli/node.py
+        ``resource_shape_command``): asked by the group's id, then by its name when the id finds
+        nothing (``list_shapes`` documents a node group *name* filter), and kept when its
+        ``listable_in`` holds the purpose."""
+
+        def ask(by: str | None) -> list[Any] | None:
+            return self.client.call(
+                "list resource shapes",
+                lambda api, g, p: api.shapes.list_shapes(node_group=g, purpose=p),
+                by,
+                purpose,
+                missing_ok=True,
+            )
+
+        shapes = ask(group)
+        name = self.client.group_names.get(group or "")
+        if shapes is not None and not shapes and name and name != group:
+            shapes = ask(name)
+        if shapes is None:
+            return None
+        return [s for s in shapes if _listable(s, purpose)]
 
     def _new_api(self) -> bool:
         """True when the workspace serves endpoints through the new Endpoint API (no labels, no
@@ -478,13 +619,19 @@ class LeptonServing:
             ),
             api_tokens=tokens,
             allow_unauthenticated_access=not tokens,  # false with tokens, as the SDK's CLI sends
-            envs=env_vars(engine_env(cfg), b.secret_env),
+            envs=env_vars({**engine_env(cfg), OWNER_ENV: OWNER_PLACEHOLDER if mask else self.owner}, b.secret_env),
             mounts=mounts(b),
             image_pull_secrets=list(b.image_pull_secrets) or None,
             reservation_config=reservation_config(b),
         )
         return LeptonDeployment(
-            metadata=Metadata(id=cfg.name, name=cfg.name, labels={LABEL_SWARM: cfg.name} if labels else None),
+            metadata=Metadata(
+                id=cfg.name,
+                name=cfg.name,
+                labels={LABEL_SWARM: cfg.name, LABEL_OWNER: OWNER_PLACEHOLDER if mask else self.owner}
+                if labels
+                else None,
+            ),
             spec=with_passthrough(user_spec, b.deployment_spec, "deployment_spec", OWNED_DEPLOYMENT_FIELDS),
         )
 
@@ -542,15 +689,31 @@ class LeptonServing:
             )
         return tuple(out)
 
+    def _key_refused(self, handle: ServingHandle, last: str) -> ReadinessError:
+        """The endpoint is Ready but refuses the key the swarm's jobs will send."""
+        b = self.backend
+        status = last.removeprefix("Ready, but chat: ").split(":")[0]
+        if b.endpoint_token_secret:
+            what = (
+                f"refuses the swarm's api_key ({status}), which its jobs send: the endpoint's token comes from "
+                f"workspace secret '{b.endpoint_token_secret}' (backend.endpoint_token_secret), which must hold "
+                "that same token"
+            )
+            hint = (
+                f"put the api_key's token in secret '{b.endpoint_token_secret}' (or fix api_key), then `up` again; "
+                "a secret changed after the endpoint started is read again only when its replicas restart."
+            )
+        else:
+            what = f"refuses the swarm's api_key ({status}), which prefect-swarm set as its token"
+            hint = "check the endpoint's access settings in the Lepton dashboard."
+        return ReadinessError(f"Lepton deployment '{handle.name}' (workspace '{b.workspace_id}') {what}.", hint=hint)
+
     def _probe_chat(self, url: str | None) -> tuple[bool, str]:
         if not url:
             return False, "the deployment reports no endpoint URL yet"
         if self.cfg.api_key is None and self.backend.endpoint_token_secret:
             # The token lives only in a Lepton secret: the state plus replica readiness must do.
-            return (
-                True,
-                f"Ready (chat probe skipped: token only in secret '{self.backend.endpoint_token_secret}')",
-            )
+            return True, f"Ready (chat probe skipped: {self._unverified_token()})"
         key = self.cfg.api_key.get_secret_value() if self.cfg.api_key else None
         probe = check_chat(url, self.cfg.model_name, key, timeout_s=60.0)
         return probe.ok, "Ready; chat completion answered" if probe.ok else f"Ready, but chat: {probe.detail}"
@@ -585,10 +748,10 @@ class LeptonServing:
         return "\n".join(lines)
 
     def _delete_jobs(self, name: str) -> None:
-        jobs = self.client.call("list jobs", lambda api: api.job.list_all(query=f"{LABEL_SWARM}={name}")) or []
+        jobs = self.client.call("list jobs", lambda api: api.job.list_all(query=f"{LABEL_OWNER}={self.owner}")) or []
         for job in jobs:
             labels = job.metadata.labels or {}
-            if labels.get(LABEL_SWARM) == name:
+            if labels.get(LABEL_SWARM) == name and labels.get(LABEL_OWNER) == self.owner:
                 jid = job.metadata.id_
                 self.client.call(f"delete job '{jid}'", lambda api, j: api.job.delete(j), jid, missing_ok=True)
 
@@ -601,20 +764,45 @@ class LeptonServing:
         return True
 
 
+def _check_secret_env(cfg: SwarmConfig) -> None:
+    """``backend.secret_env`` (the endpoint's) and ``backend.job_secret_env`` (every job's) name
+    usable env variables, none also set in plain env."""
+    from leptonai.api.v2.spec_utils import validate_environment_variable_name
+
+    b: LeptonConfig = cfg.backend  # type: ignore[assignment]
+    for field, names, plain in (
+        ("secret_env", b.secret_env, engine_env(cfg)),
+        ("job_secret_env", b.job_secret_env, cfg.env),
+    ):
+        for name in names:
+            try:
+                validate_environment_variable_name(name)
+            except ValueError as exc:
+                raise ConfigError(f"backend.{field}: {name!r} cannot be used on Lepton: {exc}") from None
+            if name in plain:
+                raise ConfigError(f"backend.{field}: {name} is set in env / engine.env too; keep one.")
+
+
+def _made_by(dep: Any) -> str:
+    """Who made a deployment, as far as its marks tell."""
+    owner = owner_mark(dep)
+    if owner:
+        return f"made by the prefect-swarm swarm '{owner}'"
+    if (getattr(getattr(dep, "metadata", None), "labels", None) or {}).get(LABEL_SWARM):
+        return "made by a prefect-swarm without owner marks"
+    return "no prefect-swarm owner mark: made by hand or by another tool"
+
+
+def _listable(shape: Any, purpose: str) -> bool:
+    """True when ``shape`` may be used for ``purpose`` (its ``listable_in``; a shape without one is kept)."""
+    listable = getattr(getattr(shape, "spec", None), "listable_in", None)
+    return not listable or purpose.lower() in {str(x).lower() for x in listable}
+
+
 def _shape_name(shape: Any) -> str:
     """A shape's name as the SDK's CLI shows it: ``spec.name``, else ``metadata.name``, else its id."""
     spec, meta = getattr(shape, "spec", None), getattr(shape, "metadata", None)
     return str(getattr(spec, "name", None) or getattr(meta, "name", None) or getattr(meta, "id_", None) or "")
-
-
-def _follow(stream: Iterator[str]) -> Iterator[str]:
-    """A followed log stream; a dropped connection ends it (what came is kept), as a read timeout does."""
-    import requests
-
-    try:
-        yield from stream
-    except (requests.ConnectionError, requests.Timeout):
-        return
 
 
 def _json(spec: Any) -> str:
