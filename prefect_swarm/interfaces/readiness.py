@@ -10,7 +10,7 @@ import functools
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import httpx
@@ -52,24 +52,41 @@ def check_health(
     return ProbeResult(resp.status_code == 200, f"HTTP {resp.status_code}")
 
 
-def check_chat(base_url: str, model: str, api_key: str | None = None, timeout_s: float = 60.0) -> ProbeResult:
-    """POST one tiny chat completion; ok when it returns a choice."""
+def check_answer(base_url: str, model: str, api_key: str | None = None, timeout_s: float = 60.0) -> ProbeResult:
+    """One real answer from ``model``: a tiny chat completion, ok when it returns a choice. An endpoint
+    with no chat route (an embedding model: vLLM's ``--runner pooling``, a TEI server) answers 404 or
+    405 to it; then one tiny embeddings request, ok when it returns a vector."""
     import httpx
 
-    body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1, "temperature": 0}
+    chat = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1, "temperature": 0}
+    embed = {"model": model, "input": "ping"}
+    for route, body, field in (("chat/completions", chat, "choices"), ("embeddings", embed, "data")):
+        try:
+            resp = http_client().post(
+                f"{base_url.rstrip('/')}/v1/{route}", json=body, headers=_headers(api_key), timeout=timeout_s
+            )
+        except httpx.HTTPError as exc:
+            return ProbeResult(False, f"{type(exc).__name__}: {exc}")
+        if resp.status_code in (404, 405) and route == "chat/completions" and _no_route(resp):
+            continue  # no chat here: is it an embedding endpoint?
+        if resp.status_code != 200:
+            return ProbeResult(False, f"HTTP {resp.status_code}: {resp.text[:300]}")
+        try:
+            ok = bool(resp.json().get(field))
+        except (ValueError, AttributeError):
+            return ProbeResult(False, "response is not a JSON object")
+        return ProbeResult(ok, "" if ok else f"no {field} in the {route} response")
+    return ProbeResult(False, "HTTP 404: neither /v1/chat/completions nor /v1/embeddings")
+
+
+def _no_route(resp: Any) -> bool:
+    """A 404/405 that says the route is missing (``{"detail": "Not Found"}``, an empty or HTML body),
+    not that the model is unknown (OpenAI's and vLLM's ``{"error": {...}}``)."""
     try:
-        resp = http_client().post(
-            base_url.rstrip("/") + "/v1/chat/completions", json=body, headers=_headers(api_key), timeout=timeout_s
-        )
-    except httpx.HTTPError as exc:
-        return ProbeResult(False, f"{type(exc).__name__}: {exc}")
-    if resp.status_code != 200:
-        return ProbeResult(False, f"HTTP {resp.status_code}: {resp.text[:300]}")
-    try:
-        ok = bool(resp.json().get("choices"))
+        body = resp.json()
     except ValueError:
-        return ProbeResult(False, "response is not JSON")
-    return ProbeResult(ok, "" if ok else "no choices in response")
+        return True
+    return not (isinstance(body, dict) and "error" in body)
 
 
 def key_refused(base_url: str, api_key: str | None, timeout_s: float = 5.0) -> str | None:

@@ -17,8 +17,8 @@ from prefect_swarm.swarm import Swarm
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 CHAT = (
-    "import os; from prefect_swarm.interfaces.readiness import check_chat; "
-    "r = check_chat(f\"http://{os.environ['SLURMD_NODENAME']}:{os.environ['PORT']}\", 'stub-model', "
+    "import os; from prefect_swarm.interfaces.readiness import check_answer; "
+    "r = check_answer(f\"http://{os.environ['SLURMD_NODENAME']}:{os.environ['PORT']}\", 'stub-model', "
     "os.environ['PREFECT_SWARM_API_KEY']); "
     "print(os.environ['SLURM_JOB_ID'], r.ok, os.environ.get('CUDA_VISIBLE_DEVICES', '-')); raise SystemExit(7)"
 )

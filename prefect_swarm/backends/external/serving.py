@@ -26,7 +26,7 @@ from prefect_swarm.config import ExternalConfig
 from prefect_swarm.exceptions import ConfigError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, Capability, ServingHandle
 from prefect_swarm.interfaces.metrics import MetricsTargets
-from prefect_swarm.interfaces.readiness import check_chat, http_client
+from prefect_swarm.interfaces.readiness import check_answer, http_client
 from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
 from prefect_swarm.interfaces.usage import GpuUsage
 
@@ -156,9 +156,10 @@ class ExternalServing:
         key, url = self._key(), handle.url or self.ext.base_url
         while True:
             left = deadline - time.monotonic()
-            probe = check_chat(url, self.cfg.model_name, key, timeout_s=max(1.0, min(self.ext.request_timeout_s, left)))
+            wait_s = max(1.0, min(self.ext.request_timeout_s, left))
+            probe = check_answer(url, self.cfg.model_name, key, timeout_s=wait_s)
             if probe.ok:
-                return self._status(handle, ReplicaHealth.HEALTHY, "ready: answered a chat completion")
+                return self._status(handle, ReplicaHealth.HEALTHY, "ready: answered a request of the model")
             code = probe.detail.split(":", 1)[0].removeprefix("HTTP ")
             if code.isdigit() and int(code) in HOPELESS:
                 raise ReadinessError(

@@ -39,7 +39,7 @@ from prefect_swarm.backends.lepton.compute import LeptonCompute
 from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError, PrefectSwarmError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, Capability, JobRequest, ServingHandle
 from prefect_swarm.interfaces.metrics import MetricsTargets
-from prefect_swarm.interfaces.readiness import check_chat
+from prefect_swarm.interfaces.readiness import check_answer
 from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
 from prefect_swarm.interfaces.usage import GpuUsage
 
@@ -715,7 +715,7 @@ class LeptonServing:
             # The token lives only in a Lepton secret: the state plus replica readiness must do.
             return True, f"Ready (chat probe skipped: {self._unverified_token()})"
         key = self.cfg.api_key.get_secret_value() if self.cfg.api_key else None
-        probe = check_chat(url, self.cfg.model_name, key, timeout_s=60.0)
+        probe = check_answer(url, self.cfg.model_name, key, timeout_s=60.0)
         return probe.ok, "Ready; chat completion answered" if probe.ok else f"Ready, but chat: {probe.detail}"
 
     def _not_ready(self, handle: ServingHandle, what: str) -> ReadinessError:

@@ -30,7 +30,7 @@ from prefect_swarm.config.cost import held_gpu_hours
 from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, Capability, ServingHandle
 from prefect_swarm.interfaces.metrics import MetricsTargets, engine_targets, read_file_sd, write_file_sd
-from prefect_swarm.interfaces.readiness import ProbeResult, check_chat, check_health
+from prefect_swarm.interfaces.readiness import ProbeResult, check_answer, check_health
 from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
 from prefect_swarm.interfaces.usage import GpuUsage
 from prefect_swarm.paths import atomic_write_json, read_json, read_tail
@@ -275,7 +275,7 @@ class LocalServing:
         health = check_health(url, self.cfg.engine.health_path, timeout_s=min(5.0, left), api_key=key)
         if not health.ok:
             return ProbeResult(False, f"health: {health.detail}")
-        chat = check_chat(url, self.cfg.model_name, key, timeout_s=min(60.0, left))
+        chat = check_answer(url, self.cfg.model_name, key, timeout_s=min(60.0, left))
         return chat if chat.ok else ProbeResult(False, f"chat: {chat.detail}")
 
     def _raise_if_hopeless(self, handle: ServingHandle) -> None:

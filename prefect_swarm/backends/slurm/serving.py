@@ -32,7 +32,7 @@ from prefect_swarm.config.slurm_time import slurm_seconds
 from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, ServingHandle
 from prefect_swarm.interfaces.metrics import MetricsTargets, read_file_sd
-from prefect_swarm.interfaces.readiness import ProbeResult, check_chat, check_health
+from prefect_swarm.interfaces.readiness import ProbeResult, check_answer, check_health
 from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
 from prefect_swarm.interfaces.usage import GpuUsage
 from prefect_swarm.paths import atomic_write_json, atomic_write_text, read_json, read_tail, read_text
@@ -603,7 +603,7 @@ class SlurmServing:
             if url is None:
                 watchdog = (read_json(self.paths.replica_status(i), {}) or {}).get("detail") or "no watchdog status yet"
                 return f"replica {i} is not healthy yet: {watchdog}"
-            chatted[i] = check_chat(url, self.cfg.model_name, key, timeout_s=30.0)
+            chatted[i] = check_answer(url, self.cfg.model_name, key, timeout_s=30.0)
             if not chatted[i].ok:
                 return f"replica {i} at {url}: chat completion failed: {chatted[i].detail}"
         return self._unrouted(n)
