@@ -40,6 +40,7 @@ from prefect_swarm.interfaces.types import ServingPhase
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.cache import cache_fields
 from prefect_swarm.jobs.commit import Verdict, commit_output, manifest_current, manifest_verdict
+from prefect_swarm.jobs.failures import manifest_failures
 from prefect_swarm.jobs.fingerprint import job_fingerprint
 from prefect_swarm.jobs.ledger import discard_ledger
 from prefect_swarm.jobs.plan import check_resume, job_progress, pending_shards, shard_progress
@@ -839,6 +840,7 @@ def job_status(
         "job_dir": spec.job_dir,
         "progress": progress,
         "manifest": manifest if committed else None,
+        "failure_reasons": manifest_failures(manifest) if committed else None,  # why rows failed
         "failures": failures,
         "cost": job_cost(progress, swarm_rec.config if swarm_rec else None),
         "projection": job_projection(progress, swarm_rec.config if swarm_rec else None)

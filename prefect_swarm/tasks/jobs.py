@@ -10,6 +10,7 @@ pending is always rerun, with ``refresh_cache``), and a retry resumes from the l
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,6 +27,7 @@ from prefect_swarm.config.cost import duration, job_projection, projection_text
 from prefect_swarm.exceptions import ConfigError, JobError, JobFailed
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.commit import manifest_verdict
+from prefect_swarm.jobs.failures import failure_lines, manifest_failures
 from prefect_swarm.jobs.plan import job_progress, recovered_text, shard_done, shard_progress
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.launch import JobPlan, ShardStopped, ShardWatch
@@ -40,7 +42,15 @@ from prefect_swarm.tasks._common import (
     retry_on_type,
     stop_event,
 )
-from prefect_swarm.tasks.artifacts import publish_all_cached, publish_summary, summary_row
+from prefect_swarm.tasks.artifacts import (
+    failed_message,
+    publish_all_cached,
+    publish_failed_rows,
+    publish_summary,
+    secret_values_of,
+    shown_failures,
+    summary_row,
+)
 from prefect_swarm.tasks.events import job_event
 
 SHARD_STOP_WAIT_S = 10.0
@@ -371,6 +381,11 @@ def run_and_commit(
         )
     limit = plan.spec.max_failed_fraction if max_failed_fraction is None else max_failed_fraction
     verdict = manifest_verdict(manifest, limit)
+    failures, secrets = manifest_failures(manifest), secret_values_of(used)
+    why = failure_lines(failures, secrets)
+    if failures:  # why rows failed, where the user looks: the artifact, the log, the event, the state
+        publish_failed_rows(plan.spec, failures, secrets)
+        log.log(logging.INFO if verdict.succeeded else logging.WARNING, "Job %s: %s", plan.spec.job_id, "\n".join(why))
     job_event(
         "succeeded" if verdict.succeeded else "failed",
         str(plan.spec.job_id),
@@ -380,14 +395,16 @@ def run_and_commit(
         failed=manifest.get("failed"),
         max_failed_fraction=limit,
         message=verdict.message(),
+        failure_reasons=shown_failures(failures, secrets),
     )
     if not verdict.succeeded:
-        raise JobFailed(f"job {plan.spec.job_id} {verdict.message()}")
+        raise JobFailed(failed_message(str(plan.spec.job_id), verdict.message(), why))
     log.info("Job %s %s", plan.spec.job_id, verdict.message())
     return {
         **row,
         "job_id": plan.spec.job_id,
         "output": manifest.get("output"),
         "failed_rows": manifest.get("failed_rows"),
+        "failure_reasons": shown_failures(failures, secrets),
         "job_dir": plan.spec.job_dir,
     }
