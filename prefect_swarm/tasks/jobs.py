@@ -33,6 +33,7 @@ from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.launch import JobPlan, ShardStopped, ShardWatch
 from prefect_swarm.paths import read_json
 from prefect_swarm.settings import get_settings
+from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.tasks._common import (
     current_flow_run_id,
@@ -69,7 +70,9 @@ def progress_every_s() -> float:
 @task(name="plan-shards", task_run_name="plan-shards-{swarm_name}", cache_policy=NO_CACHE)
 def plan_shards(spec: JobSpec, swarm_name: str, run_dir: str | None = None) -> JobPlan:
     """Validate the input (before any GPU is asked for), record the job, read which shards are pending
-    (``run_dir``: the swarm's, where its job folders live)."""
+    (``run_dir``: the swarm's, where its job folders live). With ``retry_failed``, the job retried is
+    the one earlier job of the same input, output and swarm (:func:`the_job_meant`)."""
+    spec = the_job_meant(spec, swarm_name, run_dir)
     plan = launch.plan_job(spec, swarm_name, flow_run_id=current_flow_run_id(), run_dir=run_dir)
     get_run_logger().info(
         "Job %s: %d/%d shards pending (fingerprint %s, ledger %s).",
@@ -89,6 +92,63 @@ def plan_shards(spec: JobSpec, swarm_name: str, run_dir: str | None = None) -> J
             total,
         )
     return plan
+
+
+def the_job_meant(spec: JobSpec, swarm_name: str, run_dir: str | None) -> JobSpec:
+    """The job a run means. Its own parameters name a job (its id: output, settings, shards); when that
+    job is new but the swarm has run other jobs of the same input and output:
+
+    - with ``retry_failed``, one such job is the one retried (with its own settings; the run says which
+      and what differs); several: refused (ConfigError) naming each, none: the new job runs;
+    - without, the run says so in its first lines: it sends every row again (a new job), and how to
+      resume or retry the earlier one instead.
+    """
+    located = launch.locate_job(spec, swarm_name, run_dir=run_dir)
+    store = StateStore()
+    if store.get_job(str(located.job_id)) is not None:
+        return spec  # this very job again: resumed (or its error rows retried) from its ledger
+    earlier = launch.same_data_jobs(located, store)
+    if not earlier:
+        return spec
+    log = get_run_logger()
+    described = "; ".join(_described(rec, located) for rec in earlier)
+    if not spec.retry_failed:
+        log.warning(
+            "Job %s is new: this run sends every row of %s again. The same input and output were run on swarm "
+            "'%s' as %s. To go on with that job instead, run it with its own parameters (Copy to new run on its "
+            "flow run) or set retry_failed to rerun its failed rows.",
+            located.job_id,
+            located.input,
+            swarm_name,
+            described,
+        )
+        return spec
+    if len(earlier) > 1:
+        raise ConfigError(
+            f"retry_failed: {len(earlier)} earlier jobs of input {located.input} and output {located.output} on "
+            f"swarm '{swarm_name}' could be meant: {described}. Run the one you mean with its own parameters "
+            "(Copy to new run on its flow run, then set retry_failed), or `prefect-swarm job retry JOB_ID`."
+        )
+    rec = earlier[0]
+    log.info(
+        "retry_failed: retrying job %s, the earlier job of this input and output on swarm '%s', with its own "
+        "settings (this run's parameters name another job: %s).",
+        rec.id,
+        swarm_name,
+        ", ".join(launch.spec_differences(located, rec.spec)) or "no difference",
+    )
+    return JobSpec.model_validate(rec.spec).model_copy(update={"retry_failed": True})
+
+
+def _described(rec: Any, spec: JobSpec) -> str:
+    """An earlier job in one phrase: id, when, rows done and failed, what differs from ``spec``."""
+    p = rec.progress or {}
+    differs = ", ".join(launch.spec_differences(spec, rec.spec)) or "nothing"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(rec.created_at))
+    return (
+        f"job {rec.id} (created {when}; {p.get('done', 0)} of {p.get('total', '?')} rows done, "
+        f"{p.get('failed', 0)} failed; differs in {differs})"
+    )
 
 
 def rows_already_done(plan: JobPlan) -> tuple[int, int]:
@@ -272,12 +332,14 @@ def run_shards(plan: JobPlan, live: Swarm | None) -> list[dict[str, Any]]:
         for i in range(spec.shards)
     ]
     if live is not None and plan.pending:
+        done, total = rows_already_done(plan)
         get_run_logger().info(
-            "Shards: %d of %d started on swarm '%s' (%d already done).",
+            "Shards: %d of %d started on swarm '%s' (%d finished before%s).",
             len(plan.pending),
             spec.shards,
             live.cfg.name,
             spec.shards - len(plan.pending),
+            f"; their checkpoints hold {done} of {total} rows, not sent again" if done else "",
         )
     artifact = _JobProgressArtifact(spec, live.cfg) if live is not None and plan.pending else None
     try:

@@ -33,6 +33,7 @@ from prefect_swarm.config import SwarmConfig, load_config
 from prefect_swarm.config.swarm import Sharing
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.holding import Holding
+from prefect_swarm.interfaces import JobStatus
 from prefect_swarm.interfaces.types import ReplicaHealth
 from prefect_swarm.settings import get_settings
 from prefect_swarm.state import LeaseRecord, StateStore, SwarmRecord
@@ -331,9 +332,20 @@ def cancel_flow_run_jobs(flow_run_id: str, store: StateStore | None = None) -> l
     for rec in hold.store.jobs_of_flow_run(flow_run_id):
         if rec.status not in launch.ACTIVE or rec.swarm is None or hold.store.get_swarm(rec.swarm) is None:
             continue
+        if not _still_running(rec.id, hold.store):  # a job that finished is not cancelled (nor said to be)
+            continue
         launch.cancel_job(rec.id, store=hold.store, compute=hold.attach(rec.swarm).compute)
         cancelled.append(rec.id)
     return cancelled
+
+
+def _still_running(job_id: str, store: StateStore) -> bool:
+    """Whether job ``job_id`` may still have rows to run, from its ledger (its record is brought up to
+    date: a job whose shards all finished is SUCCEEDED or FAILED, not RUNNING); True when unsure."""
+    try:
+        return JobStatus(launch.job_status(job_id, refresh=False, store=store)["status"]) in launch.ACTIVE
+    except Exception:  # unreadable: cancelling a job that ended costs nothing, leaving one running does
+        return True
 
 
 def teardown_flow_run(flow_run_id: str, *, include_kept: bool = False, log: Any = None) -> list[str]:
