@@ -60,15 +60,10 @@ def teardown_hook(flow: Any, flow_run: Any, state: Any) -> None:
     except Exception:  # a hook must not raise: the reaper retries later
         run_log.exception("teardown of flow run %s failed; `prefect-swarm db prune` reaps it later", run_id)
         return
-    run_log.warning("Flow run %s ended %s: %s", run_id, state.name, teardown_text(stopped))
-
-
-def teardown_text(stopped: list[str]) -> str:
-    """What a hook's teardown did, for the run's last line: the swarms it stopped, or that the run had
-    let go of everything itself (its ``finally`` runs before the hook)."""
-    if stopped:
-        return "teardown stopped swarm(s) " + ", ".join(stopped) + "."
-    return "nothing was left to stop (the run had already let go of its swarms and stopped its jobs)."
+    # the run's last line: its final state (a cancel hook sees Cancelling; the run ends Cancelled) and
+    # what the teardown stopped (the flow's own ``finally`` may have let go of everything before)
+    ended = "Cancelled" if state.is_cancelling() or state.is_cancelled() else state.name
+    run_log.warning("Flow run %s ended %s: %s", run_id, ended, stopped.text())
 
 
 def subflow_runs(flow_run_id: str) -> list[str]:

@@ -23,7 +23,7 @@ from prefect.states import Cancelled
 
 from prefect_swarm import launch
 from prefect_swarm.config import SwarmConfig
-from prefect_swarm.config.cost import duration, job_projection, projection_text
+from prefect_swarm.config.cost import duration, job_cost, job_projection, projection_text, usd_text
 from prefect_swarm.exceptions import ConfigError, JobError, JobFailed
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.commit import manifest_verdict
@@ -207,7 +207,9 @@ def run_shard(spec: JobSpec, shard: int, fingerprint: str, swarm: Swarm | None =
     )
     progress, began = _ProgressArtifact(spec, shard), time.monotonic()
     try:
-        probe = watch.watch(stop_event(), on_step=progress.update)
+        # the shard's artifact is set at its start and end; while it runs, the job's one artifact moves
+        # (API calls flat in shards: see _JobProgressArtifact)
+        probe = watch.watch(stop_event())
     except ShardStopped:
         log.warning(
             "Shard %d: the flow run is ending; job %s was cancelled (it flushes its checkpoint).", shard, handle.id
@@ -249,7 +251,8 @@ def _tokens(progress: dict[str, Any]) -> int:
 
 
 class _ProgressArtifact:
-    """A shard's progress artifact, updated at most every ARTIFACT_EVERY_S."""
+    """A shard's progress artifact: created as it starts, updated as it ends (``force``), at most every
+    ARTIFACT_EVERY_S otherwise."""
 
     def __init__(self, spec: JobSpec, shard: int) -> None:
         self.spec, self.shard, self.last = spec, shard, 0.0
@@ -282,12 +285,11 @@ class _JobProgressArtifact:
 
     def __init__(self, spec: JobSpec, cfg: SwarmConfig) -> None:
         self.spec, self.config = spec, cfg.redacted()
-        self.started, self.projected = time.monotonic(), ""
-        percent, description = self._read()
+        self.started, self.projected, self.logged = time.monotonic(), "", time.monotonic()
+        percent, description = self._read(job_progress(spec))
         self.id: Any = create_progress_artifact(progress=percent, description=description)
 
-    def _read(self) -> tuple[float, str]:
-        progress = job_progress(self.spec)
+    def _read(self, progress: dict[str, Any]) -> tuple[float, str]:
         done, failed, total = (int(progress.get(k) or 0) for k in ("done", "failed", "total"))
         head = f"job {self.spec.job_id}: {done - failed} ok, {failed} failed of {total} rows"
         percent = 100.0 if total == 0 else round(100.0 * done / total, 1)
@@ -300,8 +302,12 @@ class _JobProgressArtifact:
         return percent, f"{head}; {projection_text(p)}"
 
     def update(self) -> None:
-        percent, description = self._read()
+        progress = job_progress(self.spec)
+        percent, description = self._read(progress)
         update_progress_artifact(artifact_id=self.id, progress=percent, description=description)
+        if time.monotonic() - self.logged >= get_settings().progress_log_every_s:
+            self.logged = time.monotonic()
+            get_run_logger().info("Job %s: %s", self.spec.job_id, progress_line(progress, self.config))
 
     @contextlib.contextmanager
     def updating(self) -> Iterator[None]:
@@ -318,6 +324,19 @@ class _JobProgressArtifact:
             self.update()
         except Exception as exc:  # a view of the job: never what fails it
             get_run_logger().warning("Job %s: progress artifact not updated: %s", self.spec.job_id, exc)
+
+
+def progress_line(progress: dict[str, Any], config: dict[str, Any]) -> str:
+    """A running job in one line: ``512/1,000 rows (3 failed), 85.2 rows/s, 6s left, $0.0211 so far``."""
+    done, failed, total = (int(progress.get(k) or 0) for k in ("done", "failed", "total"))
+    p = job_projection(progress, config)
+    left = duration(p["remaining_s"]) + " left" if p.get("ready") else "time left not known yet"
+    if done >= total:
+        left = "every row answered"
+    usd = job_cost(progress, config).get("usd")
+    so_far = f", {usd_text(usd)} so far" if usd is not None else ""
+    rate = float(progress.get("rate_rows_s") or 0.0)
+    return f"{done:,}/{total:,} rows ({failed:,} failed), {rate:,.1f} rows/s, {left}{so_far}"
 
 
 def run_shards(plan: JobPlan, live: Swarm | None) -> list[dict[str, Any]]:
