@@ -27,7 +27,7 @@ from prefect_swarm.config.cost import duration, job_cost, job_projection, projec
 from prefect_swarm.exceptions import ConfigError, JobError, JobFailed
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.commit import manifest_verdict
-from prefect_swarm.jobs.failures import failure_lines, manifest_failures
+from prefect_swarm.jobs.failures import failure_lines, manifest_failures, reasons_line
 from prefect_swarm.jobs.plan import job_progress, recovered_text, shard_done, shard_progress
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.launch import JobPlan, ShardStopped, ShardWatch
@@ -391,6 +391,7 @@ def commit_output(spec: JobSpec) -> dict[str, Any]:
     before = read_json(spec.paths.manifest)
     manifest = launch.commit_job(spec.job_id)
     counts = {k: manifest.get(k) for k in ("rows", "ok", "failed", "output", "failed_rows")}
+    counts["why"] = reasons_line(manifest_failures(manifest))  # the reasons' kinds and counts, no row text
     if before is None or before.get("committed_at") != manifest.get("committed_at"):
         job_event("committed", spec.job_id, spec.swarm, **counts)  # once per commit, not per cached rerun
     else:

@@ -1,0 +1,116 @@
+"""A stranger's path: the commands of the Getting-started pages, in page order, as one shell script,
+reach a scheduled deployment whose scheduled run completes on a worker.
+
+The script is the pages' ```bash blocks joined, with three substitutions a reader's machine does not
+need: a free port for 4200, a folder of the test for ``$HOME/.prefect`` and ``/tmp/``. What does not
+run here: the installs (this test runs in the venv the lock installed) and the commands listed in
+:data:`NOT_HERE`. After the script, the test waits on the API for a run of the scheduled deployment
+that was created by its schedule (not by hand) to be Completed, then stops the worker and the server
+the script started (their process groups: the script runs with ``set -m``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from prefect_swarm.testing import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+PAGES = ["docs/getting-started/install.md", "docs/getting-started/local.md", "docs/getting-started/deployment.md"]
+"""The Getting-started pages with commands, in the order the site's navigation gives them."""
+
+NOT_HERE = {
+    "pip install": "installs: this test runs in the venv the lock installed (make venv)",
+    "prefect deployment run batch-inference/on-demand": "tests/prefect/test_deployment_e2e.py runs a deployment "
+    "with --watch; here the scheduled run is what is waited on",
+}
+
+pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
+
+
+def page_script(page: str) -> list[str]:
+    """The commands of ``page``'s ```bash blocks, continuations joined, comments kept out."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", (REPO / page).read_text(), flags=re.S):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            cmd = re.split(r"\s+#\s", " " + line.strip(), maxsplit=1)[0].strip()
+            if cmd and not cmd.startswith("#"):
+                out.append(cmd)
+    return out
+
+
+def _kept(cmd: str) -> bool:
+    return not any(cmd.removeprefix(".venv/bin/").startswith(p) for p in NOT_HERE)
+
+
+def test_the_getting_started_pages_reach_a_scheduled_deployment_that_runs(tmp_path: Path) -> None:
+    port = free_port()
+    cmds = [c for page in PAGES for c in page_script(page) if _kept(c)]
+    assert any(c.startswith("prefect --no-prompt deploy") and "--interval" in c for c in cmds), cmds
+    script = "\n".join(
+        ["set -e -m", *(c.replace("4200", str(port)).replace("$HOME/.prefect", f"{tmp_path}/prefect") for c in cmds)]
+    ).replace("/tmp/", f"{tmp_path}/")
+    (tmp_path / "script.sh").write_text(script + "\n")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")},
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PREFECT_SWARM_HOME": str(tmp_path / "swarm-home"),
+        "PREFECT_SWARM_PORT": str(free_port()),
+    }
+    api = f"http://127.0.0.1:{port}/api"
+    proc = subprocess.Popen(
+        ["bash", str(tmp_path / "script.sh")],
+        cwd=REPO,
+        env=env,
+        stdout=(tmp_path / "script.log").open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        assert proc.wait(timeout=420) == 0, (tmp_path / "script.log").read_text()[-4000:]
+        run = _scheduled_run_completed(api, timeout_s=240, log=tmp_path / "script.log")
+        print(f"scheduled run {run['name']} of batch-inference/nightly: {run['state_type']}")
+    finally:
+        _stop_background(f"{tmp_path}/prefect")
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+
+
+def _scheduled_run_completed(api: str, timeout_s: float, log: Path) -> dict[str, object]:
+    deployment = httpx.get(f"{api}/deployments/name/batch-inference/nightly", timeout=10).json()
+    assert deployment.get("schedules"), deployment
+    body = {"deployments": {"id": {"any_": [deployment["id"]]}}, "limit": 10}
+    deadline, runs = time.monotonic() + timeout_s, []
+    while time.monotonic() < deadline:
+        runs = httpx.post(f"{api}/flow_runs/filter", json=body, timeout=10).json()
+        done = [r for r in runs if r["state_type"] == "COMPLETED" and r.get("auto_scheduled")]
+        if done:
+            return dict(done[0])
+        failed = [r for r in runs if r["state_type"] in ("FAILED", "CRASHED")]
+        assert not failed, json.dumps(failed, indent=1)[:3000]
+        time.sleep(2)
+    raise AssertionError(f"no scheduled run completed in {timeout_s} s: {runs}\n{log.read_text()[-3000:]}")
+
+
+def _stop_background(home: str) -> None:
+    """Stop the worker, then the server the script started (by their PREFECT_HOME: this test's)."""
+    import psutil
+
+    for role in ("worker", "server"):
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if role in (p.info["cmdline"] or []) and p.environ().get("PREFECT_HOME") == home:
+                    os.killpg(os.getpgid(p.pid), signal.SIGTERM)
+                    p.wait(timeout=30)
+            except (psutil.Error, ProcessLookupError):
+                continue
