@@ -123,9 +123,8 @@ def _model_section(model: Any, title: str | None = None) -> list[str]:
         if field_name.startswith("_") or f.exclude:
             continue
         key = f.alias or field_name
-        out.append(
-            f"| `{key}` | {_cell(_type_name(f.annotation))} | {_cell(_default(f))} | {_cell(_clean(f.description or ''))} |"
-        )
+        kind, default, description = _type_name(f.annotation), _default(f), _clean(f.description or "")
+        out.append(f"| `{key}` | {_cell(kind)} | {_cell(default)} | {_cell(description)} |")
     return [*out, ""]
 
 
