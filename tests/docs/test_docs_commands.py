@@ -2,7 +2,8 @@
 
 Commands are extracted from the ```bash (sh, console, shell) blocks of README.md,
 deployments/README.md, CONTRIBUTING.md and every page of the docs site (docs/), and from the command
-comments of examples/*.yaml (``#   prefect-swarm ...``), so a command added to the docs is covered (or must be listed) without touching this file's logic.
+comments of examples/*.yaml (``#   prefect-swarm ...``), so a command added to the docs is covered
+(or must be listed) without touching this file's logic.
 The runnable ones run in document order, as a reader would type them, against a stub swarm with
 its own PREFECT_SWARM_HOME and free ports (``PREFECT_SWARM_PORT``, config precedence level 4).
 """
