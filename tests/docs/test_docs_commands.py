@@ -67,7 +67,8 @@ NOT_RUN_HERE: dict[str, str] = {
     # The Getting-started pages' server path: tests/docs/test_getting_started.py runs those pages as one
     # script (server, pool, blocks, deploy, automations, worker, a deployment on a schedule) until a
     # scheduled run completes.
-    "until curl -sf http://127.0.0.1:4200/api/health": "tests/docs/test_getting_started.py",
+    "timeout 120 sh -c 'until curl": "waits for the server: tests/docs/test_getting_started.py",
+    "mkdir -p $PREFECT_HOME": "tests/docs/test_getting_started.py",
     "prefect deployment ls": "tests/docs/test_getting_started.py",
     "prefect flow-run ls": "tests/docs/test_getting_started.py",
     # A Slurm cluster with GPUs and a Lepton workspace: the tutorials' cluster commands. The same CLI path

@@ -1,8 +1,9 @@
 """A stranger's path: the commands of the Getting-started pages, in page order, as one shell script,
 reach a scheduled deployment whose scheduled run completes on a worker.
 
-The script is the pages' ```bash blocks joined, with three substitutions a reader's machine does not
-need: a free port for 4200, a folder of the test for ``$HOME/.prefect`` and ``/tmp/``. What does not
+The script is the pages' ```bash blocks joined, with the substitutions of :func:`_here`: a free port for
+4200, a folder of the test for ``$HOME/.prefect`` and ``/tmp/``, and an interval of a minute for the
+page's hour (the first scheduled run comes one interval after the deploy). What does not
 run here: the installs (this test runs in the venv the lock installed) and the commands listed in
 :data:`NOT_HERE`. After the script, the test waits on the API for a run of the scheduled deployment
 that was created by its schedule (not by hand) to be Completed, then stops the worker and the server
@@ -35,7 +36,10 @@ NOT_HERE = {
     "with --watch; here the scheduled run is what is waited on",
 }
 
-pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
+SCHEDULE_S = 60
+"""The test's schedule interval (the page's is an hour)."""
+
+pytestmark = [pytest.mark.slow]  # a server of its own, not the suite's Prefect stack
 
 
 def page_script(page: str) -> list[str]:
@@ -49,6 +53,13 @@ def page_script(page: str) -> list[str]:
     return out
 
 
+def _here(cmd: str, tmp_path: Path, port: int) -> str:
+    """``cmd`` on this machine: this test's folder for /tmp/ and $HOME/.prefect, a free port for 4200, and
+    a schedule every minute instead of every hour (so that its first run comes within the test)."""
+    cmd = cmd.replace("/tmp/", f"{tmp_path}/").replace("$HOME/.prefect", f"{tmp_path}/prefect")
+    return cmd.replace("4200", str(port)).replace("--interval 3600", f"--interval {SCHEDULE_S}")
+
+
 def _kept(cmd: str) -> bool:
     return not any(cmd.removeprefix(".venv/bin/").startswith(p) for p in NOT_HERE)
 
@@ -57,9 +68,7 @@ def test_the_getting_started_pages_reach_a_scheduled_deployment_that_runs(tmp_pa
     port = free_port()
     cmds = [c for page in PAGES for c in page_script(page) if _kept(c)]
     assert any(c.startswith("prefect --no-prompt deploy") and "--interval" in c for c in cmds), cmds
-    script = "\n".join(
-        ["set -e -m", *(c.replace("4200", str(port)).replace("$HOME/.prefect", f"{tmp_path}/prefect") for c in cmds)]
-    ).replace("/tmp/", f"{tmp_path}/")
+    script = "\n".join(["set -e -m", *(_here(c, tmp_path, port) for c in cmds)])
     (tmp_path / "script.sh").write_text(script + "\n")
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")},
