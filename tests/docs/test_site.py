@@ -57,3 +57,18 @@ def test_the_site_is_the_manual(tmp_path: Path) -> None:
     assert not raw, raw
     assert "name: local-stub" in re.sub(r"<[^>]+>", "", (site / "getting-started" / "local" / "index.html").read_text())
     assert "Slurm LB" in (site / "benchmarks" / "index.html").read_text()  # BENCHMARKS.md, included
+
+
+def test_the_readme_is_the_front_door() -> None:
+    """At most 10 KB, the two set-up commands as they always were, links into the site."""
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.encode()) <= 10 * 1024, len(readme.encode())
+    setup = (
+        "```bash\n"
+        "make demo   # the main job: batch_inference on the local backend with real vLLM replicas, end to end\n"
+        "make test   # the tests: installs and starts what they need (venv, vLLM CPU build, Slurm, nginx), then runs "
+        "them all\n```"
+    )
+    assert setup in readme
+    for page in ("docs/getting-started/install.md", "docs/getting-started/deployment.md", "docs/reference/cli.md"):
+        assert f"]({page})" in readme and (REPO / page).is_file(), page
