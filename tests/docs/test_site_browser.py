@@ -43,6 +43,10 @@ def test_every_page_loads_in_a_browser(tmp_path: Path) -> None:
             tab = browser.new_page()
             tab.on("console", lambda m: bad.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
             tab.on("response", lambda r: bad.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+            tab.on(  # e.g. a third party's font; not the search worker's fetch that the next page load aborts
+                "requestfailed",
+                lambda r: None if "ERR_ABORTED" in (r.failure or "") else bad.append(f"{r.failure}: {r.url}"),
+            )
             for page in pages:
                 url = f"http://127.0.0.1:{port}/{'' if page == '.' else page + '/'}"
                 tab.goto(url, wait_until="load")
