@@ -3,11 +3,11 @@ reach a scheduled deployment whose scheduled run completes on a worker.
 
 The script is the pages' ```bash blocks joined, with the substitutions of :func:`_here`: a free port for
 4200, a folder of the test for ``$HOME/.prefect`` and ``/tmp/``, and an interval of a minute for the
-page's hour (the first scheduled run comes one interval after the deploy). What does not
-run here: the installs (this test runs in the venv the lock installed) and the commands listed in
-:data:`NOT_HERE`. After the script, the test waits on the API for a run of the scheduled deployment
-that was created by its schedule (not by hand) to be Completed, then stops the worker and the server
-the script started (their process groups: the script runs with ``set -m``).
+page's hour (the first scheduled run comes one interval after the deploy). What does not run
+here: the installs (this test runs in the venv the lock installed), listed in :data:`NOT_HERE`.
+After the script (which also runs a deployment by hand with ``--watch``), the test waits on the API
+for a run of the scheduled deployment that its schedule created to be Completed, then stops the
+worker and the server the script started (their process groups: the script runs with ``set -m``).
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ PAGES = ["docs/getting-started/install.md", "docs/getting-started/local.md", "do
 
 NOT_HERE = {
     "pip install": "installs: this test runs in the venv the lock installed (make venv)",
-    "prefect deployment run batch-inference/on-demand": "tests/prefect/test_deployment_e2e.py runs a deployment "
-    "with --watch; here the scheduled run is what is waited on",
 }
 
 SCHEDULE_S = 60
