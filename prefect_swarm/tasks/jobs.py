@@ -156,7 +156,10 @@ def rows_already_done(plan: JobPlan) -> tuple[int, int]:
     shards' progress files only (written with each checkpoint). With ``retry_failed`` the error rows
     are not done (they are sent again). The exact figure comes after: :func:`resumed_rows`."""
     progress = job_progress(plan.spec)
-    done = int(progress.get("done") or 0) - (int(progress.get("failed") or 0) if plan.spec.retry_failed else 0)
+    # a shard's "checkpointed": the rows in its ledger ("done" also counts rows answered since its last
+    # checkpoint, which a stopped shard did not keep)
+    held = sum(int(s.get("checkpointed", s.get("done")) or 0) for s in progress["shards"])
+    done = held - (int(progress.get("failed") or 0) if plan.spec.retry_failed else 0)
     return max(done, 0), int(progress.get("total") or 0)
 
 
