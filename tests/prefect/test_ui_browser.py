@@ -243,8 +243,10 @@ def test_a_failed_runs_reasons_show_in_the_ui(prefect_api: PrefectStack, tmp_pat
 
     with chromium_page(tmp_path) as page:
         page.goto(f"{_ui(prefect_api)}/runs/flow-run/{run_id}")
-        expect(page.get_by_text(re.compile(r"Why: HTTP 50\d x\d+")).first).to_be_visible(timeout=60_000)
-        page.screenshot(path=str(tmp_path / "failed-run.png"), full_page=True)
+        why = page.get_by_text(re.compile(r"Why: HTTP 50\d x\d+")).first  # the run's log line of the reasons
+        expect(why).to_be_visible(timeout=60_000)
+        why.scroll_into_view_if_needed()
+        page.screenshot(path=str(tmp_path / "failed-run.png"))
         page.goto(f"{_ui(prefect_api)}/artifacts/artifact/{art.id}")
         table = page.locator("table").first
         for wanted in ("reason", "rows", "example_row", "engine_said", "HTTP 50", "injected failure"):
