@@ -40,8 +40,9 @@ from prefect_swarm.interfaces.types import ServingPhase
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.cache import cache_fields
 from prefect_swarm.jobs.commit import Verdict, commit_output, manifest_current, manifest_verdict
-from prefect_swarm.jobs.fingerprint import job_fingerprint
-from prefect_swarm.jobs.ledger import discard_ledger
+from prefect_swarm.jobs.failures import manifest_failures
+from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details, job_fingerprint
+from prefect_swarm.jobs.ledger import discard_ledger, shard_store
 from prefect_swarm.jobs.plan import check_resume, job_progress, pending_shards, shard_progress
 from prefect_swarm.jobs.sizing import size_for_swarm
 from prefect_swarm.jobs.spec import JobSpec
@@ -136,6 +137,51 @@ def locate_job(spec: JobSpec, swarm_name: str | None = None, *, run_dir: str | N
     )
     update = {"job_id": job_id, "job_dir": job_dir, "swarm": swarm_name, **cache_fields(spec)}
     return spec.model_copy(update=update)
+
+
+RUN_FIELDS = frozenset(
+    {"job_id", "job_dir", "swarm", "endpoints", "replicas_file", "retry_failed", "auto_commit", "budget"}
+    | {"metrics_host"}
+)
+"""JobSpec fields a run fills in for where and how it runs, not what the job is (left out of
+:func:`spec_differences`)."""
+
+
+def same_data_jobs(spec: JobSpec, store: StateStore | None = None) -> list[JobRecord]:
+    """The recorded batch jobs other than located ``spec``'s own on its swarm with its input and output,
+    newest first: what a run of the same data with other settings (shards, job options) could mean."""
+    store = store or StateStore()
+
+    def where(s: dict[str, Any]) -> tuple[str, str]:
+        return storage.parse(s["input"], "input").uri, storage.parse(s["output"], "output").uri
+
+    mine = where(spec.model_dump(mode="json"))
+    found = [
+        rec
+        for rec in store.list_jobs(spec.swarm)
+        if rec.id != spec.job_id and "input" in rec.spec and "output" in rec.spec and where(rec.spec) == mine
+    ]
+    if found:  # only jobs that answered rows of the input as it is now (a rewritten input is new data)
+        identity = fingerprint_details(spec)["input"]
+        found = [rec for rec in found if hash_details({"i": _answered_input(rec)}) == hash_details({"i": identity})]
+    return sorted(found, key=lambda rec: rec.created_at, reverse=True)
+
+
+def _answered_input(rec: JobRecord) -> Any:
+    """The input identity job ``rec``'s first shard checkpointed rows of (None: it never checkpointed)."""
+    try:
+        store = shard_store(JobSpec.model_validate(rec.spec), 0)
+        return (store.read_json(store.paths.fingerprint.name) or {}).get("details", {}).get("input")
+    except Exception:  # an unreadable old record is no candidate
+        return None
+
+
+def spec_differences(spec: JobSpec, other: dict[str, Any]) -> list[str]:
+    """The fields where ``spec`` differs from the recorded spec ``other`` (names; the shard counts
+    with their values): why a run of the same data is another job."""
+    mine = spec.model_dump(mode="json")
+    names = [k for k in mine if k not in RUN_FIELDS and k in other and mine[k] != other[k]]
+    return [f"shards {other['shards']} -> {mine['shards']}" if k == "shards" else k for k in names]
 
 
 def prepare_job(
@@ -839,6 +885,7 @@ def job_status(
         "job_dir": spec.job_dir,
         "progress": progress,
         "manifest": manifest if committed else None,
+        "failure_reasons": manifest_failures(manifest) if committed else None,  # why rows failed
         "failures": failures,
         "cost": job_cost(progress, swarm_rec.config if swarm_rec else None),
         "projection": job_projection(progress, swarm_rec.config if swarm_rec else None)

@@ -44,6 +44,12 @@ class Settings(BaseSettings):
         "shards' small progress files, never the input) and two looks at a swarm's readiness while a "
         "run waits for it (a line is logged when a replica's health changes).",
     )
+    progress_log_every_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="Seconds between two progress lines a flow run logs for each running job (rows, "
+        "rows/s, time left, $ so far).",
+    )
     result_storage: str | None = Field(
         default=None,
         description="Where flows persist their results: a saved Prefect filesystem block's slug "

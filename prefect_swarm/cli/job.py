@@ -412,6 +412,14 @@ def _print_recovered(progress: dict[str, Any]) -> None:
         console.print(recovered, markup=False)
 
 
+def _print_failure_reasons(summary: dict[str, Any] | None) -> None:
+    """Why rows failed: the top reasons with counts, an example row of each (the engine's words)."""
+    from prefect_swarm.jobs.failures import failure_lines  # pyarrow: only where a result is shown
+
+    for line in failure_lines(summary):
+        console.print(line, markup=False, soft_wrap=True)
+
+
 def _print_status(doc: dict[str, Any]) -> None:
     if doc.get("kind") == "script":
         console.print(f"job {doc['id']} (script on swarm {doc['swarm']}): [bold]{doc['status']}[/]")
@@ -459,6 +467,7 @@ def _print_status(doc: dict[str, Any]) -> None:
             console.print(textwrap.indent(f["tail"], "  "), markup=False, soft_wrap=True)
     if doc.get("manifest"):
         console.print(f"output: {doc['output']}  failed rows: {doc['manifest'].get('failed_rows')}")
+    _print_failure_reasons(doc.get("failure_reasons"))
     if doc.get("verdict"):
         style = "green" if doc["verdict"]["succeeded"] else "bold red"
         console.print(f"[{style}]{doc['verdict']['message']}[/]", soft_wrap=True)

@@ -60,7 +60,10 @@ def teardown_hook(flow: Any, flow_run: Any, state: Any) -> None:
     except Exception:  # a hook must not raise: the reaper retries later
         run_log.exception("teardown of flow run %s failed; `prefect-swarm db prune` reaps it later", run_id)
         return
-    run_log.warning("flow run %s ended %s: stopped swarm(s) %s", run_id, state.name, ", ".join(stopped) or "none")
+    # the run's last line: its final state (a cancel hook sees Cancelling; the run ends Cancelled) and
+    # what the teardown stopped (the flow's own ``finally`` may have let go of everything before)
+    ended = "Cancelled" if state.is_cancelling() or state.is_cancelled() else state.name
+    run_log.warning("Flow run %s ended %s: %s", run_id, ended, stopped.text())
 
 
 def subflow_runs(flow_run_id: str) -> list[str]:

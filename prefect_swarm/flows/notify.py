@@ -18,7 +18,13 @@ from prefect_swarm.tasks.artifacts import artifact_key
 
 @swarm_flow(name="failed-rows-notice")
 def failed_rows_notice(
-    job_id: str, swarm: str = "", output: str = "", rows: int = 0, failed: int = 0, failed_rows: str = ""
+    job_id: str,
+    swarm: str = "",
+    output: str = "",
+    rows: int = 0,
+    failed: int = 0,
+    failed_rows: str = "",
+    why: str = "",
 ) -> str:
     """Say that job ``job_id`` committed its output with failed rows.
 
@@ -29,16 +35,19 @@ def failed_rows_notice(
         rows: rows in the output.
         failed: rows that failed.
         failed_rows: the JSONL file of the failed rows (id, error).
+        why: the top reasons with their counts (``Why: HTTP 503 x12, timeout after 60s x3.``).
     """
     message = (
         f"job {job_id} on swarm {swarm or '?'} committed {rows} rows with {failed} failed; failed rows: {failed_rows}"
     )
+    if why:
+        message += f"\n{why}"
     get_run_logger().warning(message)
     create_markdown_artifact(
-        key=artifact_key(f"{swarm or 'job'}-{Path(output).stem or job_id}", "failed-rows"),
-        markdown=f"# Job `{job_id}`: {failed} of {rows} rows failed\n\nSwarm: `{swarm}`\n\nFailed rows (JSONL: id, "
-        f"error): `{failed_rows}`\n\n`prefect-swarm job retry {job_id}` (or the flow rerun with "
-        "`retry_failed: true`) resends only those rows.",
+        key=artifact_key(f"{swarm or 'job'}-{Path(output).stem or job_id}", "failed-rows-notice"),
+        markdown=f"# Job `{job_id}`: {failed} of {rows} rows failed\n\n{why}\n\nSwarm: `{swarm}`\n\n"
+        f"Failed rows (JSONL: id, error): `{failed_rows}`\n\n`prefect-swarm job retry {job_id}` (or the flow "
+        "rerun with `retry_failed: true`) resends only those rows.",
         description=f"job {job_id}: failed rows",
     )
     return message

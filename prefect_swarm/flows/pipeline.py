@@ -48,6 +48,7 @@ from prefect_swarm.flows.params import (
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.api import load_job
 from prefect_swarm.jobs.dataset import InputDataset
+from prefect_swarm.jobs.failures import reasons_line
 from prefect_swarm.jobs.stages import STAGE_NAME, HandOver, RowFilter, check_stage, outputs_of
 from prefect_swarm.paths import PipelinePaths
 from prefect_swarm.swarm import flow_run_owner
@@ -245,6 +246,7 @@ def _stage_row(p: _Planned, result: dict[str, Any] | None, handed: HandOver | No
         "rows": res.get("rows", 0),
         "ok": res.get("ok", 0),
         "failed": res.get("failed", 0),
+        "why": reasons_line(res.get("failure_reasons")),  # why its rows failed (top reasons with counts)
         "cached": res.get("cached", 0),
         "went_on": handed.kept if handed is not None else 0,
         "keep": p.stage.keep.describe() if p.stage.keep is not None else "",

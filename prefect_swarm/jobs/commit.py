@@ -48,6 +48,7 @@ from prefect_swarm.jobs import output as dataset_output
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.api import load_job
 from prefect_swarm.jobs.dataset import InputDataset, open_input, shard_range
+from prefect_swarm.jobs.failures import failure_summary
 from prefect_swarm.jobs.fingerprint import hash_details, job_fingerprint
 from prefect_swarm.jobs.ledger import RAW_COLUMN, Part, latest_positions, part_size, part_source, shard_store
 from prefect_swarm.jobs.plan import pending_shards, shard_progress
@@ -211,6 +212,8 @@ def _write_manifest(
         **counts,
         "shards": [shard_progress(spec, i, ds) for i in range(spec.shards)],
         "failed_rows": str(spec.paths.failed_rows),
+        # why rows failed: top reasons, counts, example rows (jobs.failures), for every view of the run
+        "failure_reasons": failure_summary(spec.paths.failed_rows) if counts.get("failed") else None,
         "committed_at": time.time(),
         "commit_seconds": round(time.time() - t0, 3),
         "signature": signature,

@@ -92,6 +92,12 @@ RECOVERED_REASONS = 20
 OTHER_REASONS = "other reasons"
 MAX_PENDING_WRITES = 2
 """Parts queued for the writer thread at most (each ``checkpoint_every`` rows or fewer)."""
+_Cut = tuple[list["RowResult"], int | None, dict[str, Any] | None, dict[str, Any]]
+"""What the writer thread writes: rows, their part number, the index, the progress (no index: the progress only)."""
+PROGRESS_EVERY_S = 2.0
+"""Seconds between two progress files a running shard writes between its checkpoints (see
+``Ledger.progress_in_background``): progress is not a checkpoint; `job status` and the flow's progress
+artifact move this often."""
 COMPACT_EVERY = 16
 """This many parts of one level at the end of the ledger are merged into one (see the module's docstring)."""
 COMPACT_BASE_ROWS = 50_000
@@ -539,7 +545,7 @@ class ShardLedger:
         self.keep_raw = keep_raw
         self.buf: list[RowResult] = []  # finished rows (see add); turned into columns at flush
         self._writer: threading.Thread | None = None
-        self._queue: queue.Queue[tuple[list[RowResult], int | None, dict[str, Any], dict[str, Any]] | None] | None
+        self._queue: queue.Queue[_Cut | None] | None
         self._queue = None
         self._write_error: BaseException | None = None
         self.seen = DoneRows(end - start)  # rows in the ledger (shard-relative)
@@ -740,9 +746,12 @@ class ShardLedger:
             raise
         self._after_part(index, progress)
 
-    def _after_part(self, index: dict[str, Any], progress: dict[str, Any]) -> None:
+    def _after_part(self, index: dict[str, Any] | None, progress: dict[str, Any]) -> None:
         """Once a part is written: the index, the progress, then a compaction when one is due (and the
         index again, listing the parts that are left). Runs where the part was written (the writer thread)."""
+        if index is None:  # a progress file between checkpoints (progress_in_background)
+            self.store.write_json(self.paths.progress.name, progress)
+            return
         self.store.write_json(self.paths.index.name, {**index, "parts": [list(p) for p in self._parts]})
         self.store.write_json(self.paths.progress.name, progress)
         if self._maybe_compact():
@@ -754,6 +763,16 @@ class ShardLedger:
         Waits only when ``MAX_PENDING_WRITES`` parts are already queued (a disk slower than the
         requests), so memory stays bounded; raises the error of an earlier failed write.
         """
+        self._writes().put(self._cut(state))
+
+    def progress_in_background(self) -> None:
+        """Queue a progress file of the rows answered so far, the buffered ones included (``checkpointed``:
+        the rows in the ledger's parts). Not a checkpoint: the buffer stays; queued behind the parts, so
+        the file never goes back."""
+        self._writes().put(([], None, None, self._progress("running")))
+
+    def _writes(self) -> queue.Queue[_Cut | None]:
+        """The writer thread's queue (the thread started on first use); raises an earlier failed write's error."""
         if self._write_error is not None:
             raise self._write_error
         if self._writer is None:
@@ -761,7 +780,7 @@ class ShardLedger:
             self._writer = threading.Thread(target=self._write_loop, name=f"ledger-{self.shard}", daemon=True)
             self._writer.start()
         assert self._queue is not None
-        self._queue.put(self._cut(state))
+        return self._queue
 
     def join(self) -> None:
         """Wait until every queued write is on disk; raise a failed one's error (then, and on every later call)."""
@@ -901,6 +920,7 @@ class ShardLedger:
             "pid": os.getpid(),
             "total": self.total,
             "done": self.n_done,
+            "checkpointed": self.n_done - len(self.buf),  # the rest is answered, not yet in the ledger
             "failed": self.n_failed,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,

@@ -29,7 +29,15 @@ from prefect_swarm.jobs.api import SwarmJob, check_reserved, load_job
 from prefect_swarm.jobs.cache import Reuse
 from prefect_swarm.jobs.dataset import InputDataset, check_output_location, open_input, shard_range
 from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details, job_fingerprint
-from prefect_swarm.jobs.ledger import STATUS_OK, RowResult, ShardLedger, ShardLock, pyarrow_without_pandas, shard_store
+from prefect_swarm.jobs.ledger import (
+    PROGRESS_EVERY_S,
+    STATUS_OK,
+    RowResult,
+    ShardLedger,
+    ShardLock,
+    pyarrow_without_pandas,
+    shard_store,
+)
 from prefect_swarm.jobs.metrics import ShardMetrics, metrics_address
 from prefect_swarm.jobs.output import check_dataset_output
 from prefect_swarm.jobs.runner import DEFAULT_CAPACITY, Item, Runner, RunnerConfig, prefix_key
@@ -154,6 +162,7 @@ class ShardRun:
         )
         self.runner: Runner | None = None
         self.tokens = [0, 0]
+        self._progress_at = 0.0  # when the last progress file between checkpoints was queued
         """Prompt and completion tokens this process's requests used (a token budget counts them)."""
         self.guard = spec.budget.guard(tokens=self._tokens, shares=self.nshards) if spec.budget is not None else None
         """The swarm's budget, held by this process (see :meth:`_hold_to_budget`)."""
@@ -355,8 +364,13 @@ class ShardRun:
             self._flush()
 
     def _on_tick(self) -> None:
-        if time.monotonic() - self.ledger.last_flush >= self.spec.checkpoint_seconds:
+        now = time.monotonic()
+        if now - self.ledger.last_flush >= self.spec.checkpoint_seconds:
             self._flush()
+        elif now - max(self.ledger.last_flush, self._progress_at) >= PROGRESS_EVERY_S and self.ledger.buffered:
+            self._progress_at = now  # progress is not a checkpoint: the rows answered so far, every few seconds
+            self._count_requests()
+            self.ledger.progress_in_background()
         self._hold_to_budget()
 
     def _hold_to_budget(self) -> bool:

@@ -213,13 +213,33 @@ class _MessageOnly(logging.Filter):
         return True
 
 
+STOPPED_FROM_OUTSIDE = "Finished in state Running()"
+"""Prefect's last line of a flow process its worker cancelled: the engine leaves the state to the worker
+(which sets Cancelled) and logs the state it last saw itself, Running."""
+
+
+class _TrueFinish(logging.Filter):
+    """Say what a flow run's last line from its own process means when the worker cancelled it
+    (:data:`STOPPED_FROM_OUTSIDE`): the run is not Running; the worker ends it Cancelled and its
+    teardown hook logs the final state with what it stopped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() == STOPPED_FROM_OUTSIDE:
+            record.msg, record.args = "Flow process stopped: the run was cancelled (the worker ends it Cancelled).", ()
+        return True
+
+
 def quiet_user_errors() -> None:
-    """Install :class:`_MessageOnly` on Prefect's run loggers (once; Prefect's logging setup keeps
-    a logger's filters). Done when the tasks are imported, so every flow using them has it."""
+    """Install :class:`_MessageOnly` on Prefect's run loggers, and :class:`_TrueFinish` on the flow runs'
+    (once; Prefect's logging setup keeps a logger's filters). Done when the tasks are imported, so every
+    flow using them has it."""
     for name in RUN_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _MessageOnly) for f in logger.filters):
             logger.addFilter(_MessageOnly())
+    flows = logging.getLogger(RUN_LOGGERS[0])
+    if not any(isinstance(f, _TrueFinish) for f in flows.filters):
+        flows.addFilter(_TrueFinish())
 
 
 def failed_run(exc: BaseException) -> Any:

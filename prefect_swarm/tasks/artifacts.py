@@ -12,6 +12,7 @@ from typing import Any
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from prefect_swarm.config import SwarmConfig
+from prefect_swarm.jobs.failures import OTHER, words
 from prefect_swarm.jobs.plan import REUSE_COUNTS, recovered_text
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.swarm import engine_fingerprint
@@ -196,3 +197,40 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
     cols = list(rows[0])
     head = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     return head + ["| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |" for r in rows]
+
+
+def secret_values_of(cfg: SwarmConfig) -> list[str]:
+    """The swarm's secret values to mask in what a run shows (its API key)."""
+    return [cfg.api_key.get_secret_value()] if cfg.api_key is not None else []
+
+
+def shown_failures(summary: dict[str, Any] | None, secrets: list[str]) -> dict[str, Any] | None:
+    """A failure summary (:mod:`prefect_swarm.jobs.failures`) as a run shows it: every error redacted
+    with the swarm's ``secrets`` too."""
+    if not summary:
+        return None
+    reasons = [{**r, "example_error": words(r.get("example_error"), secrets)} for r in summary.get("reasons") or []]
+    examples = [{**e, "error": words(e.get("error"), secrets)} for e in summary.get("examples") or []]
+    return {**summary, "reasons": reasons, "examples": examples}
+
+
+def failed_message(job_id: str, verdict: str, why: list[str]) -> str:
+    """A failed run's state message: the verdict, then why the rows failed (reasons, example rows)."""
+    return "\n".join([f"job {job_id} {verdict}", *why])
+
+
+def publish_failed_rows(spec: JobSpec, summary: dict[str, Any], secrets: list[str]) -> None:
+    """The ``<swarm>-<output>-failed-rows`` table: one row per reason (rows, an example row's id and the
+    engine's words, redacted); the whole list stays in the failed-rows file."""
+    shown = shown_failures(summary, secrets) or {}
+    table = [
+        {"reason": r["reason"], "rows": r["rows"], "example_row": r["example_id"], "engine_said": r["example_error"]}
+        for r in shown.get("reasons") or []
+    ]
+    if shown.get("other_rows"):
+        table.append({"reason": OTHER, "rows": shown["other_rows"], "example_row": "", "engine_said": ""})
+    create_table_artifact(
+        key=artifact_key(artifact_base(spec), "failed-rows"),
+        table=table,
+        description=f"job {spec.job_id}: why {shown.get('rows', 0)} rows failed (every row: {spec.paths.failed_rows})",
+    )

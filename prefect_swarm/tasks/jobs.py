@@ -10,6 +10,7 @@ pending is always rerun, with ``refresh_cache``), and a retry resumes from the l
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,15 +23,17 @@ from prefect.states import Cancelled
 
 from prefect_swarm import launch
 from prefect_swarm.config import SwarmConfig
-from prefect_swarm.config.cost import duration, job_projection, projection_text
+from prefect_swarm.config.cost import duration, job_cost, job_projection, projection_text, usd_text
 from prefect_swarm.exceptions import ConfigError, JobError, JobFailed
 from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.commit import manifest_verdict
+from prefect_swarm.jobs.failures import failure_lines, manifest_failures, reasons_line
 from prefect_swarm.jobs.plan import job_progress, recovered_text, shard_done, shard_progress
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.launch import JobPlan, ShardStopped, ShardWatch
 from prefect_swarm.paths import read_json
 from prefect_swarm.settings import get_settings
+from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.tasks._common import (
     current_flow_run_id,
@@ -40,7 +43,15 @@ from prefect_swarm.tasks._common import (
     retry_on_type,
     stop_event,
 )
-from prefect_swarm.tasks.artifacts import publish_all_cached, publish_summary, summary_row
+from prefect_swarm.tasks.artifacts import (
+    failed_message,
+    publish_all_cached,
+    publish_failed_rows,
+    publish_summary,
+    secret_values_of,
+    shown_failures,
+    summary_row,
+)
 from prefect_swarm.tasks.events import job_event
 
 SHARD_STOP_WAIT_S = 10.0
@@ -59,7 +70,9 @@ def progress_every_s() -> float:
 @task(name="plan-shards", task_run_name="plan-shards-{swarm_name}", cache_policy=NO_CACHE)
 def plan_shards(spec: JobSpec, swarm_name: str, run_dir: str | None = None) -> JobPlan:
     """Validate the input (before any GPU is asked for), record the job, read which shards are pending
-    (``run_dir``: the swarm's, where its job folders live)."""
+    (``run_dir``: the swarm's, where its job folders live). With ``retry_failed``, the job retried is
+    the one earlier job of the same input, output and swarm (:func:`the_job_meant`)."""
+    spec = the_job_meant(spec, swarm_name, run_dir)
     plan = launch.plan_job(spec, swarm_name, flow_run_id=current_flow_run_id(), run_dir=run_dir)
     get_run_logger().info(
         "Job %s: %d/%d shards pending (fingerprint %s, ledger %s).",
@@ -81,12 +94,72 @@ def plan_shards(spec: JobSpec, swarm_name: str, run_dir: str | None = None) -> J
     return plan
 
 
+def the_job_meant(spec: JobSpec, swarm_name: str, run_dir: str | None) -> JobSpec:
+    """The job a run means. Its own parameters name a job (its id: output, settings, shards); when that
+    job is new but the swarm has run other jobs of the same input and output:
+
+    - with ``retry_failed``, one such job is the one retried (with its own settings; the run says which
+      and what differs); several: refused (ConfigError) naming each, none: the new job runs;
+    - without, the run says so in its first lines: it sends every row again (a new job), and how to
+      resume or retry the earlier one instead.
+    """
+    located = launch.locate_job(spec, swarm_name, run_dir=run_dir)
+    store = StateStore()
+    if store.get_job(str(located.job_id)) is not None:
+        return spec  # this very job again: resumed (or its error rows retried) from its ledger
+    earlier = launch.same_data_jobs(located, store)
+    if not earlier:
+        return spec
+    log = get_run_logger()
+    described = "; ".join(_described(rec, located) for rec in earlier)
+    if not spec.retry_failed:
+        log.warning(
+            "Job %s is new: this run sends every row of %s again. The same input and output were run on swarm "
+            "'%s' as %s. To go on with that job instead, run it with its own parameters (Copy to new run on its "
+            "flow run) or set retry_failed to rerun its failed rows.",
+            located.job_id,
+            located.input,
+            swarm_name,
+            described,
+        )
+        return spec
+    if len(earlier) > 1:
+        raise ConfigError(
+            f"retry_failed: {len(earlier)} earlier jobs of input {located.input} and output {located.output} on "
+            f"swarm '{swarm_name}' could be meant: {described}. Run the one you mean with its own parameters "
+            "(Copy to new run on its flow run, then set retry_failed), or `prefect-swarm job retry JOB_ID`."
+        )
+    rec = earlier[0]
+    log.info(
+        "retry_failed: retrying job %s, the earlier job of this input and output on swarm '%s', with its own "
+        "settings (this run's parameters name another job: %s).",
+        rec.id,
+        swarm_name,
+        ", ".join(launch.spec_differences(located, rec.spec)) or "no difference",
+    )
+    return JobSpec.model_validate(rec.spec).model_copy(update={"retry_failed": True})
+
+
+def _described(rec: Any, spec: JobSpec) -> str:
+    """An earlier job in one phrase: id, when, rows done and failed, what differs from ``spec``."""
+    p = rec.progress or {}
+    differs = ", ".join(launch.spec_differences(spec, rec.spec)) or "nothing"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(rec.created_at))
+    return (
+        f"job {rec.id} (created {when}; {p.get('done', 0)} of {p.get('total', '?')} rows done, "
+        f"{p.get('failed', 0)} failed; differs in {differs})"
+    )
+
+
 def rows_already_done(plan: JobPlan) -> tuple[int, int]:
     """(about how many rows the job's checkpoints hold done, rows of the job) as a run starts, from the
     shards' progress files only (written with each checkpoint). With ``retry_failed`` the error rows
     are not done (they are sent again). The exact figure comes after: :func:`resumed_rows`."""
     progress = job_progress(plan.spec)
-    done = int(progress.get("done") or 0) - (int(progress.get("failed") or 0) if plan.spec.retry_failed else 0)
+    # a shard's "checkpointed": the rows in its ledger ("done" also counts rows answered since its last
+    # checkpoint, which a stopped shard did not keep)
+    held = sum(int(s.get("checkpointed", s.get("done")) or 0) for s in progress["shards"])
+    done = held - (int(progress.get("failed") or 0) if plan.spec.retry_failed else 0)
     return max(done, 0), int(progress.get("total") or 0)
 
 
@@ -137,7 +210,9 @@ def run_shard(spec: JobSpec, shard: int, fingerprint: str, swarm: Swarm | None =
     )
     progress, began = _ProgressArtifact(spec, shard), time.monotonic()
     try:
-        probe = watch.watch(stop_event(), on_step=progress.update)
+        # the shard's artifact is set at its start and end; while it runs, the job's one artifact moves
+        # (API calls flat in shards: see _JobProgressArtifact)
+        probe = watch.watch(stop_event())
     except ShardStopped:
         log.warning(
             "Shard %d: the flow run is ending; job %s was cancelled (it flushes its checkpoint).", shard, handle.id
@@ -179,7 +254,8 @@ def _tokens(progress: dict[str, Any]) -> int:
 
 
 class _ProgressArtifact:
-    """A shard's progress artifact, updated at most every ARTIFACT_EVERY_S."""
+    """A shard's progress artifact: created as it starts, updated as it ends (``force``), at most every
+    ARTIFACT_EVERY_S otherwise."""
 
     def __init__(self, spec: JobSpec, shard: int) -> None:
         self.spec, self.shard, self.last = spec, shard, 0.0
@@ -212,12 +288,11 @@ class _JobProgressArtifact:
 
     def __init__(self, spec: JobSpec, cfg: SwarmConfig) -> None:
         self.spec, self.config = spec, cfg.redacted()
-        self.started, self.projected = time.monotonic(), ""
-        percent, description = self._read()
+        self.started, self.projected, self.logged = time.monotonic(), "", time.monotonic()
+        percent, description = self._read(job_progress(spec))
         self.id: Any = create_progress_artifact(progress=percent, description=description)
 
-    def _read(self) -> tuple[float, str]:
-        progress = job_progress(self.spec)
+    def _read(self, progress: dict[str, Any]) -> tuple[float, str]:
         done, failed, total = (int(progress.get(k) or 0) for k in ("done", "failed", "total"))
         head = f"job {self.spec.job_id}: {done - failed} ok, {failed} failed of {total} rows"
         percent = 100.0 if total == 0 else round(100.0 * done / total, 1)
@@ -230,8 +305,12 @@ class _JobProgressArtifact:
         return percent, f"{head}; {projection_text(p)}"
 
     def update(self) -> None:
-        percent, description = self._read()
+        progress = job_progress(self.spec)
+        percent, description = self._read(progress)
         update_progress_artifact(artifact_id=self.id, progress=percent, description=description)
+        if time.monotonic() - self.logged >= get_settings().progress_log_every_s:
+            self.logged = time.monotonic()
+            get_run_logger().info("Job %s: %s", self.spec.job_id, progress_line(progress, self.config))
 
     @contextlib.contextmanager
     def updating(self) -> Iterator[None]:
@@ -250,6 +329,19 @@ class _JobProgressArtifact:
             get_run_logger().warning("Job %s: progress artifact not updated: %s", self.spec.job_id, exc)
 
 
+def progress_line(progress: dict[str, Any], config: dict[str, Any]) -> str:
+    """A running job in one line: ``512/1,000 rows (3 failed), 85.2 rows/s, 6s left, $0.0211 so far``."""
+    done, failed, total = (int(progress.get(k) or 0) for k in ("done", "failed", "total"))
+    p = job_projection(progress, config)
+    left = duration(p["remaining_s"]) + " left" if p.get("ready") else "time left not known yet"
+    if done >= total:
+        left = "every row answered"
+    usd = job_cost(progress, config).get("usd")
+    so_far = f", {usd_text(usd)} so far" if usd is not None else ""
+    rate = float(progress.get("rate_rows_s") or 0.0)
+    return f"{done:,}/{total:,} rows ({failed:,} failed), {rate:,.1f} rows/s, {left}{so_far}"
+
+
 def run_shards(plan: JobPlan, live: Swarm | None) -> list[dict[str, Any]]:
     """Map shards: pending ones always run (refresh the cache), finished ones may come from the cache."""
     spec = plan.spec
@@ -262,12 +354,14 @@ def run_shards(plan: JobPlan, live: Swarm | None) -> list[dict[str, Any]]:
         for i in range(spec.shards)
     ]
     if live is not None and plan.pending:
+        done, total = rows_already_done(plan)
         get_run_logger().info(
-            "Shards: %d of %d started on swarm '%s' (%d already done).",
+            "Shards: %d of %d started on swarm '%s' (%d finished before%s).",
             len(plan.pending),
             spec.shards,
             live.cfg.name,
             spec.shards - len(plan.pending),
+            f"; their checkpoints hold {done} of {total} rows, not sent again" if done else "",
         )
     artifact = _JobProgressArtifact(spec, live.cfg) if live is not None and plan.pending else None
     try:
@@ -300,6 +394,7 @@ def commit_output(spec: JobSpec) -> dict[str, Any]:
     before = read_json(spec.paths.manifest)
     manifest = launch.commit_job(spec.job_id)
     counts = {k: manifest.get(k) for k in ("rows", "ok", "failed", "output", "failed_rows")}
+    counts["why"] = reasons_line(manifest_failures(manifest))  # the reasons' kinds and counts, no row text
     if before is None or before.get("committed_at") != manifest.get("committed_at"):
         job_event("committed", spec.job_id, spec.swarm, **counts)  # once per commit, not per cached rerun
     else:
@@ -371,6 +466,11 @@ def run_and_commit(
         )
     limit = plan.spec.max_failed_fraction if max_failed_fraction is None else max_failed_fraction
     verdict = manifest_verdict(manifest, limit)
+    failures, secrets = manifest_failures(manifest), secret_values_of(used)
+    why = failure_lines(failures, secrets)
+    if failures:  # why rows failed, where the user looks: the artifact, the log, the event, the state
+        publish_failed_rows(plan.spec, failures, secrets)
+        log.log(logging.INFO if verdict.succeeded else logging.WARNING, "Job %s: %s", plan.spec.job_id, "\n".join(why))
     job_event(
         "succeeded" if verdict.succeeded else "failed",
         str(plan.spec.job_id),
@@ -380,14 +480,16 @@ def run_and_commit(
         failed=manifest.get("failed"),
         max_failed_fraction=limit,
         message=verdict.message(),
+        failure_reasons=shown_failures(failures, secrets),
     )
     if not verdict.succeeded:
-        raise JobFailed(f"job {plan.spec.job_id} {verdict.message()}")
+        raise JobFailed(failed_message(str(plan.spec.job_id), verdict.message(), why))
     log.info("Job %s %s", plan.spec.job_id, verdict.message())
     return {
         **row,
         "job_id": plan.spec.job_id,
         "output": manifest.get("output"),
         "failed_rows": manifest.get("failed_rows"),
+        "failure_reasons": shown_failures(failures, secrets),
         "job_dir": plan.spec.job_dir,
     }

@@ -33,6 +33,7 @@ from prefect_swarm.config import SwarmConfig, load_config
 from prefect_swarm.config.swarm import Sharing
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.holding import Holding
+from prefect_swarm.interfaces import JobStatus
 from prefect_swarm.interfaces.types import ReplicaHealth
 from prefect_swarm.settings import get_settings
 from prefect_swarm.state import LeaseRecord, StateStore, SwarmRecord
@@ -331,12 +332,23 @@ def cancel_flow_run_jobs(flow_run_id: str, store: StateStore | None = None) -> l
     for rec in hold.store.jobs_of_flow_run(flow_run_id):
         if rec.status not in launch.ACTIVE or rec.swarm is None or hold.store.get_swarm(rec.swarm) is None:
             continue
+        if not _still_running(rec.id, hold.store):  # a job that finished is not cancelled (nor said to be)
+            continue
         launch.cancel_job(rec.id, store=hold.store, compute=hold.attach(rec.swarm).compute)
         cancelled.append(rec.id)
     return cancelled
 
 
-def teardown_flow_run(flow_run_id: str, *, include_kept: bool = False, log: Any = None) -> list[str]:
+def _still_running(job_id: str, store: StateStore) -> bool:
+    """Whether job ``job_id`` may still have rows to run, from its ledger (its record is brought up to
+    date: a job whose shards all finished is SUCCEEDED or FAILED, not RUNNING); True when unsure."""
+    try:
+        return JobStatus(launch.job_status(job_id, refresh=False, store=store)["status"]) in launch.ACTIVE
+    except Exception:  # unreadable: cancelling a job that ended costs nothing, leaving one running does
+        return True
+
+
+def teardown_flow_run(flow_run_id: str, *, include_kept: bool = False, log: Any = None) -> Teardown:
     """Cancel the jobs of flow run ``flow_run_id`` and let go of what it holds
     (:meth:`~prefect_swarm.holding.Holding.teardown_owner`): each swarm it held stops when no live
     holder is left; one it brought up that nobody holds (recorded before leases existed) stops
@@ -344,7 +356,7 @@ def teardown_flow_run(flow_run_id: str, *, include_kept: bool = False, log: Any 
 
     Plain function (no task): called from ``finally``, from cancel/crash hooks (which may run in
     the worker process) and from the reaper. Idempotent. Messages go to ``log`` (default: the
-    current run's logger). Returns the swarm names stopped.
+    current run's logger). Returns what it stopped (jobs cancelled, swarms stopped).
     """
     log = log or run_logger()
     store = StateStore()
@@ -356,7 +368,28 @@ def teardown_flow_run(flow_run_id: str, *, include_kept: bool = False, log: Any 
     for name in stopped:
         swarm_event("down", name, flow_run_id=flow_run_id, released_by=owner)
         log.info("Swarm '%s' stopped (flow run %s let go of it, the last holder).", name, flow_run_id)
-    return stopped
+    return Teardown(jobs=cancelled, swarms=list(stopped))
+
+
+@dataclass
+class Teardown:
+    """What a teardown stopped: the jobs it cancelled, the swarms it stopped."""
+
+    jobs: list[str] = field(default_factory=list)
+    swarms: list[str] = field(default_factory=list)
+
+    def __iadd__(self, other: Teardown) -> Teardown:
+        self.jobs += other.jobs
+        self.swarms += other.swarms
+        return self
+
+    def text(self) -> str:
+        """For a run's last line: what was stopped, or that the run had let go of everything itself."""
+        done = [f"cancelled job(s) {', '.join(self.jobs)}"] if self.jobs else []
+        done += [f"stopped swarm(s) {', '.join(self.swarms)}"] if self.swarms else []
+        if not done:
+            return "nothing was left to stop (the run had already let go of its swarms and stopped its jobs)."
+        return "teardown " + " and ".join(done) + "."
 
 
 def teardown_owned(keep_swarm: bool) -> None:

@@ -1,8 +1,9 @@
 """Docs are tests: every shell command the docs show either runs here or is listed below with why not.
 
-Commands are extracted from the ```bash blocks of README.md, deployments/README.md and
-CONTRIBUTING.md, and from the command comments of examples/*.yaml (``#   prefect-swarm ...``), so
-a command added to the docs is covered (or must be listed) without touching this file's logic.
+Commands are extracted from the ```bash (sh, console, shell) blocks of README.md,
+deployments/README.md, CONTRIBUTING.md and every page of the docs site (docs/), and from the command
+comments of examples/*.yaml (``#   prefect-swarm ...``), so a command added to the docs is covered
+(or must be listed) without touching this file's logic.
 The runnable ones run in document order, as a reader would type them, against a stub swarm with
 its own PREFECT_SWARM_HOME and free ports (``PREFECT_SWARM_PORT``, config precedence level 4).
 """
@@ -63,6 +64,23 @@ NOT_RUN_HERE: dict[str, str] = {
     "prefect worker start": "tests/prefect/stack.py (start_worker)",
     "prefect deployment run": "tests/prefect/test_deployment_e2e.py (needs blocks a reader saved: swarm-spec/qwen-7b)",
     "prefect-swarm automations install": "needs a Prefect server: tests/prefect/stack.py (deploy) runs it",
+    # The Getting-started pages' server path: tests/docs/test_getting_started.py runs those pages as one
+    # script (server, pool, blocks, deploy, automations, worker, a deployment on a schedule) until a
+    # scheduled run completes.
+    "timeout 120 sh -c 'until curl": "waits for the server: tests/docs/test_getting_started.py",
+    "mkdir -p $PREFECT_HOME": "tests/docs/test_getting_started.py",
+    "prefect deployment ls": "tests/docs/test_getting_started.py",
+    "prefect flow-run ls": "tests/docs/test_getting_started.py",
+    # A Slurm cluster with GPUs and a Lepton workspace: the tutorials' cluster commands. The same CLI path
+    # runs on the single-node Slurm (up, job submit, down with a stub engine) and the fake Lepton API.
+    "prefect-swarm up -c examples/slurm.yaml": "needs a GPU cluster: tests/slurm/test_slurm_cluster.py",
+    "prefect-swarm status qwen-7b": "needs a GPU cluster: tests/slurm/test_slurm_cluster.py",
+    "prefect-swarm job submit -n qwen-7b": "needs a GPU cluster: tests/slurm/test_slurm_cluster.py",
+    "prefect-swarm down qwen-7b": "needs a GPU cluster: tests/slurm/test_slurm_cluster.py",
+    "prefect-swarm up -c examples/lepton.yaml": "needs a Lepton workspace: tests/lepton/test_lepton_job_e2e.py",
+    "prefect-swarm status llama-8b": "needs a Lepton workspace: tests/lepton/test_lepton_job_e2e.py",
+    "prefect-swarm job submit -n llama-8b": "needs a Lepton workspace: tests/lepton/test_lepton_job_e2e.py",
+    "prefect-swarm down llama-8b": "needs a Lepton workspace: tests/lepton/test_lepton_job_e2e.py",
     # The external backend needs a server someone else runs: the test starts one and runs these commands
     # with examples/external.yaml aimed at it (tests/external/test_external.py, test_external_vllm.py).
     "prefect-swarm up -c examples/external.yaml": EXTERNAL_CLI_TEST,
@@ -183,6 +201,8 @@ def test_doc_commands_run(doc: str, doc_env: Callable[[str], subprocess.Complete
     finally:
         doc_env("prefect-swarm down --all -y")
     if doc == "README.md":
+        assert len(ran) >= 3, ran  # the front door's one example
+    if doc == "docs/cli.md":
         assert len(ran) >= 15, ran
 
 

@@ -118,7 +118,13 @@ def test_retry_follows_the_swarm_refuses_a_changed_engine_and_never_fakes_succes
             timeout=120,
         )
     assert res.returncode == 0, res.stderr
-    assert json.loads(_cli("job", "status", "j8", "-o", "json").stdout)["verdict"]["failed"] == n
+    doc = json.loads(_cli("job", "status", "j8", "-o", "json").stdout)
+    assert doc["verdict"]["failed"] == n
+    # why, where a CLI user looks: the reasons with counts and an example row with the engine's words
+    reasons = {r["reason"]: r["rows"] for r in doc["failure_reasons"]["reasons"]}
+    assert set(reasons) == {"HTTP 500", "HTTP 503"} and sum(reasons.values()) == n, doc["failure_reasons"]
+    shown = _cli("job", "status", "j8").stdout
+    assert "Why: HTTP 50" in shown and shown.count('{"error":{"message":"injected failure"}}') == 2, shown
 
     # ... then it came back on another port: retry reaches it, and only the failed rows are sent
     with _swarm("moving") as back:

@@ -68,6 +68,10 @@ def wait_for(predicate: Any, timeout_s: float, step_s: float = 0.25, what: str =
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+FINAL_LINES = ("Finished in state", "Flow process stopped: the run was cancelled")
+"""How a flow process's last line starts: Prefect's, or ours for a run its worker cancelled."""
+
+
 def run_logs(flow_run_id: Any) -> list[str]:
     """Flow run ``flow_run_id``'s log lines (its task runs' too) in time order, once its final line
     ("Finished in state ...") has reached the API."""
@@ -85,7 +89,7 @@ def run_logs(flow_run_id: Any) -> list[str]:
                 log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), sort=LogSort.TIMESTAMP_ASC
             )
         found[:] = [entry.message for entry in logs]
-        return any(line.startswith("Finished in state") for line in found)
+        return any(line.startswith(FINAL_LINES) for line in found)
 
     wait_for(arrived, 30, what="the run's final log line")
     return found

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import flow_process, job_options, prompts, stub_swarm, swarm_processes, wait_for
+from helpers import flow_process, job_options, prompts, run_logs, stub_swarm, swarm_processes, wait_for
 from stack import PrefectStack, job_variables
 
 from prefect_swarm.state import StateStore
@@ -75,6 +75,13 @@ def test_cancel_reaches_backend_within_30s(prefect_stack: PrefectStack, swarm_ho
         shards = wait_for(lambda: _shard_states(run.id) == ["CANCELLED", "CANCELLED"], 30, what="shards Cancelled")
     except AssertionError:
         raise AssertionError(f"shard task runs: {_shard_states(run.id)}") from None
+    # the run's lines say what happened: no "Finished in state Running()", the last line is its real
+    # state, and the teardown names what it stopped (or that the run had let go of everything itself)
+    wait_for(lambda: any(x.startswith(f"Flow run {run.id} ended") for x in run_logs(run.id)), 30, what="hook line")
+    logs = run_logs(run.id)
+    assert "Finished in state Running()" not in logs, logs[-5:]
+    assert logs[-1].startswith(f"Flow run {run.id} ended Cancelled: "), logs[-5:]
+    assert "none" not in logs[-1] and ("stopped swarm(s) cancelme" in logs[-1] or "already let go" in logs[-1])
     print(
         f"cancel -> no swarm process: {gone:.1f} s; -> Cancelled: {time.monotonic() - t0:.1f} s ({final:.1f}); "
         f"shard task runs Cancelled (+{shards:.1f} s)"

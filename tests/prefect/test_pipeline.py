@@ -90,7 +90,8 @@ def _stage2_progress(swarm_home: Path, swarm: str) -> int:
     """Rows stage 2's running shards say they have checkpointed (their progress files: a live job
     compacts its part files, so one listed may be gone when it is read). It can lag the ledger."""
     progress = (swarm_home / "swarms" / swarm / "jobs").rglob("progress.json")
-    return sum(int((read_json(p) or {}).get("done") or 0) for p in progress)
+    # "checkpointed": rows in the ledger's parts ("done" also counts rows answered since the last checkpoint)
+    return sum(int((d := read_json(p) or {}).get("checkpointed", d.get("done")) or 0) for p in progress)
 
 
 def _stage2_ledger_rows(swarm_home: Path, swarm: str) -> int:

@@ -91,6 +91,7 @@ def test_a_run_logs_each_phase_and_updates_its_progress_every_few_seconds(
         "Commit: merging the shards' ledgers",
         f"Output {tmp_path}/out.parquet: {n} rows",
     ]
+    assert not [x for x in logs if x.startswith("Cancelled job")], logs  # a run that succeeded cancels nothing
     at = {p: next((i for i, line in enumerate(logs) if line.startswith(p)), None) for p in phases}
     assert all(i is not None for i in at.values()), {p: i for p, i in at.items() if i is None}
     order = sorted(phases, key=lambda p: at[p])  # type: ignore[arg-type,return-value]

@@ -215,3 +215,41 @@ def test_swarm_spec_form_submits_as_it_opens(prefect_stack: PrefectStack, tmp_pa
             page.wait_for_url(re.compile(r"/blocks/block/"), timeout=120_000)  # saved: the UI shows the new block
     cfg = SwarmSpec.load("ui-made").to_config()
     assert (cfg.name, cfg.model, cfg.replicas, cfg.stage) == ("uimade", "stub-model", 1, None)
+
+
+def test_a_failed_runs_reasons_show_in_the_ui(prefect_api: PrefectStack, tmp_path: Path) -> None:
+    """The run's page shows why its rows failed (the state message's *Why:* line), and so does its
+    failed-rows artifact; screenshots of both are left in the test's folder."""
+    from prefect_swarm.flows import batch_inference
+    from prefect_swarm.testing.stub_engine import engine_command
+
+    cfg = stub_swarm("ui-why", latency_ms=1)
+    cfg["engine"]["command"] = engine_command(latency_ms=1, error_rate=0.4)
+    inp = prompts(tmp_path / "in.parquet", 40)
+    state = batch_inference(
+        cfg, job_options(max_retries=0), str(inp), str(tmp_path / "answers.parquet"), shards=1, return_state=True
+    )
+    assert state.is_failed() and "\nWhy: HTTP 50" in (state.message or ""), state.message
+    run_id = state.state_details.flow_run_id
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        (art,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["ui-why-answers-failed-rows"])),
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])),
+        )
+    from playwright.sync_api import expect
+
+    with chromium_page(tmp_path) as page:
+        page.goto(f"{_ui(prefect_api)}/runs/flow-run/{run_id}")
+        why = page.get_by_text(re.compile(r"Why: HTTP 50\d x\d+")).first  # the run's log line of the reasons
+        expect(why).to_be_visible(timeout=60_000)
+        why.scroll_into_view_if_needed()
+        page.screenshot(path=str(tmp_path / "failed-run.png"))
+        page.goto(f"{_ui(prefect_api)}/artifacts/artifact/{art.id}")
+        table = page.locator("table").first
+        for wanted in ("reason", "rows", "example_row", "engine_said", "HTTP 50", "injected failure"):
+            expect(table).to_contain_text(wanted, timeout=60_000)
+        page.screenshot(path=str(tmp_path / "failed-rows-artifact.png"), full_page=True)
+    print(f"screenshots: {tmp_path / 'failed-run.png'}, {tmp_path / 'failed-rows-artifact.png'}")
