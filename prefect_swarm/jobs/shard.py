@@ -32,7 +32,7 @@ from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details, jo
 from prefect_swarm.jobs.ledger import STATUS_OK, RowResult, ShardLedger, ShardLock, pyarrow_without_pandas, shard_store
 from prefect_swarm.jobs.metrics import ShardMetrics, metrics_address
 from prefect_swarm.jobs.output import check_dataset_output
-from prefect_swarm.jobs.runner import DEFAULT_CAPACITY, Item, Runner, RunnerConfig, prefix_key
+from prefect_swarm.jobs.runner import Item, Runner, RunnerConfig, prefix_key
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
 
@@ -297,7 +297,7 @@ class ShardRun:
         spec = self.spec
         cfg = RunnerConfig(
             concurrency=spec.concurrency,
-            replica_capacity=spec.replica_capacity or DEFAULT_CAPACITY,
+            replica_capacity=spec.replica_capacity,
             nshards=self.nshards,
             replicas_file=spec.replicas_file,
             max_retries=spec.max_retries,
