@@ -11,7 +11,18 @@
   this machine against the swarm's endpoints and exit; exactly one request per row is sent (retries
   aside), nothing is recorded in the state database and the job's real output and ledger are not
   touched; the folder is removed afterwards;
-- rows/s = rows answered / (last progress write - first shard start), from the shards' progress files.
+- the shards checkpoint every :func:`pilot_checkpoint` rows (a fortieth of the pilot), and this
+  process reads their progress files while they run: a time line of rows answered.
+
+A job's wall time is a fixed part (the processes' start, the first answers' latency, the tail: the
+last rows in flight, the longest answers among them, drain after the last row is sent) plus its rows
+at the steady rate. The pilot has both, once each, as the whole job will: the **steady rate** is the
+slope of its time line between 20 % and 80 % of its rows (from checkpoint to checkpoint, so whole
+engine steps are counted), the **start and tail** is its wall time (processes started → last row
+answered) less its rows at that rate. The projection is ``start and tail + rows / steady rate``
+(the rate scaled to the target's replicas; the start and tail kept). The tail's longest answers are
+those the pilot met: a pilot that keeps the swarm full for a while (:data:`STEADY_FACTOR`) has seen
+as many answers in flight at once as the job will, so its tail is the job's.
 
 The whole input's row count comes from cheap metadata (:func:`~prefect_swarm.jobs.dataset.open_input`:
 what is kept with the job when it has a job folder, else parquet footers; a JSONL file is counted line
@@ -21,10 +32,12 @@ wall time, GPU-hours and USD, for the swarm as it runs or for another replica co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +51,18 @@ from prefect_swarm.interfaces.jobenv import LOG_LEVEL
 from prefect_swarm.jobs.dataset import InputDataset, open_input
 from prefect_swarm.jobs.sizing import swarm_inflight
 from prefect_swarm.jobs.spec import JobSpec, is_jsonl
+from prefect_swarm.paths import read_json
 
+MIDDLE = (0.2, 0.8)
+"""The share of the pilot's rows over which its steady rate is measured."""
 STEADY_FACTOR = 3
 """A pilot of at least this many times the swarm's in-flight target keeps every replica full for most
 of its run; a smaller one measures mostly the ramp (its rate is a lower bound)."""
 
 PILOT_TIMEOUT_S = 3600.0
 """Most seconds a pilot may run before it is stopped."""
+POLL_S = 0.1
+"""How often the pilot's progress files are read while it runs."""
 
 
 def pilot_input(ds: InputDataset, k: int, folder: Path) -> Path:
@@ -73,6 +91,7 @@ def pilot_spec(spec: JobSpec, k: int, folder: Path) -> tuple[JobSpec, int]:
     out = folder / ("pilot-output.jsonl" if is_jsonl(str(data)) else "pilot-output.parquet")
     fields = spec.model_dump(exclude_unset=True, exclude={"job_id", "job_dir", "output_format", "shards", "ledger"})
     fields.update(input=str(data), output=str(out), job_dir=str(folder / "job"), job_id="pilot", auto_commit=False)
+    fields.update(checkpoint_every=pilot_checkpoint(k))
     try:
         pilot = JobSpec.model_validate(fields)
     except ValueError as exc:
@@ -80,16 +99,55 @@ def pilot_spec(spec: JobSpec, k: int, folder: Path) -> tuple[JobSpec, int]:
     return pilot, ds.num_rows
 
 
+def pilot_checkpoint(k: int) -> int:
+    """Rows between two checkpoints of a pilot of ``k`` rows: about 40 points on its time line."""
+    return max(10, k // 40)
+
+
+Timeline = list[tuple[float, int]]
+"""(time, rows answered by every shard together) at each progress write of a pilot's shards."""
+
+
+def timeline(writes: dict[int, list[tuple[float, int]]]) -> Timeline:
+    """The pilot's rows answered over time from each shard's progress writes ``(updated_at, done)``."""
+    last: dict[int, int] = {}
+    out: Timeline = []
+    for t, shard, done in sorted((t, i, d) for i, seen in writes.items() for t, d in seen):
+        last[shard] = done
+        out.append((t, sum(last.values())))
+    return out
+
+
+def steady_rate(line: Timeline, rows: int) -> float | None:
+    """Rows/s between the first writes at :data:`MIDDLE` of ``rows`` (None: too few writes there)."""
+    lo = next(((t, d) for t, d in line if d >= MIDDLE[0] * rows), None)
+    hi = next(((t, d) for t, d in line if d >= MIDDLE[1] * rows), None)
+    if lo is None or hi is None or hi[0] - lo[0] <= 0 or hi[1] <= lo[1]:
+        return None
+    return (hi[1] - lo[1]) / (hi[0] - lo[0])
+
+
 def estimate(
-    progress: dict[str, Any], total: int, ran_on: SwarmConfig, target: SwarmConfig, processes: int
+    progress: dict[str, Any],
+    total: int,
+    ran_on: SwarmConfig,
+    target: SwarmConfig,
+    processes: int,
+    line: Timeline | None = None,
+    launched_at: float | None = None,
 ) -> dict[str, Any]:
-    """The pilot's figures and the whole input's projection (the rate scaled by ``target``'s replicas
-    over ``ran_on``'s)."""
+    """The pilot's figures and the whole input's projection (see the module doc: the steady rate
+    scaled by ``target``'s replicas over ``ran_on``'s, plus the pilot's start and tail). ``line``:
+    the pilot's :func:`timeline`; ``launched_at``: when its processes were started (else the first
+    shard's start)."""
     shards = progress["shards"]
     started = min(float(s["started_at"]) for s in shards)
-    seconds = max(max(float(s["updated_at"]) for s in shards) - started, 1e-6)
+    ended = max(float(s["updated_at"]) for s in shards)
+    seconds = max(ended - started, 1e-6)
     rows, failed = int(progress["done"]), int(progress["failed"])
     rate = rows / seconds
+    steady = steady_rate(line or [], rows) or rate
+    fixed = max(0.0, ended - min(launched_at or started, started) - rows / steady)
     scale = target.replicas / max(ran_on.replicas, 1)
     inflight = swarm_inflight(ran_on)
     notes = []
@@ -113,18 +171,21 @@ def estimate(
         "pilot_requests": sum(int(s.get("requests") or 0) for s in shards),
         "pilot_seconds": round(seconds, 3),
         "pilot_rate_rows_s": round(rate, 2),
-        "rows_s_per_replica": round(rate / max(ran_on.replicas, 1), 2),
+        "steady_rate_rows_s": round(steady, 2),
+        "start_and_tail_s": round(fixed, 2),
+        "rows_s_per_replica": round(steady / max(ran_on.replicas, 1), 2),
         "pilot_processes": processes,
         "tokens_per_row": round(tokens / rows, 1) if rows else None,
         "measured_replicas": ran_on.replicas,
         "projected_replicas": target.replicas,
         "inflight_target": inflight,
+        "pilot_rows_needed": STEADY_FACTOR * inflight,
         "notes": notes,
         "projection": projection(
             done=0,
             total=total,
-            rate_rows_s=rate * scale,
-            elapsed_s=0.0,
+            rate_rows_s=steady * scale,
+            elapsed_s=fixed,
             gpus=target.replicas * max(target.gpus_per_replica, 0),
             cost=target.backend.cost,
             min_elapsed_s=0.0,
@@ -132,11 +193,15 @@ def estimate(
     }
 
 
-def run_processes(pilot: JobSpec, module: str, secret_env: dict[str, str], timeout_s: float = PILOT_TIMEOUT_S) -> None:
+def run_processes(
+    pilot: JobSpec, module: str, secret_env: dict[str, str], timeout_s: float = PILOT_TIMEOUT_S
+) -> tuple[float, Timeline]:
     """Run every shard of ``pilot`` as a job process (``python -m module``) on this machine
-    (``secret_env``: the swarm's API key, :meth:`JobEnv.secret_env`); ConfigError (bad input) or
-    JobError with a log tail when one fails."""
+    (``secret_env``: the swarm's API key, :meth:`JobEnv.secret_env`), reading their progress files
+    while they run; return when they were started and the pilot's :func:`timeline`. ConfigError
+    (bad input) or JobError with a log tail when one fails."""
     env = {**os.environ, **secret_env, LOG_LEVEL: "WARNING"}
+    launched_at = time.time()
     logs = [pilot.paths.root / f"pilot-{i}.log" for i in range(pilot.shards)]
     procs = []
     for i, log in enumerate(logs):
@@ -144,10 +209,17 @@ def run_processes(pilot: JobSpec, module: str, secret_env: dict[str, str], timeo
         argv += ["--shard-id", str(i), "--nshards", str(pilot.shards)]
         with log.open("w") as fh:
             procs.append(subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT))
+    writes: dict[int, list[tuple[float, int]]] = {i: [] for i in range(pilot.shards)}
+    deadline = time.monotonic() + timeout_s
     try:
-        codes = [p.wait(timeout=timeout_s) for p in procs]
-    except subprocess.TimeoutExpired:
-        raise JobError(f"the pilot ran past {timeout_s:g}s; it was stopped. Try a smaller --estimate.") from None
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                raise JobError(f"the pilot ran past {timeout_s:g}s; it was stopped. Try a smaller --estimate.")
+            _read_writes(pilot, writes)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                next(p for p in procs if p.poll() is None).wait(timeout=POLL_S)
+        codes = [p.wait() for p in procs]
+        _read_writes(pilot, writes)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -159,3 +231,12 @@ def run_processes(pilot: JobSpec, module: str, secret_env: dict[str, str], timeo
         tail = logs[i].read_text(errors="replace")[-2000:]
         err = ConfigError if code == 2 else JobError
         raise err(f"the pilot's job process {i} exited {code}; nothing was projected. Its log ends:\n{tail}")
+    return launched_at, timeline(writes)
+
+
+def _read_writes(pilot: JobSpec, writes: dict[int, list[tuple[float, int]]]) -> None:
+    """Add each shard's latest progress write ``(updated_at, done)`` to ``writes`` when it is new."""
+    for i, seen in writes.items():
+        doc = read_json(pilot.paths.shard(i).progress)
+        if isinstance(doc, dict) and doc.get("updated_at") and (not seen or seen[-1][0] != doc["updated_at"]):
+            seen.append((float(doc["updated_at"]), int(doc.get("done") or 0)))

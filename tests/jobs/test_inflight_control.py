@@ -360,6 +360,17 @@ def test_simulator_throughput_curve() -> None:
     assert round(opts.rows_per_s(1), 1) == 2.1
 
 
+def test_simulator_long_tail_of_answer_lengths() -> None:
+    """``long_tail``: that share of the answers (a seeded draw per request body) is ``long_tail_x`` as long."""
+    from prefect_swarm.testing.gpu_sim import answer_tokens
+
+    opts = SimOptions(answer_tokens=32, long_tail=0.05, long_tail_x=8)
+    lengths = [answer_tokens({"max_tokens": 1024}, f"row {i}".encode(), opts) for i in range(4000)]
+    assert set(lengths) == {32, 256} and 0.04 < lengths.count(256) / 4000 < 0.06
+    assert lengths == [answer_tokens({"max_tokens": 1024}, f"row {i}".encode(), opts) for i in range(4000)]
+    assert answer_tokens({"max_tokens": 100}, b"row 7", opts) <= 100  # never past max_tokens
+
+
 def test_simulator_batches_and_reports_like_vllm(sim) -> None:
     """Requests beyond max_num_seqs wait; one request alone takes its answer's tokens in steps; the
     answer's usage and the token counters agree."""

@@ -216,11 +216,14 @@ def test_validate_estimate_sends_k_requests_writes_no_output_and_projects(tmp_pa
         est = json.loads(res.stdout)["estimate"]
         assert est["pilot_rows"] == k and est["pilot_failed"] == 0 and est["pilot_requests"] == k
         assert est["measured_replicas"] == 1 and est["projected_replicas"] == 4
-        assert est["rows_s_per_replica"] == est["pilot_rate_rows_s"] and est["tokens_per_row"] > 0
+        assert est["rows_s_per_replica"] == est["steady_rate_rows_s"] and est["tokens_per_row"] > 0
+        assert est["steady_rate_rows_s"] >= est["pilot_rate_rows_s"] > 0  # the ramp and tail left out
+        assert 0 < est["start_and_tail_s"] < est["pilot_seconds"] + 5
         p = est["projection"]
         assert p["ready"] and p["rows_total"] == n and p["rows_done"] == 0
-        assert p["rate_rows_s"] == pytest.approx(est["pilot_rate_rows_s"] * 4, rel=0.01)  # 4 replicas / 1
-        assert p["wall_s"] == pytest.approx(n / p["rate_rows_s"], rel=0.01)
+        assert p["rate_rows_s"] == pytest.approx(est["steady_rate_rows_s"] * 4, rel=0.01)  # 4 replicas / 1
+        # the start and tail once, then every row at the steady rate
+        assert p["wall_s"] == pytest.approx(est["start_and_tail_s"] + n / p["rate_rows_s"], abs=0.2)
         assert any("projected for 4" in note for note in est["notes"])
         assert any("lower bound" in note for note in est["notes"])  # 120 rows cannot fill 256 + 16 in flight
 
@@ -235,3 +238,26 @@ def test_validate_estimate_sends_k_requests_writes_no_output_and_projects(tmp_pa
         "in.parquet",
         "pilot.yaml",
     ]
+
+
+def test_the_pilot_measures_its_steady_rate_apart_from_its_start_and_tail() -> None:
+    """Two shards whose answers come in whole batches (a staircase: 128 rows a second each, after 3 s of
+    start and first answers, the last batch 4 s late: a long answer): the steady rate is 256 rows/s,
+    the rest is start and tail, and the projection of 100,000 rows is both once plus the rows at that rate."""
+    from prefect_swarm.jobs.pilot import estimate, steady_rate, timeline
+
+    t0, rows = 1000.0, 2560
+    writes = {i: [(t0 + 3 + s + 0.01 * i, 128 * (s + 1)) for s in range(9)] for i in (0, 1)}
+    for i in (0, 1):
+        writes[i].append((t0 + 3 + 8 + 4 + 0.01 * i, 1280))
+    line = timeline(writes)
+    assert line[-1] == (t0 + 15.01, rows) and len(line) == 20
+    assert steady_rate(line, rows) == pytest.approx(256, rel=0.01)
+    shards = [{"started_at": t0 + 0.5, "updated_at": writes[i][-1][0], "requests": 1280} for i in (0, 1)]
+    progress = {"shards": shards, "done": rows, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    cfg = SwarmConfig.model_validate(stub_swarm_config("p", replicas=1))
+    est = estimate(progress, 100_000, cfg, cfg, 2, line, launched_at=t0)
+    assert est["steady_rate_rows_s"] == pytest.approx(256, rel=0.01)
+    assert est["start_and_tail_s"] == pytest.approx(15.01 - rows / 256, rel=0.02)
+    assert est["projection"]["wall_s"] == pytest.approx(est["start_and_tail_s"] + 100_000 / 256, rel=0.01)
+    assert est["pilot_rate_rows_s"] < 200  # the whole pilot's rate would have projected 30 % long
