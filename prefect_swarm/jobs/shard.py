@@ -382,9 +382,12 @@ class ShardRun:
             self.reuse.flush()
 
     def _count_requests(self) -> None:
-        """The progress file's counts of this run: requests sent, rows answered without one."""
+        """The progress file's counts of this run: requests sent (and in flight now: what a running
+        projection adds to the rows answered, see :func:`~prefect_swarm.config.cost.job_projection`),
+        rows answered without one."""
         if self.runner:
             self.ledger.requests = self.runner.requests
+            self.ledger.progress_extra["in_flight"] = self.runner.pool.inflight
         if self.reuse is not None:
             self.ledger.progress_extra.update(self.reuse.counts())
 

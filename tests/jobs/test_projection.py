@@ -125,6 +125,19 @@ def test_job_projection_reads_progress_and_the_recorded_swarm_config() -> None:
     assert not job_projection({**progress, "shards": [{"state": "running", "started_at": t0}]}, swarm)["ready"]
 
 
+def test_a_running_projection_counts_the_requests_in_flight() -> None:
+    """A shard keeps 200 requests in flight, answered 2 s after they are sent, at 100 rows/s: at 10 s it
+    has answered 800 rows. The rows alone say 80 rows/s (the 2 s before the first answer counted); the
+    rows and those in flight say 100, and the projection of 6,000 rows is the job's 62 s."""
+    t0 = 1_000_000.0
+    shard = {"state": "running", "started_at": t0, "updated_at": t0 + 10, "rows_this_run": 800, "in_flight": 200}
+    progress = {"done": 800, "total": 6_000, "rate_rows_s": 80.0, "shards": [shard]}
+    p = job_projection(progress, None)
+    assert p["rate_rows_s"] == 100 and p["wall_s"] == pytest.approx(62, abs=0.1)
+    older = {k: v for k, v in shard.items() if k != "in_flight"}  # a progress file without it: as before
+    assert job_projection({**progress, "shards": [older]}, None)["rate_rows_s"] == 80
+
+
 def test_pilot_input_is_the_first_k_rows_of_the_same_kind(tmp_path: Path) -> None:
     from prefect_swarm.jobs.dataset import InputDataset
     from prefect_swarm.jobs.pilot import pilot_input
