@@ -10,7 +10,8 @@ the job itself (``job submit`` with defaults, waited on as the CLI waits, keepin
 projection `job status` would show). Reported, per profile and repeat: the pilot's projected wall
 time, every running projection, the job's real wall time (its shards' first start to last progress
 write, what a running projection is about) and submit → committed (what the pilot projects: the
-processes' start to the last answer, plus the commit), and the errors.
+processes' start to the last answer, plus the commit), and the errors (projected ÷ real - 1; beside
+them the error of projecting the rows at the whole pilot's rate, ramp and tail counted per row).
 
 Profiles (each a job of about a minute on one replica; ``--rows`` overrides):
 
@@ -83,6 +84,8 @@ def measure(profile: str, replicas: int, rows: int, pilot: int, work: Path) -> d
         "job_wall_s": real,
         "submit_to_committed_s": round(total_s, 1),
         "pilot_error": error(est["projection"]["wall_s"], total_s),
+        # the whole pilot's rate, ramp and tail counted per row (the estimate before the steady rate)
+        "whole_pilot_rate_error": error(rows / est["pilot_rate_rows_s"], total_s),
         "running_errors": errors,
         "worst_running_error": max(errors, key=abs) if errors else None,
     }
