@@ -55,6 +55,8 @@ from prefect_swarm.paths import read_json
 
 MIDDLE = (0.2, 0.8)
 """The share of the pilot's rows over which its steady rate is measured."""
+BURST = 0.02
+"""Progress writes closer than this share of the pilot's span are one burst of answers."""
 STEADY_FACTOR = 3
 """A pilot of at least this many times the swarm's in-flight target keeps every replica full for most
 of its run; a smaller one measures mostly the ramp (its rate is a lower bound)."""
@@ -119,9 +121,18 @@ def timeline(writes: dict[int, list[tuple[float, int]]]) -> Timeline:
 
 
 def steady_rate(line: Timeline, rows: int) -> float | None:
-    """Rows/s between the first writes at :data:`MIDDLE` of ``rows`` (None: too few writes there)."""
-    lo = next(((t, d) for t, d in line if d >= MIDDLE[0] * rows), None)
-    hi = next(((t, d) for t, d in line if d >= MIDDLE[1] * rows), None)
+    """Rows/s between the writes at :data:`MIDDLE` of ``rows`` (None: too few writes there).
+
+    Answers come in bursts where a batch's answers end together (even lengths: a whole batch at
+    once), and a burst can write several checkpoints within milliseconds: only the last write of a
+    burst (writes closer than :data:`BURST` of the pilot's span) counts, so the rate is measured
+    from the end of one burst to the end of another, whole bursts between them."""
+    if len(line) < 2:
+        return None
+    gap = BURST * (line[-1][0] - line[0][0])
+    ends = [p for p, q in zip(line, line[1:], strict=False) if q[0] - p[0] > gap] + [line[-1]]
+    lo = next(((t, d) for t, d in ends if d >= MIDDLE[0] * rows), None)
+    hi = next(((t, d) for t, d in ends if d >= MIDDLE[1] * rows), None)
     if lo is None or hi is None or hi[0] - lo[0] <= 0 or hi[1] <= lo[1]:
         return None
     return (hi[1] - lo[1]) / (hi[0] - lo[0])

@@ -274,3 +274,15 @@ def test_the_pilot_measures_its_steady_rate_apart_from_its_start_and_tail() -> N
     assert est["start_and_tail_s"] == pytest.approx(15.01 - rows / 256, rel=0.02)
     assert est["projection"]["wall_s"] == pytest.approx(est["start_and_tail_s"] + 100_000 / 256, rel=0.01)
     assert est["pilot_rate_rows_s"] < 200  # the whole pilot's rate would have projected 30 % long
+
+
+def test_a_burst_of_checkpoints_counts_once() -> None:
+    """Whole batches answered at once (256 rows every second, the pilot checkpointing every 25 rows): the
+    checkpoints of one burst come within milliseconds, at 25, 50, ... 256 rows; the rate is measured
+    from the end of one burst to the end of another: 256 rows/s, not what the first write past 20 %
+    and the first past 80 % would say (a burst's first checkpoint dates its rows too early)."""
+    from prefect_swarm.jobs.pilot import steady_rate, timeline
+
+    writes = [(1000.0 + b + 0.002 * j, min(256 * b + 25 * (j + 1), 256 * (b + 1))) for b in range(4) for j in range(11)]
+    line = timeline({0: writes})
+    assert steady_rate(line, 1024) == pytest.approx(256, rel=0.01)
