@@ -33,6 +33,7 @@ wall time, GPU-hours and USD, for the swarm as it runs or for another replica co
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import subprocess
@@ -130,7 +131,7 @@ def steady_rate(line: Timeline, rows: int) -> float | None:
     if len(line) < 2:
         return None
     gap = BURST * (line[-1][0] - line[0][0])
-    ends = [p for p, q in zip(line, line[1:], strict=False) if q[0] - p[0] > gap] + [line[-1]]
+    ends = [p for p, q in itertools.pairwise(line) if q[0] - p[0] > gap] + [line[-1]]
     lo = next(((t, d) for t, d in ends if d >= MIDDLE[0] * rows), None)
     hi = next(((t, d) for t, d in ends if d >= MIDDLE[1] * rows), None)
     if lo is None or hi is None or hi[0] - lo[0] <= 0 or hi[1] <= lo[1]:
