@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -147,11 +148,14 @@ def estimate(
     processes: int,
     line: Timeline | None = None,
     launched_at: float | None = None,
+    latencies_s: list[float] | None = None,
 ) -> dict[str, Any]:
     """The pilot's figures and the whole input's projection (see the module doc: the steady rate
     scaled by ``target``'s replicas over ``ran_on``'s, plus the pilot's start and tail). ``line``:
     the pilot's :func:`timeline`; ``launched_at``: when its processes were started (else the first
-    shard's start)."""
+    shard's start); ``latencies_s``: its answers' latencies (:func:`latencies`). The pilot it needs
+    (``pilot_rows_needed``, a note when it ran fewer rows) lasts :data:`STEADY_FACTOR` times what keeps
+    the swarm full and its longest answer at its steady rate: a long tail of answer lengths needs more."""
     shards = progress["shards"]
     started = min(float(s["started_at"]) for s in shards)
     ended = max(float(s["updated_at"]) for s in shards)
@@ -162,12 +166,15 @@ def estimate(
     fixed = max(0.0, ended - min(launched_at or started, started) - rows / steady)
     scale = target.replicas / max(ran_on.replicas, 1)
     inflight = swarm_inflight(ran_on)
+    longest = max(latencies_s) if latencies_s else 0.0
+    needed = math.ceil(max(STEADY_FACTOR * inflight, STEADY_FACTOR * steady * longest))
     notes = []
-    if rows < STEADY_FACTOR * inflight:
+    if rows < needed:
         notes.append(
-            f"the pilot ({rows} rows) is under {STEADY_FACTOR}x what keeps the swarm full ({inflight} in flight): "
-            f"it measured mostly the ramp, so the rate is a lower bound and the time and cost upper bounds; "
-            f"--estimate {STEADY_FACTOR * inflight} or more measures the steady rate"
+            f"the pilot ({rows} rows) is under {needed} rows: {STEADY_FACTOR}x what keeps the swarm full "
+            f"({inflight} in flight) and {STEADY_FACTOR}x its longest answer ({longest:.1f}s) at its steady rate; "
+            "it measured mostly the ramp and the tail, so its rate is not the steady one; "
+            f"--estimate {needed} or more measures it"
         )
     if scale != 1:
         notes.append(
@@ -191,7 +198,8 @@ def estimate(
         "measured_replicas": ran_on.replicas,
         "projected_replicas": target.replicas,
         "inflight_target": inflight,
-        "pilot_rows_needed": STEADY_FACTOR * inflight,
+        "pilot_rows_needed": needed,
+        "longest_answer_s": round(longest, 2),
         "notes": notes,
         "projection": projection(
             done=0,
@@ -244,6 +252,19 @@ def run_processes(
         err = ConfigError if code == 2 else JobError
         raise err(f"the pilot's job process {i} exited {code}; nothing was projected. Its log ends:\n{tail}")
     return launched_at, timeline(writes)
+
+
+def latencies(pilot: JobSpec) -> list[float]:
+    """Seconds each answered row of ``pilot`` took (its shards' ledgers)."""
+    from prefect_swarm.jobs.ledger import read_ledger
+
+    out: list[float] = []
+    for i in range(pilot.shards):
+        table = read_ledger(pilot.paths.shard(i), columns=["status", "latency_ms"])
+        if table is not None:
+            cols = table.to_pydict()
+            out += [ms / 1000 for st, ms in zip(cols["status"], cols["latency_ms"], strict=True) if st == "ok" and ms]
+    return out
 
 
 def _read_writes(pilot: JobSpec, writes: dict[int, list[tuple[float, int]]]) -> None:

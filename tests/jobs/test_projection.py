@@ -238,7 +238,8 @@ def test_validate_estimate_sends_k_requests_writes_no_output_and_projects(tmp_pa
         # the start and tail once, then every row at the steady rate
         assert p["wall_s"] == pytest.approx(est["start_and_tail_s"] + n / p["rate_rows_s"], abs=0.2)
         assert any("projected for 4" in note for note in est["notes"])
-        assert any("lower bound" in note for note in est["notes"])  # 120 rows cannot fill 256 + 16 in flight
+        assert any("is under" in note for note in est["notes"])  # 120 rows cannot fill 256 + 16 in flight
+        assert est["pilot_rows_needed"] >= 3 * 272 and est["longest_answer_s"] > 0
 
         table = _cli("validate", "-c", str(path), "--estimate", "30", *args)
         assert table.exit_code == 0, table.output
@@ -269,11 +270,13 @@ def test_the_pilot_measures_its_steady_rate_apart_from_its_start_and_tail() -> N
     shards = [{"started_at": t0 + 0.5, "updated_at": writes[i][-1][0], "requests": 1280} for i in (0, 1)]
     progress = {"shards": shards, "done": rows, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
     cfg = SwarmConfig.model_validate(stub_swarm_config("p", replicas=1))
-    est = estimate(progress, 100_000, cfg, cfg, 2, line, launched_at=t0)
+    est = estimate(progress, 100_000, cfg, cfg, 2, line, launched_at=t0, latencies_s=[1.0] * 2000 + [8.0] * 100)
     assert est["steady_rate_rows_s"] == pytest.approx(256, rel=0.01)
     assert est["start_and_tail_s"] == pytest.approx(15.01 - rows / 256, rel=0.02)
     assert est["projection"]["wall_s"] == pytest.approx(est["start_and_tail_s"] + 100_000 / 256, rel=0.01)
     assert est["pilot_rate_rows_s"] < 200  # the whole pilot's rate would have projected 30 % long
+    # the pilot it needs: 3 x its longest answer (8 s) at 256 rows/s, more than 3 x the 272 in flight
+    assert est["pilot_rows_needed"] == 3 * 256 * 8 and any("--estimate 6144" in n for n in est["notes"])
 
 
 def test_a_burst_of_checkpoints_counts_once() -> None:
