@@ -16,10 +16,11 @@
 
 A job's wall time is a fixed part (the processes' start, the first answers' latency, the tail: the
 last rows in flight, the longest answers among them, drain after the last row is sent) plus its rows
-at the steady rate. The pilot has both, once each, as the whole job will: the **steady rate** is the
-slope of its time line between 20 % and 80 % of its rows (from checkpoint to checkpoint, so whole
-engine steps are counted), the **start and tail** is its wall time (processes started → last row
-answered) less its rows at that rate. The projection is ``start and tail + rows / steady rate``
+at the steady rate. The pilot has both, once each, as the whole job will: the **steady rate** is, by
+Little's law, the requests its shards hold in flight between 20 % and 80 % of its rows over its
+answers' mean latency (read from its ledger; the slope of its time line where those are missing),
+the **start and tail** is its wall time (processes started → last row answered) less its rows at
+that rate. The projection is ``start and tail + rows / steady rate``
 (the rate scaled to the target's replicas; the start and tail kept). The tail's longest answers are
 those the pilot met: a pilot that keeps the swarm full for a while (:data:`STEADY_FACTOR`) has seen
 as many answers in flight at once as the job will, so its tail is the job's.
@@ -108,33 +109,48 @@ def pilot_checkpoint(k: int) -> int:
     return max(10, k // 40)
 
 
-Timeline = list[tuple[float, int]]
-"""(time, rows answered by every shard together) at each progress write of a pilot's shards."""
+Timeline = list[tuple[float, int, int | None]]
+"""(time, rows answered, requests in flight) of every shard together at each progress write of a
+pilot's shards (in flight None where a shard does not tell it)."""
+Write = tuple[float, int, int | None]
+"""One progress write of a shard: ``(updated_at, done, in_flight)``."""
 
 
-def timeline(writes: dict[int, list[tuple[float, int]]]) -> Timeline:
-    """The pilot's rows answered over time from each shard's progress writes ``(updated_at, done)``."""
-    last: dict[int, int] = {}
+def timeline(writes: dict[int, list[Write]]) -> Timeline:
+    """The pilot's rows answered (and requests in flight) over time from each shard's progress writes."""
+    done: dict[int, int] = {}
+    flying: dict[int, int | None] = {}
     out: Timeline = []
-    for t, shard, done in sorted((t, i, d) for i, seen in writes.items() for t, d in seen):
-        last[shard] = done
-        out.append((t, sum(last.values())))
+    for t, shard, d, f in sorted((w[0], i, w[1], w[2]) for i, seen in writes.items() for w in seen):
+        done[shard], flying[shard] = d, f
+        known = [x for x in flying.values() if x is not None]
+        out.append((t, sum(done.values()), sum(known) if len(known) == len(flying) else None))
     return out
 
 
-def steady_rate(line: Timeline, rows: int) -> float | None:
-    """Rows/s between the writes at :data:`MIDDLE` of ``rows`` (None: too few writes there).
+def steady_rate(line: Timeline, rows: int, latencies_s: list[float] | None = None) -> float | None:
+    """Rows/s once the pilot is steady, over its writes at :data:`MIDDLE` of ``rows`` (None: too few).
 
-    Answers come in bursts where a batch's answers end together (even lengths: a whole batch at
-    once), and a burst can write several checkpoints within milliseconds: only the last write of a
-    burst (writes closer than :data:`BURST` of the pilot's span) counts, so the rate is measured
-    from the end of one burst to the end of another, whole bursts between them."""
+    With its answers' latencies: Little's law, the requests in flight there (their median) over the
+    mean latency, which holds whatever the answers' lengths and whenever checkpoints are written.
+    Without: the slope of the rows answered. Answers come in bursts where a batch's answers end
+    together, and a burst can write several checkpoints at once: only the last write of a burst
+    (writes closer than :data:`BURST` of the pilot's span) counts, so the slope is measured from the
+    end of one burst to the end of another, whole bursts between them."""
     if len(line) < 2:
         return None
+    # in flight where rows were still left to send: the window was held full (a pilot smaller than
+    # its window sends everything at once and only drains: no steady state to apply the law to)
+    middle = [f for _, d, f in line if MIDDLE[0] * rows <= d <= MIDDLE[1] * rows and d + (f or 0) < rows]
+    if latencies_s and middle and all(f is not None for f in middle):
+        flying = sorted(f for f in middle if f is not None)[len(middle) // 2]
+        mean = sum(latencies_s) / len(latencies_s)
+        if flying > 0 and mean > 0:
+            return flying / mean
     gap = BURST * (line[-1][0] - line[0][0])
     ends = [p for p, q in itertools.pairwise(line) if q[0] - p[0] > gap] + [line[-1]]
-    lo = next(((t, d) for t, d in ends if d >= MIDDLE[0] * rows), None)
-    hi = next(((t, d) for t, d in ends if d >= MIDDLE[1] * rows), None)
+    lo = next(((t, d) for t, d, _ in ends if d >= MIDDLE[0] * rows), None)
+    hi = next(((t, d) for t, d, _ in ends if d >= MIDDLE[1] * rows), None)
     if lo is None or hi is None or hi[0] - lo[0] <= 0 or hi[1] <= lo[1]:
         return None
     return (hi[1] - lo[1]) / (hi[0] - lo[0])
@@ -162,7 +178,7 @@ def estimate(
     seconds = max(ended - started, 1e-6)
     rows, failed = int(progress["done"]), int(progress["failed"])
     rate = rows / seconds
-    steady = steady_rate(line or [], rows) or rate
+    steady = steady_rate(line or [], rows, latencies_s) or rate
     fixed = max(0.0, ended - min(launched_at or started, started) - rows / steady)
     scale = target.replicas / max(ran_on.replicas, 1)
     inflight = swarm_inflight(ran_on)
@@ -229,7 +245,7 @@ def run_processes(
         argv += ["--shard-id", str(i), "--nshards", str(pilot.shards)]
         with log.open("w") as fh:
             procs.append(subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT))
-    writes: dict[int, list[tuple[float, int]]] = {i: [] for i in range(pilot.shards)}
+    writes: dict[int, list[Write]] = {i: [] for i in range(pilot.shards)}
     deadline = time.monotonic() + timeout_s
     try:
         while any(p.poll() is None for p in procs):
@@ -267,9 +283,10 @@ def latencies(pilot: JobSpec) -> list[float]:
     return out
 
 
-def _read_writes(pilot: JobSpec, writes: dict[int, list[tuple[float, int]]]) -> None:
-    """Add each shard's latest progress write ``(updated_at, done)`` to ``writes`` when it is new."""
+def _read_writes(pilot: JobSpec, writes: dict[int, list[Write]]) -> None:
+    """Add each shard's latest progress write to ``writes`` when it is new."""
     for i, seen in writes.items():
         doc = read_json(pilot.paths.shard(i).progress)
         if isinstance(doc, dict) and doc.get("updated_at") and (not seen or seen[-1][0] != doc["updated_at"]):
-            seen.append((float(doc["updated_at"]), int(doc.get("done") or 0)))
+            flying = doc.get("in_flight")
+            seen.append((float(doc["updated_at"]), int(doc.get("done") or 0), None if flying is None else int(flying)))

@@ -261,11 +261,11 @@ def test_the_pilot_measures_its_steady_rate_apart_from_its_start_and_tail() -> N
     from prefect_swarm.jobs.pilot import estimate, steady_rate, timeline
 
     t0, rows = 1000.0, 2560
-    writes = {i: [(t0 + 3 + s + 0.01 * i, 128 * (s + 1)) for s in range(9)] for i in (0, 1)}
+    writes: dict[int, list[Any]] = {i: [(t0 + 3 + s + 0.01 * i, 128 * (s + 1), None) for s in range(9)] for i in (0, 1)}
     for i in (0, 1):
-        writes[i].append((t0 + 3 + 8 + 4 + 0.01 * i, 1280))
+        writes[i].append((t0 + 3 + 8 + 4 + 0.01 * i, 1280, None))
     line = timeline(writes)
-    assert line[-1] == (t0 + 15.01, rows) and len(line) == 20
+    assert line[-1] == (t0 + 15.01, rows, None) and len(line) == 20
     assert steady_rate(line, rows) == pytest.approx(256, rel=0.01)
     shards = [{"started_at": t0 + 0.5, "updated_at": writes[i][-1][0], "requests": 1280} for i in (0, 1)]
     progress = {"shards": shards, "done": rows, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
@@ -286,6 +286,20 @@ def test_a_burst_of_checkpoints_counts_once() -> None:
     and the first past 80 % would say (a burst's first checkpoint dates its rows too early)."""
     from prefect_swarm.jobs.pilot import steady_rate, timeline
 
-    writes = [(1000.0 + b + 0.002 * j, min(256 * b + 25 * (j + 1), 256 * (b + 1))) for b in range(4) for j in range(11)]
+    writes = [
+        (1000.0 + b + 0.002 * j, min(256 * b + 25 * (j + 1), 256 * (b + 1)), None) for b in range(4) for j in range(11)
+    ]
     line = timeline({0: writes})
     assert steady_rate(line, 1024) == pytest.approx(256, rel=0.01)
+
+
+def test_the_steady_rate_by_littles_law() -> None:
+    """With the shards' requests in flight and the answers' latencies: in flight over the mean latency,
+    whenever the checkpoints were written (late writes of a burst, a writer thread lagging) and
+    whatever the lengths (5 % of the answers 8 x as long): 272 in flight, 1.35 s on average: 201 rows/s."""
+    from prefect_swarm.jobs.pilot import steady_rate, timeline
+
+    late = [(1000.0 + 0.5 * n + (0.3 if n % 3 else 0), 100 * n, 272) for n in range(1, 11)]
+    lengths = [1.0] * 95 + [8.0] * 5
+    assert steady_rate(timeline({0: late}), 1000, lengths) == pytest.approx(272 / 1.35, rel=0.001)
+    assert steady_rate(timeline({0: late, 1: [(1001.0, 50, None)]}), 1050, lengths) is not None  # the slope
