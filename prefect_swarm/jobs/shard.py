@@ -154,6 +154,8 @@ class ShardRun:
         )
         self.runner: Runner | None = None
         self.tokens = [0, 0]
+        self.latency = [0.0, 0, 0.0]
+        """Answers' latencies this run: sum (s), count, longest (s); a running projection's tail."""
         """Prompt and completion tokens this process's requests used (a token budget counts them)."""
         self.guard = spec.budget.guard(tokens=self._tokens, shares=self.nshards) if spec.budget is not None else None
         """The swarm's budget, held by this process (see :meth:`_hold_to_budget`)."""
@@ -345,6 +347,9 @@ class ShardRun:
     def _on_result(self, r: RowResult) -> None:
         self.tokens[0] += r.prompt_tokens
         self.tokens[1] += r.completion_tokens
+        if r.status == "ok" and r.latency_ms:
+            seconds = r.latency_ms / 1000
+            self.latency = [self.latency[0] + seconds, int(self.latency[1]) + 1, max(self.latency[2], seconds)]
         self.ledger.add(r)
         self.metrics.observe(r)
         if self.reuse is not None:
@@ -384,10 +389,13 @@ class ShardRun:
     def _count_requests(self) -> None:
         """The progress file's counts of this run: requests sent (and in flight now: what a running
         projection adds to the rows answered, see :func:`~prefect_swarm.config.cost.job_projection`),
-        rows answered without one."""
+        the answers' mean and longest latency (the projection's tail), rows answered without one."""
         if self.runner:
             self.ledger.requests = self.runner.requests
             self.ledger.progress_extra["in_flight"] = self.runner.pool.inflight
+        if self.latency[1]:
+            total, n, longest = self.latency
+            self.ledger.progress_extra["latency_s"] = {"mean": round(total / n, 3), "longest": round(longest, 3)}
         if self.reuse is not None:
             self.ledger.progress_extra.update(self.reuse.counts())
 

@@ -138,6 +138,18 @@ def test_a_running_projection_counts_the_requests_in_flight() -> None:
     assert job_projection({**progress, "shards": [older]}, None)["rate_rows_s"] == 80
 
 
+def test_a_running_projection_adds_the_tail_of_the_longest_answers() -> None:
+    """The answers take 1.3 s on average and up to 8.8 s (a long tail of lengths): the last rows in flight
+    end with the longest, 7.5 s after the rate says; the projection adds it while rows are left."""
+    t0 = 1_000_000.0
+    shard = {"state": "running", "started_at": t0, "updated_at": t0 + 10, "rows_this_run": 800, "in_flight": 200}
+    even = {"done": 800, "total": 6_000, "rate_rows_s": 80.0, "shards": [shard]}
+    tailed = {**even, "shards": [{**shard, "latency_s": {"mean": 1.3, "longest": 8.8}}]}
+    assert job_projection(tailed, None)["wall_s"] == pytest.approx(job_projection(even, None)["wall_s"] + 7.5, abs=0.1)
+    assert job_projection(tailed, None)["rate_rows_s"] == 100  # the rate shown is the rate
+    assert projection(done=10, total=10, rate_rows_s=5, elapsed_s=9, gpus=0, cost=CostConfig(), tail_s=7)["wall_s"] == 9
+
+
 def test_pilot_input_is_the_first_k_rows_of_the_same_kind(tmp_path: Path) -> None:
     from prefect_swarm.jobs.dataset import InputDataset
     from prefect_swarm.jobs.pilot import pilot_input
