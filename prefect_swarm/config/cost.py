@@ -358,10 +358,11 @@ def job_projection(
     The rows answered alone over the running time would count the first answers' latency (seconds
     without answers) against the rate: 25 % slow at 10 s of a job whose first answers take 2 s.
 
-    The tail: the last rows in flight end with their answers, the longest of them last, while the rate
-    counts each at the mean latency; the rows left take ``left / rate`` plus the running shards'
-    longest answer less their mean (``latency_s`` in their progress): nothing for even lengths, seconds
-    for a long tail of answer lengths."""
+    The tail, from the answer lengths seen: the last rows in flight end with their answers, the longest
+    of them last, while the rate counts each at the mean latency; the rows left take ``left / rate``
+    plus the longest answer's extra time, ``mean latency x (longest / mean length - 1)`` (``answers`` in
+    the running shards' progress, the largest of theirs): nothing for even lengths, seconds for a long
+    tail of answer lengths."""
     running = [
         s
         for s in progress.get("shards") or []
@@ -386,11 +387,12 @@ def job_projection(
 
 
 def _tail(shard: Mapping[str, Any]) -> float:
-    """A running shard's longest answer less its mean (seconds; 0 when it does not tell)."""
-    lat = shard.get("latency_s")
-    if not isinstance(lat, Mapping):
+    """A running shard's longest answer's time beyond the mean (seconds; 0 when it does not tell)."""
+    seen = shard.get("answers")
+    if not isinstance(seen, Mapping) or not seen.get("tokens_mean"):
         return 0.0
-    return max(0.0, float(lat.get("longest") or 0.0) - float(lat.get("mean") or 0.0))
+    ratio = float(seen.get("tokens_longest") or 0) / float(seen["tokens_mean"])
+    return max(0.0, float(seen.get("latency_mean_s") or 0.0) * (ratio - 1))
 
 
 def _rate(progress: Mapping[str, Any], running: list[Mapping[str, Any]]) -> float:

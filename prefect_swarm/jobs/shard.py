@@ -154,8 +154,9 @@ class ShardRun:
         )
         self.runner: Runner | None = None
         self.tokens = [0, 0]
-        self.latency = [0.0, 0, 0.0]
-        """Answers' latencies this run: sum (s), count, longest (s); a running projection's tail."""
+        self.answers = [0, 0.0, 0, 0]
+        """Answers this run: count, latency sum (s), completion tokens sum, longest (tokens): a running
+        projection's tail (see :func:`~prefect_swarm.config.cost.job_projection`)."""
         """Prompt and completion tokens this process's requests used (a token budget counts them)."""
         self.guard = spec.budget.guard(tokens=self._tokens, shares=self.nshards) if spec.budget is not None else None
         """The swarm's budget, held by this process (see :meth:`_hold_to_budget`)."""
@@ -348,8 +349,13 @@ class ShardRun:
         self.tokens[0] += r.prompt_tokens
         self.tokens[1] += r.completion_tokens
         if r.status == "ok" and r.latency_ms:
-            seconds = r.latency_ms / 1000
-            self.latency = [self.latency[0] + seconds, int(self.latency[1]) + 1, max(self.latency[2], seconds)]
+            n, seconds, tokens, longest = self.answers
+            self.answers = [
+                n + 1,
+                seconds + r.latency_ms / 1000,
+                tokens + r.completion_tokens,
+                max(longest, r.completion_tokens),
+            ]
         self.ledger.add(r)
         self.metrics.observe(r)
         if self.reuse is not None:
@@ -389,13 +395,18 @@ class ShardRun:
     def _count_requests(self) -> None:
         """The progress file's counts of this run: requests sent (and in flight now: what a running
         projection adds to the rows answered, see :func:`~prefect_swarm.config.cost.job_projection`),
-        the answers' mean and longest latency (the projection's tail), rows answered without one."""
+        the answers' mean latency and mean and longest length (the projection's tail), rows answered
+        without one."""
         if self.runner:
             self.ledger.requests = self.runner.requests
             self.ledger.progress_extra["in_flight"] = self.runner.pool.inflight
-        if self.latency[1]:
-            total, n, longest = self.latency
-            self.ledger.progress_extra["latency_s"] = {"mean": round(total / n, 3), "longest": round(longest, 3)}
+        n, seconds, tokens, longest = self.answers
+        if n:
+            self.ledger.progress_extra["answers"] = {
+                "latency_mean_s": round(seconds / n, 3),
+                "tokens_mean": round(tokens / n, 1),
+                "tokens_longest": longest,
+            }
         if self.reuse is not None:
             self.ledger.progress_extra.update(self.reuse.counts())
 

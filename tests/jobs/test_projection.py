@@ -139,13 +139,18 @@ def test_a_running_projection_counts_the_requests_in_flight() -> None:
 
 
 def test_a_running_projection_adds_the_tail_of_the_longest_answers() -> None:
-    """The answers take 1.3 s on average and up to 8.8 s (a long tail of lengths): the last rows in flight
-    end with the longest, 7.5 s after the rate says; the projection adds it while rows are left."""
+    """Answers of 43 tokens on average take 1.3 s; the longest seen has 256 tokens (a long tail of
+    lengths): the last rows in flight end with it, 1.3 x (256 / 43 - 1) = 6.4 s after the rate says;
+    the projection adds it while rows are left. Even lengths add nothing."""
     t0 = 1_000_000.0
     shard = {"state": "running", "started_at": t0, "updated_at": t0 + 10, "rows_this_run": 800, "in_flight": 200}
-    even = {"done": 800, "total": 6_000, "rate_rows_s": 80.0, "shards": [shard]}
-    tailed = {**even, "shards": [{**shard, "latency_s": {"mean": 1.3, "longest": 8.8}}]}
-    assert job_projection(tailed, None)["wall_s"] == pytest.approx(job_projection(even, None)["wall_s"] + 7.5, abs=0.1)
+    bare = {"done": 800, "total": 6_000, "rate_rows_s": 80.0, "shards": [shard]}
+    answers = {"latency_mean_s": 1.3, "tokens_mean": 43.0, "tokens_longest": 256}
+    tailed = {**bare, "shards": [{**shard, "answers": answers}]}
+    even = {**bare, "shards": [{**shard, "answers": {**answers, "tokens_mean": 32.0, "tokens_longest": 32}}]}
+    base = job_projection(bare, None)["wall_s"]
+    assert job_projection(tailed, None)["wall_s"] == pytest.approx(base + 1.3 * (256 / 43 - 1), abs=0.1)
+    assert job_projection(even, None)["wall_s"] == base
     assert job_projection(tailed, None)["rate_rows_s"] == 100  # the rate shown is the rate
     assert projection(done=10, total=10, rate_rows_s=5, elapsed_s=9, gpus=0, cost=CostConfig(), tail_s=7)["wall_s"] == 9
 
