@@ -16,7 +16,10 @@ bursts; one sample is not a trend):
   process sharing the replica cuts its own part, so together they trim the queue to the margin;
 - room (W below the margin in most samples, while this process uses its limit): the replica could
   run more than it gets, so the limit grows a step (:data:`GROWTH` while the engine's batch is not
-  known, then what is missing to it) as long as growing raises the running batch.
+  known) as long as growing raises the running batch. Once the batch is known, by what the replica
+  misses of it times this process's part of what the replica holds (its requests there over R + W):
+  the processes sharing a replica together add what it misses, and one left alone at the end of a
+  job (the others done) fills the replica at once instead of a share a step.
 
 Capacity found, not assumed: where the swarm's config declares what a replica batches
 (``engine.capacity``, vLLM's ``--max-num-seqs``...) that is the target and the limit never passes it
@@ -247,7 +250,8 @@ class Controller:
             ep.grew_from = batch
             if ep.found:  # grow by what the replica misses of its batch, this process's part of it
                 missing = ep.found + margin - running - waiting
-                limit += max(margin / self.nshards, min(limit * GROWTH, missing / self.nshards))
+                part = min(1.0, ep.outstanding / max(1.0, running + waiting))
+                limit += max(margin / self.nshards, missing * part)
             else:
                 limit += max(margin / self.nshards, limit * GROWTH)
         if ep.overloads:

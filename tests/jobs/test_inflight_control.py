@@ -457,3 +457,34 @@ def test_concurrency_zero_is_refused_before_anything() -> None:
     assert res.exit_code == 2 and "--concurrency" in res.output and "greater than or equal to" in res.output, res.output
     with pytest.raises(ValueError, match="concurrency"):
         JobSpec(input="in.parquet", output="out.parquet", concurrency=0)
+
+
+def test_a_process_left_alone_fills_the_replica_at_once() -> None:
+    """Eight processes shared a replica batching 1024 (found); seven are done (the end of a job): the one
+    left holds its share (34: an eighth of the 256 it started from) and sees the room. It takes what the
+    replica misses in one step (before: half its limit a step, 34 -> 51); while all eight share the
+    replica, one step adds what it misses, no more."""
+    from prefect_swarm.jobs.control import Controller
+    from prefect_swarm.jobs.runner import EndpointPool
+
+    def loop() -> tuple[Controller, Any]:
+        pool = EndpointPool(["http://replica"])
+        ctl = Controller(pool, capacity=None, nshards=8, cap=100_000)
+        ep = pool.endpoints[0]
+        ep.found = ep.peak = 1024.0
+        return ctl, ep
+
+    ctl, ep = loop()
+    for _ in range(3):  # one judgment: HISTORY samples
+        ep.outstanding = math.ceil(ep.limit)
+        ctl._by_metrics(ep, min(1024, ep.outstanding), max(0, ep.outstanding - 1024))
+    assert ep.limit >= 0.95 * 1024, ep.limit
+
+    loops = [loop() for _ in range(8)]
+    for _ in range(3):
+        held = [math.ceil(ep.limit * 0.9) for _, ep in loops]  # the replica misses a tenth
+        for (ctl, ep), n in zip(loops, held, strict=True):
+            ep.outstanding = n
+            ctl._by_metrics(ep, min(1024, sum(held)), max(0, sum(held) - 1024))
+    total = sum(ep.limit for _, ep in loops)
+    assert 1024 <= total <= 1024 + 2 * ctl.margin_of(loops[0][1]), total
