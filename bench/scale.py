@@ -1,7 +1,7 @@
 """Scaling with defaults: swarm rows/s ÷ (N x one replica driven alone), on the GPU-like simulator.
 
     python bench/scale.py [--replicas 1 2 4 8] [--rows 20000] [--rows-per-replica 6000]
-        [--alone-rows 3000] [--repeat 3] [--speed 1.0]
+        [--alone-rows 3000] [--repeat 3] [--speed 1.0] [--capacity 512]
     python bench/scale.py --backend slurm [--slurm-replicas 4] [...]       # the single-node Slurm
     python bench/scale.py --flow [--flow-replicas 4] [...]                 # the batch_inference flow only
     python bench/scale.py --backend local slurm --flow [...]               # all of them, side by side
@@ -25,6 +25,11 @@ command's wall time: validation, shard processes, requests, commit). Goals: ≥ 
 Replicas are pinned to core 0 and the client (driver, CLI and its job processes) to core 1 with
 ``taskset`` (the simulated replicas use timers, not CPU, so eight fit on one core). Every run uses
 its own ``PREFECT_SWARM_HOME``. Prints one JSON line per run and the medians.
+
+``--capacity C`` gives every simulated replica a batch of C sequences (``--max-num-seqs C``) that
+the swarm's config does not declare (no ``engine.capacity``): the job finds it from the replicas'
+``/metrics``; "one alone" and "plain N" then keep C + C/16 in flight per replica. Without it the
+replicas batch 256 and the config declares it.
 
 ``--speed S`` passes ``--speed S`` to every simulated replica (its step times are divided by S): at
 ``--speed 0.25`` a replica is a GPU four times slower, with the same curve. On a 2-core machine the
@@ -116,14 +121,23 @@ def wait_healthy(urls: list[str], timeout_s: float = 60.0) -> None:
             time.sleep(0.1)
 
 
+CAPACITY: int | None = None
+"""``--capacity``: every replica's batch, not declared to the job (None: 256, declared)."""
+
+
+def inflight() -> int:
+    """What the plain loop keeps in flight to one replica: its whole batch plus a queue."""
+    return ALONE_INFLIGHT if CAPACITY is None else CAPACITY + max(8, CAPACITY // 16)
+
+
 def sim_args(speed: float) -> list[str]:
     """The simulator's options of every replica in one run (the same in both drives)."""
-    return ["--speed", str(speed)]
+    return ["--speed", str(speed), *(["--max-num-seqs", str(CAPACITY)] if CAPACITY else [])]
 
 
 def plain_loop(replicas: int, n: int, env: dict[str, str], speed: float) -> float:
     """``replicas`` simulated replicas on the server core, driven from the client core by a plain loop
-    with 272 in flight to each (one replica: "one alone"; N: what this machine gives N replicas)."""
+    with :func:`inflight` to each (one replica: "one alone"; N: what this machine gives N replicas)."""
     from prefect_swarm.testing import free_port_block
 
     base = free_port_block(replicas)
@@ -139,7 +153,7 @@ def plain_loop(replicas: int, n: int, env: dict[str, str], speed: float) -> floa
         wait_healthy([f"http://127.0.0.1:{base + i}" for i in range(replicas)])
         urls = ",".join(f"http://127.0.0.1:{base + i}" for i in range(replicas))
         out = subprocess.run(
-            ["taskset", "-c", str(CLIENT_CPU), sys.executable, __file__, "--drive", urls, str(n)],
+            ["taskset", "-c", str(CLIENT_CPU), sys.executable, __file__, "--drive", urls, str(n), str(inflight())],
             capture_output=True,
             text=True,
             env=env,
@@ -158,6 +172,9 @@ def swarm_config(name: str, replicas: int, port: int, speed: float) -> dict[str,
     """N simulated replicas on the local backend, pinned to the server core."""
     command = ["taskset", "-c", str(SERVER_CPU), "{python}", "-m", SIM]
     command += ["--host", "{host}", "--port", "{port}", "--model", "{served_model_name}", *sim_args(speed)]
+    engine: dict[str, Any] = {"kind": "command", "command": command, "startup_timeout_s": 60}
+    if CAPACITY is None:
+        engine["capacity"] = 256
     return {
         "name": name,
         "model": "stub-model",
@@ -165,7 +182,7 @@ def swarm_config(name: str, replicas: int, port: int, speed: float) -> dict[str,
         "gpus_per_replica": 0,
         "port": port,
         "ready_timeout_s": 60,
-        "engine": {"kind": "command", "command": command, "startup_timeout_s": 60, "capacity": 256},
+        "engine": engine,
         "backend": {"type": "local"},
     }
 
@@ -180,7 +197,9 @@ def slurm_config(name: str, replicas: int, speed: float) -> tuple[Any, dict[str,
 
     from prefect_swarm.testing.stub_engine import engine_command
 
-    engine = {"command": [*engine_command(module=SIM), *sim_args(speed)], "startup_timeout_s": 60, "capacity": 256}
+    engine: dict[str, Any] = {"command": [*engine_command(module=SIM), *sim_args(speed)], "startup_timeout_s": 60}
+    if CAPACITY is None:
+        engine["capacity"] = 256
     cfg = stub_config(name, replicas=replicas, engine=engine, backend={"queue_timeout_s": 600})
     return cfg, cfg.redacted()
 
@@ -292,6 +311,7 @@ def measure(mode: str, n: int, rep: int, a: argparse.Namespace, tmp: Path) -> di
         "mode": mode,
         "replicas": n,
         "speed": a.speed,
+        "capacity": CAPACITY,
         "run": rep,
         "rows": rows,
         "one_alone_rows_s": round(alone, 1),
@@ -350,11 +370,14 @@ def main() -> None:
     ap.add_argument("--alone-rows", type=int, default=3000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--speed", type=float, default=1.0, help="the simulator's --speed (step times divided by it)")
-    ap.add_argument("--drive", nargs=2, metavar=("URL", "N"), help=argparse.SUPPRESS)
+    ap.add_argument("--capacity", type=int, default=None, help="every replica's batch, not declared to the job")
+    ap.add_argument("--drive", nargs=3, metavar=("URL", "N", "C"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.drive:
-        print(asyncio.run(drive(a.drive[0].split(","), int(a.drive[1]), ALONE_INFLIGHT)))
+        print(asyncio.run(drive(a.drive[0].split(","), int(a.drive[1]), int(a.drive[2]))))
         return
+    global CAPACITY
+    CAPACITY = a.capacity
     backends = a.backend if a.backend is not None else ([] if a.flow else ["local"])
     modes = [(m, n) for m in backends for n in (a.replicas if m == "local" else a.slurm_replicas)]
     modes += [("flow", n) for n in a.flow_replicas] if a.flow else []

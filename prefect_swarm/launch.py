@@ -120,9 +120,12 @@ def pilot_job(spec: JobSpec, swarm: Swarm, k: int, *, target: SwarmConfig | None
         aimed.paths.ensure()
         aimed.save()
         validate_input(aimed)
-        pilots.run_processes(aimed, JOB_MODULE, JobEnv(api_key=swarm.backends.serving.client_key()).secret_env())
+        secret = JobEnv(api_key=swarm.backends.serving.client_key()).secret_env()
+        launched_at, line = pilots.run_processes(aimed, JOB_MODULE, secret)
         progress = job_progress(aimed)
-    return pilots.estimate(progress, total, swarm.cfg, target or swarm.cfg, aimed.shards)
+        taken = pilots.latencies(aimed)
+    target = target or swarm.cfg
+    return pilots.estimate(progress, total, swarm.cfg, target, aimed.shards, line, launched_at, taken)
 
 
 def locate_job(spec: JobSpec, swarm_name: str | None = None, *, run_dir: str | None = None) -> JobSpec:

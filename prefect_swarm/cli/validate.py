@@ -162,7 +162,8 @@ def print_estimate(est: dict[str, Any]) -> None:
     console.print(
         f"[bold]pilot[/]: {est['pilot_rows']} rows ({est['pilot_failed']} failed) in {est['pilot_seconds']:g}s on "
         f"{est['measured_replicas']} replica(s), {est['pilot_processes']} job process(es): "
-        f"{est['pilot_rate_rows_s']:g} rows/s ({est['rows_s_per_replica']:g} a replica), "
+        f"{est['pilot_rate_rows_s']:g} rows/s, {est['steady_rate_rows_s']:g} once steady "
+        f"({est['rows_s_per_replica']:g} a replica) after {est['start_and_tail_s']:g}s of start and tail, "
         f"{est['tokens_per_row']} tokens/row"
     )
     console.print(f"for {est['projected_replicas']} replica(s), {projection_text(est['projection'])}", markup=False)

@@ -296,6 +296,7 @@ def projection(
     cost: CostConfig,
     shape: str | None = None,
     min_elapsed_s: float = MIN_ELAPSED_S,
+    tail_s: float = 0.0,
 ) -> dict[str, Any]:
     """The projected time and cost of a whole input, the one rule every view uses (the CLI's wait,
     `job status`, the flow's progress artifact, `validate --estimate`).
@@ -305,7 +306,8 @@ def projection(
     ``elapsed + left``; GPU-hours = ``gpus`` x that wall time (the swarm's GPUs are held for all of it,
     busy or not); USD = GPU-hours x the price (``usd`` null without one: ``price`` says so).
     ``ready`` is false (no figures, ``reason`` says why) until ``min_elapsed_s`` have run and the
-    rate is positive: the first seconds measure the ramp, not the swarm."""
+    rate is positive: the first seconds measure the ramp, not the swarm. ``tail_s``: seconds the last
+    rows take beyond the rate (their longest answers), added while rows are left."""
     left = max(int(total) - int(done), 0)
     price = cost.price(shape)
     out: dict[str, Any] = {
@@ -322,7 +324,7 @@ def projection(
     if rate_rows_s <= 0 or elapsed_s < min_elapsed_s:
         why = f"measuring: projected after {min_elapsed_s:g}s of running with rows answered"
         return {**out, **unknown, "ready": False, "reason": why}
-    remaining = left / rate_rows_s
+    remaining = left / rate_rows_s + (max(tail_s, 0.0) if left else 0.0)
     wall = max(elapsed_s, 0.0) + remaining
     whole = cost.figures(gpus * wall / 3600.0, shape=shape)
     rest = cost.figures(gpus * remaining / 3600.0, shape=shape)
@@ -348,7 +350,19 @@ def job_projection(
     Everything is as of the shards' last progress writes (their checkpoints: every ``checkpoint_every``
     rows or ``checkpoint_seconds``): elapsed = the latest write of a running shard less the earliest
     start of one, so the figures do not drift between two checkpoints. ``min_elapsed_s``: see
-    :func:`projection` (`top`, a live view, shows its ETA from the first checkpoint with rows: 0)."""
+    :func:`projection` (`top`, a live view, shows its ETA from the first checkpoint with rows: 0).
+
+    The rate counts, per running shard, the rows it answered this run plus the requests it had in
+    flight (``in_flight``) over its running time: a shard keeps its in-flight window full, so every
+    answer was sent one latency before it came, and those in flight now are answered at the same pace.
+    The rows answered alone over the running time would count the first answers' latency (seconds
+    without answers) against the rate: 25 % slow at 10 s of a job whose first answers take 2 s.
+
+    The tail, from the answer lengths seen: the last rows in flight end with their answers, the longest
+    of them last, while the rate counts each at the mean latency; the rows left take ``left / rate``
+    plus the longest answer's extra time, ``mean latency x (longest / mean length - 1)`` (``answers`` in
+    the running shards' progress, the largest of theirs): nothing for even lengths, seconds for a long
+    tail of answer lengths."""
     running = [
         s
         for s in progress.get("shards") or []
@@ -357,15 +371,42 @@ def job_projection(
     elapsed = (
         max(float(s["updated_at"]) for s in running) - min(float(s["started_at"]) for s in running) if running else 0.0
     )
+    done, total = int(progress.get("done") or 0), int(progress.get("total") or 0)
+    rate = _rate(progress, running)
+    tail = max((_tail(s) for s in running), default=0.0) if done < total else 0.0
     return projection(
-        done=int(progress.get("done") or 0),
-        total=int(progress.get("total") or 0),
-        rate_rows_s=float(progress.get("rate_rows_s") or 0.0) if running else 0.0,
+        done=done,
+        total=total,
+        rate_rows_s=rate,
+        tail_s=tail,
         elapsed_s=elapsed,
         gpus=swarm_gpus(swarm_config),
         cost=recorded_cost(swarm_config),
         min_elapsed_s=min_elapsed_s,
     )
+
+
+def _tail(shard: Mapping[str, Any]) -> float:
+    """A running shard's longest answer's time beyond the mean (seconds; 0 when it does not tell)."""
+    seen = shard.get("answers")
+    if not isinstance(seen, Mapping) or not seen.get("tokens_mean"):
+        return 0.0
+    ratio = float(seen.get("tokens_longest") or 0) / float(seen["tokens_mean"])
+    return max(0.0, float(seen.get("latency_mean_s") or 0.0) * (ratio - 1))
+
+
+def _rate(progress: Mapping[str, Any], running: list[Mapping[str, Any]]) -> float:
+    """The running shards' rows/s (see :func:`job_projection`); their summed ``rate_rows_s`` where one
+    does not tell ``in_flight`` (written by an older version)."""
+    if not running:
+        return 0.0
+    if any(s.get("in_flight") is None or s.get("rows_this_run") is None for s in running):
+        return float(progress.get("rate_rows_s") or 0.0)
+    rates = []
+    for s in running:
+        seconds = float(s["updated_at"]) - float(s["started_at"])
+        rates.append((int(s["rows_this_run"]) + int(s["in_flight"])) / seconds if seconds > 0 else 0.0)
+    return sum(rates)
 
 
 def projection_text(p: Mapping[str, Any] | None) -> str | None:

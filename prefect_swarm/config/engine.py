@@ -69,8 +69,9 @@ class EngineConfig(StrictModel):
     capacity: Count | None = Field(
         default=None,
         description="Requests one replica runs at once (its batch size): a job keeps each replica this full "
-        "plus a short queue. Default: vllm's --max-num-seqs or sglang's --max-running-requests from args, "
-        "else 256 (vLLM's default on most GPUs; a job's loop finds a larger batch from the replica's /metrics).",
+        "plus a short queue, and never sends it more. Default: vllm's --max-num-seqs or sglang's "
+        "--max-running-requests from args, else found by each job from the replica's /metrics (starting from 256, "
+        "vLLM's default on most GPUs).",
     )
     health_path: str = Field(default="/health", description="HTTP path that returns 200 once the engine is up.")
     startup_timeout_s: Seconds = Field(
@@ -78,7 +79,12 @@ class EngineConfig(StrictModel):
     )
 
     def batch_capacity(self) -> int:
-        """What one replica can batch: ``capacity``, else the engine's own flag in ``args``, else 256."""
+        """What one replica can batch: :meth:`declared_capacity`, else 256."""
+        return self.declared_capacity() or DEFAULT_BATCH_CAPACITY
+
+    def declared_capacity(self) -> int | None:
+        """What one replica batches as the config says it: ``capacity``, else the engine's own flag in
+        ``args``; None when it does not say (a job then finds it from each replica's /metrics)."""
         if self.capacity is not None:
             return self.capacity
         flag = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"}.get(self.kind)
@@ -87,7 +93,7 @@ class EngineConfig(StrictModel):
                 return _positive(arg.split("=", 1)[1])
             if flag and arg == flag and i + 1 < len(self.args):
                 return _positive(self.args[i + 1])
-        return DEFAULT_BATCH_CAPACITY
+        return None
 
     @field_validator("python")
     @classmethod

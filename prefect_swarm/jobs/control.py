@@ -15,8 +15,23 @@ bursts; one sample is not a trend):
   process scales what it has there by (R + margin) / (R + W) (at most halving it a step): every
   process sharing the replica cuts its own part, so together they trim the queue to the margin;
 - room (W below the margin in most samples, while this process uses its limit): the replica could
-  run more than it gets (an engine that batches more than assumed: vLLM's default is 1024 on 80 GB
-  GPUs), so the limit grows by GROWTH a step, as long as each growth raises the running batch.
+  run more than it gets, so the limit grows a step (:data:`GROWTH` while the engine's batch is not
+  known) as long as growing raises the running batch. Once the batch is known, by what the replica
+  misses of it times this process's part of what the replica holds (its requests there over R + W):
+  the processes sharing a replica together add what it misses, and one left alone at the end of a
+  job (the others done) fills the replica at once instead of a share a step.
+
+Capacity found, not assumed: where the swarm's config declares what a replica batches
+(``engine.capacity``, vLLM's ``--max-num-seqs``...) that is the target and the limit never passes it
+plus the margin. Where it does not (``capacity`` None), the loop starts from
+:data:`~prefect_swarm.jobs.runner.DEFAULT_CAPACITY` and finds each replica's batch from its own
+samples: it grows while the queue stays short and the running batch keeps rising; the batch it
+finds is the running batch under a standing queue (the engine queues only what it cannot run), or
+the batch two growths in a row did not raise (one flat sample is noise: answers leave a batch in
+bursts). The margin follows the largest batch seen (1/16 of it), so a replica of 1024 keeps a queue
+of 64, not the 16 of 256 that its one step's arrivals would pass every time. vLLM does not report
+its ``max_num_seqs`` outside its development mode (its ``vllm:cache_config_info`` tells the KV cache,
+not the batch), so the samples are what the loop has.
 
 A 429, a 5xx or a timeout from a replica cuts its limit by 30 % (at most once a period). A replica
 whose ``/metrics`` does not answer (or lacks those series) is controlled by latency instead: its
@@ -64,8 +79,11 @@ HISTORY = 3
 FLOOR_DRIFT = 1.02
 """The latency floor (the lowest latency seen) rises this much a second: the fallback's reference
 follows a replica that became slower for good (longer prompts) within a minute."""
-GROWTH, MAX_CUT = 0.25, 0.5
-"""Room grows a limit by GROWTH a step; a standing queue cuts it to at most MAX_CUT of it a step."""
+GROWTH, MAX_CUT = 0.5, 0.5
+"""Room grows a limit by GROWTH a step (while the replica's batch is not known); a standing queue cuts
+it to at most MAX_CUT of it a step."""
+FLAT = 1.02
+"""A growth that leaves the running batch below FLAT x what it was did not raise it."""
 
 
 def queue_margin(capacity: int) -> int:
@@ -110,20 +128,26 @@ class Controller:
         self,
         pool: EndpointPool,
         *,
-        capacity: int,
+        capacity: int | None,
         nshards: int,
         cap: int,
         control_s: float = 1.0,
         replicas_file: Path | None = None,
         health_path: str = "/health",
     ) -> None:
-        self.pool, self.capacity, self.nshards, self.cap = pool, max(1, capacity), max(1, nshards), max(1, cap)
+        from prefect_swarm.jobs.runner import DEFAULT_CAPACITY
+
+        self.declared = capacity is not None
+        """The swarm declares what a replica batches: the loop never sends one more (plus the margin)."""
+        self.pool, self.nshards, self.cap = pool, max(1, nshards), max(1, cap)
+        self.capacity = max(1, capacity or DEFAULT_CAPACITY)
         self.margin = queue_margin(self.capacity)
         self.control_s, self.replicas_file, self.health_path = control_s, replicas_file, health_path
         self.share = (self.capacity + self.margin) / self.nshards
         """One replica's starting limit in this process."""
-        self.ep_cap = max(1.0, 4 * self.share)
-        """Most in flight to one replica from this process (room for an engine batching more than assumed)."""
+        self.ep_cap = float(self.capacity + self.margin) if self.declared else float(self.cap)
+        """Most in flight to one replica from this process: the declared batch plus the margin (all of
+        it, for a process left alone at the end of a job), else only the process's own cap."""
         for ep in pool.endpoints:
             ep.limit = self.share
         pool.recount()
@@ -200,19 +224,36 @@ class Controller:
         ep.metrics_ok = True
         return running, waiting
 
+    def margin_of(self, ep: Endpoint) -> int:
+        """The queue kept at ``ep``: :func:`queue_margin` of its batch (the largest of the declared or
+        assumed one and the largest seen running there)."""
+        return queue_margin(int(max(self.capacity, ep.found, ep.peak)))
+
     def _by_metrics(self, ep: Endpoint, running: float, waiting: float) -> None:
         ep.seen = [*ep.seen[-(HISTORY - 1) :], (running, waiting)]
         queues = sorted(w for _, w in ep.seen)
         batch = sorted(r for r, _ in ep.seen)[len(ep.seen) // 2]
+        full = len(ep.seen) >= HISTORY
+        if full:
+            ep.peak = max(ep.peak, batch)
+        margin = self.margin_of(ep)
         limit = ep.limit
-        if queues[0] > self.margin:
+        if queues[0] > margin:
             # a standing queue: scale what this process has there by wanted / actual load, so every
             # process sharing the replica cuts its own part and together they trim the queue to the margin
-            ratio = (running + self.margin) / (running + waiting)
+            if full:
+                ep.found = batch  # the engine queues only what it cannot run: this is its batch
+            ratio = (running + margin) / (running + waiting)
             limit = min(limit, max(ep.outstanding * ratio, limit * MAX_CUT))
-        elif self._room(ep, queues, batch):
+            ep.grew_from = None
+        elif self._room(ep, queues, batch, margin):
             ep.grew_from = batch
-            limit += max(self.margin / self.nshards, limit * GROWTH)
+            if ep.found:  # grow by what the replica misses of its batch, this process's part of it
+                missing = ep.found + margin - running - waiting
+                part = min(1.0, ep.outstanding / max(1.0, running + waiting))
+                limit += max(margin / self.nshards, missing * part)
+            else:
+                limit += max(margin / self.nshards, limit * GROWTH)
         if ep.overloads:
             limit = min(limit, ep.limit * 0.7)
         ep.limit = min(self.ep_cap, max(1.0, limit))
@@ -220,17 +261,22 @@ class Controller:
             ep.seen = ep.seen[-1:]  # judge the next move on what follows this one
         ep.last_limit = ep.limit
 
-    def _room(self, ep: Endpoint, queues: list[float], batch: float) -> bool:
-        """Whether the replica would run more than it gets: a short queue, this process using its limit,
-        and the last growth (if any) raised the running batch (once it did not, the batch is the
-        engine's most, until the batch falls well below it)."""
-        if len(queues) < HISTORY or queues[len(queues) // 2] >= self.margin or ep.outstanding < 0.8 * ep.limit:
+    def _room(self, ep: Endpoint, queues: list[float], batch: float, margin: int) -> bool:
+        """Whether the replica would run more than it gets: a short queue (median of the window), this
+        process using its limit, and the running batch below the one found (while none is found, the
+        last growth raised the running batch, or only one growth in a row did not: one flat window is
+        noise, two are the engine's most)."""
+        if len(queues) < HISTORY or queues[len(queues) // 2] >= margin or ep.outstanding < 0.8 * ep.limit:
             return False
-        if ep.batch_max and batch < 0.8 * ep.batch_max:
-            ep.batch_max = 0.0  # the batch is not full any more (a cut, another client left): room again
-        if ep.grew_from is not None and batch <= 1.02 * ep.grew_from:
-            ep.batch_max, ep.grew_from = batch, None  # growing did not raise the batch: it is full
-        return not ep.batch_max
+        if ep.found:
+            return batch < 0.97 * ep.found
+        if ep.grew_from is not None:
+            ep.flat = ep.flat + 1 if batch < FLAT * ep.grew_from else 0
+            if ep.flat >= 2:
+                ep.found, ep.flat = max(batch, ep.peak), 0  # growing did not raise the batch: it is full
+                log.info("endpoint %s: batches %d (found from its /metrics)", ep.url, ep.found)
+                return False
+        return True
 
     def _by_latency(self, ep: Endpoint) -> None:
         floor, ewma = ep.lat_floor_ms, ep.lat_ewma_ms

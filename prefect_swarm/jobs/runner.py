@@ -95,8 +95,9 @@ class RunnerConfig:
 
     concurrency: int | None = None
     """Most requests in flight in this process (an explicit cap); None: the loop's window alone."""
-    replica_capacity: int = DEFAULT_CAPACITY
-    """What one replica can batch (see :mod:`prefect_swarm.jobs.control`)."""
+    replica_capacity: int | None = None
+    """What one replica can batch, when the swarm declares it (see :mod:`prefect_swarm.jobs.control`);
+    None: the loop starts from :data:`DEFAULT_CAPACITY` and finds it from each replica's /metrics."""
     nshards: int = 1
     """Processes sharing the replicas (each starts at its share of a replica)."""
     replicas_file: str | None = None
@@ -184,15 +185,20 @@ class Endpoint:
     """Whether the endpoint's /metrics told running/waiting the last time it was asked."""
     metrics_dead_until: float = 0.0
     seen: list[tuple[float, float]] = field(default_factory=list)
+    """The loop's last (running, waiting) samples of the endpoint's engine."""
     last_limit: float = 0.0
     grew_from: float | None = None
-    batch_max: float = 0.0
+    """The running batch (median) before the loop's last growth of the limit; None after a cut."""
+    flat: int = 0
+    """Growths in a row that did not raise the running batch (two: the batch is the engine's most)."""
+    peak: float = 0.0
+    """The highest running batch (median of a window) seen: the engine runs at least this many."""
+    found: float = 0.0
+    """The engine's batch as the loop found it (the running batch under a standing queue); 0: not yet."""
     keys: int = 0
     """Prefix keys this endpoint owns (prefix affinity)."""
     waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
     """Rows waiting for room here (their prefix key's owner)."""
-    """The loop's memory: the running batch before its last growth; the batch found full (0: not yet)."""
-    """The loop's last (running, waiting) samples of the endpoint's engine."""
 
 
 class EndpointPool:

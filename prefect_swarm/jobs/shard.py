@@ -40,7 +40,7 @@ from prefect_swarm.jobs.ledger import (
 )
 from prefect_swarm.jobs.metrics import ShardMetrics, metrics_address
 from prefect_swarm.jobs.output import check_dataset_output
-from prefect_swarm.jobs.runner import DEFAULT_CAPACITY, Item, Runner, RunnerConfig, prefix_key
+from prefect_swarm.jobs.runner import Item, Runner, RunnerConfig, prefix_key
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
 
@@ -161,8 +161,11 @@ class ShardRun:
             store=shard_store(spec, shard_id),
         )
         self.runner: Runner | None = None
-        self.tokens = [0, 0]
         self._progress_at = 0.0  # when the last progress file between checkpoints was queued
+        self.answers = [0, 0.0, 0, 0]
+        """Answers this run: count, latency sum (s), completion tokens sum, longest (tokens): a running
+        projection's tail (see :func:`~prefect_swarm.config.cost.job_projection`)."""
+        self.tokens = [0, 0]
         """Prompt and completion tokens this process's requests used (a token budget counts them)."""
         self.guard = spec.budget.guard(tokens=self._tokens, shares=self.nshards) if spec.budget is not None else None
         """The swarm's budget, held by this process (see :meth:`_hold_to_budget`)."""
@@ -306,7 +309,7 @@ class ShardRun:
         spec = self.spec
         cfg = RunnerConfig(
             concurrency=spec.concurrency,
-            replica_capacity=spec.replica_capacity or DEFAULT_CAPACITY,
+            replica_capacity=spec.replica_capacity,
             nshards=self.nshards,
             replicas_file=spec.replicas_file,
             max_retries=spec.max_retries,
@@ -354,6 +357,14 @@ class ShardRun:
     def _on_result(self, r: RowResult) -> None:
         self.tokens[0] += r.prompt_tokens
         self.tokens[1] += r.completion_tokens
+        if r.status == "ok" and r.latency_ms:
+            n, seconds, tokens, longest = self.answers
+            self.answers = [
+                n + 1,
+                seconds + r.latency_ms / 1000,
+                tokens + r.completion_tokens,
+                max(longest, r.completion_tokens),
+            ]
         self.ledger.add(r)
         self.metrics.observe(r)
         if self.reuse is not None:
@@ -396,9 +407,20 @@ class ShardRun:
             self.reuse.flush()
 
     def _count_requests(self) -> None:
-        """The progress file's counts of this run: requests sent, rows answered without one."""
+        """The progress file's counts of this run: requests sent (and in flight now: what a running
+        projection adds to the rows answered, see :func:`~prefect_swarm.config.cost.job_projection`),
+        the answers' mean latency and mean and longest length (the projection's tail), rows answered
+        without one."""
         if self.runner:
             self.ledger.requests = self.runner.requests
+            self.ledger.progress_extra["in_flight"] = self.runner.pool.inflight
+        n, seconds, tokens, longest = self.answers
+        if n:
+            self.ledger.progress_extra["answers"] = {
+                "latency_mean_s": round(seconds / n, 3),
+                "tokens_mean": round(tokens / n, 1),
+                "tokens_longest": longest,
+            }
         if self.reuse is not None:
             self.ledger.progress_extra.update(self.reuse.counts())
 

@@ -44,12 +44,13 @@ def auto_shards(cfg: SwarmConfig, rows: int | None = None) -> int:
 
 
 def size_for_swarm(spec: JobSpec, cfg: SwarmConfig) -> JobSpec:
-    """``spec`` with what the swarm decides filled in: the replicas' capacity, the swarm's replica list,
+    """``spec`` with what the swarm decides filled in: the replicas' capacity (None when the config does
+    not declare it: each job process then finds it from the replicas' /metrics), the swarm's replica list,
     and the shard count unless it was set (the input's row count is read only when more than one
     process is in question, through :func:`~prefect_swarm.jobs.dataset.open_input`: from the metadata
     kept with the job when it has a job folder, no footer read)."""
     update: dict[str, object] = {
-        "replica_capacity": cfg.engine.batch_capacity(),
+        "replica_capacity": cfg.engine.declared_capacity(),
         "replicas_file": str(SwarmPaths.of(cfg.name, cfg.run_dir).metrics_targets),
     }
     if "shards" not in spec.model_fields_set:

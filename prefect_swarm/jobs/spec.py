@@ -111,7 +111,8 @@ class JobSpec(BaseModel):
         default=None,
         ge=1,
         description="Requests one replica can batch (vLLM --max-num-seqs, SGLang --max-running-requests, a "
-        "command engine's engine.capacity); filled at submit from the swarm's config (default 256).",
+        "command engine's engine.capacity); filled at submit from the swarm's config. Null when the config does "
+        "not declare it: the job starts from 256 and finds each replica's batch from its /metrics.",
     )
     replicas_file: str | None = Field(
         default=None,

@@ -2,6 +2,7 @@
 
     python -m prefect_swarm.testing.gpu_sim --port 8000 [--max-num-seqs 256] [--step-ms 15]
         [--step-ms-per-seq 0.05] [--prefill-ms-per-token 0.02] [--answer-tokens 32] [--prefix-cache]
+        [--long-tail 0.05 --long-tail-x 8]
 
 It speaks the stub engine's HTTP (same routes, same OpenAI-shaped answers and 400s, same
 ``--api-key`` and ``--startup-delay-s``: :class:`~prefect_swarm.testing.stub_engine.StubProtocol`
@@ -18,6 +19,8 @@ control matters as it does on a GPU:
 - **Answer length**: ``answer_tokens`` (default 32), or a seeded draw uniform in ``answer_tokens ±
   answer_tokens_spread`` (a pure function of the request body and ``--seed``), never more than the
   request's ``max_tokens``; with ``ignore_eos: true`` in the request, exactly ``max_tokens``.
+  ``long_tail`` (a share, 0 by default) of the answers are ``long_tail_x`` times as long (the same
+  seeded draw decides which): a long tail of answer lengths, as free-form generation has.
 - **Prefix cache** (``--prefix-cache``, per replica): prompts are cut in blocks of ``block_size``
   tokens, each identified by the hash of everything up to it; the leading blocks already cached are
   not prefilled. LRU over ``prefix_cache_blocks`` blocks.
@@ -76,6 +79,8 @@ class SimOptions:
     prefill_ms_per_token: float = 0.02
     answer_tokens: int = 32
     answer_tokens_spread: int = 0
+    long_tail: float = 0.0
+    long_tail_x: float = 8.0
     prefix_cache: bool = False
     prefix_cache_blocks: int = 8192
     block_size: int = 16
@@ -201,10 +206,12 @@ def answer_tokens(req: dict[str, Any], body: bytes, opts: SimOptions) -> int:
     if req.get("ignore_eos") and isinstance(limit, int):
         return max(1, limit)
     n = opts.answer_tokens
-    if opts.answer_tokens_spread:
-        digest = hashlib.sha256(body + str(opts.seed).encode()).digest()
+    if opts.answer_tokens_spread or opts.long_tail:
+        draw = random.Random(hashlib.sha256(body + str(opts.seed).encode()).digest())
         spread = opts.answer_tokens_spread
-        n += random.Random(digest).randint(-spread, spread)
+        n += draw.randint(-spread, spread) if spread else 0
+        if draw.random() < opts.long_tail:
+            n = round(n * opts.long_tail_x)
     if isinstance(limit, int):
         n = min(n, limit)
     return max(1, n)
@@ -261,6 +268,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions, Si
     ap.add_argument("--prefill-ms-per-token", type=float, default=d.prefill_ms_per_token)
     ap.add_argument("--answer-tokens", type=int, default=d.answer_tokens)
     ap.add_argument("--answer-tokens-spread", type=int, default=d.answer_tokens_spread)
+    ap.add_argument("--long-tail", type=float, default=d.long_tail, help="share of answers long_tail_x as long")
+    ap.add_argument("--long-tail-x", type=float, default=d.long_tail_x)
     ap.add_argument("--prefix-cache", action="store_true", help="cache prompt prefixes (per replica)")
     ap.add_argument("--prefix-cache-blocks", type=int, default=d.prefix_cache_blocks)
     ap.add_argument("--block-size", type=int, default=d.block_size)
@@ -278,6 +287,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions, Si
         prefill_ms_per_token=a.prefill_ms_per_token,
         answer_tokens=a.answer_tokens,
         answer_tokens_spread=a.answer_tokens_spread,
+        long_tail=a.long_tail,
+        long_tail_x=a.long_tail_x,
         prefix_cache=a.prefix_cache,
         prefix_cache_blocks=a.prefix_cache_blocks,
         block_size=a.block_size,

@@ -125,6 +125,36 @@ def test_job_projection_reads_progress_and_the_recorded_swarm_config() -> None:
     assert not job_projection({**progress, "shards": [{"state": "running", "started_at": t0}]}, swarm)["ready"]
 
 
+def test_a_running_projection_counts_the_requests_in_flight() -> None:
+    """A shard keeps 200 requests in flight, answered 2 s after they are sent, at 100 rows/s: at 10 s it
+    has answered 800 rows. The rows alone say 80 rows/s (the 2 s before the first answer counted); the
+    rows and those in flight say 100, and the projection of 6,000 rows is the job's 62 s."""
+    t0 = 1_000_000.0
+    shard = {"state": "running", "started_at": t0, "updated_at": t0 + 10, "rows_this_run": 800, "in_flight": 200}
+    progress = {"done": 800, "total": 6_000, "rate_rows_s": 80.0, "shards": [shard]}
+    p = job_projection(progress, None)
+    assert p["rate_rows_s"] == 100 and p["wall_s"] == pytest.approx(62, abs=0.1)
+    older = {k: v for k, v in shard.items() if k != "in_flight"}  # a progress file without it: as before
+    assert job_projection({**progress, "shards": [older]}, None)["rate_rows_s"] == 80
+
+
+def test_a_running_projection_adds_the_tail_of_the_longest_answers() -> None:
+    """Answers of 43 tokens on average take 1.3 s; the longest seen has 256 tokens (a long tail of
+    lengths): the last rows in flight end with it, 1.3 x (256 / 43 - 1) = 6.4 s after the rate says;
+    the projection adds it while rows are left. Even lengths add nothing."""
+    t0 = 1_000_000.0
+    shard = {"state": "running", "started_at": t0, "updated_at": t0 + 10, "rows_this_run": 800, "in_flight": 200}
+    bare = {"done": 800, "total": 6_000, "rate_rows_s": 80.0, "shards": [shard]}
+    answers = {"latency_mean_s": 1.3, "tokens_mean": 43.0, "tokens_longest": 256}
+    tailed = {**bare, "shards": [{**shard, "answers": answers}]}
+    even = {**bare, "shards": [{**shard, "answers": {**answers, "tokens_mean": 32.0, "tokens_longest": 32}}]}
+    base = job_projection(bare, None)["wall_s"]
+    assert job_projection(tailed, None)["wall_s"] == pytest.approx(base + 1.3 * (256 / 43 - 1), abs=0.1)
+    assert job_projection(even, None)["wall_s"] == base
+    assert job_projection(tailed, None)["rate_rows_s"] == 100  # the rate shown is the rate
+    assert projection(done=10, total=10, rate_rows_s=5, elapsed_s=9, gpus=0, cost=CostConfig(), tail_s=7)["wall_s"] == 9
+
+
 def test_pilot_input_is_the_first_k_rows_of_the_same_kind(tmp_path: Path) -> None:
     from prefect_swarm.jobs.dataset import InputDataset
     from prefect_swarm.jobs.pilot import pilot_input
@@ -216,13 +246,17 @@ def test_validate_estimate_sends_k_requests_writes_no_output_and_projects(tmp_pa
         est = json.loads(res.stdout)["estimate"]
         assert est["pilot_rows"] == k and est["pilot_failed"] == 0 and est["pilot_requests"] == k
         assert est["measured_replicas"] == 1 and est["projected_replicas"] == 4
-        assert est["rows_s_per_replica"] == est["pilot_rate_rows_s"] and est["tokens_per_row"] > 0
+        assert est["rows_s_per_replica"] == est["steady_rate_rows_s"] and est["tokens_per_row"] > 0
+        assert est["steady_rate_rows_s"] >= est["pilot_rate_rows_s"] > 0  # the ramp and tail left out
+        assert 0 < est["start_and_tail_s"] < est["pilot_seconds"] + 5
         p = est["projection"]
         assert p["ready"] and p["rows_total"] == n and p["rows_done"] == 0
-        assert p["rate_rows_s"] == pytest.approx(est["pilot_rate_rows_s"] * 4, rel=0.01)  # 4 replicas / 1
-        assert p["wall_s"] == pytest.approx(n / p["rate_rows_s"], rel=0.01)
+        assert p["rate_rows_s"] == pytest.approx(est["steady_rate_rows_s"] * 4, rel=0.01)  # 4 replicas / 1
+        # the start and tail once, then every row at the steady rate
+        assert p["wall_s"] == pytest.approx(est["start_and_tail_s"] + n / p["rate_rows_s"], abs=0.2)
         assert any("projected for 4" in note for note in est["notes"])
-        assert any("lower bound" in note for note in est["notes"])  # 120 rows cannot fill 256 + 16 in flight
+        assert any("is under" in note for note in est["notes"])  # 120 rows cannot fill 256 + 16 in flight
+        assert est["pilot_rows_needed"] >= 3 * 272 and est["longest_answer_s"] > 0
 
         table = _cli("validate", "-c", str(path), "--estimate", "30", *args)
         assert table.exit_code == 0, table.output
@@ -235,3 +269,54 @@ def test_validate_estimate_sends_k_requests_writes_no_output_and_projects(tmp_pa
         "in.parquet",
         "pilot.yaml",
     ]
+
+
+def test_the_pilot_measures_its_steady_rate_apart_from_its_start_and_tail() -> None:
+    """Two shards whose answers come in whole batches (a staircase: 128 rows a second each, after 3 s of
+    start and first answers, the last batch 4 s late: a long answer): the steady rate is 256 rows/s,
+    the rest is start and tail, and the projection of 100,000 rows is both once plus the rows at that rate."""
+    from prefect_swarm.jobs.pilot import estimate, steady_rate, timeline
+
+    t0, rows = 1000.0, 2560
+    writes: dict[int, list[Any]] = {i: [(t0 + 3 + s + 0.01 * i, 128 * (s + 1), None) for s in range(9)] for i in (0, 1)}
+    for i in (0, 1):
+        writes[i].append((t0 + 3 + 8 + 4 + 0.01 * i, 1280, None))
+    line = timeline(writes)
+    assert line[-1] == (t0 + 15.01, rows, None) and len(line) == 20
+    assert steady_rate(line, rows) == pytest.approx(256, rel=0.01)
+    shards = [{"started_at": t0 + 0.5, "updated_at": writes[i][-1][0], "requests": 1280} for i in (0, 1)]
+    progress = {"shards": shards, "done": rows, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    cfg = SwarmConfig.model_validate(stub_swarm_config("p", replicas=1))
+    est = estimate(progress, 100_000, cfg, cfg, 2, line, launched_at=t0, latencies_s=[1.0] * 2000 + [8.0] * 100)
+    assert est["steady_rate_rows_s"] == pytest.approx(256, rel=0.01)
+    assert est["start_and_tail_s"] == pytest.approx(15.01 - rows / 256, rel=0.02)
+    assert est["projection"]["wall_s"] == pytest.approx(est["start_and_tail_s"] + 100_000 / 256, rel=0.01)
+    assert est["pilot_rate_rows_s"] < 200  # the whole pilot's rate would have projected 30 % long
+    # the pilot it needs: 3 x its longest answer (8 s) at 256 rows/s, more than 3 x the 272 in flight
+    assert est["pilot_rows_needed"] == 3 * 256 * 8 and any("--estimate 6144" in n for n in est["notes"])
+
+
+def test_a_burst_of_checkpoints_counts_once() -> None:
+    """Whole batches answered at once (256 rows every second, the pilot checkpointing every 25 rows): the
+    checkpoints of one burst come within milliseconds, at 25, 50, ... 256 rows; the rate is measured
+    from the end of one burst to the end of another: 256 rows/s, not what the first write past 20 %
+    and the first past 80 % would say (a burst's first checkpoint dates its rows too early)."""
+    from prefect_swarm.jobs.pilot import steady_rate, timeline
+
+    writes = [
+        (1000.0 + b + 0.002 * j, min(256 * b + 25 * (j + 1), 256 * (b + 1)), None) for b in range(4) for j in range(11)
+    ]
+    line = timeline({0: writes})
+    assert steady_rate(line, 1024) == pytest.approx(256, rel=0.01)
+
+
+def test_the_steady_rate_by_littles_law() -> None:
+    """With the shards' requests in flight and the answers' latencies: in flight over the mean latency,
+    whenever the checkpoints were written (late writes of a burst, a writer thread lagging) and
+    whatever the lengths (5 % of the answers 8 x as long): 272 in flight, 1.35 s on average: 201 rows/s."""
+    from prefect_swarm.jobs.pilot import steady_rate, timeline
+
+    late = [(1000.0 + 0.5 * n + (0.3 if n % 3 else 0), 100 * n, 272) for n in range(1, 11)]
+    lengths = [1.0] * 95 + [8.0] * 5
+    assert steady_rate(timeline({0: late}), 1000, lengths) == pytest.approx(272 / 1.35, rel=0.001)
+    assert steady_rate(timeline({0: late, 1: [(1001.0, 50, None)]}), 1050, lengths) is not None  # the slope

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -10,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 from local_kit import stub_config
+from services import wait_until
 
 from prefect_swarm.backends.local.compute import LocalCompute
 from prefect_swarm.exceptions import StateError
@@ -100,3 +104,43 @@ def test_bad_shard_arguments(compute: LocalCompute) -> None:
         compute.submit(JobRequest(name="x", command=["true"], nshards=2, shard_id=2))
     with pytest.raises(ValueError):
         compute.submit(JobRequest(name="x", command=[]))
+
+
+def test_shards_on_one_core_start_one_after_another(compute: LocalCompute) -> None:
+    """With one core for the submit, shard i starts once shard i - 1 has written its first line (its
+    modules loaded): a shard that takes 0.5 s to get there delays the next by as much."""
+    code = "import time; time.sleep(0.5); print('up', time.time(), flush=True)"
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(mask)})
+    try:
+        job = compute.submit(JobRequest(name="stagger", command=[sys.executable, "-c", code], nshards=3))
+    finally:
+        os.sched_setaffinity(0, mask)
+    assert compute.wait(job, poll_s=0.1) is JobStatus.SUCCEEDED
+    up = [float(compute._paths(job).log(i).read_text().split()[1]) for i in range(3)]
+    assert up[1] - up[0] >= 0.45 and up[2] - up[1] >= 0.45, up
+
+
+def test_a_signal_before_the_start_ends_the_wrapper_without_starting(tmp_path: Path) -> None:
+    """The wrapper waiting for an earlier shard's log is signalled (a cancel): it exits 75 (run it again)
+    and records it; the command never ran."""
+    marker, before, out = tmp_path / "ran", tmp_path / "earlier.log", tmp_path / "exit.json"
+    before.touch()
+    argv = [sys.executable, "-m", "prefect_swarm.sidecar.exitcode", "--out", str(out), "--after", str(before)]
+    argv += ["--after-s", "60", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    wrapper = subprocess.Popen(argv)
+    try:
+
+        def catches_term() -> bool:  # its handler is in place: the wait has begun
+            status = Path(f"/proc/{wrapper.pid}/status").read_text()
+            caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+            return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+        assert wait_until(catches_term, 30.0)
+        wrapper.send_signal(signal.SIGTERM)
+        assert wrapper.wait(30) == 75
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+    assert json.loads(out.read_text())["exit_code"] == 75
+    assert not marker.exists()
