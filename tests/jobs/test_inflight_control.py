@@ -145,7 +145,7 @@ def test_loop_finds_a_batch_it_is_not_told(sim, hidden: int) -> None:
     stays short and the running batch keeps rising."""
     engine = sim(max_num_seqs=hidden, step_ms=40, step_ms_per_seq=0.02, answer_tokens=64, answer_tokens_spread=16)
     with Drive([engine.url], 1_000_000) as drive:
-        assert wait_until(lambda: drive.runner.control is not None, 30.0)
+        wait_until("the runner's control loop", lambda: drive.runner.control, timeout_s=30)
         ep, filled = drive.runner.pool.endpoints[0], []
 
         def full_with_a_short_queue() -> bool:
@@ -158,10 +158,9 @@ def test_loop_finds_a_batch_it_is_not_told(sim, hidden: int) -> None:
 
         # quiet: ~5 s (a growth of half the limit every 3 control steps; below 256, the first answers
         # drain the queue of what was sent at the start); a loaded machine samples later
-        reached = wait_until(full_with_a_short_queue, 60.0)
+        wait_until(f"a batch of {hidden} full with a short queue", full_with_a_short_queue, timeout_s=60)
         seen = load_samples(engine.url, 2.0, every=0.1)  # and it stays so
         margin = drive.runner.control.margin_of(ep)
-    assert reached, filled[-3:]
     assert sorted(r for r, _ in seen)[len(seen) // 2] >= 0.95 * hidden, seen
     assert sorted(w for _, w in seen)[len(seen) // 2] <= 3 * margin, (seen, margin)
     assert ep.limit <= 1.5 * (hidden + margin), ep.limit  # found: no growth without end

@@ -13,12 +13,12 @@ from pathlib import Path
 import psutil
 import pytest
 from local_kit import stub_config
-from services import wait_until
 
 from prefect_swarm.backends.local.compute import LocalCompute
 from prefect_swarm.exceptions import StateError
 from prefect_swarm.interfaces import ComputeBackend, JobHandle, JobRequest, JobStatus, ServingHandle
 from prefect_swarm.paths import SwarmPaths
+from prefect_swarm.testing.waiting import wait_until
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ def test_a_signal_before_the_start_ends_the_wrapper_without_starting(tmp_path: P
             caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
             return bool(caught & (1 << (signal.SIGTERM - 1)))
 
-        assert wait_until(catches_term, 30.0)
+        wait_until("the wrapper's TERM handler in place", catches_term, timeout_s=30)
         wrapper.send_signal(signal.SIGTERM)
         assert wrapper.wait(30) == 75
     finally:
