@@ -34,6 +34,7 @@ the cost report all give it. A rerun with a larger cap resumes from the checkpoi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -152,14 +153,19 @@ class SwarmBudget(StrictModel):
 class Admission(Protocol):
     """The budget's seam in the runner: asked before every request is sent, told what its answer cost.
 
-    Duties: :meth:`reserve` never blocks on the network (a file lock at most); once it has refused, it
-    refuses every later request (``reached`` says why); :meth:`close` settles what is still reserved as spent."""
+    Duties: :meth:`reserve` never waits on the network (a file lock at most; it may wait for this
+    process's own requests in flight to settle); once it has refused, it refuses every later request
+    (``reached`` says why); :meth:`close` settles what is still reserved as spent."""
 
     reached: str | None
     """Why a request was refused (the cap and the spend), None while requests are admitted."""
 
-    def reserve(self, body: bytes) -> float | None:
+    async def reserve(self, body: bytes) -> float | None:
         """Reserve the worst-case cost of a request with this ``body``; None: refused (it is not sent)."""
+        ...
+
+    def release(self, reserved: float) -> None:
+        """A reservation whose request was not sent after all (the runner stopped meanwhile)."""
         ...
 
     def settle(self, reserved: float, status: int, answer: bytes) -> None:
@@ -295,27 +301,43 @@ class TokenPurse:
         self.out = 0.0
         """Reservations of requests in flight."""
         self.reached: str | None = None
+        self._answered = asyncio.Event()
 
-    def reserve(self, body: bytes) -> float | None:
-        """See :meth:`Admission.reserve`."""
-        if self.reached is not None:
-            return None
+    async def reserve(self, body: bytes) -> float | None:
+        """See :meth:`Admission.reserve`: without room, wait while this process's own requests in flight
+        may give some back (their answers usually cost less than reserved); refused once none is left."""
         need = worst_case_usd(self.cost, body)
-        if self.settled + self.out + need > self.held + 1e-12:
-            self.held = self.account.exchange(self.holder, self.settled, self.out, need, self.cap)
-            self.settled = 0.0
-            if self.out + need > self.held + 1e-12:
+        while self.reached is None and not self._fits(need):
+            if self.out <= 0:
                 spent = self.account.spent()
                 self.reached = (
                     f"swarm '{self.budget.swarm}': {BUDGET_REACHED}: ${spent:.4g} spent or reserved of "
                     f"${self.cap:g} (max_cost_usd); the next request could cost ${need:.4g}: not sent"
                 )
-                return None
+                break
+            self._answered.clear()
+            await self._answered.wait()
+        if self.reached is not None:
+            return None
         self.out += need
         return need
 
+    def _fits(self, need: float) -> bool:
+        """Whether ``need`` more fits the grant held, after a top-up from the account when it does not."""
+        if self.settled + self.out + need <= self.held + 1e-12:
+            return True
+        self.held = self.account.exchange(self.holder, self.settled, self.out, need, self.cap)
+        self.settled = 0.0
+        return self.out + need <= self.held + 1e-12
+
+    def release(self, reserved: float) -> None:
+        """See :meth:`Admission.release`."""
+        self.out -= reserved
+        self._answered.set()
+
     def settle(self, reserved: float, status: int, answer: bytes) -> None:
         """See :meth:`Admission.settle`."""
+        self._answered.set()
         self.out -= reserved
         if status == 200:
             cost = answer_usd(self.cost, answer)
@@ -351,7 +373,7 @@ class GpuClock:
             return float("-inf")
         return float("inf") if not budget.gpus else budget.at + left_h * 3600 / budget.gpus - self.ahead_s
 
-    def reserve(self, body: bytes) -> float | None:
+    async def reserve(self, body: bytes) -> float | None:
         """See :meth:`Admission.reserve` (reserves no money: the swarm's clock runs whatever is sent)."""
         if self.reached is None and time.time() < self.deadline:
             return 0.0
@@ -363,6 +385,9 @@ class GpuClock:
                 f"check ({self.ahead_s:g}s ahead): no request sent past it"
             )
         return None
+
+    def release(self, reserved: float) -> None:
+        """Nothing reserved."""
 
     def settle(self, reserved: float, status: int, answer: bytes) -> None:
         """Nothing to settle: GPU time is the swarm's clock."""

@@ -734,9 +734,12 @@ class Runner:
         estimate = await self.rate.acquire(item.body, self.stop) if self.rate is not None else 0
         reserved = None
         if estimate is not None and not self.stopped:
-            reserved = self.admission.reserve(item.body) if self.admission is not None else 0.0
+            reserved = await self.admission.reserve(item.body) if self.admission is not None else 0.0
             if reserved is None and self.admission is not None:
                 self.request_stop(self.admission.reached)
+            elif self.stopped and self.admission is not None:  # stopped while it waited for room
+                self.admission.release(reserved or 0.0)
+                reserved = None
         if estimate is None or reserved is None:
             self.pool.release(ep)
             if self.limit is not None:
