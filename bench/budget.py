@@ -44,7 +44,7 @@ def cli(home: Path, *args: str, wait: bool = True) -> Any:
     env = {**os.environ, "PREFECT_SWARM_HOME": str(home), "PREFECT_API_URL": "", KEY_ENV: KEY, "COLUMNS": "200"}
     argv = [sys.executable, "-m", "prefect_swarm.cli.main", *args]
     if not wait:
-        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -300,6 +300,8 @@ class TokenPurse:
         """Spend settled here since the last exchange (not yet in the account's ``spent_usd``)."""
         self.out = 0.0
         """Reservations of requests in flight."""
+        self.inflight = 0
+        """Requests in flight (a count: a sum of floats drifts from 0)."""
         self.reached: str | None = None
         self._answered = asyncio.Event()
 
@@ -308,7 +310,7 @@ class TokenPurse:
         may give some back (their answers usually cost less than reserved); refused once none is left."""
         need = worst_case_usd(self.cost, body)
         while self.reached is None and not self._fits(need):
-            if self.out <= 0:
+            if not self.inflight:
                 spent = self.account.spent()
                 self.reached = (
                     f"swarm '{self.budget.swarm}': {BUDGET_REACHED}: ${spent:.4g} spent or reserved of "
@@ -320,6 +322,7 @@ class TokenPurse:
         if self.reached is not None:
             return None
         self.out += need
+        self.inflight += 1
         return need
 
     def _fits(self, need: float) -> bool:
@@ -332,18 +335,22 @@ class TokenPurse:
 
     def release(self, reserved: float) -> None:
         """See :meth:`Admission.release`."""
-        self.out -= reserved
-        self._answered.set()
+        self._done(reserved)
 
     def settle(self, reserved: float, status: int, answer: bytes) -> None:
         """See :meth:`Admission.settle`."""
-        self._answered.set()
-        self.out -= reserved
+        self._done(reserved)
         if status == 200:
             cost = answer_usd(self.cost, answer)
             self.settled += reserved if cost is None else cost
         elif not status:
             self.settled += reserved
+
+    def _done(self, reserved: float) -> None:
+        """A reservation is no longer in flight: wake the requests waiting for room."""
+        self.inflight -= 1
+        self.out = self.out - reserved if self.inflight else 0.0
+        self._answered.set()
 
     def close(self) -> None:
         """See :meth:`Admission.close`."""

@@ -101,6 +101,39 @@ def test_an_answer_replaces_its_reservation_and_no_answer_keeps_it(tmp_path: Pat
     )
 
 
+def test_a_reservation_without_room_waits_for_the_answers_in_flight_and_is_refused_once_none_is(
+    tmp_path: Path,
+) -> None:
+    """Two requests in flight fill the cap; a third waits for them (their answers cost less than their
+    worst case) instead of stopping the job. Once nothing is in flight and still no room: refused, at
+    once, however the sums of the settled floats round."""
+
+    async def scenario() -> tuple[float | None, float | None, str | None]:
+        body = _body(0)
+        worst = worst_case_usd(CostConfig(**PRICES), body)
+        purse = TokenPurse(_budget(tmp_path, worst * 2.5), "j/0/h:1")
+        a, b = await purse.reserve(body), await purse.reserve(body)
+        third = asyncio.ensure_future(purse.reserve(body))
+        await asyncio.sleep(0.05)
+        assert not third.done()  # no room: it waits, it is not refused while answers may give room back
+        cheap = json.dumps({"usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
+        purse.settle(a or 0, 200, cheap)
+        admitted = await asyncio.wait_for(third, 1)
+        purse.settle(b or 0, 200, cheap)
+        purse.settle(admitted or 0, 0, b"")  # no answer: kept whole
+        for _ in range(40):  # many small settles: the sum of floats in flight drifts, the count does not
+            r = await purse.reserve(_body(1, max_tokens=1))
+            if r is None:
+                break
+            purse.settle(r, 200, cheap)
+        refused = await asyncio.wait_for(purse.reserve(_body(2, max_tokens=4000)), 1)
+        return admitted, refused, purse.reached
+
+    admitted, refused, reached = asyncio.run(scenario())
+    assert admitted is not None and refused is None
+    assert "budget reached" in (reached or ""), reached
+
+
 def test_a_reservation_is_never_below_what_the_engine_bills() -> None:
     """The worst case covers the stub engine's usage, with and without max_tokens, with n."""
     cost = CostConfig(**PRICES)
