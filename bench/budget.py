@@ -152,7 +152,7 @@ def _gpu_case(backend: str, case: str, cap_gpu_s: float, work: Path) -> float:
     assert up.returncode == 0, up.stderr
     replicas = json.loads(up.stdout)["status"]["replicas"]
     watch = Held([int(r["external_id"]) for r in replicas], 1) if backend == "local" else None
-    src = dataset(work / "in.parquet", 2_000_000)
+    src = dataset(work / "in.parquet", 200_000)
     job = ["job", "submit", "-n", name, "--input", str(src), "--output", str(work / "out.parquet"), "--id-column", "id"]
     job += ["--concurrency", "4"]
     if case == "job waited on":
