@@ -435,11 +435,22 @@ def stopped_by_budget(progress: dict[str, Any]) -> str | None:
     return None
 
 
-def report(budget: SwarmBudget | None, gpu_hours: float | None = None) -> dict[str, Any] | None:
-    """The budget part of a cost report and of `job status`: the caps, the spend now (a token account's
-    settled spend and what is still reserved; else the swarm's GPU-hours), the share of the tightest cap."""
+def job_view(budget: SwarmBudget | None, progress: dict[str, Any]) -> dict[str, Any] | None:
+    """The budget part of a job's cost report (`job status`): the caps, the swarm's spend (its token
+    account now: settled, and still reserved; else its GPU-hours as of the shards' last progress), the
+    share of the tightest cap, the job's rows left, and the stop message of a shard that stopped itself
+    at the cap; None without a budget."""
     if budget is None:
         return None
+    latest = max((float(s.get("updated_at") or 0) for s in progress.get("shards") or []), default=0.0)
+    view = report(budget, None if budget.account else budget.used(latest or None))
+    left = max(int(progress.get("total") or 0) - int(progress.get("done") or 0), 0)
+    return {**view, "rows_left": left, "stopped": stopped_by_budget(progress)}
+
+
+def report(budget: SwarmBudget, gpu_hours: float | None = None) -> dict[str, Any]:
+    """The caps, the spend now (a token account's settled spend and what is still reserved; else the
+    swarm's ``gpu_hours``), the share of the tightest cap and its text."""
     cost = budget.cost
     out: dict[str, Any] = {"max_cost_usd": cost.max_cost_usd, "max_gpu_hours": cost.max_gpu_hours}
     if budget.account is not None:
@@ -466,6 +477,7 @@ __all__ = [
     "answer_usd",
     "final_word",
     "holder_name",
+    "job_view",
     "report",
     "stopped_by_budget",
     "worst_case_usd",

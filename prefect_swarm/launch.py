@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.budget import Account, BudgetGuard, SwarmBudget, final_word, report, stopped_by_budget
+from prefect_swarm.budget import Account, BudgetGuard, SwarmBudget, final_word, job_view, stopped_by_budget
 from prefect_swarm.config.cost import job_cost, job_projection, recorded_cost
 from prefect_swarm.exceptions import BudgetReached, CapacityError, ConfigError, DatasetError, JobError, ShardStopped
 from prefect_swarm.interfaces import ComputeBackend, JobEnv, JobHandle, JobProbe, JobRequest, JobStatus
@@ -609,19 +609,6 @@ def budget_reached(swarm: Swarm, spec: JobSpec) -> BudgetReached:
     return BudgetReached(word)
 
 
-def budget_view(spec: JobSpec, progress: dict[str, Any]) -> dict[str, Any] | None:
-    """The budget part of the job's cost report (`job status`): the caps, the swarm's spend (its token
-    account now; else its GPU-hours as of the shards' last progress), the job's rows left, and the stop
-    message of a shard that stopped itself at the cap; None without a budget."""
-    budget = spec.budget
-    latest = max((float(s.get("updated_at") or 0) for s in progress.get("shards") or []), default=0.0)
-    view = report(budget, budget.used(latest or None) if budget is not None and not budget.account else None)
-    if view is not None:
-        left = max(int(progress.get("total") or 0) - int(progress.get("done") or 0), 0)
-        view.update(rows_left=left, stopped=stopped_by_budget(progress))
-    return view
-
-
 def _refuse_if_stopped_at_budget(swarm: Swarm) -> None:
     """BudgetReached (nothing is submitted) when the swarm's sidecar stopped it at its budget: its
     ``status`` is STOPPED with the reason (a swarm brought up again has its budget counted afresh)."""
@@ -842,6 +829,7 @@ def job_status(
     failures = shard_failures(spec, probes, subs) if status is JobStatus.FAILED and not committed else []
     store.update_job(job_id, status=status, progress={k: v for k, v in progress.items() if k != "shards"})
     swarm_rec = store.get_swarm(rec.swarm) if rec.swarm else None
+    recorded = swarm_rec.config if swarm_rec else None
     return {
         **base,
         "status": status.value,
@@ -853,10 +841,8 @@ def job_status(
         "progress": progress,
         "manifest": manifest if committed else None,
         "failures": failures,
-        "cost": {**job_cost(progress, swarm_rec.config if swarm_rec else None), "budget": budget_view(spec, progress)},
-        "projection": job_projection(progress, swarm_rec.config if swarm_rec else None)
-        if status is JobStatus.RUNNING
-        else None,
+        "cost": {**job_cost(progress, recorded), "budget": job_view(spec.budget, progress)},
+        "projection": job_projection(progress, recorded) if status is JobStatus.RUNNING else None,
         "verdict": {**asdict(verdict), "failed_fraction": verdict.failed_fraction, "message": verdict.message()}
         if verdict
         else None,
