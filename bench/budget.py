@@ -1,13 +1,14 @@
 """What a capped swarm spends: token-priced caps (never passed) and GPU-hour caps (passed by the time
 from the cap to the swarm's stop), measured the way the provider or the scheduler bills it.
 
-    python bench/budget.py tokens [--rows 400] [--cap 0.5] [--max-tokens 0]
+    python bench/budget.py tokens [--backend external|local|slurm] [--rows 400] [--cap 0.5] [--max-tokens 0]
     python bench/budget.py gpu --backend local|slurm [--cap-gpu-s 24] [--repeat 1]
 
-``tokens``: an external swarm in front of the stub engine (the issue's case: 100 / 400 $ per 1M prompt /
-completion tokens, 600 requests a minute, ``max_cost_usd`` CAP, ROWS rows); one job, two jobs at once, a
-detached job, each on a swarm brought up afresh (a fresh account). The bill is the tokens the stub served,
-at the prices: it must stay at or under the cap. ``--max-tokens N`` sets the job's ``max_tokens`` (each
+``tokens``: a swarm priced per token (the issue's case: 100 / 400 $ per 1M prompt / completion tokens, 600
+requests a minute, ``max_cost_usd`` CAP, ROWS rows): an external swarm in front of the stub engine, or a
+local or Slurm swarm of 2 stub replicas with the same prices; one job, two jobs at once, a detached job,
+each on a swarm brought up afresh (a fresh account). The bill is the tokens the stub engines served (their
+/stats), at the prices: it must stay at or under the cap. ``--max-tokens N`` sets the job's ``max_tokens`` (each
 request is then reserved at N completion tokens, not the default 256: the job stops nearer the cap).
 
 ``gpu``: a swarm of 2 stub replicas holding 1 GPU each, ``max_gpu_hours`` = CAP_GPU_S GPU-seconds; three
@@ -21,6 +22,7 @@ GPUs of the swarm's jobs (what the cluster bills).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -49,46 +51,89 @@ def cli(home: Path, *args: str, wait: bool = True) -> Any:
 
 
 # ------------------------------------------------------------------------------------------- tokens
-def tokens(rows: int, cap: float, max_tokens: int) -> None:
-    import yaml
+def tokens(rows: int, cap: float, max_tokens: int, backend: str) -> None:
     from external_kit import dataset
 
     from prefect_swarm.testing import free_port
     from prefect_swarm.testing.stub_engine import StubEngine
 
     kwargs = ["--job-kwargs", json.dumps({"sampling": {"max_tokens": max_tokens}})] if max_tokens else []
-    print(f"token cap ${cap} on an external swarm, {rows} rows, 600 requests/min, max_tokens {max_tokens or 'unset'}")
+    print(f"token cap ${cap} on a {backend} swarm, {rows} rows, 600 requests/min, max_tokens {max_tokens or 'unset'}")
     print(f"{'case':<22} {'requests':>8} {'bill at exit':>13} {'of the cap':>10}")
     with tempfile.TemporaryDirectory() as tmp, StubEngine(free_port(), api_key=KEY, model="tiny") as stub:
         work = Path(tmp)
-        cfg = {
-            "name": "ext",
-            "model": "tiny",
-            "backend": {"type": "external", "url": stub.url + "/v1", "api_key_env": KEY_ENV},
-        }
-        cfg["backend"].update(requests_per_minute=600, cost={**PRICES, "max_cost_usd": cap})
-        config = work / "ext.yaml"
-        config.write_text(yaml.safe_dump(cfg))
+        spec = work / "limits.json"
+        spec.write_text(json.dumps({"requests_per_minute": 600}))
         for case, jobs, detach in (("one job", 1, False), ("two jobs at once", 2, False), ("detached job", 1, True)):
             home = work / case.replace(" ", "-")
+            config, name, stats = _token_swarm(backend, stub, cap, work / case.replace(" ", "-"))
             assert cli(home, "up", "-c", str(config)).returncode == 0
-            since = stub.stats()
+            since = stats()
             procs = []
             for j in range(jobs):
                 src = dataset(work / f"{case}-{j}.parquet".replace(" ", "-"), rows)
                 out = str(src).replace(".parquet", "-out.parquet")
-                args = ["job", "submit", "-n", "ext", "--input", str(src), "--output", out, "--id-column", "id"]
-                procs.append(cli(home, *args, *kwargs, *(["--detach"] if detach else []), wait=False))
+                args = ["job", "submit", "-n", name, "--input", str(src), "--output", out, "--id-column", "id"]
+                args += ["--spec", str(spec), *kwargs, *(["--detach"] if detach else [])]
+                procs.append(cli(home, *args, wait=False))
             said = [p.communicate()[0] for p in procs]
             if detach:
                 _wait_detached(home, said[0].strip())
-            now = stub.stats()
+            now = stats()
             pt = now["prompt_tokens"] - since.get("prompt_tokens", 0)
             ct = now["generation_tokens"] - since.get("generation_tokens", 0)
             bill = (PRICES["input_usd_per_million"] * pt + PRICES["output_usd_per_million"] * ct) / 1e6
             sent = now["requests"] - since.get("requests", 0)
             print(f"{case:<22} {sent:>8} {'$' + format(bill, '.4f'):>13} {bill / cap:>9.1%}")
-            cli(home, "down", "ext", "-y", "--force")
+            cli(home, "down", name, "-y", "--force")
+
+
+def _token_swarm(backend: str, stub: Any, cap: float, work: Path) -> tuple[Path, str, Any]:
+    """A swarm config priced per token with cap ``cap`` and a reader of its engines' summed /stats."""
+    import yaml
+
+    work.mkdir(parents=True, exist_ok=True)
+    cost = {**PRICES, "max_cost_usd": cap}
+    if backend == "external":
+        backend_cfg = {"type": "external", "url": stub.url + "/v1", "api_key_env": KEY_ENV, "cost": cost}
+        data: dict[str, Any] = {"name": "ext", "model": "tiny", "backend": {**backend_cfg, "requests_per_minute": 600}}
+        stats = stub.stats
+    else:
+        data = _swarm_config(backend, f"tok-{os.getpid()}", cost, work)
+
+        stats = _Sampler([int(data["port"]) + i for i in range(int(data["replicas"]))]).last
+
+    config = work / "swarm.yaml"
+    config.write_text(yaml.safe_dump(data))
+    return config, str(data["name"]), stats
+
+
+class _Sampler:
+    """The summed /stats of a swarm's stub replicas, read every 50 ms: the swarm goes down with its
+    replicas when a waited-on job stops at the cap, so the last reading is kept (taken after the job's
+    processes exited, before the replicas were stopped)."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports, self.found = ports, {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        self.per_port: dict[int, dict[str, int]] = {}
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        import httpx
+
+        while True:
+            for port in self.ports:
+                with contextlib.suppress(httpx.HTTPError):  # not up yet, or stopped: its last reading stands
+                    self.per_port[port] = httpx.get(f"http://127.0.0.1:{port}/stats", timeout=2).json()
+            time.sleep(0.05)
+
+    def last(self) -> dict[str, int]:
+        time.sleep(0.2)
+        out: dict[str, int] = {}
+        for one in list(self.per_port.values()):
+            for k, v in one.items():
+                out[k] = out.get(k, 0) + int(v)
+        return out
 
 
 def _wait_detached(home: Path, job_id: str) -> None:
@@ -146,7 +191,7 @@ def _gpu_case(backend: str, case: str, cap_gpu_s: float, work: Path) -> float:
     from _common import dataset
 
     config, name = work / "swarm.yaml", f"cap-{os.getpid()}"
-    config.write_text(yaml.safe_dump(_gpu_config(backend, name, cap_gpu_s / 3600, work)))
+    config.write_text(yaml.safe_dump(_swarm_config(backend, name, {"max_gpu_hours": cap_gpu_s / 3600}, work)))
     home = work / "home"
     up = cli(home, "up", "-c", str(config), "--keep", "-o", "json")
     assert up.returncode == 0, up.stderr
@@ -167,18 +212,18 @@ def _gpu_case(backend: str, case: str, cap_gpu_s: float, work: Path) -> float:
         cli(home, "down", name, "-y", "--force")
 
 
-def _gpu_config(backend: str, name: str, cap_h: float, work: Path) -> dict[str, Any]:
+def _swarm_config(backend: str, name: str, cost: dict[str, Any], work: Path) -> dict[str, Any]:
+    """2 stub replicas x 1 GPU on ``backend`` (local or Slurm) with ``cost``."""
     from prefect_swarm.testing.stub_engine import stub_swarm_config
 
     if backend == "local":
-        data = stub_swarm_config(name, replicas=2, latency_ms=20, backend={"cost": {"max_gpu_hours": cap_h}})
+        data = stub_swarm_config(name, replicas=2, latency_ms=20, backend={"cost": cost})
         data["gpus_per_replica"] = 1
         return data
     sys.path.insert(0, str(ROOT / "tests" / "slurm"))
     from _slurmkit import stub_config
 
-    cfg = stub_config(name, replicas=2, backend={"cost": {"max_gpu_hours": cap_h}, "run_dir": str(work / "run")})
-    return cfg.redacted()
+    return stub_config(name, replicas=2, backend={"cost": cost, "run_dir": str(work / "run")}).redacted()
 
 
 def _slurm_held(home: Path, name: str) -> float:
@@ -206,13 +251,14 @@ def main() -> None:
     t.add_argument("--rows", type=int, default=400)
     t.add_argument("--cap", type=float, default=0.5)
     t.add_argument("--max-tokens", type=int, default=0)
+    t.add_argument("--backend", choices=("external", "local", "slurm"), default="external")
     g = sub.add_parser("gpu")
     g.add_argument("--backend", choices=("local", "slurm"), default="local")
     g.add_argument("--cap-gpu-s", type=float, default=24.0)
     g.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
     if args.what == "tokens":
-        tokens(args.rows, args.cap, args.max_tokens)
+        tokens(args.rows, args.cap, args.max_tokens, args.backend)
     else:
         gpu(args.backend, args.cap_gpu_s, args.repeat)
 
