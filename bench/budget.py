@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prefect_swarm.paths import SwarmPaths
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "external"))
@@ -101,7 +103,9 @@ def _token_swarm(backend: str, stub: Any, cap: float, work: Path) -> tuple[Path,
     else:
         data = _swarm_config(backend, f"tok-{os.getpid()}", cost, work)
 
-        stats = _Sampler([int(data["port"]) + i for i in range(int(data["replicas"]))]).last
+        run_dir = data["backend"].get("run_dir")
+        key = SwarmPaths.of(str(data["name"]), run_dir).api_key_file if run_dir else None
+        stats = _Sampler([int(data["port"]) + i for i in range(int(data["replicas"]))], key).last
 
     config = work / "swarm.yaml"
     config.write_text(yaml.safe_dump(data))
@@ -113,18 +117,23 @@ class _Sampler:
     replicas when a waited-on job stops at the cap, so the last reading is kept (taken after the job's
     processes exited, before the replicas were stopped)."""
 
-    def __init__(self, ports: list[int]) -> None:
-        self.ports, self.found = ports, {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
+    def __init__(self, ports: list[int], key_file: Path | None) -> None:
+        self.ports, self.key_file = ports, key_file
         self.per_port: dict[int, dict[str, int]] = {}
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
         import httpx
 
+        headers: dict[str, str] = {}
         while True:
+            if self.key_file is not None and not headers and self.key_file.exists():
+                headers["Authorization"] = f"Bearer {self.key_file.read_text().strip()}"  # the swarm's generated key
             for port in self.ports:
                 with contextlib.suppress(httpx.HTTPError):  # not up yet, or stopped: its last reading stands
-                    self.per_port[port] = httpx.get(f"http://127.0.0.1:{port}/stats", timeout=2).json()
+                    got = httpx.get(f"http://127.0.0.1:{port}/stats", headers=headers, timeout=2)
+                    if got.status_code == 200:
+                        self.per_port[port] = got.json()
             time.sleep(0.05)
 
     def last(self) -> dict[str, int]:
