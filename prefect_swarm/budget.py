@@ -302,6 +302,10 @@ class TokenPurse:
         """Reservations of requests in flight."""
         self.inflight = 0
         """Requests in flight (a count: a sum of floats drifts from 0)."""
+        self.answers = 0
+        self._refused_at = -1
+        """Answers settled so far, and their number when the account last had no room: requests waiting for
+        room ask it again once per answer between them, not once each (a lock and a write each)."""
         self.reached: str | None = None
         self._answered = asyncio.Event()
 
@@ -329,9 +333,14 @@ class TokenPurse:
         """Whether ``need`` more fits the grant held, after a top-up from the account when it does not."""
         if self.settled + self.out + need <= self.held + 1e-12:
             return True
+        if self._refused_at == self.answers and self.inflight:
+            return False  # no room since the last answer came: wait for the next one
         self.held = self.account.exchange(self.holder, self.settled, self.out, need, self.cap)
         self.settled = 0.0
-        return self.out + need <= self.held + 1e-12
+        if self.out + need <= self.held + 1e-12:
+            return True
+        self._refused_at = self.answers
+        return False
 
     def release(self, reserved: float) -> None:
         """See :meth:`Admission.release`."""
@@ -349,6 +358,7 @@ class TokenPurse:
     def _done(self, reserved: float) -> None:
         """A reservation is no longer in flight: wake the requests waiting for room."""
         self.inflight -= 1
+        self.answers += 1
         self.out = self.out - reserved if self.inflight else 0.0
         self._answered.set()
 
