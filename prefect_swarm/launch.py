@@ -26,13 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.config.cost import (
-    BudgetGuard,
-    SwarmBudget,
-    job_cost,
-    job_projection,
-    recorded_cost,
-)
+from prefect_swarm.budget import Account, BudgetGuard, SwarmBudget, final_word, job_view, stopped_by_budget
+from prefect_swarm.config.cost import job_cost, job_projection, recorded_cost
 from prefect_swarm.exceptions import BudgetReached, CapacityError, ConfigError, DatasetError, JobError, ShardStopped
 from prefect_swarm.interfaces import ComputeBackend, JobEnv, JobHandle, JobProbe, JobRequest, JobStatus
 from prefect_swarm.interfaces.jobenv import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE
@@ -466,9 +461,8 @@ class ShardWatch:
             raise DatasetError(f"shard {i} of job {spec.job_id} refused its input (exit 2).\n{tail}")
         if status is JobStatus.PREEMPTED or code == EXIT_REQUEUE:
             progress = shard_progress(spec, i)
-            budget = stopped_by_budget(progress)
-            if budget is not None:  # the shard held the swarm's budget itself: not worth a retry
-                raise BudgetReached(budget)
+            if stopped_by_budget(progress) is not None:  # the shard held the swarm's budget: not worth a retry
+                raise budget_reached(self.swarm, spec)
             why = (progress.get("stopped") or {}).get("message") or "preempted"
             raise CapacityError(f"shard {i} of job {spec.job_id} stopped (exit 75: {why}); a retry resumes it.")
         state = status.value if status else "UNKNOWN"
@@ -604,7 +598,8 @@ class JobWatcher:
 
 
 def budget_guard(swarm: Swarm) -> BudgetGuard:
-    """The budget guard of ``swarm`` (``backend.cost.max_gpu_hours`` / ``max_cost_usd``; see config.cost)."""
+    """The budget guard of whoever waits on a job of ``swarm`` (its GPU time; a token cap is held by the
+    job processes on the swarm's account, see :mod:`prefect_swarm.budget`)."""
     serving, handle = swarm.backends.serving, swarm.handle
 
     def usage() -> tuple[float | None, str | None]:
@@ -615,14 +610,16 @@ def budget_guard(swarm: Swarm) -> BudgetGuard:
 
 
 def swarm_budget(swarm: Swarm) -> SwarmBudget | None:
-    """The swarm's budget for its job processes to hold (``JobSpec.budget``): its caps and price, and
-    its GPU-hours now, read as :func:`budget_guard` reads them; None without a cap or a figure."""
+    """The swarm's budget for its job processes to hold (``JobSpec.budget``): its caps and price, and its
+    spend: its token account (a priced provider), else its GPU-hours now, read as :func:`budget_guard`
+    reads them; None without a cap or a figure."""
     cost, handle = swarm.cfg.backend.cost, swarm.handle
     if not cost.capped or handle is None:
         return None
     _refuse_if_stopped_at_budget(swarm)
-    if cost.token_priced:  # a priced provider: the bill is tokens, held by the job processes on theirs
-        return SwarmBudget(swarm=swarm.cfg.name, cost=cost, gpu_hours=0.0, at=time.time(), usd_spent=token_spend(swarm))
+    if cost.token_priced:  # a priced provider: the bill is tokens, reserved request by request on one account
+        account = str(swarm.paths.budget_account)
+        return SwarmBudget(swarm=swarm.cfg.name, cost=cost, at=time.time(), account=account, epoch=_epoch(swarm))
     try:
         used = swarm.backends.serving.gpu_usage(handle)
     except Exception as exc:  # as the guard does: a flaky accounting call is not a reason to refuse a job
@@ -636,17 +633,29 @@ def swarm_budget(swarm: Swarm) -> SwarmBudget | None:
     )
 
 
-def token_spend(swarm: Swarm) -> float:
-    """What the swarm's jobs since it came up have spent at its token prices (their recorded progress)."""
+def _epoch(swarm: Swarm) -> float:
+    """When the swarm was brought up (its record's ``created_at``): its token account counts from there."""
     rec = swarm.store.get_swarm(swarm.cfg.name)
-    since = rec.created_at if rec is not None else 0.0
-    cost, spent = swarm.cfg.backend.cost, 0.0
-    for job in swarm.store.list_jobs(swarm=swarm.cfg.name):
-        progress = job.progress or {}
-        if job.created_at >= since:
-            pt, ct = int(progress.get("prompt_tokens") or 0), int(progress.get("completion_tokens") or 0)
-            spent += cost.token_usd(pt, ct) or 0.0
-    return spent
+    return rec.created_at if rec is not None else 0.0
+
+
+def budget_reached(swarm: Swarm, spec: JobSpec) -> BudgetReached:
+    """The final word of a job stopped at the swarm's budget: the spend now (its processes have exited or
+    been stopped: a token account's grants not yet settled count as spent), the cap, the job's rows left."""
+    progress = job_progress(spec)
+    left = max(int(progress.get("total") or 0) - int(progress.get("done") or 0), 0)
+    cost, spent, hours, shape = swarm.cfg.backend.cost, None, None, None
+    if cost.token_priced:  # the job's processes are stopping: their drain ends within drain_seconds
+        account = Account(swarm.paths.budget_account, _epoch(swarm))
+        spent = account.settled(f"{spec.job_id}/", spec.drain_seconds + 10.0).total
+    elif swarm.handle is not None:
+        try:
+            used = swarm.backends.serving.gpu_usage(swarm.handle)
+            hours, shape = used.gpu_hours, used.shape
+        except Exception as exc:  # the message then says the spend is unknown; the stop still happens
+            log.warning("swarm %s: could not read its GPU usage for the final word: %s", swarm.cfg.name, exc)
+    word = final_word(swarm.cfg.name, cost, spent_usd=spent, gpu_hours=hours, shape=shape, rows_left=left)
+    return BudgetReached(word)
 
 
 def _refuse_if_stopped_at_budget(swarm: Swarm) -> None:
@@ -662,15 +671,6 @@ def _refuse_if_stopped_at_budget(swarm: Swarm) -> None:
             f"{seen.detail}. Nothing was submitted: bring it up again with a larger budget "
             f"(`prefect-swarm up -c {swarm.paths.config}` after raising backend.cost), then submit again: it resumes."
         )
-
-
-def stopped_by_budget(progress: dict[str, Any]) -> str | None:
-    """The message of a shard that stopped itself at the swarm's budget (its progress file's ``stopped``)."""
-    for shard in progress.get("shards") or [progress]:
-        stopped = shard.get("stopped") or {}
-        if stopped.get("cause") == "budget":
-            return str(stopped.get("message"))
-    return None
 
 
 class PollSchedule:
@@ -878,6 +878,7 @@ def job_status(
     failures = shard_failures(spec, probes, subs) if status is JobStatus.FAILED and not committed else []
     store.update_job(job_id, status=status, progress={k: v for k, v in progress.items() if k != "shards"})
     swarm_rec = store.get_swarm(rec.swarm) if rec.swarm else None
+    recorded = swarm_rec.config if swarm_rec else None
     return {
         **base,
         "status": status.value,
@@ -890,10 +891,8 @@ def job_status(
         "manifest": manifest if committed else None,
         "failure_reasons": manifest_failures(manifest) if committed else None,  # why rows failed
         "failures": failures,
-        "cost": job_cost(progress, swarm_rec.config if swarm_rec else None),
-        "projection": job_projection(progress, swarm_rec.config if swarm_rec else None)
-        if status is JobStatus.RUNNING
-        else None,
+        "cost": {**job_cost(progress, recorded), "budget": job_view(spec.budget, progress)},
+        "projection": job_projection(progress, recorded) if status is JobStatus.RUNNING else None,
         "verdict": {**asdict(verdict), "failed_fraction": verdict.failed_fraction, "message": verdict.message()}
         if verdict
         else None,
@@ -929,12 +928,10 @@ def wait_job(
         if holding and not pending_shards(JobSpec.model_validate(rec.spec)):
             holding = False
             let_go_of_swarm(rec, store)  # the last row is answered: the swarm is not held for the commit
-        if JobStatus(doc["status"]) not in ACTIVE:
-            if budget is not None and doc["status"] == JobStatus.PREEMPTED:
-                _stopped_at_budget(budget[0], doc)
-            break
         if budget is not None:
-            _hold_to_budget(*budget, job_id, store)
+            _hold_to_budget(*budget, rec, doc, store)
+        if JobStatus(doc["status"]) not in ACTIVE:
+            break
         if deadline is not None and time.monotonic() > deadline:
             raise JobError(
                 f"job {job_id} still {doc['status']} after {timeout_s:g}s; it keeps running. "
@@ -989,24 +986,23 @@ def _job_budget(rec: JobRecord, store: StateStore) -> tuple[Swarm, BudgetGuard] 
     return swarm, budget_guard(swarm)
 
 
-def _hold_to_budget(swarm: Swarm, guard: BudgetGuard, job_id: str, store: StateStore) -> None:
-    """Past the budget: stop the job (its processes flush and exit 75), tear the swarm down, raise
-    BudgetReached; a rerun with a larger budget resumes from the ledger."""
-    try:
-        guard.check()
-    except BudgetReached:
-        cancel_job(job_id, store=store, compute=swarm.compute)
-        swarm.down()
-        raise
-
-
-def _stopped_at_budget(swarm: Swarm, doc: dict[str, Any]) -> None:
-    """The job's shards stopped themselves at the swarm's budget (they hold it too): as past the
-    guard, tear the swarm down and raise BudgetReached with their message."""
-    message = stopped_by_budget(doc.get("progress") or {})
-    if message is not None:
-        swarm.down()
-        raise BudgetReached(message)
+def _hold_to_budget(swarm: Swarm, guard: BudgetGuard, rec: JobRecord, doc: dict[str, Any], store: StateStore) -> None:
+    """The control plane's one hold of the budget, for a job it waits on: while the job runs and the swarm
+    is past its budget (the guard's check), stop the job (its processes flush and exit 75); once it has
+    ended, its shards may have stopped themselves at the budget (they hold it request by request). Either
+    way the swarm goes down and BudgetReached gives the final word; a rerun with a larger budget resumes."""
+    if JobStatus(doc["status"]) in ACTIVE:
+        try:
+            guard.check()
+        except BudgetReached:
+            cancel_job(rec.id, store=store, compute=swarm.compute)
+        else:
+            return
+    elif doc["status"] != JobStatus.PREEMPTED or stopped_by_budget(doc.get("progress") or {}) is None:
+        return
+    reached = budget_reached(swarm, JobSpec.model_validate(rec.spec))
+    swarm.down()
+    raise reached
 
 
 def commit_job(job_id: str, *, store: StateStore | None = None) -> dict[str, Any]:

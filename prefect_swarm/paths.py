@@ -17,6 +17,7 @@
     upstreams.conf lb.head lb/ steps/ replicas-<job>_<task>.out lb-<job>.out   the LB's files (Slurm)
     lb.failed                    why the LB job stopped before nginx started (its setup failed; Slurm)
     stopped.json                 why the swarm stopped itself (its budget; local: the watchdogs stop on it)
+    budget.json budget.lock      the swarm's spend account (token-priced caps) and its lock
     targets.json                 Prometheus file_sd list of the replicas' /metrics (local, Slurm)
     jobs/<job_id>/               JobPaths
 <home>/jobs/<job_id>/            JobPaths.standalone (a job against no recorded swarm)
@@ -514,6 +515,17 @@ class SwarmPaths(Folder):
         """Why the swarm stopped itself (local backend: a watchdog holding its budget): JSON ``{at,
         reason}``; every watchdog of the swarm stops on it, ``status`` shows it; the next ``up`` removes it."""
         return self.root / "stopped.json"
+
+    @property
+    def budget_account(self) -> Path:
+        """The swarm's spend account (:mod:`prefect_swarm.budget`): JSON ``{epoch, spent_usd, held}``,
+        shared by every job process on the swarm, changed only under :attr:`budget_lock`."""
+        return self.root / "budget.json"
+
+    @property
+    def budget_lock(self) -> Path:
+        """Held (flock) by whoever reads or changes :attr:`budget_account`."""
+        return self.root / "budget.lock"
 
     @property
     def slurm_record(self) -> Path:

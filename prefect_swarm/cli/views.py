@@ -122,7 +122,12 @@ def cost_text(cost: dict[str, Any] | None) -> str | None:
             text += f" (${cost['usd_per_million_tokens']:.4g}/M tokens)"
     else:
         text += " (no price: set backend.cost.gpu_hour_usd)"
-    return text + (f", from {cost['source']}" if cost.get("source") else "")
+    text += f", from {cost['source']}" if cost.get("source") else ""
+    budget = cost.get("budget") or {}
+    if budget.get("text"):
+        held = f" (${budget['reserved_usd']:.4g} still reserved)" if budget.get("reserved_usd") else ""
+        text += f"\nbudget: {budget['text']}{held}; {budget.get('rows_left', 0):,} rows left"
+    return text
 
 
 def paths_view(rec: SwarmRecord) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The price of GPU time (``backend.cost``), the figures a price turns GPU-hours into, and the budget guard.
+"""The price of GPU time (``backend.cost``), its caps, and the figures a price turns GPU-hours into.
 
     backend:
       type: slurm
@@ -7,14 +7,8 @@
 Every backend config derives from :class:`Priced`, so every backend (and its Prefect block) takes
 the same ``cost`` section. Without a price, costs are reported as GPU-hours only (``usd`` null).
 
-The budget (``max_gpu_hours``, ``max_cost_usd``) caps the swarm's running GPU-hours (its backend's
-best source): :class:`BudgetGuard` warns once at 80 % and raises
-:class:`~prefect_swarm.exceptions.BudgetReached` past the cap (a flow run's own ``max_gpu_hours`` /
-``max_cost_usd`` tighten it for that run: :meth:`CostConfig.tightened`); whoever waits on a job
-(``launch``: the CLI's wait loop and the flow's shard watch) then stops the job (SIGTERM: it flushes
-and exits 75) and tears the swarm down. The job processes hold the cap themselves too
-(:class:`SwarmBudget`, in the job spec): past it a shard flushes and exits 75 naming the cap, so a
-detached job stops at it with nobody waiting. A rerun with a larger cap resumes from the ledger.
+The caps (``max_gpu_hours``, ``max_cost_usd``) are fields here; who holds a swarm to them, its spend
+account and the message of a stop at one are :mod:`prefect_swarm.budget`'s.
 
 :func:`projection` is the one rule for a job's projected wall time, GPU-hours and USD (rows left /
 rows/s; GPUs x wall time; x the price), used by the CLI's wait, `job status`, the flow's progress
@@ -23,23 +17,14 @@ artifact and `validate --estimate`; :func:`projection_text` is its one line of t
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
 from prefect_swarm.config.base import StrictModel
-from prefect_swarm.exceptions import BudgetReached, ConfigError
-
-log = logging.getLogger("prefect_swarm.cost")
-
-BUDGET_REACHED = "budget reached"
-"""Names a stop at the budget in every message of one (the guard's, a sidecar's stop reason in ``status``)."""
-
-WARN_AT = 0.8
-"""Share of a budget at which the guard warns (once)."""
+from prefect_swarm.exceptions import ConfigError
 
 Usd = Annotated[float, Field(ge=0)]
 """An amount of US dollars, zero allowed."""
@@ -131,7 +116,7 @@ class CostConfig(StrictModel):
     def tightened(self, max_gpu_hours: float | None = None, max_cost_usd: float | None = None) -> CostConfig:
         """This price with a run's own caps (a flow run's ``max_gpu_hours`` / ``max_cost_usd``): for
         each cap the lower of the two wins; None leaves the swarm's. A cost cap needs a price."""
-        if max_cost_usd is not None and self.gpu_hour_usd is None and not self.per_shape:
+        if max_cost_usd is not None and self.gpu_hour_usd is None and not self.per_shape and not self.token_priced:
             raise ConfigError(
                 f"max_cost_usd={max_cost_usd:g} needs a price: set backend.cost.gpu_hour_usd (or per_shape) "
                 "in the swarm config, or cap the run by max_gpu_hours instead."
@@ -154,92 +139,12 @@ def _lower(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 
 
-class BudgetGuard:
-    """Hold a swarm to its budget: :meth:`check` warns once at 80 % and raises BudgetReached past it.
-
-    ``usage`` reads the swarm's ``(GPU-hours, resource shape)`` (from its serving backend's
-    ``gpu_usage``); it is asked at most every ``every_s`` seconds (sacct and cloud APIs are not free).
-    """
-
-    def __init__(
-        self,
-        name: str,
-        cost: CostConfig,
-        usage: Callable[[], tuple[float | None, str | None]],
-        every_s: float = 5.0,
-        bill: Callable[[], float | None] | None = None,
-    ) -> None:
-        self.name, self.cost, self.usage, self.every_s, self.bill = name, cost, usage, every_s, bill
-        self.next_at = 0.0
-        self.warned = False
-
-    def check(self) -> None:
-        """Raise BudgetReached when the swarm is past its budget (a usage that cannot be read is let pass)."""
-        if not self.cost.capped or time.monotonic() < self.next_at:
-            return
-        self.next_at = time.monotonic() + self.every_s
-        try:
-            hours, shape = self.usage()
-        except Exception as exc:  # a budget is not a reason to fail on a flaky accounting call
-            log.warning("swarm %s: could not read its GPU usage for the budget: %s", self.name, exc)
-            return
-        verdict = self.cost.budget(hours, shape, usd=self.bill() if self.bill is not None else None)
-        if verdict is None:
-            return
-        share, text = verdict
-        if share >= 1:
-            raise BudgetReached(f"swarm '{self.name}': {BUDGET_REACHED}: {text}")
-        if share >= WARN_AT and not self.warned:
-            self.warned = True
-            log.warning("swarm %s: %.0f%% of its budget used: %s", self.name, 100 * share, text)
-
-
 def held_gpu_hours(started_at: Iterable[float | None], gpus_each: int, now: float | None = None) -> float:
     """GPU-hours of replicas that each hold ``gpus_each`` GPUs from their start times until ``now``
     (wall time x GPUs; an unknown start counts nothing): the local backend's ``gpu_usage``, and the
     figure its watchdogs hold the swarm's budget to."""
     now = time.time() if now is None else now
     return sum(max(0.0, now - (t if t is not None else now)) for t in started_at) * max(gpus_each, 0) / 3600.0
-
-
-class SwarmBudget(StrictModel):
-    """A swarm's budget as its job processes hold it (``JobSpec.budget``, filled at submit): the caps
-    and the price, and the swarm's GPU-hours when the job was submitted (its backend's figure, as the
-    waiting CLI reads it), counted on at the GPUs it held then. So a job stops at the cap also when
-    nobody waits on it (``--detach``); each submission takes a fresh figure."""
-
-    swarm: str
-    cost: CostConfig
-    gpu_hours: Annotated[float, Field(ge=0)]
-    """The swarm's GPU-hours at ``at``."""
-    at: float
-    """Unix time of ``gpu_hours``."""
-    gpus: Annotated[int, Field(ge=0)] = 0
-    """GPUs the swarm held then."""
-    shape: str | None = None
-    usd_spent: Annotated[float, Field(ge=0)] | None = None
-    """A priced provider's bill (tokens x ``cost``'s token prices) of the swarm's jobs when this one was
-    submitted; set, the cap is held on tokens (:meth:`guard` with the process's own tokens), not GPU time."""
-
-    def used(self, now: float | None = None) -> float:
-        """GPU-hours the swarm has used by ``now`` (default: now)."""
-        now = time.time() if now is None else now
-        return self.gpu_hours + self.gpus * max(0.0, now - self.at) / 3600.0
-
-    def guard(
-        self, every_s: float = 1.0, tokens: Callable[[], tuple[int, int]] | None = None, shares: int = 1
-    ) -> BudgetGuard:
-        """The budget guard over this figure (cheap to read: checked every ``every_s``). A token bill
-        (``usd_spent`` set) adds this process's ``tokens()`` (prompt, completion) at the token prices, times
-        ``shares`` (the job's processes, each assumed to spend as much: none sees the others' tokens)."""
-        if self.usd_spent is None or tokens is None:
-            return BudgetGuard(self.swarm, self.cost, lambda: (self.used(), self.shape), every_s=every_s)
-        spent, cost = self.usd_spent, self.cost
-
-        def bill() -> float:
-            return spent + max(1, shares) * (cost.token_usd(*tokens()) or 0.0)
-
-        return BudgetGuard(self.swarm, cost, lambda: (None, self.shape), every_s=every_s, bill=bill)
 
 
 class Priced(StrictModel):
@@ -447,11 +352,8 @@ def duration(seconds: float | None) -> str:
 
 
 __all__ = [
-    "BUDGET_REACHED",
-    "BudgetGuard",
     "CostConfig",
     "Priced",
-    "SwarmBudget",
     "duration",
     "held_gpu_hours",
     "job_cost",

@@ -34,6 +34,7 @@ from prefect_swarm.flows.params import (
     swarm_flow,
     with_budget,
 )
+from prefect_swarm.launch import budget_reached
 from prefect_swarm.tasks._common import failed_run, flow_result_storage, label_run, run_stop_event
 from prefect_swarm.tasks.events import job_event
 from prefect_swarm.tasks.jobs import plan_shards, run_and_commit
@@ -108,7 +109,7 @@ def batch_inference(
         label_run(cfg.name, plan.spec.job_id)  # the flow run's tags; its task runs carry none (see label_run)
         up_at = None
         with swarm_use(cfg, sharing), run_stop_event():
-            live, over_budget = None, False
+            live = None
             try:
                 if plan.pending:
                     live = with_budget(swarm_up(cfg, keep=keep_swarm, reuse=reuse, source=block_ref(swarm)), budget)
@@ -118,14 +119,15 @@ def batch_inference(
                 release = lambda: teardown_owned(keep_swarm)  # noqa: E731
                 return run_and_commit(plan, live, cfg, started, up_at, max_failed_fraction, release=release)
             except BudgetReached as exc:
-                over_budget = True
-                job_event("budget-reached", str(plan.spec.job_id), cfg.name, message=str(exc).splitlines()[0])
-                raise
+                teardown_owned(False)  # the jobs flush first: the final word is the spend at their exit
+                final = budget_reached(live, plan.spec) if live is not None else exc
+                job_event("budget-reached", str(plan.spec.job_id), cfg.name, message=str(final).splitlines()[0])
+                if live is not None:
+                    live.down()  # the budget is the swarm's: it stops even when kept or held by others
+                raise final from exc
             finally:
                 if up_at is not None:
                     get_run_logger().info("Swarm time this run: %.1f s.", time.monotonic() - up_at)
-                teardown_owned(keep_swarm and not over_budget)  # the jobs flush first
-                if over_budget and live is not None:
-                    live.down()  # the budget is the swarm's: it stops even when kept or held by others
+                teardown_owned(keep_swarm)
     except REPORTED_AS_MESSAGE as exc:  # not a bug: the run ends Failed with the message alone
         return failed_run(exc)

@@ -20,6 +20,7 @@ requests then wait for it to refill.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -97,11 +98,15 @@ class RateLimiter:
             return None
         return cls(requests_per_minute, tokens_per_minute, share=share)
 
-    async def acquire(self, body: bytes) -> int:
-        """Wait until one more request of ``body`` fits both limits, then count it; return its token estimate."""
+    async def acquire(self, body: bytes, stop: asyncio.Event | None = None) -> int | None:
+        """Wait until one more request of ``body`` fits both limits, then count it; return its token
+        estimate. None when ``stop`` is set first (before or while waiting): nothing is counted, and a
+        stopping job sends nothing of what was queued behind the limits."""
         estimate = estimate_tokens(body) if self.tokens is not None else 0
         async with self.lock:  # first come, first served: one waiter at a time
             while True:
+                if stop is not None and stop.is_set():
+                    return None
                 wait = max(
                     self.requests.wait_s(1) if self.requests is not None else 0.0,
                     self.tokens.wait_s(estimate) if self.tokens is not None else 0.0,
@@ -109,7 +114,11 @@ class RateLimiter:
                 if wait <= 0:
                     break
                 self.waited_s += wait
-                await asyncio.sleep(wait)
+                if stop is None:
+                    await asyncio.sleep(wait)
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), wait)
             if self.requests is not None:
                 self.requests.take(1)
             if self.tokens is not None:

@@ -74,6 +74,7 @@ from typing import Any, NamedTuple
 import aiohttp
 from yarl import URL
 
+from prefect_swarm.budget import Admission
 from prefect_swarm.exceptions import InvalidAnswer, TooFewChoices
 from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import SwarmJob, join_choices
@@ -469,8 +470,10 @@ class Runner:
         api_key: str | None = None,
         on_tick: Callable[[], None] | None = None,
         tick_s: float = 1.0,
+        admission: Admission | None = None,
     ) -> None:
-        self.job, self.cfg, self.on_result = job, cfg, on_result
+        """``admission``: the swarm's budget, asked before every request (see :meth:`_admit`)."""
+        self.job, self.cfg, self.on_result, self.admission = job, cfg, on_result, admission
         self.parse_body = job.parser()
         self.split_samples = job.samples_by == "seeds"
         """Whether each row's answers go one request each (:meth:`SwarmJob.sample_requests`)."""
@@ -660,11 +663,12 @@ class Runner:
         moved = 0  # sent elsewhere at once, its endpoint having just left rotation
         while True:
             ep = pool.acquire(ep, item.key) or await self._wait_for_endpoint()
-            if ep is None:
-                return None  # stopped (a signal, or an outage past outage_timeout_s): redone on resume
+            admitted = await self._admit(item, ep) if ep is not None else None
+            if ep is None or admitted is None:
+                return None  # stopped (a signal, an outage past outage_timeout_s, the budget): redone on resume
             attempt += 1
             sent_at = time.monotonic()
-            status, data, retry_after, error, latency, head_at = await self._post(session, ep, item)
+            status, data, retry_after, error, latency, head_at = await self._post(session, ep, item, admitted)
             if status:
                 pool.answered(ep)
                 result = self._answered(item, status, data, latency, attempt, parse)
@@ -727,14 +731,36 @@ class Runner:
         error = f"HTTP {status}: {_snippet(data)}"
         return RowResult(item.row, item.rid, STATUS_ERROR, error, status, 0, 0, latency, attempt, None, raw)
 
+    async def _admit(self, item: Item, ep: Endpoint) -> tuple[int, float] | None:
+        """Before every attempt on ``ep``: wait for the rate limits (:mod:`prefect_swarm.jobs.ratelimit`),
+        then reserve the request's worst-case cost on the swarm's budget (:mod:`prefect_swarm.budget`).
+        Returns (token estimate, reservation); None, with ``ep`` and the request's slot given back, when
+        the runner is stopping (a stop while waiting sends nothing queued) or the budget refused it (the
+        runner then stops issuing: at the cap, at once)."""
+        estimate = await self.rate.acquire(item.body, self.stop) if self.rate is not None else 0
+        reserved = None
+        if estimate is not None and not self.stopped:
+            reserved = await self.admission.reserve(item.body) if self.admission is not None else 0.0
+            if reserved is None and self.admission is not None:
+                self.request_stop(self.admission.reached)
+            elif self.stopped and self.admission is not None:  # stopped while it waited for room
+                self.admission.release(reserved or 0.0)
+                reserved = None
+        if estimate is None or reserved is None:
+            self.pool.release(ep)
+            if self.limit is not None:
+                await self.limit.free()
+            return None
+        return estimate, reserved
+
     async def _post(
-        self, session: aiohttp.ClientSession, ep: Endpoint, item: Item
+        self, session: aiohttp.ClientSession, ep: Endpoint, item: Item, admitted: tuple[int, float]
     ) -> tuple[int, bytes, str | None, str, float, float]:
-        """One request: (status, body, Retry-After, error, latency ms, when its headers came); status 0
-        when nothing was answered, the last 0.0 when not even the status line and headers came (a body
-        cut short or stalled has them: see :meth:`_no_answer`).
-        Every attempt waits for the rate limits first (:mod:`prefect_swarm.jobs.ratelimit`)."""
-        estimate = await self.rate.acquire(item.body) if self.rate is not None else 0
+        """One admitted request (:meth:`_admit`): (status, body, Retry-After, error, latency ms, when its
+        headers came); status 0 when nothing was answered, the last 0.0 when not even the status line and
+        headers came (a body cut short or stalled has them: see :meth:`_no_answer`). Its answer settles its
+        reservation (cancelled mid-way, it stays spent)."""
+        estimate, reserved = admitted
         started = time.monotonic()
         status, error, retry_after, data, head_at = 0, "", None, b"", 0.0
         head: aiohttp.ClientResponse | None = None
@@ -762,6 +788,8 @@ class Runner:
             ep.conn_errors += 1
         finally:
             self.pool.release(ep)
+        if self.admission is not None:
+            self.admission.settle(reserved, status, data)
         latency = (time.monotonic() - started) * 1000
         if status == 200:
             if self.rate is not None:

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from prefect_swarm.exceptions import BudgetReached, ConfigError
+from prefect_swarm.budget import final_word, holder_name
+from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import jobenv
 from prefect_swarm.interfaces.jobenv import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, JobEnv
 from prefect_swarm.interfaces.readiness import key_refused
@@ -165,12 +166,11 @@ class ShardRun:
         self.answers = [0, 0.0, 0, 0]
         """Answers this run: count, latency sum (s), completion tokens sum, longest (tokens): a running
         projection's tail (see :func:`~prefect_swarm.config.cost.job_projection`)."""
-        self.tokens = [0, 0]
-        """Prompt and completion tokens this process's requests used (a token budget counts them)."""
-        self.guard = spec.budget.guard(tokens=self._tokens, shares=self.nshards) if spec.budget is not None else None
-        """The swarm's budget, held by this process (see :meth:`_hold_to_budget`)."""
-        self._stop_kind: str | None = None
-        """Why the shard stops early when this process decided it (``budget``); else the runner's reason."""
+        self.admission = (
+            spec.budget.admission(holder_name(spec.job_id or spec.paths.root.name, shard_id)) if spec.budget else None
+        )
+        """The swarm's budget, asked by the runner before every request (:mod:`prefect_swarm.budget`): held
+        here, in the job process, so a detached job stops at the cap with nobody waiting on it."""
         self.metrics = metrics or ShardMetrics(spec.job_id or spec.paths.root.name, shard_id)
         self.metrics.ledger = self.ledger
         self._own_metrics = metrics is None
@@ -240,6 +240,8 @@ class ShardRun:
         finally:
             if self.reuse is not None:
                 self.reuse.close()  # the answers not yet in the response cache
+            if self.admission is not None:
+                self.admission.close()  # what was reserved and not answered counts as spent
         self._count_requests()
         if not finished:
             return self._stop_resumable()
@@ -251,8 +253,9 @@ class ShardRun:
         shows), say how to resume; exit 75."""
         runner = self.runner
         cause = runner.stop_reason if runner and runner.stop_reason else None
-        kind = self._stop_kind or ("outage" if cause else "signal")
-        message = cause or "stopped by a signal"
+        at_cap = self.admission is not None and self.admission.reached is not None
+        kind = "budget" if at_cap else "outage" if cause else "signal"
+        message = self._spent_at_exit() if at_cap else cause or "stopped by a signal"
         self.ledger.progress_extra["stopped"] = {"cause": kind, "message": message}
         self.ledger.flush("requeue")
         log.warning(
@@ -332,6 +335,7 @@ class ShardRun:
             api_key=target.api_key,
             on_tick=self._on_tick,
             tick_s=min(0.25, spec.checkpoint_seconds / 4),  # a due checkpoint is at most a quarter late
+            admission=self.admission,
         )
         self.metrics.runner = runner
         loop = asyncio.get_running_loop()
@@ -339,7 +343,6 @@ class ShardRun:
             loop.add_signal_handler(sig, self._on_signal, sig)
         if _EARLY_SIGNALS:
             self._on_signal(signal.Signals(_EARLY_SIGNALS[0]))
-        self._hold_to_budget()  # a swarm already past its budget: no request is sent
         try:
             return await runner.run(self._items(target.model))
         finally:
@@ -351,12 +354,7 @@ class ShardRun:
         if self.runner:
             self.runner.request_stop()
 
-    def _tokens(self) -> tuple[int, int]:
-        return self.tokens[0], self.tokens[1]
-
     def _on_result(self, r: RowResult) -> None:
-        self.tokens[0] += r.prompt_tokens
-        self.tokens[1] += r.completion_tokens
         if r.status == "ok" and r.latency_ms:
             n, seconds, tokens, longest = self.answers
             self.answers = [
@@ -382,22 +380,15 @@ class ShardRun:
             self._progress_at = now  # progress is not a checkpoint: the rows answered so far, every few seconds
             self._count_requests()
             self.ledger.progress_in_background()
-        self._hold_to_budget()
 
-    def _hold_to_budget(self) -> bool:
-        """Past the swarm's budget (``spec.budget``): stop the runner, naming the cap (the shard flushes
-        and exits 75); True when past it. Held here, in the job process, so a detached job stops at the
-        cap with nobody waiting on it."""
-        if self.guard is None or self._stop_kind is not None:
-            return self._stop_kind == "budget"
-        try:
-            self.guard.check()
-        except BudgetReached as exc:
-            self._stop_kind = "budget"
-            if self.runner:
-                self.runner.request_stop(f"{exc}; a rerun with a larger budget resumes it")
-            return True
-        return False
+    def _spent_at_exit(self) -> str:
+        """This process's word on the budget as it exits: the swarm's spend now, the cap, its rows left."""
+        budget = self.spec.budget
+        assert budget is not None
+        spent = budget.token_account().spent() if budget.account else None
+        hours = None if budget.account else budget.used()
+        cost, left = budget.cost, self.ledger.n_left
+        return final_word(budget.swarm, cost, spent_usd=spent, gpu_hours=hours, shape=budget.shape, rows_left=left)
 
     def _flush(self) -> None:
         """A checkpoint while requests run: written on the ledger's writer thread, off the event loop."""

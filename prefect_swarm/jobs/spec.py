@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from prefect_swarm.config.cost import SwarmBudget
+from prefect_swarm.budget import SwarmBudget
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.paths import JobPaths, atomic_write_text
 

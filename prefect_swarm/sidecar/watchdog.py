@@ -18,7 +18,7 @@
 * With ``budget`` set (the swarm's ``backend.cost`` with a cap, local backend), every watchdog holds
   the swarm to it while the swarm runs, job or no job: the swarm's GPU-hours are its backend's figure
   (:func:`~prefect_swarm.config.cost.held_gpu_hours` over the live watchdogs of the swarm, from their
-  pid records), checked by :class:`~prefect_swarm.config.cost.BudgetGuard` (a warning in this log at
+  pid records), checked by :class:`~prefect_swarm.budget.BudgetGuard` (a warning in this log at
   80 %). Past the cap the watchdog records why in ``SwarmPaths.stopped`` and stops; every other
   watchdog of the swarm stops on that file, and ``status`` shows the reason (phase STOPPED).
 * SIGTERM/SIGINT/SIGHUP/SIGUSR1 stop the replica's process group (TERM, then KILL after
@@ -63,7 +63,7 @@ from prefect_swarm.sidecar.ports import pick_port, port_owner_ok
 from prefect_swarm.sidecar.procref import ProcRef
 
 if TYPE_CHECKING:
-    from prefect_swarm.config.cost import BudgetGuard
+    from prefect_swarm.budget import BudgetGuard
 
 log = logging.getLogger("prefect_swarm.watchdog")
 
@@ -172,12 +172,13 @@ class Watchdog:
         self.port: int | None = spec.preferred_port if spec.port_token is None else None
         self.argv, self.url = spec.argv, spec.url
         self.next_swarm_check = 0.0
-        self.guard = self._budget_guard() if spec.budget else None
+        self.guard = self._swarm_guard() if spec.budget else None
 
-    def _budget_guard(self) -> BudgetGuard:
+    def _swarm_guard(self) -> BudgetGuard:
         """The swarm's budget check (``backend.cost``); its pydantic models are imported only here, so a
         watchdog without a budget starts without them (every replica start pays for its imports)."""
-        from prefect_swarm.config.cost import BudgetGuard, CostConfig
+        from prefect_swarm.budget import BudgetGuard
+        from prefect_swarm.config.cost import CostConfig
 
         budget = CostConfig.model_validate(self.spec.budget)
         return BudgetGuard(self.spec.swarm, budget, self.swarm_usage, every_s=BUDGET_CHECK_S)

@@ -26,6 +26,7 @@ LAYER = {
     # platforms, the data plane, the state database, processes beside replicas
     "sidecar": 1,
     "state": 1,
+    "budget": 1,
     "jobs": 1,
     "backends": 2,
     "testing": 2,
@@ -51,6 +52,7 @@ PREFECT_FREE = {
     "config",
     "sidecar",
     "state",
+    "budget",
     "jobs",
     "backends",
     "testing",
@@ -60,7 +62,7 @@ PREFECT_FREE = {
 }
 """Areas that never import Prefect (the job process and the backends run without it)."""
 
-FORBIDDEN = {"jobs": {"swarm", "state", "launch", "backends"}}
+FORBIDDEN = {"jobs": {"swarm", "state", "launch", "backends"}, "budget": {"jobs", "state", "sidecar"}}
 """Explicit bans beyond the layer order: the data plane knows nothing of swarms or state."""
 
 

@@ -61,3 +61,50 @@ def test_a_job_on_an_external_vllm_runs_each_row_exactly_once(
     assert httpx.get(url + "/health", timeout=5).status_code == 200
     assert _served(url) == before + 1 + n
     assert files_holding(swarm_home, KEY) == []
+
+
+def _tokens_served(url: str) -> tuple[int, int]:
+    """Prompt and generation tokens vLLM has processed, by its own counters (what a provider bills)."""
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).text
+    sums = []
+    for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
+        found = re.findall(rf"^{name}\{{[^}}]*\}}\s+([0-9.e+]+)$", text, flags=re.M)
+        assert found, text[:2000]
+        sums.append(round(sum(float(v) for v in found)))
+    return sums[0], sums[1]
+
+
+def test_a_token_cap_on_an_external_vllm_is_never_passed_and_a_larger_one_resumes_once(
+    tmp_path: Path, vllm_server: tuple[str, subprocess.Popen[bytes]], swarm_home: Path
+) -> None:
+    """A cent a token: the job's requests reserve their worst case (body / 2 + max_tokens) on the swarm's
+    account before they are sent; the bill vLLM counts stays within the cap, the command gives the spend
+    at exit, and the swarm brought up again with a larger cap sends only the rows left."""
+    url, _ = vllm_server
+    env, n, cap = {KEY_ENV: KEY}, 40, 3.0
+    prices = {"input_usd_per_million": 1e4, "output_usd_per_million": 1e4}
+    config = external_config(
+        tmp_path, url + "/v1", requests_per_minute=None, tokens_per_minute=None, cost={**prices, "max_cost_usd": cap}
+    )
+    assert cli("up", "-c", str(config), env=env, timeout=300).returncode == 0
+    served, (pt, ct) = _served(url), _tokens_served(url)
+    data, out = dataset(tmp_path / "in.parquet", n), tmp_path / "out.parquet"
+    kwargs = json.dumps({"sampling": {"max_tokens": 4, "temperature": 0}})
+    args = ("job", "submit", "-n", "ext", "--input", str(data), "--output", str(out), "--job-kwargs", kwargs)
+    res = cli(*args, "--id-column", "id", env=env, timeout=600)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "(max_cost_usd) at exit" in res.stderr and "rows left" in res.stderr, res.stderr
+    pt2, ct2 = _tokens_served(url)
+    bill, sent = (pt2 - pt + ct2 - ct) * 1e4 / 1e6, _served(url) - served
+    print(f"vLLM: {sent} requests, ${bill:.2f} of ${cap}")
+    assert 0 < sent < n and 0 < bill <= cap, (sent, bill)
+
+    config = external_config(
+        tmp_path, url + "/v1", requests_per_minute=None, tokens_per_minute=None, cost={**prices, "max_cost_usd": 1e6}
+    )
+    assert cli("up", "-c", str(config), env=env, timeout=300).returncode == 0
+    res = cli(*args, "--id-column", "id", env=env, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert len(pq.read_table(out)) == n
+    assert _served(url) - served == 1 + n  # the second readiness completion, then every row once across the stop
+    assert cli("down", "ext", "-y", env=env).returncode == 0

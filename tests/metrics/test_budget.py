@@ -15,8 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from prefect_swarm.budget import BudgetGuard
 from prefect_swarm.cli.errors import ExitCode, exit_code_for
-from prefect_swarm.config.cost import BudgetGuard, CostConfig
+from prefect_swarm.config.cost import CostConfig
 from prefect_swarm.exceptions import BudgetReached, ConfigError, JobError
 from prefect_swarm.testing.stub_engine import stub_swarm_config
 

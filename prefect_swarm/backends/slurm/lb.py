@@ -59,7 +59,7 @@ from prefect_swarm.interfaces.metrics import engine_targets, write_file_sd
 from prefect_swarm.paths import SwarmPaths, atomic_write_text, private_umask, read_json, read_text
 
 if TYPE_CHECKING:
-    from prefect_swarm.config.cost import BudgetGuard
+    from prefect_swarm.budget import BudgetGuard
 
 log = logging.getLogger("prefect_swarm.lb")
 
@@ -244,11 +244,13 @@ BUDGET_CHECK_S = 5.0
 """How often the LB job reads the swarm's GPU-hours (one sacct call) for its budget."""
 
 
-def budget_guard(paths: SwarmPaths, client: SlurmClient, cost_json: str | None, gres_name: str) -> BudgetGuard | None:
-    """The guard of the swarm's budget (``--budget``: its ``backend.cost`` as JSON), or None without one."""
+def lb_guard(paths: SwarmPaths, client: SlurmClient, cost_json: str | None, gres_name: str) -> BudgetGuard | None:
+    """The LB job's hold on the swarm's budget (``--budget``: its ``backend.cost`` as JSON) on its sacct
+    GPU-hours, or None without one."""
     if not cost_json:
         return None
-    from prefect_swarm.config.cost import BudgetGuard, CostConfig  # its pydantic models: only with a budget
+    from prefect_swarm.budget import BudgetGuard  # its pydantic models: only with a budget
+    from prefect_swarm.config.cost import CostConfig
 
     def usage() -> tuple[float, None]:
         return accounting.swarm_gpu_hours(client, paths, gres_name), None
@@ -310,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     client = SlurmClient(timeout_s=30.0)
     next_replenish = time.monotonic() + REPLENISH_S
     idle = IdleWatch(args.idle_timeout, os.environ.get(API_KEY)) if args.idle_timeout else None
-    budget = budget_guard(paths, client, args.budget, args.gres_name)
+    budget = lb_guard(paths, client, args.budget, args.gres_name)
     while not stop:
         if args.parent and os.getppid() != args.parent:
             log.error("the LB script (pid %d) is gone: stopping nginx", args.parent)
