@@ -112,3 +112,20 @@ def flow_process(run_id: Any) -> Any:
     outer = [proc for proc in found.values() if proc.info["ppid"] not in found]
     assert len(outer) == 1, f"flow run {run_id}: processes {sorted(found)}, outermost {[p.pid for p in outer]}"
     return outer[0]
+
+
+def read_event(api_url: str, name: str, since: Any) -> dict[str, Any]:
+    """The first event called ``name`` since ``since`` (a datetime) that the server has, once it has one."""
+    import httpx
+
+    body = {"filter": {"event": {"name": [name]}, "occurred": {"since": since.isoformat()}}, "limit": 10}
+    found: list[dict[str, Any]] = []
+
+    def read() -> bool:
+        resp = httpx.post(api_url + "/events/filter", json=body, timeout=10)
+        resp.raise_for_status()
+        found[:] = resp.json()["events"]
+        return bool(found)
+
+    wait_for(read, 30, what=f"the {name} event")
+    return found[0]

@@ -9,10 +9,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pyarrow.parquet as pq
 import pytest
-from helpers import job_options, prompts, stub_swarm, swarm_processes, wait_for
+from helpers import job_options, prompts, read_event, stub_swarm, swarm_processes, wait_for
 from stack import PrefectStack
 
 from prefect_swarm.flows import batch_inference
@@ -102,14 +101,4 @@ def _committed_event(api_url: str, since: datetime) -> dict[str, Any]:
 
 
 def _event(api_url: str, name: str, since: datetime) -> dict[str, Any]:
-    body = {"filter": {"event": {"name": [name]}, "occurred": {"since": since.isoformat()}}}
-    found: list[dict[str, Any]] = []
-
-    def read() -> bool:
-        resp = httpx.post(api_url + "/events/filter", json={**body, "limit": 10}, timeout=10)
-        resp.raise_for_status()
-        found[:] = resp.json()["events"]
-        return bool(found)
-
-    wait_for(read, 30, what=f"the {name} event")
-    return found[0]
+    return read_event(api_url, name, since)

@@ -9,9 +9,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from helpers import job_options, prompts, wait_for
+from helpers import job_options, prompts, read_event
 from stack import PrefectStack
 
 from prefect_swarm.testing import free_port
@@ -69,14 +68,4 @@ def test_a_flow_run_and_a_pipeline_stage_stay_within_a_token_cap(
 
 
 def _event(api_url: str, name: str, since: datetime) -> dict[str, Any]:
-    body = {"filter": {"event": {"name": [name]}, "occurred": {"since": since.isoformat()}}}
-    found: list[dict[str, Any]] = []
-
-    def read() -> bool:
-        resp = httpx.post(api_url + "/events/filter", json={**body, "limit": 10}, timeout=10)
-        resp.raise_for_status()
-        found[:] = resp.json()["events"]
-        return bool(found)
-
-    wait_for(read, 30, what=f"the {name} event")
-    return found[0]
+    return read_event(api_url, name, since)

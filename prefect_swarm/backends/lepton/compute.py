@@ -8,6 +8,7 @@ PREFECT_SWARM_ENDPOINTS; secrets travel as Lepton secret references, never as va
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -111,14 +112,11 @@ class LeptonCompute(ComputeBase):
         self.serving = serving
         self.backend: LeptonConfig = cfg.backend  # type: ignore[assignment]
         self.client = LeptonClient(self.backend)
-        self._owner: str | None = None
 
-    @property
+    @functools.cached_property
     def owner(self) -> str:
         """This home's identity of the swarm (:func:`swarm_owner`), marked on every job and secret."""
-        if self._owner is None:
-            self._owner = swarm_owner(self.paths)
-        return self._owner
+        return swarm_owner(self.paths)
 
     def labels(self, job: str, create: str) -> dict[str, str]:
         """The labels of a job this swarm makes: its name, its owner, the job, the create's name."""

@@ -8,6 +8,7 @@ Lepton secret named by ``backend.endpoint_token_secret``; it reaches no log or s
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -113,14 +114,11 @@ class LeptonServing:
         self.paths = paths
         self.backend: LeptonConfig = cfg.backend  # type: ignore[assignment]
         self.client = LeptonClient(self.backend)
-        self._owner: str | None = None
 
-    @property
+    @functools.cached_property
     def owner(self) -> str:
         """This home's identity of the swarm (:func:`swarm_owner`), marked on what it makes."""
-        if self._owner is None:
-            self._owner = swarm_owner(self.paths)
-        return self._owner
+        return swarm_owner(self.paths)
 
     # ---------------------------------------------------------------- protocol
     def capabilities(self) -> Capabilities:
@@ -184,7 +182,7 @@ class LeptonServing:
     def plan(self) -> dict[str, str]:
         """The deployment spec ``up`` sends and the template of a job's spec, as JSON; secrets masked."""
         job = LeptonCompute(self.cfg, self.paths, None)
-        job._owner = OWNER_PLACEHOLDER  # validate writes nothing: the identity is made at `up`
+        job.owner = OWNER_PLACEHOLDER  # validate writes nothing: the identity is made at `up`
         request = JobRequest(
             name="<job>", command=job.job_runtime().module_argv("prefect_swarm.jobs.run", "--spec", "<spec.json>")
         )
@@ -217,7 +215,7 @@ class LeptonServing:
         self._check_shapes()
         self._check_secrets()
         compute = LeptonCompute(cfg, self.paths, None)
-        compute._owner = self.owner
+        compute.owner = self.owner
         compute.stage_wheel()  # before the check: its setup installs it as every job's does
         if existing is None and self.backend.storage_check_timeout_s is not None:
             compute.check_shared_storage(self.backend.storage_check_timeout_s)
