@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -11,6 +12,11 @@ from prefect_swarm.config.base import Count, Seconds, StrictModel
 
 EngineKind = Literal["vllm", "sglang", "command"]
 
+
+
+SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "--token", "--openai-api-key"})
+"""Engine flags whose value is a secret: refused in ``engine.args`` (the key goes in ``api_key``)."""
+_AUTH_IN_ARG = re.compile(r"(?i)\b(authorization|x-api-key)\s*[:=]|\bbearer\s+\S")
 
 class ParallelConfig(StrictModel):
     """How a replica's model is split over its GPUs: tensor x pipeline must equal ``gpus_per_replica``."""
@@ -94,6 +100,24 @@ class EngineConfig(StrictModel):
             if flag and arg == flag and i + 1 < len(self.args):
                 return _positive(self.args[i + 1])
         return None
+
+    @field_validator("args")
+    @classmethod
+    def _no_secret_in_args(cls, args: list[str]) -> list[str]:
+        """Arguments are written where secrets never go (the swarm's state, its rendered scripts, logs,
+        ``validate``): a key flag or an authorization header among them is refused, never echoed."""
+        for i, arg in enumerate(args):
+            flag = arg.split("=", 1)[0].lower()
+            if flag in SECRET_FLAGS or _AUTH_IN_ARG.search(arg):
+                what = flag if flag in SECRET_FLAGS else "an authorization header"
+                raise ValueError(
+                    f"engine.args[{i}] carries a secret ({what}): "
+                    "arguments are kept in the swarm's state, its scripts and logs. Give the swarm's key as "
+                    "api_key (or PREFECT_SWARM_API_KEY: the engines get it from their environment), and a token the "
+                    "engine reads (HF_TOKEN) from the environment: backend.export on Slurm, the submitting "
+                    "shell's environment on the local backend, backend.secret_env on Lepton"
+                )
+        return args
 
     @field_validator("python")
     @classmethod
