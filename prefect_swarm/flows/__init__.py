@@ -9,6 +9,8 @@ reap_orphans      on a crash (and a schedule, inactive by default): stop swarms 
 failed_rows_notice  the example automation's action: a job committed with failed rows
 """
 
+import sys
+import types
 from typing import TYPE_CHECKING
 
 from prefect_swarm import lazy_names
@@ -48,3 +50,18 @@ __all__ = [
 ]
 
 __getattr__, __dir__ = lazy_names(__name__, _WHERE)
+
+
+class _Flows(types.ModuleType):
+    """This package, whose name ``pipeline`` is the flow, not the module that defines it: importing
+    ``prefect_swarm.flows.pipeline`` (a deployment's entrypoint, ``from prefect_swarm.flows.pipeline
+    import Stage``) would otherwise bind the module to that name, and a later ``from prefect_swarm.flows
+    import pipeline`` would get the module. The submodule stays in ``sys.modules``."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}" and name in _WHERE:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Flows

@@ -72,3 +72,16 @@ def test_a_flow_run_builds_only_the_flows_of_its_entrypoint() -> None:
     first, then = out.stdout.splitlines()
     assert "pipeline" not in first and "flows.swarm'" not in first, first
     assert "'prefect_swarm.flows.pipeline'" in then and then.endswith(" pipeline"), then
+
+
+def test_the_flows_name_pipeline_is_the_flow_whatever_was_imported_before() -> None:
+    """``from prefect_swarm.flows import pipeline`` gives the flow even after its module was imported
+    (a deployment's entrypoint, ``from prefect_swarm.flows.pipeline import Stage``)."""
+    code = (
+        "import prefect_swarm.flows.pipeline; from prefect_swarm.flows.pipeline import Stage; "
+        "from prefect_swarm.flows import pipeline; import importlib; "
+        "m = importlib.import_module('prefect_swarm.flows.pipeline'); print(pipeline.name, m.Stage is Stage)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["pipeline", "True"], out.stdout

@@ -83,7 +83,8 @@ def test_several_processes_on_one_account_never_pass_the_cap(tmp_path: Path) -> 
     assert total <= cap, total
     one_request = worst_case_usd(budget.cost, _body(0))
     assert cap - total <= one_request + procs * GRANT_SHARE * cap, (cap - total, results)
-    assert all(r[1] > 0 and "budget reached" in (r[2] or "") for r in results), results
+    # each stopped at the cap (one started late on a loaded machine may find it spent already)
+    assert all("budget reached" in (r[2] or "") for r in results) and sum(r[1] for r in results) > 0, results
 
 
 def test_an_answer_replaces_its_reservation_and_no_answer_keeps_it(tmp_path: Path) -> None:
