@@ -2,7 +2,7 @@
 reach a scheduled deployment whose scheduled run completes on a worker.
 
 The script is the pages' ```bash blocks joined, with the substitutions of :func:`_here`: a free port for
-4200, a folder of the test for ``$HOME/.prefect`` and ``/tmp/``, and an interval of a minute for the
+4200, a folder of the test for ``$HOME/.prefect`` and ``/tmp/``, and an interval of 20 s for the
 page's hour (the first scheduled run comes one interval after the deploy). What does not run
 here: the installs (this test runs in the venv the lock installed), listed in :data:`NOT_HERE`.
 After the script (which also runs a deployment by hand with ``--watch``), the test waits on the API
@@ -34,7 +34,7 @@ NOT_HERE = {
     "pip install": "installs: this test runs in the venv the lock installed (make venv)",
 }
 
-SCHEDULE_S = 60
+SCHEDULE_S = 20
 """The test's schedule interval (the page's is an hour)."""
 
 pytestmark = [pytest.mark.slow]  # a server of its own, not the suite's Prefect stack
