@@ -2,12 +2,15 @@
 from the cap to the swarm's stop), measured the way the provider or the scheduler bills it.
 
     python bench/budget.py tokens [--backend external|local|slurm] [--rows 400] [--cap 0.5] [--max-tokens 0]
+                                  [--only all|jobs|flows]
     python bench/budget.py gpu --backend local|slurm [--cap-gpu-s 24] [--repeat 1]
 
 ``tokens``: a swarm priced per token (the issue's case: 100 / 400 $ per 1M prompt / completion tokens, 600
 requests a minute, ``max_cost_usd`` CAP, ROWS rows): an external swarm in front of the stub engine, or a
 local or Slurm swarm of 2 stub replicas with the same prices; one job, two jobs at once, a detached job,
-each on a swarm brought up afresh (a fresh account). The bill is the tokens the stub engines served (their
+each on a swarm brought up afresh (a fresh account); then a ``batch_inference`` run and a one-stage
+``pipeline`` whose stage has its own cap (its swarm's is twice it), each bringing its swarm up and down
+itself, on Prefect's temporary server. The bill is the tokens the stub engines served (their
 /stats), at the prices: it must stay at or under the cap. ``--max-tokens N`` sets the job's ``max_tokens`` (each
 request is then reserved at N completion tokens, not the default 256: the job stops nearer the cap).
 
@@ -53,7 +56,7 @@ def cli(home: Path, *args: str, wait: bool = True) -> Any:
 
 
 # ------------------------------------------------------------------------------------------- tokens
-def tokens(rows: int, cap: float, max_tokens: int, backend: str) -> None:
+def tokens(rows: int, cap: float, max_tokens: int, backend: str, only: str = "all") -> None:
     from external_kit import dataset
 
     from prefect_swarm.testing import free_port
@@ -66,7 +69,8 @@ def tokens(rows: int, cap: float, max_tokens: int, backend: str) -> None:
         work = Path(tmp)
         spec = work / "limits.json"
         spec.write_text(json.dumps({"requests_per_minute": 600}))
-        for case, jobs, detach in (("one job", 1, False), ("two jobs at once", 2, False), ("detached job", 1, True)):
+        job_cases = (("one job", 1, False), ("two jobs at once", 2, False), ("detached job", 1, True))
+        for case, jobs, detach in job_cases if only in ("all", "jobs") else ():
             home = work / case.replace(" ", "-")
             config, name, stats = _token_swarm(backend, stub, cap, work / case.replace(" ", "-"))
             assert cli(home, "up", "-c", str(config)).returncode == 0
@@ -88,6 +92,49 @@ def tokens(rows: int, cap: float, max_tokens: int, backend: str) -> None:
             sent = now["requests"] - since.get("requests", 0)
             print(f"{case:<22} {sent:>8} {'$' + format(bill, '.4f'):>13} {bill / cap:>9.1%}")
             cli(home, "down", name, "-y", "--force")
+        # a flow brings its swarm up (a fresh account) and down itself
+        for case in ("flow run", "pipeline stage") if only in ("all", "flows") else ():
+            home = work / case.replace(" ", "-")
+            swarm_cap = cap if case == "flow run" else 2 * cap  # a stage's own cap below its swarm's: the stage's wins
+            config, name, stats = _token_swarm(backend, stub, swarm_cap, home)
+            src = dataset(work / f"{case}.parquet".replace(" ", "-"), rows)
+            since = stats()
+            said = _flow(home, case, config, src, cap, max_tokens)
+            now = stats()
+            pt = now["prompt_tokens"] - since.get("prompt_tokens", 0)
+            ct = now["generation_tokens"] - since.get("generation_tokens", 0)
+            bill = (PRICES["input_usd_per_million"] * pt + PRICES["output_usd_per_million"] * ct) / 1e6
+            sent = now["requests"] - since.get("requests", 0)
+            print(f"{case:<22} {sent:>8} {'$' + format(bill, '.4f'):>13} {bill / cap:>9.1%}   {said}")
+            cli(home, "down", name, "-y", "--force")
+
+
+FLOW = """
+import json, sys
+from prefect_swarm.flows import batch_inference, pipeline
+case, config, src, cap, max_tokens = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
+sampling = {"max_tokens": max_tokens} if max_tokens else {}
+job = {"job": "chat", "id_column": "id", "requests_per_minute": 600,
+       "job_kwargs": {"prompt_column": "prompt", "sampling": sampling}}
+out = src.replace(".parquet", "-out.parquet")
+if case == "flow run":
+    state = batch_inference(config, job, src, out, return_state=True)
+else:  # the stage's own cap (its swarm's is twice it)
+    stage = {"name": "generate", "swarm": config, "job": job, "max_cost_usd": cap}
+    state = pipeline([stage], src, out, return_state=True)
+print(json.dumps((state.message or "").splitlines()[0]))
+"""
+
+
+def _flow(home: Path, case: str, config: Path, src: Path, cap: float, max_tokens: int) -> str:
+    """A ``batch_inference`` run (or a one-stage pipeline) on Prefect's temporary server: its state message."""
+    env = {**os.environ, "PREFECT_SWARM_HOME": str(home), "PREFECT_API_URL": "", KEY_ENV: KEY}
+    env.pop("PREFECT_HOME", None)  # the run's own Prefect files go under its swarm home
+    argv = [sys.executable, "-c", FLOW, case, str(config), str(src), str(cap), str(max_tokens)]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0 or not out.stdout.strip():
+        return out.stderr[-300:]
+    return str(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def _token_swarm(backend: str, stub: Any, cap: float, work: Path) -> tuple[Path, str, Any]:
@@ -261,13 +308,14 @@ def main() -> None:
     t.add_argument("--cap", type=float, default=0.5)
     t.add_argument("--max-tokens", type=int, default=0)
     t.add_argument("--backend", choices=("external", "local", "slurm"), default="external")
+    t.add_argument("--only", choices=("all", "jobs", "flows"), default="all", help="jobs: the CLI's; flows: run, stage")
     g = sub.add_parser("gpu")
     g.add_argument("--backend", choices=("local", "slurm"), default="local")
     g.add_argument("--cap-gpu-s", type=float, default=24.0)
     g.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
     if args.what == "tokens":
-        tokens(args.rows, args.cap, args.max_tokens, args.backend)
+        tokens(args.rows, args.cap, args.max_tokens, args.backend, args.only)
     else:
         gpu(args.backend, args.cap_gpu_s, args.repeat)
 
