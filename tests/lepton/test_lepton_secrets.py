@@ -49,6 +49,7 @@ def test_no_secret_in_logs_state_or_files(
         )
         compute.wait(job, stream_logs=True, poll_s=0.1)
         swarm.status()
+        fake_lepton.wait_deletes()  # the storage check's job, deleted by `up`, goes in the background
         specs = [str(w.body) for w in fake_lepton.jobs.values()]
         assert len(specs) == 2 and not any("hf-secret-4242" in s or api_key in s for s in specs)
     with pytest.raises(ConfigError) as err:

@@ -172,7 +172,10 @@ def test_probe_cancel_and_reattach_by_external_id(slurm_swarm: MakeSwarm) -> Non
     from prefect_swarm.interfaces import JobHandle
 
     again = JobHandle.from_dict(job.to_dict())
-    assert other.probe(again).status is JobStatus.RUNNING
+    # rebuilt from its record, the job is found; a loaded machine may take a moment to start it
+    wait_until(
+        "the job running", lambda: other.probe(again), until=lambda p: p.status is JobStatus.RUNNING, timeout_s=60
+    )
     other.cancel(again)
     assert other.wait(again, poll_s=0.3) is JobStatus.CANCELLED
     other.cancel(again)  # idempotent
