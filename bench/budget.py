@@ -85,11 +85,7 @@ def tokens(rows: int, cap: float, max_tokens: int, backend: str, only: str = "al
             said = [p.communicate()[0] for p in procs]
             if detach:
                 _wait_detached(home, said[0].strip())
-            now = stats()
-            pt = now["prompt_tokens"] - since.get("prompt_tokens", 0)
-            ct = now["generation_tokens"] - since.get("generation_tokens", 0)
-            bill = (PRICES["input_usd_per_million"] * pt + PRICES["output_usd_per_million"] * ct) / 1e6
-            sent = now["requests"] - since.get("requests", 0)
+            sent, bill = _bill(since, stats())
             print(f"{case:<22} {sent:>8} {'$' + format(bill, '.4f'):>13} {bill / cap:>9.1%}")
             cli(home, "down", name, "-y", "--force")
         # a flow brings its swarm up (a fresh account) and down itself
@@ -100,13 +96,17 @@ def tokens(rows: int, cap: float, max_tokens: int, backend: str, only: str = "al
             src = dataset(work / f"{case}.parquet".replace(" ", "-"), rows)
             since = stats()
             said = _flow(home, case, config, src, cap, max_tokens)
-            now = stats()
-            pt = now["prompt_tokens"] - since.get("prompt_tokens", 0)
-            ct = now["generation_tokens"] - since.get("generation_tokens", 0)
-            bill = (PRICES["input_usd_per_million"] * pt + PRICES["output_usd_per_million"] * ct) / 1e6
-            sent = now["requests"] - since.get("requests", 0)
+            sent, bill = _bill(since, stats())
             print(f"{case:<22} {sent:>8} {'$' + format(bill, '.4f'):>13} {bill / cap:>9.1%}   {said}")
             cli(home, "down", name, "-y", "--force")
+
+
+def _bill(since: dict[str, int], now: dict[str, int]) -> tuple[int, float]:
+    """Requests the engines served between two /stats readings, and their bill at :data:`PRICES`."""
+    pt = now["prompt_tokens"] - since.get("prompt_tokens", 0)
+    ct = now["generation_tokens"] - since.get("generation_tokens", 0)
+    bill = (PRICES["input_usd_per_million"] * pt + PRICES["output_usd_per_million"] * ct) / 1e6
+    return now["requests"] - since.get("requests", 0), bill
 
 
 FLOW = """

@@ -321,9 +321,8 @@ def check_writable(loc: Location, field: str, *, folder: bool = False) -> None:
     with refusing(loc, field, "write"), fs.open_output_stream(probe, compression=None) as sink:
         sink.write(b"prefect-swarm write probe\n")
     try:
-        delete_object(probe, loc.scheme, fs)
-    except FileNotFoundError:
-        pass  # another run's sweep (below) took it first
+        with suppress(FileNotFoundError):  # another run's sweep (below) took it first
+            delete_object(probe, loc.scheme, fs)
     except Exception as exc:  # a key that may write but not delete could not publish an output either
         raise store_error(exc, loc, field, "delete objects in") from exc
     _sweep_probes(parent, loc.scheme, fs)
