@@ -64,9 +64,9 @@ def test_a_budget_nobody_waits_for_stops_the_job_and_a_rerun_resumes_it(tmp_path
     job = ["job", "submit", "-n", "capped", "--input", str(src), "--output", str(out), "--id-column", "id"]
     job += ["--spec", str(spec), "--id", "capped-job"]
 
-    # 2 GPUs, 40 GPU-seconds: about 20 s of wall time from `up` (room for the CLI and the job process to
-    # start on a loaded machine); the 4000 rows take ~20 s at 4 in flight, so the cap comes first
-    replicas = _up(tmp_path, max_gpu_hours=40 / 3600)
+    # 2 GPUs, 80 GPU-seconds: about 40 s of wall time from `up` (room for the CLI and the job process to
+    # start on a machine at load 10); the 4000 rows take ~60 s at 4 in flight, so the cap comes first
+    replicas = _up(tmp_path, max_gpu_hours=80 / 3600)
     try:
         first = _cli(*job, "--detach")
         assert first.returncode == 0 and first.stdout.strip() == "capped-job", first.stderr
@@ -112,7 +112,7 @@ def _wait_until_stopped(job_id: str, timeout_s: float = 90) -> dict:
 
 
 def _up(tmp_path: Path, **cost: float) -> list[int]:
-    data = stub_swarm_config("capped", replicas=2, latency_ms=20, backend={"cost": cost})
+    data = stub_swarm_config("capped", replicas=2, latency_ms=60, backend={"cost": cost})
     data["gpus_per_replica"] = 1
     path = tmp_path / "swarm.yaml"
     path.write_text(yaml.safe_dump(data))
