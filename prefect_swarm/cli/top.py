@@ -4,7 +4,8 @@ Per replica: health (the backend's status), running and waiting requests, genera
 cache usage (scraped from the engine's ``/metrics``, found through
 :meth:`ServingBackend.metrics_targets`). The load balancer (Slurm: nginx): active connections,
 accepted/handled connections and requests, requests/s, from nginx's ``stub_status`` at
-``/nginx-status`` on the swarm's endpoint (backends/slurm/templates/nginx.conf.j2). Per job: rows done/failed of total, rows/s and ETA
+``/nginx-status`` on the swarm's endpoint (backends/slurm/templates/nginx.conf.j2). Per job: rows done/failed of
+total, rows/s and ETA
 (from the shards' progress files; the ETA is the projection's time left, and ``-o json`` carries the
 whole projection, :func:`~prefect_swarm.config.cost.job_projection`), requests in flight (scraped
 from the job processes' own ``/metrics``). What a backend cannot report is ``null`` with the reason
