@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from prefect_swarm.config import SwarmConfig
-    from prefect_swarm.interfaces.capabilities import Capability
 
 
 def load(ref: str) -> Any:
@@ -79,8 +78,9 @@ class BackendEntry:
     """The replicas' wall-time limit as a person reads it."""
     key_block: Callable[[Any], str | None] = _nothing
     """The Prefect Secret block holding the swarm's API key, when the config names one."""
-    needs: Callable[[Any], list[tuple[Capability, str]]] = _none_listed
-    """Capabilities this backend config asks for, each with what asked (refused before anything starts)."""
+    needs: Callable[[Any], list[tuple[str, str]]] = _none_listed
+    """Capabilities this backend config asks for (a :class:`~prefect_swarm.interfaces.Capability`'s value),
+    each with what asked; refused before anything starts when the backend lacks one."""
     warnings: Callable[[SwarmConfig], list[str]] = _none_listed
     """What is valid but risky in a swarm config on this backend (``validate`` prints it)."""
 

@@ -84,4 +84,4 @@ def check_config(cfg: SwarmConfig, caps: Capabilities) -> None:
             f"gpus_per_replica={cfg.gpus_per_replica} over gpus_per_node={cfg.gpus_per_node} (replica spans nodes)",
         )
     for cap, what in entry_of(cfg.backend).needs(cfg.backend):
-        caps.require(cap, what)
+        caps.require(Capability(cap), what)

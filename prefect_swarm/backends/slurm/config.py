@@ -14,7 +14,6 @@ from prefect_swarm.config.slurm_time import check_slurm_time, slurm_seconds
 
 if TYPE_CHECKING:
     from prefect_swarm.config import SwarmConfig
-    from prefect_swarm.interfaces.capabilities import Capability
 
 
 SlurmTime = Annotated[str, AfterValidator(check_slurm_time)]
@@ -249,11 +248,9 @@ class SlurmConfig(Priced):
         return self
 
 
-def _needs(backend: SlurmConfig) -> list[tuple[Capability, str]]:
-    from prefect_swarm.interfaces.capabilities import Capability
-
+def _needs(backend: SlurmConfig) -> list[tuple[str, str]]:
     runtime = backend.container.runtime
-    return [] if runtime == "none" else [(Capability.CONTAINERS, f"backend.container.runtime={runtime}")]
+    return [] if runtime == "none" else [("containers", f"backend.container.runtime={runtime}")]
 
 
 def _warnings(cfg: SwarmConfig) -> list[str]:
