@@ -66,6 +66,10 @@ class BackendEntry:
     """Runs ``prefect_swarm.sidecar.stage`` on its nodes before the engines (``stage`` is allowed)."""
     holds_gpus: bool = True
     """Its replicas hold GPUs of ours (false: ``gpus_per_replica`` defaults to 0, no GPU-hours)."""
+    nginx_lb: bool = False
+    """Its swarm's endpoint is our nginx load balancer (``top`` reads its ``stub_status``)."""
+    disks_here: bool = False
+    """Its nodes' disks are this machine's (``volumes`` lists and removes the staged model copies here)."""
     client_limits: bool = False
     """Its config bounds the jobs' clients (``max_concurrency``, ``requests_per_minute``,
     ``tokens_per_minute``), applied when a job is sized for the swarm."""

@@ -32,6 +32,7 @@ import typer
 from rich.console import Group
 from rich.live import Live
 
+from prefect_swarm.backends.registry import ENTRIES
 from prefect_swarm.cli.attach import holding
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, table
 from prefect_swarm.config.cost import job_projection
@@ -46,8 +47,8 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 NGINX_STATUS_PATH = "/nginx-status"
 """nginx ``stub_status`` location of the LB (prefect_swarm/backends/slurm/templates/nginx.conf.j2)."""
 
-NGINX_LB_BACKENDS = frozenset({"slurm"})
-"""Backends whose swarm endpoint is our nginx (the LB job); elsewhere the LB figures are n/a."""
+NGINX_LB_BACKENDS = frozenset(kind for kind, entry in ENTRIES.items() if entry.nginx_lb)
+"""Backends whose swarm endpoint is our nginx (the LB job; their entries say so); elsewhere the LB figures are n/a."""
 
 LB_FIELDS = ("active", "accepted", "handled", "requests", "reading", "writing", "waiting")
 

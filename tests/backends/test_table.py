@@ -65,11 +65,13 @@ def test_every_entry_names_its_classes_and_is_in_the_reference(kind: str) -> Non
 
 
 def _switches(text: str) -> list[str]:
-    """A backend's config class in an ``isinstance``, or its name compared with ``==``/``!=``."""
+    """A backend's config class in an ``isinstance``, its name compared with ``==``/``!=`` or listed in a
+    set, tuple or list."""
     found = []
     for kind, entry in ENTRIES.items():
         found += re.findall(rf"isinstance\([^)]*\b{entry.config.__name__}\b[^)]*\)", text)
         found += re.findall(rf"""(?:==|!=)\s*["']{kind}["']|["']{kind}["']\s*(?:==|!=)""", text)
+        found += re.findall(rf"""[{{(\[]\s*["']{kind}["']\s*[,}})\]]""", text)  # a set or list of backends
     return found
 
 
@@ -82,3 +84,4 @@ def test_no_code_outside_backends_switches_on_a_backend() -> None:
 def test_the_switch_finder_finds_a_switch() -> None:
     planted = 'if cfg.backend.type == "slurm" or isinstance(cfg.backend, LeptonConfig) or "local" != kind:\n'
     assert sorted(_switches(planted)) == ['"local" !=', '== "slurm"', "isinstance(cfg.backend, LeptonConfig)"]
+    assert _switches('LB = frozenset({"slurm"})\nif kind in ("external", x):\n') == ['{"slurm"}', '("external",']

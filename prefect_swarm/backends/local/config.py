@@ -51,6 +51,7 @@ ENTRY = BackendEntry(
     title="Local",
     summary="Run a swarm's replicas as processes on the machine running the flow.",
     stages_models=True,
+    disks_here=True,
     wall_time=_wall_time,
 )
 """The local backend in the table of backends."""

@@ -277,6 +277,7 @@ ENTRY = BackendEntry(
     title="Slurm",
     summary="Run a swarm's replicas as one Slurm job array behind an nginx load balancer.",
     stages_models=True,
+    nginx_lb=True,
     shard_placement="prefect_swarm.backends.slurm.render:shard_placement",
     run_dir=_run_dir,
     wall_time=_wall_time,
