@@ -30,7 +30,7 @@ def _backend_type(backend: object) -> object:
     """The ``type`` of a backend given as a dict or as a config model (None for anything else)."""
     if isinstance(backend, dict):
         return backend.get("type")
-    return next((kind for kind, entry in ENTRIES.items() if isinstance(backend, entry.config)), None)
+    return backend.model_dump(include={"type"}).get("type") if isinstance(backend, BaseModel) else None
 
 
 class StageConfig(StrictModel):
