@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 __version__ = "0.1.0"
-
-_LAZY_BLOCKS = ("LeptonBackend", "LocalBackend", "SlurmBackend", "SwarmSpec")
 
 __all__ = ["__version__"]
 
@@ -44,4 +42,29 @@ def lazy_names(package: str, where: Mapping[str, str]) -> tuple[Callable[[str], 
     return getattr_, dir_
 
 
-__getattr__, __dir__ = lazy_names(__name__, dict.fromkeys(_LAZY_BLOCKS, "prefect_swarm.blocks"))
+class _Blocks(Mapping[str, str]):
+    """The blocks exported here -> ``prefect_swarm.blocks``: ``SwarmSpec`` and each backend's
+    ``<Title>Backend``, read from the table of backends when first asked. A name that cannot be a
+    block (a submodule) does not load the table, so this package's import stays light."""
+
+    def _names(self) -> list[str]:
+        from prefect_swarm.backends.registry import ENTRIES
+
+        return ["SwarmSpec", *(entry.block for entry in ENTRIES.values())]
+
+    def __getitem__(self, name: str) -> str:
+        if name in self:
+            return "prefect_swarm.blocks"
+        raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name == "SwarmSpec" or name.endswith("Backend")) and name in self._names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+
+__getattr__, __dir__ = lazy_names(__name__, _Blocks())

@@ -25,7 +25,8 @@ from typing import Any
 from pydantic import SecretStr
 
 from prefect_swarm.backends import BackendPair, build_backends
-from prefect_swarm.config import LeptonConfig, SwarmConfig
+from prefect_swarm.backends.registry import ENTRIES
+from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import ConfigError, ReadinessError, StateError
 from prefect_swarm.interfaces import (
     ComputeBackend,
@@ -217,16 +218,19 @@ def missing_secrets(config: dict[str, Any]) -> list[str]:
     if config.get("api_key") is None and not os.environ.get(API_KEY):
         missing.append("api_key")
     backend = config.get("backend") or {}
-    if "token" in backend and backend["token"] is None and not os.environ.get(str(backend.get("token_env") or "")):
-        missing.append("backend.token")
+    entry = ENTRIES.get(backend.get("type", "local"))
+    for name in entry.secret_fields if entry else ():
+        if name in backend and backend[name] is None and not os.environ.get(str(backend.get(f"{name}_env") or "")):
+            missing.append(f"backend.{name}")
     return missing
 
 
 def restore_secrets(config: dict[str, Any], source: SwarmConfig | None = None) -> dict[str, Any]:
     """``config`` (redacted) with its secrets back: the environment's first, else ``source``'s.
 
-    The backend token is taken from ``source`` only for the same backend type and workspace, and
-    only when ``token_env`` is unset (an environment token is read by the backend itself).
+    A backend secret (the Lepton token: its entry's ``secret_fields``) is taken from ``source`` only for
+    the same backend type and scope (its entry's ``secret_scope``: the workspace), and only when its
+    variable is unset (an environment token is read by the backend itself).
     """
     data = dict(config)
     missing = missing_secrets(config)
@@ -234,14 +238,17 @@ def restore_secrets(config: dict[str, Any], source: SwarmConfig | None = None) -
         data["api_key"] = os.environ[API_KEY]
     elif "api_key" in missing and source is not None and source.api_key is not None:
         data["api_key"] = source.api_key
-    lepton = source.backend if source is not None and isinstance(source.backend, LeptonConfig) else None
     backend = dict(data.get("backend") or {})
-    same = lepton is not None and (lepton.type, lepton.workspace_id) == (
-        backend.get("type"),
-        backend.get("workspace_id"),
-    )
-    if "backend.token" in missing and lepton is not None and lepton.token is not None and same:
-        data["backend"] = {**backend, "token": lepton.token}
+    recorded = source.backend if source is not None and source.backend.type == backend.get("type") else None
+    if recorded is None:
+        return data
+    entry = ENTRIES[recorded.type]
+    if any(getattr(recorded, name) != backend.get(name) for name in entry.secret_scope):
+        return data
+    for name in entry.secret_fields:
+        value = getattr(recorded, name)
+        if f"backend.{name}" in missing and value is not None:
+            data["backend"] = backend = {**backend, name: value}
     return data
 
 

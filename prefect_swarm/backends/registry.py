@@ -1,12 +1,22 @@
-"""The built-in backends, listed in one place; each is imported only when a config asks for it."""
+"""The table of backends: every built-in backend's entry, listed in one place.
+
+The config union, the error hints, the Prefect blocks and the package's lazy exports are built from
+:data:`ENTRIES`; code outside ``backends/`` asks a backend's entry (:func:`entry_of`) instead of
+switching on its name. A backend's serving and compute classes are imported only when a config
+asks for them (:func:`build_backends`).
+"""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from prefect_swarm.backends.entry import BackendEntry, load
+from prefect_swarm.backends.external.config import ENTRY as EXTERNAL
+from prefect_swarm.backends.lepton.config import ENTRY as LEPTON
+from prefect_swarm.backends.local.config import ENTRY as LOCAL
+from prefect_swarm.backends.slurm.config import ENTRY as SLURM
 from prefect_swarm.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -14,30 +24,19 @@ if TYPE_CHECKING:
     from prefect_swarm.interfaces import ComputeBackend, ServingBackend, ServingHandle
     from prefect_swarm.paths import SwarmPaths
 
-# backend type -> ("module:ServingClass", "module:ComputeClass")
-BUILTIN: dict[str, tuple[str, str]] = {
-    "local": (
-        "prefect_swarm.backends.local.serving:LocalServing",
-        "prefect_swarm.backends.local.compute:LocalCompute",
-    ),
-    "slurm": (
-        "prefect_swarm.backends.slurm.serving:SlurmServing",
-        "prefect_swarm.backends.slurm.compute:SlurmCompute",
-    ),
-    "lepton": (
-        "prefect_swarm.backends.lepton.serving:LeptonServing",
-        "prefect_swarm.backends.lepton.compute:LeptonCompute",
-    ),
-    "external": (
-        "prefect_swarm.backends.external.serving:ExternalServing",
-        "prefect_swarm.backends.external.compute:ExternalCompute",
-    ),
-}
+ENTRIES: dict[str, BackendEntry] = {entry.type: entry for entry in (LOCAL, SLURM, LEPTON, EXTERNAL)}
+"""Backend type -> its entry, in the order configs, blocks and messages list them."""
+
+BUILTIN: dict[str, tuple[str, str]] = {kind: (e.serving, e.compute) for kind, e in ENTRIES.items()}
+"""Backend type -> ("module:ServingClass", "module:ComputeClass") (read from :data:`ENTRIES`)."""
 
 
-def _load(ref: str) -> Callable[..., object]:
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
+def entry_of(backend: Any) -> BackendEntry:
+    """The entry of a backend config (``cfg.backend``) or of a backend type's name."""
+    kind = backend if isinstance(backend, str) else backend.type
+    if kind not in ENTRIES:
+        raise ConfigError(f"backend type '{kind}' is not valid; choose one of {', '.join(ENTRIES)}.")
+    return ENTRIES[kind]
 
 
 @dataclass
@@ -61,9 +60,6 @@ class BackendPair:
 
 def build_backends(cfg: SwarmConfig, paths: SwarmPaths) -> BackendPair:
     """Build the backends a config names; unknown types list the valid ones."""
-    kind = cfg.backend.type
-    if kind not in BUILTIN:
-        raise ConfigError(f"backend type '{kind}' is not valid; choose one of {', '.join(sorted(BUILTIN))}.")
-    serving_ref, compute_ref = BUILTIN[kind]
-    serving = _load(serving_ref)(cfg, paths)
-    return BackendPair(cfg=cfg, paths=paths, serving=serving, compute_cls=_load(compute_ref))  # type: ignore[arg-type]
+    entry = entry_of(cfg.backend)
+    serving = load(entry.serving)(cfg, paths)
+    return BackendPair(cfg=cfg, paths=paths, serving=serving, compute_cls=load(entry.compute))

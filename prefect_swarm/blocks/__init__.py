@@ -29,3 +29,7 @@ __all__ = [
     "backend_block_for",
     "with_secret_key",
 ]
+
+# a backend of the table that declares no block class in core gets the one made from its entry
+globals().update({cls.__name__: cls for cls in BACKEND_BLOCKS.values()})
+__all__ += sorted(cls.__name__ for cls in BACKEND_BLOCKS.values() if cls.__name__ not in __all__)

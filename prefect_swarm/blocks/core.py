@@ -15,15 +15,19 @@ logo ships beside this module (:data:`LOGO`) for whoever hosts the package's pag
 from __future__ import annotations
 
 import re
+import types
+import typing
 from abc import ABC
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from prefect.blocks.core import Block
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import ComputedFieldInfo, FieldInfo
 from pydantic.json_schema import GenerateJsonSchema
 
+from prefect_swarm.backends.entry import BackendEntry
+from prefect_swarm.backends.registry import ENTRIES, entry_of
 from prefect_swarm.config import ExternalConfig, LeptonConfig, LocalConfig, SlurmConfig, SwarmConfig
 
 DOCS_URL = "https://docs.prefect.io/v3/concepts/blocks"
@@ -197,21 +201,40 @@ class ExternalBackend(_SwarmBlock, ExternalConfig):
     config_model: ClassVar[type[BaseModel]] = ExternalConfig
 
 
-BackendBlock = LocalBackend | SlurmBackend | LeptonBackend | ExternalBackend
-"""Any backend block."""
+_DECLARED = {cls.config_model: cls for cls in (LocalBackend, SlurmBackend, LeptonBackend, ExternalBackend)}
+"""The built-in backends' blocks, declared above for the names users import and the type checker."""
 
-BACKEND_BLOCKS: dict[str, type[LocalBackend] | type[SlurmBackend] | type[LeptonBackend] | type[ExternalBackend]] = {
-    "local": LocalBackend,
-    "slurm": SlurmBackend,
-    "lepton": LeptonBackend,
-    "external": ExternalBackend,
+
+def _made_block(entry: BackendEntry) -> type[_SwarmBlock]:
+    """The block of a backend that declares none above: made from its entry (config model, title, summary)."""
+
+    def body(ns: dict[str, Any]) -> None:
+        ns.update(
+            __module__=__name__,
+            __doc__=entry.summary,
+            __annotations__={"config_model": "ClassVar[type[BaseModel]]"},
+            _block_type_name=f"Swarm {entry.title} Backend",
+            config_model=entry.config,
+        )
+
+    return types.new_class(entry.block, (_SwarmBlock, entry.config), exec_body=body)
+
+
+BACKEND_BLOCKS: dict[str, type[_SwarmBlock]] = {
+    kind: _DECLARED.get(entry.config) or _made_block(entry) for kind, entry in ENTRIES.items()
 }
-"""Backend ``type`` -> block class."""
+"""Backend ``type`` -> block class, one per entry of the table of backends."""
+
+if TYPE_CHECKING:
+    BackendBlock = LocalBackend | SlurmBackend | LeptonBackend | ExternalBackend
+else:
+    BackendBlock = typing.Union[tuple(BACKEND_BLOCKS.values())]  # noqa: UP007
+"""Any backend block."""
 
 
 def backend_block_for(cfg: LocalConfig | SlurmConfig | LeptonConfig | ExternalConfig) -> BackendBlock:
     """The backend block holding a backend config's values."""
-    return BACKEND_BLOCKS[cfg.type].from_config(cfg)
+    return BACKEND_BLOCKS[cfg.type].from_config(cfg)  # type: ignore[return-value]  # one block per entry
 
 
 class SwarmSpec(_SwarmBlock, SwarmConfig):
@@ -224,7 +247,7 @@ class SwarmSpec(_SwarmBlock, SwarmConfig):
     _block_type_name = "Swarm Spec"
     config_model: ClassVar[type[BaseModel]] = SwarmConfig
 
-    backend: LocalBackend | SlurmBackend | LeptonBackend | ExternalBackend = Field(
+    backend: BackendBlock = Field(
         default_factory=LocalBackend,
         description=SwarmConfig.model_fields["backend"].description,
     )
@@ -254,17 +277,17 @@ def with_secret_key(cfg: SwarmConfig) -> SwarmConfig:
 
     from prefect_swarm.exceptions import ConfigError
 
-    backend = cfg.backend
-    if not isinstance(backend, ExternalConfig) or not backend.api_key_secret or cfg.api_key is not None:
+    name = entry_of(cfg.backend).key_block(cfg.backend)
+    if not name or cfg.api_key is not None:
         return cfg
     try:
-        value = Secret.load(backend.api_key_secret, _sync=True).get()  # type: ignore[call-arg, union-attr]
+        value = Secret.load(name, _sync=True).get()  # type: ignore[call-arg, union-attr]
     except ValueError as exc:
         raise ConfigError(
-            f"backend.api_key_secret: no Secret block '{backend.api_key_secret}' ({exc}). Create it "
-            f"(`prefect block create secret` or Secret(value=...).save('{backend.api_key_secret}')), or name "
+            f"backend.api_key_secret: no Secret block '{name}' ({exc}). Create it "
+            f"(`prefect block create secret` or Secret(value=...).save('{name}')), or name "
             "an environment variable in backend.api_key_env instead."
         ) from None
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"backend.api_key_secret: the Secret block '{backend.api_key_secret}' holds no string key.")
+        raise ConfigError(f"backend.api_key_secret: the Secret block '{name}' holds no string key.")
     return cfg.model_copy(update={"api_key": SecretStr(value)})

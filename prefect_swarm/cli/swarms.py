@@ -38,10 +38,10 @@ TimeoutOpt = Annotated[
 
 def make_swarm(cfg: SwarmConfig, **kwargs: Any) -> Swarm:
     """``Swarm(cfg)`` (starts nothing); a backend that cannot be imported is a BackendError with the fix."""
-    from prefect_swarm.config import ExternalConfig
+    from prefect_swarm.backends.registry import entry_of
     from prefect_swarm.swarm import Swarm
 
-    if isinstance(cfg.backend, ExternalConfig) and cfg.backend.api_key_secret:  # the Prefect API: only then
+    if entry_of(cfg.backend).key_block(cfg.backend):  # the Prefect API: only then
         from prefect_swarm.blocks import with_secret_key
 
         cfg = with_secret_key(cfg)

@@ -4,7 +4,8 @@ Per replica: health (the backend's status), running and waiting requests, genera
 cache usage (scraped from the engine's ``/metrics``, found through
 :meth:`ServingBackend.metrics_targets`). The load balancer (Slurm: nginx): active connections,
 accepted/handled connections and requests, requests/s, from nginx's ``stub_status`` at
-``/nginx-status`` on the swarm's endpoint (templates/nginx.conf.j2). Per job: rows done/failed of total, rows/s and ETA
+``/nginx-status`` on the swarm's endpoint (backends/slurm/templates/nginx.conf.j2). Per job: rows done/failed of
+total, rows/s and ETA
 (from the shards' progress files; the ETA is the projection's time left, and ``-o json`` carries the
 whole projection, :func:`~prefect_swarm.config.cost.job_projection`), requests in flight (scraped
 from the job processes' own ``/metrics``). What a backend cannot report is ``null`` with the reason
@@ -31,6 +32,7 @@ import typer
 from rich.console import Group
 from rich.live import Live
 
+from prefect_swarm.backends.registry import ENTRIES
 from prefect_swarm.cli.attach import holding
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, table
 from prefect_swarm.config.cost import job_projection
@@ -43,10 +45,10 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 """vLLM >= 0.10 names the KV cache gauge ``kv_cache_usage_perc``; older ones ``gpu_cache_usage_perc``."""
 
 NGINX_STATUS_PATH = "/nginx-status"
-"""nginx ``stub_status`` location of the LB (prefect_swarm/templates/nginx.conf.j2)."""
+"""nginx ``stub_status`` location of the LB (prefect_swarm/backends/slurm/templates/nginx.conf.j2)."""
 
-NGINX_LB_BACKENDS = frozenset({"slurm"})
-"""Backends whose swarm endpoint is our nginx (the LB job); elsewhere the LB figures are n/a."""
+NGINX_LB_BACKENDS = frozenset(kind for kind, entry in ENTRIES.items() if entry.nginx_lb)
+"""Backends whose swarm endpoint is our nginx (the LB job; their entries say so); elsewhere the LB figures are n/a."""
 
 LB_FIELDS = ("active", "accepted", "handled", "requests", "reading", "writing", "waiting")
 

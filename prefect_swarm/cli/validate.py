@@ -20,9 +20,10 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from prefect_swarm.backends.registry import entry_of
 from prefect_swarm.cli.output import OutputFormat, console, emit_json
 from prefect_swarm.cli.swarms import ConfigOpt, NameOpt, OutputOpt, ReplicasOpt, make_swarm
-from prefect_swarm.config import LeptonConfig, SlurmConfig, SwarmConfig, load_config
+from prefect_swarm.config import SwarmConfig, load_config
 from prefect_swarm.config.cost import projection_text
 from prefect_swarm.config.errors import invalid_fields
 from prefect_swarm.exceptions import ConfigError
@@ -173,21 +174,12 @@ def print_estimate(est: dict[str, Any]) -> None:
 
 def shard_placement(cfg: SwarmConfig) -> str | None:
     """Where a batch job's shards run on this swarm, when the backend places them itself (Slurm)."""
-    if isinstance(cfg.backend, SlurmConfig):
-        from prefect_swarm.backends.slurm.render import shard_placement as slurm_placement
-
-        return slurm_placement(cfg)
-    return None
+    return entry_of(cfg.backend).placement(cfg)
 
 
 def warnings(cfg: SwarmConfig) -> list[str]:
     """What is valid but risky in ``cfg``."""
-    if isinstance(cfg.backend, SlurmConfig) and cfg.backend.open_endpoint and cfg.api_key is None:
-        return [
-            "backend.open_endpoint: true serves without an API key: any user of the cluster who can "
-            "reach a node can send requests to this swarm's replicas and LB. Remove it to get a key per swarm."
-        ]
-    return []
+    return entry_of(cfg.backend).warnings(cfg)
 
 
 def mask_secrets(plan: dict[str, str], cfg: SwarmConfig) -> dict[str, str]:
@@ -203,6 +195,5 @@ def mask_secrets(plan: dict[str, str], cfg: SwarmConfig) -> dict[str, str]:
 
 def _secrets(cfg: SwarmConfig) -> list[Any]:
     found = [cfg.api_key] if cfg.api_key is not None else []
-    if isinstance(cfg.backend, LeptonConfig) and cfg.backend.token is not None:
-        found.append(cfg.backend.token)
-    return found
+    found += [getattr(cfg.backend, f) for f in entry_of(cfg.backend).secret_fields]
+    return [s for s in found if s is not None]

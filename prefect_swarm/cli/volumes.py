@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from prefect_swarm.backends.registry import ENTRIES
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
 from prefect_swarm.cli.swarms import confirm
 from prefect_swarm.config.swarm import staged_path
@@ -27,8 +28,9 @@ from prefect_swarm.swarm import LIVE_PHASES
 
 volumes_app = typer.Typer(help="Model copies staged on node-local disk (`stage:` in a swarm config).")
 
-VISIBLE_BACKENDS = frozenset({"local"})
-"""Backends whose nodes' disks are this machine's (their staged copies can be listed and removed here)."""
+VISIBLE_BACKENDS = frozenset(kind for kind, entry in ENTRIES.items() if entry.disks_here)
+"""Backends whose nodes' disks are this machine's (their entries say so): their staged copies can be listed
+and removed here."""
 
 
 def _staging(rec: SwarmRecord) -> tuple[str, str] | None:
@@ -62,7 +64,7 @@ def list_volumes(
         if staging:
             roots.setdefault(staging[0], set()).add(rec.backend)
     for extra in to or []:
-        roots.setdefault(str(Path(extra).expanduser()), set()).add("local")
+        roots.setdefault(str(Path(extra).expanduser()), set()).update(VISIBLE_BACKENDS)  # a folder of this machine
     host = socket.gethostname()
     copies: list[dict[str, Any]] = []
     unavailable: list[dict[str, str]] = []

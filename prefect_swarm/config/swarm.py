@@ -10,7 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
-from prefect_swarm.config.backends import BackendConfig, ExternalConfig, LocalConfig, SlurmConfig
+from prefect_swarm.backends.registry import ENTRIES, entry_of
+from prefect_swarm.config.backends import BACKEND_TYPES, BackendConfig, LocalConfig
 from prefect_swarm.config.base import Count, NonNegativeInt, Port, Seconds, StrictModel
 from prefect_swarm.config.engine import EngineConfig
 
@@ -21,8 +22,15 @@ Sharing = Literal["shared", "exclusive"]
 ``exclusive`` (one run at a time: the Prefect global concurrency limit ``swarm:<name>`` of 1)."""
 
 
-STAGING_BACKENDS = ("local", "slurm")
-"""Backends that run ``prefect_swarm.sidecar.stage`` before their engines."""
+STAGING_BACKENDS = tuple(kind for kind, entry in ENTRIES.items() if entry.stages_models)
+"""Backends that run ``prefect_swarm.sidecar.stage`` before their engines (their entries say so)."""
+
+
+def _backend_type(backend: object) -> object:
+    """The ``type`` of a backend given as a dict or as a config model (None for anything else)."""
+    if isinstance(backend, dict):
+        return backend.get("type")
+    return backend.model_dump(include={"type"}).get("type") if isinstance(backend, BaseModel) else None
 
 
 class StageConfig(StrictModel):
@@ -89,7 +97,7 @@ class SwarmConfig(StrictModel):
     )
     backend: BackendConfig = Field(
         default_factory=LocalConfig,
-        description="Where the replicas run: local, slurm or lepton (key 'type').",
+        description=f"Where the replicas run: {', '.join(BACKEND_TYPES[:-1])} or {BACKEND_TYPES[-1]} (key 'type').",
     )
     stage: StageConfig | None = Field(
         default=None,
@@ -121,10 +129,11 @@ class SwarmConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _no_gpus_of_ours(cls, data: object) -> object:
-        """An external swarm holds no GPUs of ours: gpus_per_replica defaults to 0 there (no GPU-hours)."""
+        """A swarm whose backend holds no GPUs of ours (external): gpus_per_replica defaults to 0 (no GPU-hours)."""
         if isinstance(data, dict) and "gpus_per_replica" not in data:
             backend = data.get("backend")
-            if isinstance(backend, ExternalConfig) or (isinstance(backend, dict) and backend.get("type") == "external"):
+            kind = _backend_type(backend)
+            if kind in ENTRIES and not ENTRIES[kind].holds_gpus:
                 return {**data, "gpus_per_replica": 0}
         return data
 
@@ -190,7 +199,7 @@ class SwarmConfig(StrictModel):
     def run_dir(self) -> str | None:
         """The backend's run dir (Slurm ``backend.run_dir``), where the swarm's folder and its jobs
         live (:meth:`prefect_swarm.paths.SwarmPaths.of`); None: under ``$PREFECT_SWARM_HOME``."""
-        return self.backend.run_dir if isinstance(self.backend, SlurmConfig) else None
+        return entry_of(self.backend).run_dir(self.backend)
 
     def redacted(self) -> dict:
         """A JSON-safe dict with every secret set to None (for state rows, logs and rendered files).

@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from prefect_swarm.config.backends import SlurmConfig
+from prefect_swarm.backends.registry import entry_of
 from prefect_swarm.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -83,5 +83,5 @@ def check_config(cfg: SwarmConfig, caps: Capabilities) -> None:
             Capability.MULTI_NODE,
             f"gpus_per_replica={cfg.gpus_per_replica} over gpus_per_node={cfg.gpus_per_node} (replica spans nodes)",
         )
-    if isinstance(cfg.backend, SlurmConfig) and cfg.backend.container.runtime != "none":
-        caps.require(Capability.CONTAINERS, f"backend.container.runtime={cfg.backend.container.runtime}")
+    for cap, what in entry_of(cfg.backend).needs(cfg.backend):
+        caps.require(Capability(cap), what)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+from prefect_swarm.backends.registry import entry_of
 from prefect_swarm.config import ExternalConfig, SwarmConfig
 from prefect_swarm.jobs.control import queue_margin
 from prefect_swarm.jobs.metrics import AUTO_HOST
@@ -60,8 +61,8 @@ def size_for_swarm(spec: JobSpec, cfg: SwarmConfig) -> JobSpec:
 
             shards = auto_shards(cfg, open_input(spec).num_rows)
         update["shards"] = shards
-    if isinstance(cfg.backend, ExternalConfig):
-        update.update(external_limits(spec, cfg.backend, int(update.get("shards", spec.shards))))  # type: ignore[call-overload]
+    if entry_of(cfg.backend).client_limits:
+        update.update(external_limits(spec, cfg.backend, int(update.get("shards", spec.shards))))  # type: ignore[call-overload, arg-type]
     return spec.model_copy(update=update)
 
 

@@ -29,6 +29,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from prefect_swarm import launch
+from prefect_swarm.backends.registry import entry_of
 from prefect_swarm.config import SwarmConfig, load_config
 from prefect_swarm.config.swarm import Sharing
 from prefect_swarm.exceptions import ConfigError
@@ -226,12 +227,7 @@ def swarm_up(cfg: SwarmConfig, keep: bool = False, reuse: bool = True, source: s
 
 
 def _wall_time(cfg: SwarmConfig) -> str:
-    backend: Any = cfg.backend
-    if backend.type == "local":
-        return f"{backend.wall_time_s:g} s" if backend.wall_time_s else "none"
-    if backend.type == "slurm":
-        return str(backend.time_limit)
-    return "backend default"
+    return entry_of(cfg.backend).wall_time(cfg.backend)
 
 
 @task(name="wait-ready", task_run_name="wait-ready-{swarm.cfg.name}", cache_policy=NO_CACHE)

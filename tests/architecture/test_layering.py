@@ -23,6 +23,7 @@ LAYER = {
     "redaction": 0,
     "interfaces": 0,
     "config": 0,
+    "backends.table": 0,  # the table of backends: each backend's config model and entry (see _area)
     # platforms, the data plane, the state database, processes beside replicas
     "sidecar": 1,
     "state": 1,
@@ -55,6 +56,7 @@ PREFECT_FREE = {
     "budget",
     "jobs",
     "backends",
+    "backends.table",
     "testing",
     "swarm",
     "holding",
@@ -65,11 +67,19 @@ PREFECT_FREE = {
 FORBIDDEN = {"jobs": {"swarm", "state", "launch", "backends"}, "budget": {"jobs", "state", "sidecar"}}
 """Explicit bans beyond the layer order: the data plane knows nothing of swarms or state."""
 
+TABLE = ("entry", "registry")
+"""The modules of ``backends/`` that make the table of backends, with each ``backends/<name>/config.py``
+(a config model and its entry): the config layer builds the
+config union from them, so they sit on its floor and import nothing a backend runs with (its serving
+and compute classes are named as strings, imported when a swarm is built)."""
+
 
 def _area(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != "prefect_swarm" or len(parts) < 2:
         return None
+    if parts[1] == "backends" and (len(parts) == 2 or parts[2] in TABLE or parts[3:4] == ["config"]):
+        return "backends.table"  # the package (names loaded on use), entry.py, registry.py, <name>/config.py
     return parts[1]
 
 

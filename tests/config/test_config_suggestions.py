@@ -60,7 +60,7 @@ def test_far_off_key_lists_the_valid_keys() -> None:
 
 def test_unknown_backend_type_lists_the_valid_ones() -> None:
     msg = _error({"backend": {"type": "slrum"}})
-    assert "backend type 'slrum' is not valid; choose one of local, lepton, slurm" in msg
+    assert "backend type 'slrum' is not valid; choose one of local, slurm, lepton, external" in msg
 
 
 def test_secret_values_are_never_echoed() -> None:

@@ -55,7 +55,7 @@ def ensure_ray_token(paths: SwarmPaths) -> str:
     """The token of the swarm's Ray clusters, created (random, mode 0600) when it has none yet.
 
     Every replica spanning several nodes starts Ray with ``RAY_AUTH_MODE=token`` and
-    ``RAY_AUTH_TOKEN_PATH`` naming this file (templates/replicas.sbatch.j2): a process without the
+    ``RAY_AUTH_TOKEN_PATH`` naming this file (backends/slurm/templates/replicas.sbatch.j2): a process without the
     token (another user's ``ray start --address=...``) is refused by the GCS and the raylets. It is
     made whether or not the endpoint is open: Ray runs code, the endpoint only answers prompts.
     """

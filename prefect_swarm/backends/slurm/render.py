@@ -391,7 +391,7 @@ def _container_image(container: ContainerConfig) -> str:
 @cache
 def _env() -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.PackageLoader("prefect_swarm", "templates"),
+        loader=jinja2.PackageLoader("prefect_swarm.backends.slurm", "templates"),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
