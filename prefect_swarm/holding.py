@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import ConfigError, StateError
 from prefect_swarm.interfaces import ServingPhase, ServingStatus
+from prefect_swarm.interfaces.parking import Snapshot
+from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.state import LeaseKind, LeaseRecord, StateStore, SwarmRecord
 from prefect_swarm.swarm import (
     KEEP_OWNER,
@@ -36,6 +39,8 @@ from prefect_swarm.swarm import (
     job_lease,
     keep_lease,
     missing_secrets,
+    process_lease,
+    this_host,
 )
 
 log = logging.getLogger("prefect_swarm.holding")
@@ -127,6 +132,7 @@ class Holding:
         only shares is left to its other holders, and this call's lease is dropped (not a KEEP
         lease: that one is everybody's ``up``)."""
         cfg = swarm.cfg
+        self.settle_parked(cfg.name)
         found = self.reusable(cfg) if reuse else None
         if found is not None and found.name != cfg.name:
             self._adopt_unleased(found)
@@ -209,6 +215,41 @@ class Holding:
             if not running():
                 self.store.release_lease(name, lease.owner)
             raise
+
+    # ------------------------------------------------------------------ park
+    def park(self, name: str, reason: str) -> Snapshot:
+        """Park swarm ``name`` (:meth:`Swarm.park`): every GPU given back, its holders keep their holds."""
+        return self.attach(name).park(reason)
+
+    def restore(self, name: str, *, wait: bool = True, timeout_s: float | None = None) -> Held:
+        """Bring the parked swarm ``name`` back from its snapshot (one restore however many ask: the
+        claim of :meth:`Swarm.join`); with ``wait``, until it is ready. A live swarm is only attached.
+        This call holds it while it restores; it stays up for the holds it had (KEEP, runs, jobs)."""
+        self.settle_parked(name)
+        rec = self.store.require_swarm(name)
+        if rec.phase not in LIVE_PHASES and rec.phase is not ServingPhase.PARKED:
+            raise StateError(
+                f"swarm '{name}' is {rec.phase.value}, not parked: nothing to restore. "
+                "`prefect-swarm up -c CONFIG` brings it up."
+            )
+        swarm = self.attach(name)
+        lease = dataclasses.replace(process_lease(owner=f"restore:{this_host()}:{os.getpid()}"), swarm=name)
+        try:
+            return self.bring_up(swarm, lease, wait=wait, timeout_s=timeout_s)
+        finally:
+            self.store.release_lease(name, lease.owner)
+
+    def settle_parked(self, name: str) -> None:
+        """Record PARKED for a RUNNING swarm that parked itself (Slurm's LB past ``idle_timeout_s``):
+        its snapshot is there and nothing of it runs. The next claim then restores it."""
+        rec = self.store.get_swarm(name)
+        if rec is None or rec.phase is not ServingPhase.RUNNING or not rec.handle:
+            return
+        if not SwarmPaths.of(name, rec.config.get("backend", {}).get("run_dir")).parked.exists():
+            return
+        swarm = self.attach(name)
+        if swarm.status().phase is ServingPhase.PARKED:
+            self.store.update_swarm(name, phase=ServingPhase.PARKED)
 
     # ------------------------------------------------------------------ let go
     def holders(self, name: str) -> list[LeaseRecord]:

@@ -31,7 +31,7 @@ def record_view(rec: SwarmRecord) -> dict[str, Any]:
         "phase": rec.phase.value,
         "model": rec.config.get("served_model_name") or rec.config.get("model"),
         "replicas": rec.config.get("replicas"),
-        "endpoint": None if rec.phase is ServingPhase.STOPPED else handle.get("url"),
+        "endpoint": None if rec.phase in (ServingPhase.STOPPED, ServingPhase.PARKED) else handle.get("url"),
         "keep": rec.keep,
         "flow_run_id": rec.flow_run_id,
         "fingerprint": rec.fingerprint,

@@ -133,8 +133,20 @@ class LeptonServing:
                 "orphan reaper stop them",
                 Capability.EXEC: "Lepton's API offers no way to run a command inside a deployment replica; "
                 "use the Lepton dashboard's terminal, or `curl` the endpoint from here",
+                Capability.PARK: "scaling a Lepton endpoint to zero replicas and back is not supported yet; "
+                "`prefect-swarm down` stops it (the next `up` starts it cold)",
             },
         )
+
+    def park(self, handle: ServingHandle) -> dict[str, Any]:
+        """Refused: ConfigError with the reason Lepton lacks :attr:`Capability.PARK`; calls nothing."""
+        self.capabilities().require(Capability.PARK, f"`prefect-swarm park {handle.name}`")
+        raise AssertionError("unreachable: Lepton lacks the park capability")
+
+    def restore(self, cfg: SwarmConfig, parked: dict[str, Any]) -> ServingHandle:
+        """Refused, as :meth:`park`."""
+        self.capabilities().require(Capability.PARK, f"`prefect-swarm restore {cfg.name}`")
+        raise AssertionError("unreachable: Lepton lacks the park capability")
 
     def exec_command(self, handle: ServingHandle, replica: int, argv: Sequence[str]) -> int:
         """Refused: ConfigError with the reason Lepton lacks :attr:`Capability.EXEC`; calls nothing."""
