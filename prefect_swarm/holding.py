@@ -66,6 +66,8 @@ class Held:
     shared: str | None = None
     ready: ServingStatus | None = None
     """What the wait saw (with ``wait``): fresher than a second look, which a watchdog may not have written yet."""
+    restored: bool = False
+    """This call brought the swarm back from its snapshot (it was parked)."""
 
 
 @dataclass
@@ -141,6 +143,8 @@ class Holding:
         before = self.live(cfg.name)
         if before is not None:
             self._adopt_unleased(before)
+        was = self.store.get_swarm(cfg.name)
+        parked = was is not None and was.phase is ServingPhase.PARKED
         started: bool | None = None
         ready = None
         try:
@@ -153,7 +157,7 @@ class Holding:
             ours = before is None and started is not False
             self._after_failed_bring_up(swarm, lease, ours=ours, leave=leave_on_failure)
             raise
-        return Held(swarm, started=bool(started), ready=ready)
+        return Held(swarm, started=bool(started), ready=ready, restored=bool(started) and parked)
 
     def _after_failed_bring_up(self, swarm: Swarm, lease: LeaseRecord, *, ours: bool, leave: bool) -> None:
         name = swarm.cfg.name
@@ -249,7 +253,7 @@ class Holding:
             return
         swarm = self.attach(name)
         if swarm.status().phase is ServingPhase.PARKED:
-            self.store.update_swarm(name, phase=ServingPhase.PARKED)
+            self.store.settle_phase(rec, ServingPhase.PARKED)  # unless a holder claimed it meanwhile
 
     # ------------------------------------------------------------------ let go
     def holders(self, name: str) -> list[LeaseRecord]:

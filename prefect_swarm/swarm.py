@@ -289,6 +289,7 @@ class Swarm:
     def up(self) -> ServingHandle:
         """Validate, record, and start (or reconcile) the swarm. Returns once submitted."""
         self.validate()
+        parked = self._restorable()  # before the kept config is rewritten: it judges an idle park's snapshot
         existing = self.store.get_swarm(self.cfg.name)
         if existing and existing.phase in LIVE_PHASES and existing.backend != self.cfg.backend.type:
             raise ConfigError(
@@ -305,8 +306,7 @@ class Swarm:
         self.store.put_lease(dataclasses.replace(bringer, swarm=self.cfg.name))
         try:
             self._record(ServingPhase.PENDING, handle=None if not existing else existing.handle)
-            parked = Snapshot.read(self.paths)
-            if parked is not None and parked.fingerprint == self.fingerprint:
+            if parked is not None:
                 log.info("restoring swarm '%s' from its snapshot (parked: %s)", self.cfg.name, parked.reason)
                 self.handle = self.backends.serving.restore(self.cfg, parked.serving)
             else:
@@ -482,6 +482,22 @@ class Swarm:
         finally:
             self.store.release_lease(name, stopper.owner)
         return snap
+
+    def _restorable(self) -> Snapshot | None:
+        """The snapshot of this swarm when it is parked with this engine (its fingerprint, or for a snapshot
+        that has none, the swarm's kept config's); None when it is not parked, or parked with another."""
+        snap = Snapshot.read(self.paths)
+        if snap is None:
+            return None
+        kept = snap.fingerprint
+        if not kept:
+            import yaml
+
+            try:
+                kept = engine_fingerprint(SwarmConfig.model_validate(yaml.safe_load(self.paths.config.read_text())))
+            except Exception:  # unreadable or from another version: not restorable, a cold start
+                return None
+        return snap if kept == self.fingerprint else None
 
     def _snapshot(self, reason: str) -> Snapshot:
         """What a restore of this swarm needs (see :class:`Snapshot`); no secret."""

@@ -86,7 +86,10 @@ def live_status(rec: SwarmRecord, store: StateStore) -> dict[str, Any]:
         }
     try:
         swarm = holding(store).attach(rec.name)
-        return {**swarm.status().to_dict(), "cost": cost_view(swarm, store)}
+        status = swarm.status()
+        if status.phase is ServingPhase.PARKED and rec.phase is ServingPhase.RUNNING:
+            store.settle_phase(rec, ServingPhase.PARKED)  # it parked itself (idle): record what was seen
+        return {**status.to_dict(), "cost": cost_view(swarm, store)}
     except Exception as exc:  # a status look must not fail the command: it reports what it could not see
         log.debug("status of %s failed", rec.name, exc_info=True)
         return {**unknown, "detail": f"could not ask the {rec.backend} backend: {type(exc).__name__}: {exc}"}
