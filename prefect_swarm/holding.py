@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import ConfigError, StateError
@@ -243,13 +244,37 @@ class Holding:
         finally:
             self.store.release_lease(name, lease.owner)
 
+    def parked(self, name: str) -> bool:
+        """Whether swarm ``name`` is parked, being parked or being restored: recorded PARKED, or live with
+        its snapshot kept (written before its replicas stop, removed once it is ready again)."""
+        rec = self.store.get_swarm(name)
+        if rec is None:
+            return False
+        return rec.phase is ServingPhase.PARKED or (rec.phase in LIVE_PHASES and _snapshot_file(rec).exists())
+
+    def wait_restored(self, name: str, *, poll_s: float = 1.0, say: Say | None = None) -> Swarm:
+        """A job's pause on a parked swarm: wait, however long it stays parked, until it has been restored
+        and is RUNNING again; return it. StateError when it is stopped meanwhile (nothing to wait for)."""
+        if say is not None:
+            say(f"swarm '{name}' is parked: waiting for its restore (`prefect-swarm restore {name}`).")
+        while True:
+            rec = self.store.require_swarm(name)
+            if rec.phase is ServingPhase.RUNNING and not self.parked(name):
+                return self.attach(name)
+            if rec.phase in (ServingPhase.STOPPED, ServingPhase.FAILED):
+                raise StateError(
+                    f"swarm '{name}' was {rec.phase.value.lower()} while parked; its job waits no more. "
+                    f"`prefect-swarm up -c CONFIG` brings it up; resubmitting the job with its --id resumes it."
+                )
+            time.sleep(poll_s)
+
     def settle_parked(self, name: str) -> None:
         """Record PARKED for a RUNNING swarm that parked itself (Slurm's LB past ``idle_timeout_s``):
         its snapshot is there and nothing of it runs. The next claim then restores it."""
         rec = self.store.get_swarm(name)
         if rec is None or rec.phase is not ServingPhase.RUNNING or not rec.handle:
             return
-        if not SwarmPaths.of(name, rec.config.get("backend", {}).get("run_dir")).parked.exists():
+        if not _snapshot_file(rec).exists():
             return
         swarm = self.attach(name)
         if swarm.status().phase is ServingPhase.PARKED:
@@ -338,3 +363,8 @@ class Holding:
                 self.attach(rec.name).down()
                 stopped.append(rec.name)
         return stopped
+
+
+def _snapshot_file(rec: SwarmRecord) -> Path:
+    """Where the snapshot of the recorded swarm ``rec`` is kept (its folder, by its recorded config)."""
+    return SwarmPaths.of(rec.name, (rec.config.get("backend") or {}).get("run_dir")).parked

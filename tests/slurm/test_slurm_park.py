@@ -3,15 +3,19 @@ behind the real nginx LB, the CLI run as its own process.
 
 `park` ends the replica and LB jobs (nothing of the swarm stays in squeue) and the swarm shows
 PARKED in `status` and `list`; `restore` brings it back from the kept scripts and it answers through
-its LB again. An idle swarm (``backend.idle_timeout_s``) parks itself, and three holders that need
-it at once wake it with one restore.
+its LB again; a `job submit` that spans a park and a restore pauses (its shards, steps of the parked
+allocation, flush and stop; the command waits for the restore, spending no resubmission) and finishes
+every row exactly once, none failed. An idle swarm (``backend.idle_timeout_s``) parks itself, and
+three holders that need it at once wake it with one restore.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from _slurmkit import our_jobs, stub_config
+from _slurmkit import make_job, our_jobs, output_ids, stub_config
 
 from prefect_swarm.backends.slurm import render
 from prefect_swarm.backends.slurm.serving import SlurmServing
@@ -123,3 +127,39 @@ def test_an_idle_swarm_parks_and_three_holders_at_once_wake_it_with_one_restore(
     finally:
         run_cli("down", cfg.name, "-y", "--force", timeout=120)
     assert our_jobs(cfg) == ""
+
+
+def test_a_job_spanning_a_park_and_a_restore_finishes_exactly_once(
+    need_slurm: None, run_cli: Run, tmp_path: Path, swarm_home: Path
+) -> None:
+    cfg = stub_config(replicas=1, engine={"args": ["--latency-ms", "50"]})
+    n = 3000
+    try:
+        _up(run_cli, cfg, tmp_path)
+        spec = make_job(tmp_path, n, concurrency=4, shards=2, drain_seconds=1)
+        cli = [sys.executable, "-m", "prefect_swarm.cli.main", "job", "submit", "-n", cfg.name, "--spec", str(spec)]
+        proc = subprocess.Popen(
+            [*cli, "--id", "spans"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
+        )
+        parts = tmp_path / "job" / "shards"
+        wait_until("both shards checkpointed", lambda: len(list(parts.glob("*/part-*.parquet"))) >= 2, timeout_s=90)
+        _json(run_cli("park", cfg.name, "-o", "json", timeout=120))
+        assert our_jobs(cfg) == ""
+        wait_until(
+            "the job stopped resumable",
+            lambda: _json(run_cli("job", "status", "spans", "--refresh", "-o", "json"))["status"] == "PREEMPTED",
+            timeout_s=60,
+        )
+        assert proc.poll() is None, "the command gave up on the job while its swarm was parked"
+        _json(run_cli("restore", cfg.name, "-o", "json", timeout=180))
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-3000:] + err[-3000:]
+        assert f"swarm '{cfg.name}' is parked: waiting for its restore" in err, err[-3000:]
+        assert "resubmitting (" not in err  # a pause, not a preemption: no attempt spent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        run_cli("down", cfg.name, "-y", "--force", timeout=120)
+    assert output_ids(tmp_path) == [f"r{i:05d}" for i in range(n)]  # exactly once, in order
+    status = _json(run_cli("job", "status", "spans", "-o", "json"))
+    assert status["status"] == "SUCCEEDED" and status["manifest"]["failed"] == 0, status
