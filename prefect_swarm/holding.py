@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import ConfigError, StateError
 from prefect_swarm.interfaces import ServingPhase, ServingStatus
+from prefect_swarm.interfaces.parking import Snapshot
+from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.state import LeaseKind, LeaseRecord, StateStore, SwarmRecord
 from prefect_swarm.swarm import (
     KEEP_OWNER,
@@ -36,6 +40,8 @@ from prefect_swarm.swarm import (
     job_lease,
     keep_lease,
     missing_secrets,
+    process_lease,
+    this_host,
 )
 
 log = logging.getLogger("prefect_swarm.holding")
@@ -61,6 +67,8 @@ class Held:
     shared: str | None = None
     ready: ServingStatus | None = None
     """What the wait saw (with ``wait``): fresher than a second look, which a watchdog may not have written yet."""
+    restored: bool = False
+    """This call brought the swarm back from its snapshot (it was parked)."""
 
 
 @dataclass
@@ -127,6 +135,7 @@ class Holding:
         only shares is left to its other holders, and this call's lease is dropped (not a KEEP
         lease: that one is everybody's ``up``)."""
         cfg = swarm.cfg
+        self.settle_parked(cfg.name)
         found = self.reusable(cfg) if reuse else None
         if found is not None and found.name != cfg.name:
             self._adopt_unleased(found)
@@ -135,6 +144,8 @@ class Holding:
         before = self.live(cfg.name)
         if before is not None:
             self._adopt_unleased(before)
+        was = self.store.get_swarm(cfg.name)
+        parked = was is not None and was.phase is ServingPhase.PARKED
         started: bool | None = None
         ready = None
         try:
@@ -147,7 +158,7 @@ class Holding:
             ours = before is None and started is not False
             self._after_failed_bring_up(swarm, lease, ours=ours, leave=leave_on_failure)
             raise
-        return Held(swarm, started=bool(started), ready=ready)
+        return Held(swarm, started=bool(started), ready=ready, restored=bool(started) and parked)
 
     def _after_failed_bring_up(self, swarm: Swarm, lease: LeaseRecord, *, ours: bool, leave: bool) -> None:
         name = swarm.cfg.name
@@ -209,6 +220,65 @@ class Holding:
             if not running():
                 self.store.release_lease(name, lease.owner)
             raise
+
+    # ------------------------------------------------------------------ park
+    def park(self, name: str, reason: str) -> Snapshot:
+        """Park swarm ``name`` (:meth:`Swarm.park`): every GPU given back, its holders keep their holds."""
+        return self.attach(name).park(reason)
+
+    def restore(self, name: str, *, wait: bool = True, timeout_s: float | None = None) -> Held:
+        """Bring the parked swarm ``name`` back from its snapshot (one restore however many ask: the
+        claim of :meth:`Swarm.join`); with ``wait``, until it is ready. A live swarm is only attached.
+        This call holds it while it restores; it stays up for the holds it had (KEEP, runs, jobs)."""
+        self.settle_parked(name)
+        rec = self.store.require_swarm(name)
+        if rec.phase not in LIVE_PHASES and rec.phase is not ServingPhase.PARKED:
+            raise StateError(
+                f"swarm '{name}' is {rec.phase.value}, not parked: nothing to restore. "
+                "`prefect-swarm up -c CONFIG` brings it up."
+            )
+        swarm = self.attach(name)
+        lease = dataclasses.replace(process_lease(owner=f"restore:{this_host()}:{os.getpid()}"), swarm=name)
+        try:
+            return self.bring_up(swarm, lease, wait=wait, timeout_s=timeout_s)
+        finally:
+            self.store.release_lease(name, lease.owner)
+
+    def parked(self, name: str) -> bool:
+        """Whether swarm ``name`` is parked, being parked or being restored: recorded PARKED, or live with
+        its snapshot kept (written before its replicas stop, removed once it is ready again)."""
+        rec = self.store.get_swarm(name)
+        if rec is None:
+            return False
+        return rec.phase is ServingPhase.PARKED or (rec.phase in LIVE_PHASES and _snapshot_file(rec).exists())
+
+    def wait_restored(self, name: str, *, poll_s: float = 1.0, say: Say | None = None) -> Swarm:
+        """A job's pause on a parked swarm: wait, however long it stays parked, until it has been restored
+        and is RUNNING again; return it. StateError when it is stopped meanwhile (nothing to wait for)."""
+        if say is not None:
+            say(f"swarm '{name}' is parked: waiting for its restore (`prefect-swarm restore {name}`).")
+        while True:
+            rec = self.store.require_swarm(name)
+            if rec.phase is ServingPhase.RUNNING and not self.parked(name):
+                return self.attach(name)
+            if rec.phase in (ServingPhase.STOPPED, ServingPhase.FAILED):
+                raise StateError(
+                    f"swarm '{name}' was {rec.phase.value.lower()} while parked; its job waits no more. "
+                    f"`prefect-swarm up -c CONFIG` brings it up; resubmitting the job with its --id resumes it."
+                )
+            time.sleep(poll_s)
+
+    def settle_parked(self, name: str) -> None:
+        """Record PARKED for a RUNNING swarm that parked itself (Slurm's LB past ``idle_timeout_s``):
+        its snapshot is there and nothing of it runs. The next claim then restores it."""
+        rec = self.store.get_swarm(name)
+        if rec is None or rec.phase is not ServingPhase.RUNNING or not rec.handle:
+            return
+        if not _snapshot_file(rec).exists():
+            return
+        swarm = self.attach(name)
+        if swarm.status().phase is ServingPhase.PARKED:
+            self.store.settle_phase(rec, ServingPhase.PARKED)  # unless a holder claimed it meanwhile
 
     # ------------------------------------------------------------------ let go
     def holders(self, name: str) -> list[LeaseRecord]:
@@ -293,3 +363,8 @@ class Holding:
                 self.attach(rec.name).down()
                 stopped.append(rec.name)
         return stopped
+
+
+def _snapshot_file(rec: SwarmRecord) -> Path:
+    """Where the snapshot of the recorded swarm ``rec`` is kept (its folder, by its recorded config)."""
+    return SwarmPaths.of(rec.name, (rec.config.get("backend") or {}).get("run_dir")).parked

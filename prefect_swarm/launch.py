@@ -138,7 +138,8 @@ def locate_job(spec: JobSpec, swarm_name: str | None = None, *, run_dir: str | N
 
 
 RUN_FIELDS = frozenset(
-    {"job_id", "job_dir", "swarm", "endpoints", "replicas_file", "retry_failed", "auto_commit", "budget"}
+    {"job_id", "job_dir", "swarm", "endpoints", "replicas_file", "parked_file", "retry_failed", "auto_commit"}
+    | {"budget"}
     | {"metrics_host"}
 )
 """JobSpec fields a run fills in for where and how it runs, not what the job is (left out of

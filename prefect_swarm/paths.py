@@ -517,6 +517,14 @@ class SwarmPaths(Folder):
         return self.root / "stopped.json"
 
     @property
+    def parked(self) -> Path:
+        """The snapshot of a parked swarm (JSON, 0600, no secret): what ``restore`` needs to bring it back
+        fast (see :class:`~prefect_swarm.interfaces.parking.Snapshot`). There while the swarm is parked: its
+        job processes read its presence as "paused, not an outage"; removed once the restored swarm is
+        ready, or by ``down``."""
+        return self.root / "parked.json"
+
+    @property
     def budget_account(self) -> Path:
         """The swarm's spend account (:mod:`prefect_swarm.budget`): JSON ``{epoch, spent_usd, held}``,
         shared by every job process on the swarm, changed only under :attr:`budget_lock`."""

@@ -16,6 +16,7 @@ whatever holds it (``down --force``).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import time
@@ -29,6 +30,7 @@ from prefect_swarm.backends.registry import ENTRIES
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import ConfigError, ReadinessError, StateError
 from prefect_swarm.interfaces import (
+    Capability,
     ComputeBackend,
     JobHandle,
     JobStatus,
@@ -38,10 +40,18 @@ from prefect_swarm.interfaces import (
     check_config,
 )
 from prefect_swarm.interfaces.jobenv import API_KEY
+from prefect_swarm.interfaces.parking import Snapshot
 from prefect_swarm.paths import SwarmPaths, atomic_write_text, read_secret, write_secret
 from prefect_swarm.state import Claim, LeaseKind, LeaseRecord, StateStore, SwarmRecord
 
+log = logging.getLogger("prefect_swarm.swarm")
+
 LIVE_PHASES = frozenset({ServingPhase.PENDING, ServingPhase.INITIALIZING, ServingPhase.RUNNING})
+"""Phases of a swarm that holds (or is getting) its GPUs. PARKED is not live: the next holder's
+claim brings it back (a restore, from its snapshot), exactly once however many arrive."""
+
+ENGINE_CACHE_ENV = ("HF_HOME", "HF_HUB_CACHE", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+"""The engine's download and compile caches a parked swarm's snapshot names (where ``engine.env`` sets them)."""
 
 FLOW_RUN_LEASE_TTL_S = 30.0
 """Heartbeat period of a flow run's lease (its liveness is Prefect's state of the run)."""
@@ -286,6 +296,7 @@ class Swarm:
     def up(self) -> ServingHandle:
         """Validate, record, and start (or reconcile) the swarm. Returns once submitted."""
         self.validate()
+        parked = self._restorable()  # before the kept config is rewritten: it judges an idle park's snapshot
         existing = self.store.get_swarm(self.cfg.name)
         if existing and existing.phase in LIVE_PHASES and existing.backend != self.cfg.backend.type:
             raise ConfigError(
@@ -302,7 +313,12 @@ class Swarm:
         self.store.put_lease(dataclasses.replace(bringer, swarm=self.cfg.name))
         try:
             self._record(ServingPhase.PENDING, handle=None if not existing else existing.handle)
-            self.handle = self.backends.serving.create_or_update(self.cfg)
+            if parked is not None:
+                log.info("restoring swarm '%s' from its snapshot (parked: %s)", self.cfg.name, parked.reason)
+                self.handle = self.backends.serving.restore(self.cfg, parked.serving)
+            else:
+                self.paths.parked.unlink(missing_ok=True)  # another engine under this name: a cold start
+                self.handle = self.backends.serving.create_or_update(self.cfg)
         except BaseException:
             # a failed bring-up leaves a FAILED record (blocking nobody: the next `up` brings it up
             # at once); a failed reconcile of a started swarm leaves it in the phase it was in
@@ -328,6 +344,9 @@ class Swarm:
         """
         self.validate()
         deadline = time.monotonic() + (wait_s if wait_s is not None else self.cfg.ready_timeout_s + 60)
+        parked = self.store.get_swarm(self.cfg.name)
+        if parked is not None and parked.phase is ServingPhase.PARKED and parked.keep:
+            self.keep = True  # a kept swarm woken by a holder stays kept
         while True:
             claim, rec = self.store.claim_swarm(self._new_record(ServingPhase.PENDING, None), lease, LIVE_PHASES)
             if claim is Claim.BRING_UP:
@@ -422,12 +441,85 @@ class Swarm:
             self._set_phase(ServingPhase.FAILED)
             raise
         self._learn_url(status)
+        self.paths.parked.unlink(missing_ok=True)  # restored (before RUNNING: see Holding.settle_parked)
         self._set_phase(ServingPhase.RUNNING)
         return status
 
     def status(self) -> ServingStatus:
-        """The swarm now (never blocks on it)."""
-        return self.backends.serving.status(self._require_handle())
+        """The swarm now (never blocks on it); PARKED while its snapshot is kept and nothing of it runs."""
+        status = self.backends.serving.status(self._require_handle())
+        parked = Snapshot.read(self.paths) if status.phase is ServingPhase.STOPPED else None
+        if parked is not None:
+            return ServingStatus(ServingPhase.PARKED, None, f"parked: {parked.reason}; `prefect-swarm restore` it")
+        return status
+
+    # ------------------------------------------------------------------ park
+    def park(self, reason: str) -> Snapshot:
+        """Give back every GPU the swarm holds, keep the snapshot a fast restore needs, record PARKED.
+
+        Its holders keep their leases (a job on it pauses until the restore). While the backend stops
+        the replicas a TEARDOWN lease makes a concurrent claim wait. Idempotent: a parked swarm's
+        snapshot is returned as it is. ConfigError when the backend cannot park (with its reason),
+        StateError when the swarm is not live."""
+        name = self.cfg.name
+        self.backends.serving.capabilities().require(Capability.PARK, f"parking swarm '{name}'")
+        rec = self.store.require_swarm(name)
+        kept = Snapshot.read(self.paths)
+        if rec.phase is ServingPhase.PARKED and kept is not None:
+            return kept
+        if rec.phase not in LIVE_PHASES or not rec.handle:
+            raise StateError(
+                f"swarm '{name}' is {rec.phase.value}, so there is nothing to park; "
+                f"`prefect-swarm up` brings it up, `prefect-swarm status {name}` shows it."
+            )
+        self.handle = ServingHandle.from_dict(rec.handle)
+        snap = self._snapshot(reason)
+        stopper = process_lease(LeaseKind.TEARDOWN, f"park:{this_host()}:{os.getpid()}")
+        stopper = dataclasses.replace(stopper, swarm=name)
+        self.store.put_lease(stopper)
+        try:
+            snap.write(self.paths)  # first: a job that sees its endpoints go reads it as a pause, not an outage
+            try:
+                snap = dataclasses.replace(snap, serving=self.backends.serving.park(self.handle))
+            except BaseException:
+                self.paths.parked.unlink(missing_ok=True)
+                raise
+            snap.write(self.paths)
+            self._set_phase(ServingPhase.PARKED)
+        finally:
+            self.store.release_lease(name, stopper.owner)
+        return snap
+
+    def _restorable(self) -> Snapshot | None:
+        """The snapshot of this swarm when it is parked with this engine (its fingerprint, or for a snapshot
+        that has none, the swarm's kept config's); None when it is not parked, or parked with another."""
+        snap = Snapshot.read(self.paths)
+        if snap is None:
+            return None
+        kept = snap.fingerprint
+        if not kept:
+            import yaml
+
+            try:
+                kept = engine_fingerprint(SwarmConfig.model_validate(yaml.safe_load(self.paths.config.read_text())))
+            except Exception:  # unreadable or from another version: not restorable, a cold start
+                return None
+        return snap if kept == self.fingerprint else None
+
+    def _snapshot(self, reason: str) -> Snapshot:
+        """What a restore of this swarm needs (see :class:`Snapshot`); no secret."""
+        env = {**self.cfg.env, **self.cfg.engine.env}
+        return Snapshot(
+            name=self.cfg.name,
+            backend=self.cfg.backend.type,
+            fingerprint=self.fingerprint,
+            replicas=self.cfg.replicas,
+            reason=reason,
+            config_file=str(self.paths.config),
+            key_file=str(self.paths.api_key_file) if self.paths.api_key_file.exists() else None,
+            staged_model=self.cfg.staged_model,
+            caches={k: env[k] for k in ENGINE_CACHE_ENV if env.get(k)},
+        )
 
     def down(self) -> None:
         """Stop everything; idempotent. The record stays, phase STOPPED, for history."""
@@ -439,6 +531,7 @@ class Swarm:
             # create_or_update may have failed halfway: let the backend find what it started.
             self.handle = ServingHandle(name=self.cfg.name, backend=self.cfg.backend.type)
         self.backends.serving.delete(self.handle)
+        self.paths.parked.unlink(missing_ok=True)  # a parked swarm taken down is no longer restorable
         if self.store.get_swarm(self.cfg.name) is not None:
             self._set_phase(ServingPhase.STOPPED)
         self.store.clear_leases(self.cfg.name)

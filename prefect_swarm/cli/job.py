@@ -186,17 +186,27 @@ def submit(
         console.print(rec.id)
         return
     seen: set[str] = set()
+    attempt = 0
     with _interruptible(rec.id):
-        for attempt in range(1, resubmit_on_preempt + 1):
+        while True:
             doc = _wait(rec.id)
             if not _preempted(doc, seen):
                 _show(doc)
                 return
-            err_console.print(
-                f"job {rec.id}: shard(s) were preempted; resubmitting ({attempt}/{resubmit_on_preempt}) once "
-                f"swarm '{swarm}' is back to strength"
-            )
-            submit_job(_restored(swarm), spec.model_copy(update={"job_id": rec.id}), detach=True)
+            hold = holding()
+            if hold.parked(swarm):  # a pause, not a preemption: no attempt spent, resumed after the restore
+                live = hold.wait_restored(swarm, say=err_console.print)
+                err_console.print(f"job {rec.id}: swarm '{swarm}' was restored; resuming the job's shards")
+            else:
+                attempt += 1
+                if attempt > resubmit_on_preempt:
+                    break
+                err_console.print(
+                    f"job {rec.id}: shard(s) were preempted; resubmitting ({attempt}/{resubmit_on_preempt}) once "
+                    f"swarm '{swarm}' is back to strength"
+                )
+                live = _restored(swarm)
+            submit_job(live, spec.model_copy(update={"job_id": rec.id}), detach=True)
         _wait_and_show(rec.id)
 
 

@@ -1,4 +1,4 @@
-"""Swarm commands: ``up``, ``scale``, ``status``, ``list``, ``describe``, ``down``."""
+"""Swarm commands: ``up``, ``scale``, ``status``, ``list``, ``describe``, ``park``, ``restore``, ``down``."""
 
 from __future__ import annotations
 
@@ -235,6 +235,41 @@ def describe(name: Annotated[str, typer.Argument(help="Swarm name.")], output: O
     for key in ("swarm", "config", "paths", "handle", "jobs"):
         console.print(f"[bold]{key}[/]")
         console.print(Syntax(yaml.safe_dump(doc[key], sort_keys=False).rstrip(), "yaml", background_color="default"))
+
+
+def park(
+    name: Annotated[str, typer.Argument(help="Swarm name.")],
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """Give back every GPU of a live swarm and keep what a fast restore needs; it shows as PARKED.
+
+    Slurm: its replica and LB jobs end; local: its engines stop. The swarm's folder (config, key,
+    staged weights, the engine's caches) stays. Jobs on it pause, no row failed, and go on after
+    `restore` (or after the next run that needs it restores it). Idempotent.
+    """
+    snap = holding(StateStore()).park(name, "parked by `prefect-swarm park`")
+    log.info("swarm '%s' parked; `prefect-swarm restore %s` brings it back", name, name)
+    if output is OutputFormat.json:
+        emit_json({"name": name, "phase": ServingPhase.PARKED.value, "snapshot": snap.to_dict()})
+        return
+    show_status(name, output, history=False)
+
+
+def restore(
+    name: Annotated[str, typer.Argument(help="Swarm name.")],
+    no_wait: NoWaitOpt = False,
+    timeout: TimeoutOpt = None,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """Bring a parked swarm back from its snapshot; its paused jobs go on.
+
+    Replicas take their addresses again where the platform lets them (local: the same ports). A run
+    or job that needs a parked swarm restores it too; however many ask at once, it is restored once.
+    """
+    with err_console.status(f"restoring swarm '{name}'..."):
+        held = holding(StateStore()).restore(name, wait=not no_wait, timeout_s=timeout)
+    log.info("swarm '%s' restored", name)
+    show_status(name, output, history=False, live=held.ready.to_dict() if held.ready else None)
 
 
 def down(

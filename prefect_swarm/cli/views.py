@@ -31,7 +31,7 @@ def record_view(rec: SwarmRecord) -> dict[str, Any]:
         "phase": rec.phase.value,
         "model": rec.config.get("served_model_name") or rec.config.get("model"),
         "replicas": rec.config.get("replicas"),
-        "endpoint": None if rec.phase is ServingPhase.STOPPED else handle.get("url"),
+        "endpoint": None if rec.phase in (ServingPhase.STOPPED, ServingPhase.PARKED) else handle.get("url"),
         "keep": rec.keep,
         "flow_run_id": rec.flow_run_id,
         "fingerprint": rec.fingerprint,
@@ -86,7 +86,10 @@ def live_status(rec: SwarmRecord, store: StateStore) -> dict[str, Any]:
         }
     try:
         swarm = holding(store).attach(rec.name)
-        return {**swarm.status().to_dict(), "cost": cost_view(swarm, store)}
+        status = swarm.status()
+        if status.phase is ServingPhase.PARKED and rec.phase is ServingPhase.RUNNING:
+            store.settle_phase(rec, ServingPhase.PARKED)  # it parked itself (idle): record what was seen
+        return {**status.to_dict(), "cost": cost_view(swarm, store)}
     except Exception as exc:  # a status look must not fail the command: it reports what it could not see
         log.debug("status of %s failed", rec.name, exc_info=True)
         return {**unknown, "detail": f"could not ask the {rec.backend} backend: {type(exc).__name__}: {exc}"}

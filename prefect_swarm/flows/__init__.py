@@ -2,6 +2,8 @@
 
 batch_inference   plan -> up -> ready -> map shards -> commit -> down
 swarm_up          bring a swarm up and keep it
+swarm_park        give back a swarm's GPUs, keep its snapshot (PARKED)
+swarm_restore     bring a parked swarm back from its snapshot
 swarm_down        stop a swarm
 run_job           a batch job on an existing swarm
 pipeline          stages of batch jobs, each on its own swarm, each over the stage before it
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from prefect_swarm.flows.params import JobOptions
     from prefect_swarm.flows.pipeline import Stage, pipeline
     from prefect_swarm.flows.reaper import reap_orphans_flow
-    from prefect_swarm.flows.swarm import run_job, swarm_down, swarm_up
+    from prefect_swarm.flows.swarm import run_job, swarm_down, swarm_park, swarm_restore, swarm_up
 
 # Loaded on first use (PEP 562): a flow run imports its own entrypoint's module (each module's flows
 # and their parameter schemas cost a few hundred ms of CPU to build), not every flow of the package.
@@ -34,6 +36,8 @@ _WHERE: dict[str, str] = {
     "reap_orphans_flow": "prefect_swarm.flows.reaper",
     "run_job": "prefect_swarm.flows.swarm",
     "swarm_down": "prefect_swarm.flows.swarm",
+    "swarm_park": "prefect_swarm.flows.swarm",
+    "swarm_restore": "prefect_swarm.flows.swarm",
     "swarm_up": "prefect_swarm.flows.swarm",
 }
 
@@ -46,6 +50,8 @@ __all__ = [
     "reap_orphans_flow",
     "run_job",
     "swarm_down",
+    "swarm_park",
+    "swarm_restore",
     "swarm_up",
 ]
 

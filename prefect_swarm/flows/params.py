@@ -40,6 +40,7 @@ FLOW_OWNED = frozenset(
         "auto_commit",
         "replica_capacity",
         "replicas_file",
+        "parked_file",
         "cache_dir",
         "cache_max_bytes",
     }

@@ -1,4 +1,5 @@
-"""Flows for a swarm's life outside a batch job: ``swarm-up``, ``swarm-down``, ``run-job``."""
+"""Flows for a swarm's life outside a batch job: ``swarm-up``, ``swarm-park``, ``swarm-restore``,
+``swarm-down``, ``run-job``."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from prefect_swarm.tasks.jobs import plan_shards, run_and_commit
 from prefect_swarm.tasks.reaper import reap_quietly
 from prefect_swarm.tasks.swarm import block_ref, holding, resolve_swarm, teardown_flow_run, wait_ready
 from prefect_swarm.tasks.swarm import swarm_down as swarm_down_task
+from prefect_swarm.tasks.swarm import swarm_park as swarm_park_task
+from prefect_swarm.tasks.swarm import swarm_restore as swarm_restore_task
 from prefect_swarm.tasks.swarm import swarm_up as swarm_up_task
 
 
@@ -57,6 +60,31 @@ def swarm_up(
         raise
     holding().keep(live.cfg.name, flow_run_owner(run_id))  # held until `swarm-down` / `prefect-swarm down`
     return {"name": live.cfg.name, "endpoints": endpoints, "fingerprint": live.fingerprint}
+
+
+@swarm_flow(name="swarm-park")
+def swarm_park(name: Annotated[str, Field(min_length=1)]) -> dict[str, Any]:
+    """Park the live swarm ``name``: every GPU it holds is given back (Slurm: its jobs end; local: its
+    engines stop) and what a fast restore needs is kept; it shows PARKED, its jobs pause. The next
+    run that needs it, or `swarm-restore`, brings it back.
+
+    Args:
+        name: the swarm's name (`prefect-swarm list` shows them).
+    """
+    label_run(name, None)
+    return swarm_park_task(name)
+
+
+@swarm_flow(name="swarm-restore")
+def swarm_restore(name: Annotated[str, Field(min_length=1)], timeout_s: float | None = None) -> list[str]:
+    """Bring the parked swarm ``name`` back from its snapshot and wait until it is ready.
+
+    Args:
+        name: the swarm's name (`prefect-swarm list` shows them).
+        timeout_s: readiness timeout in seconds; default: the swarm's ready_timeout_s.
+    """
+    label_run(name, None)
+    return swarm_restore_task(name, timeout_s)
 
 
 @swarm_flow(name="swarm-down")

@@ -31,6 +31,9 @@ class Capability(str, enum.Enum):
     WALL_TIME = "wall_time"
     EXEC = "exec"  # a one-shot command inside a running replica's allocation (`prefect-swarm exec`)
 
+    # park and restore (scale to zero and back, `prefect-swarm park` / `restore`)
+    PARK = "park"
+
 
 @dataclass(frozen=True)
 class Capabilities:

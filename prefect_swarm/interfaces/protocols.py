@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from prefect_swarm.interfaces.capabilities import Capabilities
 from prefect_swarm.interfaces.jobenv import JobEnv, JobRuntime
@@ -111,6 +111,22 @@ class ServingBackend(Protocol):
         it gains while the replica runs (the caller may stop early: Ctrl-C, or closing the iterator).
         The caller checks ``replica`` against the swarm's replica count. ConfigError when the backend
         keeps no log of its replicas (with the reason)."""
+        ...
+
+    # ---- park and restore (scale to zero and back; see interfaces.parking)
+    def park(self, handle: ServingHandle) -> dict[str, Any]:
+        """Give back every GPU the swarm holds (Slurm: its replica and LB jobs end; Lepton: the endpoint
+        goes to zero replicas; local: the engines stop), leaving on disk what a fast restore reuses
+        (the swarm's folder, staged weights, the engine's caches). Returns what :meth:`restore` needs
+        beyond the config: JSON-safe, no secret (the addresses replicas take again). ConfigError when
+        the backend lacks :attr:`Capability.PARK` (with its reason), before anything stops.
+        Idempotent: parking a parked swarm stops nothing more."""
+        ...
+
+    def restore(self, cfg: SwarmConfig, parked: dict[str, Any]) -> ServingHandle:
+        """Bring the parked swarm ``cfg`` back; ``parked`` is what :meth:`park` returned. Replicas take
+        the addresses they had again where the platform lets them; returns once submitted, readiness is
+        :meth:`wait_ready`'s. Never starts a duplicate (as :meth:`create_or_update`)."""
         ...
 
 

@@ -23,6 +23,9 @@ class ServingPhase(enum.StrEnum):
     RUNNING = "RUNNING"
     FAILED = "FAILED"
     STOPPED = "STOPPED"
+    PARKED = "PARKED"
+    """Every GPU given back, a snapshot kept in the swarm's folder: ``restore`` (or the next holder)
+    brings it back from it; jobs on it pause meanwhile."""
 
 
 class JobStatus(enum.StrEnum):

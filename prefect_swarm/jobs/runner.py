@@ -40,7 +40,9 @@ until its ejection ends (``eject_base_s``, doubled on each ejection in a row, at
 rotation, a failure ejects it again for longer. A connection error on an endpoint that is then
 ejected, while another one is in rotation, does not count against the row's retries (it is sent
 elsewhere at once). When every endpoint is ejected (an outage of the swarm: every replica lost,
-the LB down) rows wait for a probe to succeed, and no row fails for it. Once every endpoint has
+the LB down) rows wait for a probe to succeed, and no row fails for it. While the swarm is parked
+(``parked_file`` is there) they wait for as long as it takes: the restore brings the endpoints back
+and the probes find them. Otherwise, once every endpoint has
 been out for longer than ``outage_timeout_s`` and no probe is still in flight, the runner stops
 itself (:attr:`Runner.stop_reason` says why): the requests in flight finish, the rows not
 answered stay out of the ledger, and the shard flushes and exits 75 (resumable: a rerun sends
@@ -62,6 +64,7 @@ import contextlib
 import functools
 import logging
 import math
+import os
 import random
 import time
 import zlib
@@ -118,6 +121,9 @@ class RunnerConfig:
     eject_max_s: float = 30.0
     outage_timeout_s: float = 900.0
     """How long every endpoint may be out before the runner stops itself (the shard exits 75, resumable)."""
+    parked_file: str | None = None
+    """The swarm's snapshot file: while it is there the swarm is parked, and an outage pauses rows for as
+    long as it lasts (``outage_timeout_s`` does not run): they go on once the swarm is restored."""
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
     """The job's rate limits (all shards together; this process holds its share: see jobs.ratelimit)."""
@@ -384,6 +390,14 @@ class EndpointPool:
         """Endpoints not ejected."""
         return len(self.endpoints) - self.ejected
 
+    def probe_now(self) -> None:
+        """End every ejection now (the swarm was restored): the next requests probe each endpoint at once
+        instead of after the ejections a long park grew to ``eject_max_s``."""
+        now = time.monotonic()
+        for ep in self.endpoints:
+            if ep.ejected_until and not ep.probing:
+                ep.ejected_until = min(ep.ejected_until, now)
+
     def probing(self) -> bool:
         """A half-open probe is in flight."""
         return any(e.probing for e in self.endpoints)
@@ -489,6 +503,9 @@ class Runner:
         self.stop = asyncio.Event()
         self.stopped = False
         self.stop_reason: str | None = None
+        self._parked_seen = -math.inf
+        self._parked = False
+        """When the swarm was last seen parked (an outage counts from then on, see :meth:`_outage_s`)."""
         """Why the runner stopped before every row was sent, when not by a signal (an outage past
         ``outage_timeout_s``, or what the caller passed to :meth:`request_stop`)."""
         self.requests = 0
@@ -806,7 +823,7 @@ class Runner:
         None once stopped (the row is not recorded: a rerun sends it)."""
         pool, deadline = self.pool, self.cfg.outage_timeout_s
         while not self.stopped:
-            if pool.out_for() > deadline and not pool.probing():
+            if self._outage_s() > deadline and not pool.probing():
                 self.request_stop(
                     f"no endpoint of the swarm answered for {pool.out_for():.0f}s (outage_timeout_s={deadline:g}): "
                     f"{', '.join(e.url for e in pool.endpoints)}"
@@ -819,6 +836,17 @@ class Runner:
         if self.limit is not None:
             await self.limit.free()
         return None
+
+    def _outage_s(self) -> float:
+        """Seconds of the outage that count against ``outage_timeout_s``: since every endpoint went out,
+        or since the swarm was last seen parked (its snapshot file there), whichever is later; so a
+        parked swarm pauses rows however long it stays parked, and its restore gets the whole timeout."""
+        if self.cfg.parked_file is not None and os.path.exists(self.cfg.parked_file):
+            self._parked_seen, self._parked = time.monotonic(), True
+        elif self._parked:
+            self._parked = False  # parked, now restored: its endpoints are back, probe them now
+            self.pool.probe_now()
+        return min(self.pool.out_for(), time.monotonic() - self._parked_seen)
 
     def _give_up(
         self, item: Item, attempt: int, error: str, status: int = 0, latency: float = 0.0, data: bytes = b""

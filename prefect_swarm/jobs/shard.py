@@ -315,6 +315,7 @@ class ShardRun:
             replica_capacity=spec.replica_capacity,
             nshards=self.nshards,
             replicas_file=spec.replicas_file,
+            parked_file=spec.parked_file,
             max_retries=spec.max_retries,
             backoff_base_s=spec.backoff_base_s,
             backoff_max_s=spec.backoff_max_s,

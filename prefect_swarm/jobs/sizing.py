@@ -53,6 +53,7 @@ def size_for_swarm(spec: JobSpec, cfg: SwarmConfig) -> JobSpec:
     update: dict[str, object] = {
         "replica_capacity": cfg.engine.declared_capacity(),
         "replicas_file": str(SwarmPaths.of(cfg.name, cfg.run_dir).metrics_targets),
+        "parked_file": str(SwarmPaths.of(cfg.name, cfg.run_dir).parked),
     }
     if "shards" not in spec.model_fields_set:
         shards = auto_shards(cfg)

@@ -119,6 +119,12 @@ class JobSpec(BaseModel):
         description="The swarm's list of replica engines (Prometheus file_sd JSON), re-read while the job "
         "runs so a replica added by `scale` gets requests; filled at submit. Not part of the fingerprint.",
     )
+    parked_file: str | None = Field(
+        default=None,
+        description="The swarm's snapshot file, there while the swarm is parked: an outage then pauses the "
+        "job's rows for as long as it lasts (``outage_timeout_s`` does not run) until the restore; filled at "
+        "submit. Not part of the fingerprint.",
+    )
     adaptive_concurrency: bool = Field(
         default=False,
         description="Back off the in-flight limit on 429/503 or rising latency; grow it again when healthy "

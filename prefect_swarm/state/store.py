@@ -362,6 +362,17 @@ class StateStore:
         """Change some fields of swarm ``name`` atomically; raise StateError if it is gone."""
         return self._update("swarms", "name", name, SwarmRecord, fields)
 
+    def settle_phase(self, rec: SwarmRecord, phase: ServingPhase) -> bool:
+        """Set swarm ``rec.name``'s phase to ``phase`` only if its record is still ``rec`` as read (same
+        phase, not updated since): a look that took a while never overwrites what changed meanwhile.
+        True when it was set."""
+        with self._connect(write=True) as db:
+            cur = db.execute(
+                "UPDATE swarms SET phase = ?, updated_at = ? WHERE name = ? AND phase = ? AND updated_at = ?",
+                (phase.value, time.time(), rec.name, rec.phase.value, rec.updated_at),
+            )
+            return cur.rowcount > 0
+
     def delete_swarm(self, name: str) -> bool:
         """Remove the record; True if one was removed."""
         with self._connect(write=True) as db:

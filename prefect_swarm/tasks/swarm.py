@@ -205,6 +205,9 @@ def swarm_up(cfg: SwarmConfig, keep: bool = False, reuse: bool = True, source: s
             held.shared,
             held.swarm.fingerprint,
         )
+    elif held.restored:
+        swarm_event("restored", cfg.name, source=source, replicas=cfg.replicas, backend=cfg.backend.type)
+        log.info("Woke swarm '%s': it was parked; restored from its snapshot.", cfg.name)
     elif held.started:
         swarm_event(
             "up", cfg.name, source=source, model=cfg.model_name, replicas=cfg.replicas, backend=cfg.backend.type
@@ -319,6 +322,35 @@ def swarm_down(name: str, owner: str | None = None, force: bool = False) -> bool
     swarm_event("down", name, source=source, forced=False, released_by=owner)
     log.info("Swarm '%s' stopped.", name)
     return True
+
+
+@task(name="swarm-park", task_run_name="swarm-park-{name}", cache_policy=NO_CACHE)
+def swarm_park(name: str, reason: str = "parked by the swarm-park flow") -> dict[str, Any]:
+    """Park swarm ``name``: every GPU given back, the snapshot a fast restore needs kept; its holders
+    keep their holds and its jobs pause. Returns the snapshot (no secret). Idempotent."""
+    hold = holding(log=get_run_logger())
+    snap = hold.park(name, reason)
+    swarm_event("parked", name, source=hold.store.require_swarm(name).source, reason=reason, phase="PARKED")
+    get_run_logger().info("Swarm '%s' parked (%s): `prefect-swarm restore %s` brings it back.", name, reason, name)
+    return snap.to_dict()
+
+
+@task(
+    name="swarm-restore",
+    task_run_name="swarm-restore-{name}",
+    cache_policy=NO_CACHE,
+    retries=1,
+    retry_delay_seconds=5,
+    retry_condition_fn=retry_on_type,
+)
+def swarm_restore(name: str, timeout_s: float | None = None) -> list[str]:
+    """Bring the parked swarm ``name`` back from its snapshot and wait until it is ready (one restore
+    however many ask at once); its paused jobs go on. Returns its endpoint URL(s)."""
+    hold = holding(log=get_run_logger())
+    held = hold.restore(name, timeout_s=timeout_s)
+    swarm_event("restored", name, source=held.swarm.source, replicas=held.swarm.cfg.replicas, phase="RUNNING")
+    get_run_logger().info("Swarm '%s' restored from its snapshot.", name)
+    return held.swarm.endpoints
 
 
 def cancel_flow_run_jobs(flow_run_id: str, store: StateStore | None = None) -> list[str]:

@@ -194,8 +194,10 @@ class _Workload:
         return self.proc is not None and self.proc.poll() is None
 
     def min_replicas(self) -> int:
-        """The replicas a deployment's spec asks for (at least one)."""
-        return int((self.body["spec"].get("resource_requirement") or {}).get("min_replicas") or 1)
+        """The replicas a deployment's spec asks for: one when unset; 0 once stopped (scaled to zero, as
+        leptonai 0.47.1's ``deployment.stop`` asks: a PATCH of ``resource_requirement.min_replicas`` to 0)."""
+        wanted = (self.body["spec"].get("resource_requirement") or {}).get("min_replicas")
+        return 1 if wanted is None else int(wanted)
 
     def stop(self) -> None:
         """Terminate the process group (SIGTERM, then SIGKILL after 5 s)."""
@@ -605,6 +607,8 @@ class FakeLepton:
 
     def _start_deployment(self, w: _Workload) -> None:
         name = w.body["metadata"]["name"]
+        if w.min_replicas() == 0:  # stopped: scaled to zero, nothing runs until it is scaled up again
+            return
         if any(s in name for s in self.queue_deployments):
             w.extra["queued"] = True  # no capacity for its shape: its replicas wait unscheduled
             return
@@ -614,7 +618,7 @@ class FakeLepton:
         spec = w.body["spec"]
         container = spec.get("container") or {}
         command = container.get("command") or []
-        w.port = _free_port()
+        w.port = w.port or _free_port()  # a deployment keeps its URL across restarts and scaling, as on the platform
         key = self._endpoint_token(spec)
         # the engine runs on this machine in place of the endpoint image: it keeps the host's basics
         env = self._env(spec, {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ})
@@ -665,6 +669,8 @@ class FakeLepton:
             return w.forced
         if "gone_at" in w.extra:
             return "Deleting"
+        if w.min_replicas() == 0:
+            return "Stopped"
         if w.extra.get("unknown_reads", 0) > 0:
             # "Backend represents the unknown state as an empty string" (leptonai 0.47.1,
             # api/v2/types/deployment.py LeptonDeploymentState): a just-created or updated

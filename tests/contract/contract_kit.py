@@ -55,6 +55,8 @@ class BackendFactory:
     """Descriptions of anything of this swarm still running (replicas, watchdogs, jobs); [] once down."""
     gate: Callable[[], None] = lambda: None
     marks: list[Any] = field(default_factory=list)
+    holding_gpus: Callable[[Swarm], list[str]] | None = None
+    """What of this swarm holds GPUs now (its running replicas; a parked swarm: nothing); default: leftovers."""
     ready_timeout_s: float = 60.0
     status_budget_s: float = 1.0
     """Longest a status()/probe() call may take (it must never block on the swarm)."""
@@ -156,6 +158,12 @@ def lepton_leftovers(swarm: Swarm) -> list[str]:
     return out
 
 
+def lepton_holding_gpus(swarm: Swarm) -> list[str]:
+    """The swarm's deployment while it asks for replicas or runs one (scaled to zero it holds nothing)."""
+    w = _lepton_fake().deployments.get(swarm.cfg.name)
+    return [f"deployment {swarm.cfg.name}"] if w is not None and (w.min_replicas() > 0 or w.alive()) else []
+
+
 def _lepton_gate() -> None:
 
     from services import gate, missing_lepton_sdk
@@ -173,6 +181,7 @@ LEPTON = BackendFactory(
     name="lepton",
     backend=lepton_backend,
     leftovers=lepton_leftovers,
+    holding_gpus=lepton_holding_gpus,
     gate=_lepton_gate,
     marks=_lepton_marks(),
     exit_codes=False,

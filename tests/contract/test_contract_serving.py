@@ -10,8 +10,8 @@ import httpx
 import pytest
 from contract_kit import BOOM, BackendFactory, run_py
 
-from prefect_swarm.exceptions import ReadinessError
-from prefect_swarm.interfaces import ReplicaHealth, ServingPhase
+from prefect_swarm.exceptions import ConfigError, ReadinessError
+from prefect_swarm.interfaces import Capability, ReplicaHealth, ServingPhase
 from prefect_swarm.swarm import Swarm
 
 
@@ -143,3 +143,31 @@ def test_context_manager_tears_down_when_never_ready(factory: BackendFactory) ->
     with pytest.raises(ReadinessError), swarm:
         pytest.fail("the body must not run")
     assert _gone(factory, swarm) == []
+
+
+def test_park_gives_every_gpu_back_and_the_next_up_restores_it(
+    factory: BackendFactory, up: Callable[..., Swarm]
+) -> None:
+    """A backend with the park capability: parked, nothing of the swarm holds a GPU and it reads PARKED;
+    the next ``up`` restores it and every endpoint answers. One without it refuses with its reason and
+    stops nothing."""
+    swarm = up(replicas=2)
+    caps = swarm.backends.serving.capabilities()
+    held = factory.holding_gpus or factory.leftovers
+    if not caps.supports(Capability.PARK):
+        with pytest.raises(ConfigError, match=caps.missing[Capability.PARK].split(";")[0]):
+            swarm.park("contract")
+        assert held(swarm)
+        return
+    swarm.park("contract")
+    deadline = time.monotonic() + factory.stop_timeout_s
+    while held(swarm) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert held(swarm) == []
+    assert swarm.status().phase is ServingPhase.PARKED
+    again = Swarm(swarm.cfg)  # the next holder, as another process would be
+    again.up()
+    again.wait_ready()
+    assert again.status().phase is ServingPhase.RUNNING
+    for url in again.endpoints:
+        assert _chat(url, swarm.cfg.model_name)["choices"]

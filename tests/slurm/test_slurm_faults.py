@@ -252,7 +252,9 @@ def test_an_idle_swarm_stops_itself_and_listens_only_in_its_port_range(
     from prefect_swarm.testing import free_port_block
 
     base = free_port_block(10)
-    cfg = stub_config(replicas=1, backend={"idle_timeout_s": 20, "port_range": f"{base}-{base + 9}"})
+    cfg = stub_config(
+        replicas=1, backend={"idle_timeout_s": 20, "idle_action": "stop", "port_range": f"{base}-{base + 9}"}
+    )
     paths = render.swarm_paths(cfg, SwarmPaths.for_swarm(cfg.name))
     try:
         _up(run_cli, cfg, tmp_path)

@@ -18,7 +18,7 @@ import json
 import os
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -87,6 +87,7 @@ class ExternalServing:
                 Capability.CONTAINERS: theirs,
                 Capability.WALL_TIME: theirs,
                 Capability.EXEC: theirs,
+                Capability.PARK: "the endpoint's GPUs are not prefect-swarm's to give back or take again",
             },
             max_replicas=1,
         )
@@ -241,3 +242,13 @@ class ExternalServing:
             "an external endpoint has no replica logs prefect-swarm can read: they are the server's own; "
             "ask whoever runs it."
         )
+
+    def park(self, handle: ServingHandle) -> dict[str, Any]:
+        """Refused: the endpoint's GPUs are someone else's (ConfigError with the reason); stops nothing."""
+        self.capabilities().require(Capability.PARK, f"`prefect-swarm park {handle.name}`")
+        return {}  # pragma: no cover - require raised
+
+    def restore(self, cfg: SwarmConfig, parked: dict[str, Any]) -> ServingHandle:
+        """Refused, as :meth:`park`."""
+        self.capabilities().require(Capability.PARK, f"`prefect-swarm restore {cfg.name}`")
+        raise AssertionError("unreachable")  # pragma: no cover - require raised

@@ -136,6 +136,26 @@ class LeptonServing:
             },
         )
 
+    def park(self, handle: ServingHandle) -> dict[str, Any]:
+        """Scale the endpoint to zero replicas (the SDK's ``deployment.stop``: ``min_replicas`` 0; it reads
+        Stopped); the deployment, its URL, its secrets and the swarm's jobs' mounts stay. A deployment
+        another swarm made is refused (ConfigError), as ``up`` refuses it. Idempotent."""
+        name = handle.name
+        dep = self._get(name)
+        if dep is None:
+            return {"deployment": name, "url": handle.url}
+        self._check_owner(name, dep)
+        if _state(dep) not in ("Stopped", "Stopping"):
+            log.info("scaling Lepton deployment '%s' to zero replicas (parked)", name)
+            self.client.call(f"stop deployment '{name}'", lambda api: api.deployment.stop(name))
+        return {"deployment": name, "url": _url(dep) or handle.url}
+
+    def restore(self, cfg: SwarmConfig, parked: dict[str, Any]) -> ServingHandle:
+        """Scale the endpoint back to ``cfg.replicas`` (:meth:`create_or_update` with the swarm's spec: the
+        same deployment, so the same URL)."""
+        del parked  # the deployment keeps its name and URL
+        return self.create_or_update(cfg)
+
     def exec_command(self, handle: ServingHandle, replica: int, argv: Sequence[str]) -> int:
         """Refused: ConfigError with the reason Lepton lacks :attr:`Capability.EXEC`; calls nothing."""
         del handle, replica, argv

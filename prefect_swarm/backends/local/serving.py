@@ -372,6 +372,25 @@ class LocalServing:
             self.paths.watchdog_pid(i).unlink(missing_ok=True)
         self.paths.metrics_targets.unlink(missing_ok=True)
 
+    # ------------------------------------------------------------------ park
+    def park(self, handle: ServingHandle) -> dict[str, Any]:
+        """Stop every engine (as :meth:`delete`); the swarm's folder and the staged weights stay.
+        Returns the ports the replicas listen on again at :meth:`restore`."""
+        self.delete(handle)
+        return {"ports": [self.cfg.port + i for i in range(self.cfg.replicas)], "replica_urls": self._urls(handle)}
+
+    def restore(self, cfg: SwarmConfig, parked: dict[str, Any]) -> ServingHandle:
+        """Start the engines again on the ports they had (``port + i``: :meth:`create_or_update`, which
+        stages nothing already staged); a port taken meanwhile is refused with its name."""
+        want = [cfg.port + i for i in range(cfg.replicas)]
+        had = [int(p) for p in parked.get("ports") or want]
+        if had != want:
+            raise ConfigError(
+                f"swarm '{cfg.name}' was parked listening on ports {had}, but its config now asks for {want}: "
+                "restore it with the config it was parked with, or `prefect-swarm down` it and bring it up again."
+            )
+        return self.create_or_update(cfg)
+
     def gpu_usage(self, handle: ServingHandle) -> GpuUsage:
         """Wall time x GPUs of each replica whose watchdog still runs (a stopped replica's time is not kept)."""
         per = max(self.cfg.gpus_per_replica, 0)

@@ -148,9 +148,15 @@ class SlurmConfig(Priced):
     )
     idle_timeout_s: Seconds | None = Field(
         default=None,
-        description="Stop the swarm (replicas and LB) after this many seconds in which no replica answered "
-        "or held a request (health checks do not count), so a forgotten swarm gives its GPUs back; the "
-        "reason shows in `status`. Default: off (the swarm runs until `down` or backend.time_limit).",
+        description="Park (or stop, see idle_action) the swarm after this many seconds in which no replica "
+        "answered or held a request (health checks do not count), so a forgotten swarm gives its GPUs back; "
+        "the reason shows in `status`. Default: off (the swarm runs until `down` or backend.time_limit).",
+    )
+    idle_action: Literal["park", "stop"] = Field(
+        default="park",
+        description="What idle_timeout_s does to an idle swarm: 'park' ends its replica and LB jobs and keeps "
+        "its snapshot, so the next run or job that needs it restores it (`prefect-swarm restore` by hand); "
+        "'stop' ends it as `down` would, and the next run brings it up cold.",
     )
     signal_seconds: NonNegativeInt = Field(
         default=120,

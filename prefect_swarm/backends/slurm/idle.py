@@ -6,7 +6,9 @@ every ``CHECK_S`` seconds. A swarm is idle while no replica answers or holds a r
 ``vllm:num_requests_waiting`` stay 0 (health checks are not requests). A replica that cannot be
 scraped, or a change in the set of replicas, counts as activity (never stop on a doubt). After
 ``S`` idle seconds the reconciler stops the swarm (:func:`members.stop_swarm`, the reason recorded
-for ``status``) and exits, which ends the LB job: a forgotten swarm gives its GPUs back.
+for ``status``) and exits, which ends the LB job: a forgotten swarm gives its GPUs back. With
+``--idle-park`` (``backend.idle_action: park``, the default) it first keeps the swarm's snapshot
+(:func:`idle_snapshot`): the swarm is then PARKED, and the next run or job that needs it restores it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from prefect_swarm.interfaces.metrics import scrape, total
+from prefect_swarm.interfaces.parking import Snapshot
+from prefect_swarm.paths import SwarmPaths, read_json, read_text
 
 log = logging.getLogger("prefect_swarm.lb.idle")
 
@@ -32,6 +36,8 @@ class IdleWatch:
 
     timeout_s: float
     api_key: str | None = None
+    park: bool = False
+    """Park the idle swarm (keep its snapshot) rather than stop it."""
     since: float = field(default_factory=time.monotonic)
     last: tuple[tuple[int, str, float], ...] | None = None
     next_check: float = 0.0
@@ -62,4 +68,23 @@ class IdleWatch:
 
     def reason(self) -> str:
         """What ``status`` shows once the swarm was stopped for it."""
-        return f"no request for {self.timeout_s:g}s (backend.idle_timeout_s): the idle swarm was stopped"
+        done = "parked (the next run or job that needs it restores it)" if self.park else "stopped"
+        return f"no request for {self.timeout_s:g}s (backend.idle_timeout_s): the idle swarm was {done}"
+
+
+def idle_snapshot(paths: SwarmPaths, reason: str) -> Snapshot:
+    """The snapshot the LB keeps when it parks its idle swarm: what it knows from the swarm's folder (the
+    kept config and key file, the LB's address, the submitted jobs). Its engine fingerprint is left empty:
+    a restore judges it by the kept config (see :meth:`~prefect_swarm.swarm.Swarm.up`)."""
+    record = read_json(paths.slurm_record, {}) or {}
+    lb = read_text(paths.lb_head)
+    return Snapshot(
+        name=paths.root.name,
+        backend="slurm",
+        fingerprint="",
+        replicas=int(record.get("replicas") or 0),
+        reason=reason,
+        config_file=str(paths.config),
+        key_file=str(paths.api_key_file) if paths.api_key_file.exists() else None,
+        serving={"lb_head": lb.strip() if lb else None, "replicas_job": record.get("replicas_job")},
+    )

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 from prefect_swarm.backends.common import host_port
 from prefect_swarm.backends.slurm import accounting, members
 from prefect_swarm.backends.slurm.client import SlurmClient, clean_env
-from prefect_swarm.backends.slurm.idle import IdleWatch
+from prefect_swarm.backends.slurm.idle import IdleWatch, idle_snapshot
 from prefect_swarm.exceptions import BudgetReached
 from prefect_swarm.interfaces.jobenv import API_KEY, BEARER_TOKEN
 from prefect_swarm.interfaces.metrics import engine_targets, write_file_sd
@@ -291,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parent", type=int, default=None, help="exit (stopping nginx) when this process is gone")
     ap.add_argument("--nginx-pid", type=int, default=None, help="nginx master to stop when the parent is gone")
     ap.add_argument("--idle-timeout", type=float, default=None, help="stop the swarm after this many idle seconds")
+    ap.add_argument("--idle-park", action="store_true", help="park the idle swarm (keep its snapshot), not stop it")
     ap.add_argument("--budget", default=None, help="backend.cost (JSON) with a cap: stop the swarm past it")
     ap.add_argument("--gres-name", default="gpu", help="the GPUs' gres name in sacct's AllocTRES")
     args = ap.parse_args(argv)
@@ -311,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda signum, _f: stop.append(signum))
     client = SlurmClient(timeout_s=30.0)
     next_replenish = time.monotonic() + REPLENISH_S
-    idle = IdleWatch(args.idle_timeout, os.environ.get(API_KEY)) if args.idle_timeout else None
+    idle = IdleWatch(args.idle_timeout, os.environ.get(API_KEY), park=args.idle_park) if args.idle_timeout else None
     budget = lb_guard(paths, client, args.budget, args.gres_name)
     while not stop:
         if args.parent and os.getppid() != args.parent:
@@ -330,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
             why = stop_reason(idle, budget, rec.engines) if args.replicas_job_name else None
             if why:
                 with members.locked(paths):
+                    if idle is not None and idle.park and why == idle.reason():
+                        idle_snapshot(paths, why).write(paths)  # before the stop: its jobs read it as a pause
                     members.stop_swarm(client, paths, args.replicas_job_name, why)
                 return 0  # the LB script stops nginx and ends the job
         except Exception:  # one bad pass (a racing file, a slow nginx) must not take the LB down

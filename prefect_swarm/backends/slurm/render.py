@@ -541,6 +541,7 @@ def render_lb(cfg: SwarmConfig, paths: SwarmPaths) -> str:
         lb_failed=q(paths.lb_failed),
         port=sc.lb_port,
         idle_timeout=f"{sc.idle_timeout_s:g}" if sc.idle_timeout_s else "",
+        idle_park=sc.idle_action == "park",
         budget=q(sc.cost.model_dump_json()) if sc.cost.capped else "",
         gres_name=q(sc.gres_name),
         port_range=q(sc.port_range) if sc.port_range else "",

@@ -636,15 +636,34 @@ class SlurmServing:
         The record wants no replica first (under the lock), so the LB's reconciler resubmits nothing
         behind this. Idempotent.
         """
+        self._end(handle, shards=True)
+
+    def park(self, handle: ServingHandle) -> dict[str, Any]:
+        """End the replica jobs and the LB job (nothing of the swarm stays in the queue but shard jobs
+        of their own, ``backend.jobs``: they pause until the restore); the swarm's folder, its rendered
+        scripts, key and staged weights on shared storage stay. Returns the LB's address, which the
+        restored LB takes again when its node and port are free (Slurm picks the nodes)."""
+        lb = read_text(self.paths.lb_head)
+        self._end(handle, shards=False)
+        return {"lb_head": lb.strip() if lb else None, "replicas_job": handle.meta.get("replicas_job")}
+
+    def restore(self, cfg: SwarmConfig, parked: dict[str, Any]) -> ServingHandle:
+        """Submit the replica and LB jobs again from the kept scripts (:meth:`create_or_update`: what
+        changed nothing is rendered the same); the replicas publish their new addresses in their head
+        files, which the LB and the jobs' endpoints follow."""
+        del parked  # the addresses come back through the head files, as at every start
+        return self.create_or_update(cfg)
+
+    def _end(self, handle: ServingHandle, *, shards: bool) -> None:
         ids = [str(handle.meta[k]) for k in ("replicas_job", "lb_job") if handle.meta.get(k)]
         if self.paths.root.is_dir():
             with members.locked(self.paths):
                 record = read_json(self.paths.slurm_record, {}) or {}
                 if record.get("array_tasks"):
                     atomic_write_json(self.paths.slurm_record, {**record, "array_tasks": 0})
-        if self.sc.jobs is not None:  # shard jobs of their own: TERM them (they flush), as the LB's steps are
-            shards = [e.raw_id for e in self.client.user_jobs() if e.name.startswith(self.names.shard_prefix)]
-            self.client.scancel(shards, signal="TERM", full=True)
+        if shards and self.sc.jobs is not None:  # shard jobs of their own: TERM them (they flush), as the LB's are
+            own = [e.raw_id for e in self.client.user_jobs() if e.name.startswith(self.names.shard_prefix)]
+            self.client.scancel(own, signal="TERM", full=True)
         live = self._ours(ids)
         self.client.scancel(sorted({*ids, *(e.array_job_id if e.task_id else e.raw_id for e in live)}))
         end = time.monotonic() + GONE_WAIT_S
