@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 SGLANG_MODULE = "sglang.launch_server"
 
+VLLM_DEV_MODE = "VLLM_SERVER_DEV_MODE"
+"""vLLM serves its development routes (sleep mode's ``/sleep``, ``/wake_up``, ``/is_sleeping``) only
+with this set to 1 in its environment."""
+
 _KEY_ENV_BY_KIND = {"vllm": "VLLM_API_KEY", "command": "VLLM_API_KEY"}
 
 
