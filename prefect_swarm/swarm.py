@@ -19,7 +19,7 @@ import dataclasses
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pydantic import SecretStr
@@ -34,6 +34,7 @@ from prefect_swarm.interfaces import (
     ServingHandle,
     ServingPhase,
     ServingStatus,
+    SleepReport,
     check_config,
 )
 from prefect_swarm.interfaces.jobenv import API_KEY
@@ -435,6 +436,15 @@ class Swarm:
         if self.store.get_swarm(self.cfg.name) is not None:
             self._set_phase(ServingPhase.STOPPED)
         self.store.clear_leases(self.cfg.name)
+
+    # --- sleep and wake (replicas that free their GPUs and keep their allocation) ---
+    def sleep(self, replicas: Sequence[int] = (), level: int = 1) -> list[SleepReport]:
+        """Put ``replicas`` (all when empty) to sleep: :meth:`ServingBackend.sleep`. The swarm stays up."""
+        return self.backends.serving.sleep(self._require_handle(), replicas, level)
+
+    def wake(self, replicas: Sequence[int] = ()) -> list[SleepReport]:
+        """Wake ``replicas`` (all when empty): :meth:`ServingBackend.wake`."""
+        return self.backends.serving.wake(self._require_handle(), replicas)
 
     def __enter__(self) -> Swarm:
         # The block holds the swarm while it runs (a PROCESS lease: gone with this process), so a job
