@@ -39,6 +39,7 @@ from prefect_swarm.settings import get_settings
 from prefect_swarm.state import LeaseRecord, StateStore, SwarmRecord
 from prefect_swarm.swarm import (
     KEEP_OWNER,
+    LIVE_PHASES,
     Swarm,
     flow_run_lease,
     flow_run_owner,
@@ -252,6 +253,12 @@ def wait_ready(swarm: Swarm, timeout_s: float | None = None) -> list[str]:
 
 
 # --- sleep and wake (replicas that free their GPUs and keep their allocation) ---
+def live_swarm(name: str) -> Swarm | None:
+    """Swarm ``name`` reattached when its record says it is up (a kept swarm, awake or asleep), else None."""
+    rec = StateStore().get_swarm(name)
+    return holding().attach(name) if rec is not None and rec.phase in LIVE_PHASES else None
+
+
 @task(name="sleep-replicas", task_run_name="sleep-{swarm.cfg.name}", cache_policy=NO_CACHE)
 def sleep_replicas(swarm: Swarm, replicas: Sequence[int] = (), level: int = 1) -> list[dict[str, Any]]:
     """Put replicas of ``swarm`` to sleep (all when ``replicas`` is empty): :meth:`Swarm.sleep`."""
