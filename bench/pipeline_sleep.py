@@ -62,7 +62,7 @@ def swarm(name: str, port: int, load_s: float, wake_s: float) -> dict[str, objec
     )
     return {
         "name": name,
-        "model": "stub-model",
+        "model": f"sim-{name}",  # two models: a live swarm of one is never reused for the other
         "replicas": 1,
         "gpus_per_replica": 1,
         "port": port,

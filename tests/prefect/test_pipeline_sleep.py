@@ -44,7 +44,7 @@ def _swarm(name: str) -> dict[str, Any]:
     command = engine_command(module=MODULE, enable_sleep_mode=True, step_ms=2, sleep_s=0.05, wake_s=0.2)
     return {
         "name": name,
-        "model": "stub-model",
+        "model": f"sim-{name}",  # two models: a live swarm of one is never reused for the other
         "replicas": 1,
         "gpus_per_replica": 1,
         "port": free_port(),
