@@ -113,16 +113,23 @@ class Sleeper:
     def _sleep_one(self, i: int, level: int) -> SleepReport:
         t0 = time.monotonic()
         record = asleep(self.paths).get(i)
-        url = str(record["url"]) if record else self.url_of(i)
+        if record is not None:  # asleep already (at the level it went to sleep with)
+            return SleepReport(i, str(record["url"]), True, 0.0, record.get("level"))
+        url = self.url_of(i)
         if url is None:
             raise ReadinessError(
                 f"replica {i} of swarm '{self.cfg.name}' is not running, so it cannot be put to sleep.",
                 hint=f"`prefect-swarm status {self.cfg.name}` tells why.",
             )
         atomic_write_json(self.paths.replica_asleep(i), {"url": url, "level": level, "since": time.time()})
-        self.leave(i, url)
-        self._drain(url)
-        self._post(url, f"/sleep?level={level}")
+        try:
+            self.leave(i, url)
+            self._drain(url)
+            self._post(url, f"/sleep?level={level}")
+        except BaseException:  # the engine did not go to sleep: it goes back in rotation
+            self.paths.replica_asleep(i).unlink(missing_ok=True)
+            self.rejoin(i)
+            raise
         self._until(url, sleeping=True, timeout_s=WAKE_TIMEOUT_S)
         return SleepReport(i, url, True, time.monotonic() - t0, level)
 
