@@ -42,7 +42,9 @@ def test_a_sleeping_replica_leaves_the_lb_keeps_its_task_and_a_job_across_it_los
     assert 1 not in read_heads(paths) and f"http://{addr}" not in compute.endpoints()  # and the job steps' list
     headers = {"Authorization": f"Bearer {swarm.serving.client_key()}"}
     assert httpx.get(f"http://{addr}/is_sleeping", headers=headers).json() == {"is_sleeping": True}
-    assert [r.external_id for r in swarm.serving.status(handle).replicas] == tasks  # the allocation is kept
+    status = swarm.serving.status(handle).replicas
+    assert [r.external_id for r in status] == tasks  # the allocation is kept
+    assert "asleep (level 1)" in status[1].detail, status[1]
 
     (woke,) = swarm.serving.wake(handle, [1])
     assert not woke.asleep and woke.seconds >= 0.3
@@ -51,3 +53,6 @@ def test_a_sleeping_replica_leaves_the_lb_keeps_its_task_and_a_job_across_it_los
     assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(3000)]  # exactly once
     failed = JobPaths(tmp_path / "job").failed_rows
     assert not failed.exists() or not failed.read_text().strip(), failed.read_text()  # 0 failed rows
+    swarm.serving.sleep(handle, [0])
+    swarm.down()
+    assert not paths.replica_asleep(0).exists()  # nothing of the swarm outlives down

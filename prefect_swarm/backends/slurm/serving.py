@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.common import head_url, host_port, tail_file
 from prefect_swarm.backends.engine import engine_env, engine_secret_env, uses_ray
-from prefect_swarm.backends.sleep import Sleeper
+from prefect_swarm.backends.sleep import Sleeper, asleep
 from prefect_swarm.backends.slurm import accounting, identity, members, render
 from prefect_swarm.backends.slurm.client import QueueEntry, SlurmClient, clean_env
 from prefect_swarm.backends.slurm.lb import resolve
@@ -481,6 +481,8 @@ class SlurmServing:
             else (ReplicaHealth.UNKNOWN if entry.state in ("PENDING", "RUNNING") else ReplicaHealth.UNHEALTHY)
         )
         where = f"on {entry.nodes}" if entry.state == "RUNNING" else f"({entry.reason})"
+        sleeping = asleep(self.paths).get(i)
+        what = f"asleep (level {sleeping.get('level')}): out of the LB, allocation kept" if sleeping else None
         return ReplicaStatus(
             i,
             health,
@@ -488,7 +490,7 @@ class SlurmServing:
             restarts=int(raw.get("restarts") or 0),
             last_exit_code=raw.get("last_exit_code"),
             external_id=entry.id,
-            detail=f"{entry.state} {where}; {raw.get('detail', 'no watchdog status yet')}",
+            detail=f"{entry.state} {where}; {what or raw.get('detail', 'no watchdog status yet')}",
             log_tail=str(raw.get("log_tail") or ""),
         )
 
@@ -696,6 +698,7 @@ class SlurmServing:
             time.sleep(0.5)
         for i in range(int(handle.meta.get("replicas", self.cfg.replicas))):
             self.paths.replica_head(i).unlink(missing_ok=True)
+            self.paths.replica_asleep(i).unlink(missing_ok=True)
         self.paths.lb_head.unlink(missing_ok=True)
 
     def _ours(self, ids: list[str]) -> list[QueueEntry]:
