@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from prefect_swarm.backends import BackendPair, build_backends
+from prefect_swarm.backends.sleep import asleep
 from prefect_swarm.config import LeptonConfig, SwarmConfig
 from prefect_swarm.exceptions import ConfigError, ReadinessError, StateError
 from prefect_swarm.interfaces import (
@@ -408,8 +409,16 @@ class Swarm:
         return []
 
     def wait_ready(self, timeout_s: float | None = None) -> ServingStatus:
-        """Block until every replica answers; record RUNNING, or FAILED with the error."""
+        """Block until every replica answers; record RUNNING, or FAILED with the error. A swarm with
+        replicas asleep is refused at once (ReadinessError: they would never answer), its phase kept."""
         handle = self._require_handle()
+        sleeping = sorted(asleep(self.paths))
+        if sleeping:
+            raise ReadinessError(
+                f"swarm '{self.cfg.name}' has replica(s) {', '.join(map(str, sleeping))} asleep: they answer "
+                "nothing until woken.",
+                hint=f"`prefect-swarm wake {self.cfg.name}` wakes them (seconds), then run again.",
+            )
         try:
             status = self.backends.serving.wait_ready(handle, timeout_s or self.cfg.ready_timeout_s)
         except BaseException:

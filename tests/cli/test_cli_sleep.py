@@ -77,6 +77,10 @@ def test_a_job_across_a_sleep_and_a_wake_loses_nothing(
     assert waited.returncode == 0, waited.stderr[-3000:]
     final = _json(run_cli("job", "status", "sl-1", "-o", "json"))
     assert final["status"] == "SUCCEEDED", final
+    assert run_cli("sleep", "sleepy", "--replica", "0", timeout=120).returncode == 0
+    again = run_cli("up", "-c", str(config), timeout=120)  # waits for readiness: refused at once, not timed out
+    assert again.returncode == 4 and "asleep" in again.stderr and "prefect-swarm wake sleepy" in again.stderr
+    assert _json(run_cli("status", "sleepy", "-o", "json"))["swarm"]["phase"] == "RUNNING"  # still up
     out = pq.read_table(tmp_path / "out.parquet")
     ids = out.column("id").to_pylist()
     assert len(ids) == n and len(set(ids)) == n  # exactly once
