@@ -25,8 +25,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
 from prefect_swarm.interfaces.metrics import RUNNING, WAITING, parse, total
 from prefect_swarm.interfaces.readiness import check_answer, http_client
@@ -156,6 +154,8 @@ class Sleeper:
         return {"Authorization": f"Bearer {self.key}"} if self.key else {}
 
     def _post(self, url: str, route: str) -> None:
+        import httpx
+
         try:
             resp = http_client().post(url + route, headers=self._headers(), timeout=WAKE_TIMEOUT_S)
         except httpx.HTTPError as exc:
@@ -168,6 +168,8 @@ class Sleeper:
             )
 
     def _sleeping(self, url: str) -> bool | None:
+        import httpx
+
         try:
             resp = http_client().get(url + "/is_sleeping", headers=self._headers(), timeout=5)
             return bool(json.loads(resp.content)["is_sleeping"]) if resp.status_code == 200 else None
@@ -186,6 +188,8 @@ class Sleeper:
 
     def _in_flight(self, url: str) -> float | None:
         """Requests running or waiting at the engine (its ``/metrics``); None when it does not tell."""
+        import httpx
+
         try:
             resp = http_client().get(url + "/metrics", headers=self._headers(), timeout=5)
             samples = parse(resp.text) if resp.status_code == 200 else {}

@@ -9,7 +9,7 @@ external endpoint) or an engine that cannot (vLLM on CPU, SGLang) is refused wit
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,7 +19,9 @@ from prefect_swarm.cli.swarms import OutputOpt
 from prefect_swarm.exceptions import StateError
 from prefect_swarm.interfaces import SleepReport
 from prefect_swarm.state import StateStore
-from prefect_swarm.swarm import LIVE_PHASES, Swarm
+
+if TYPE_CHECKING:
+    from prefect_swarm.swarm import Swarm
 
 ReplicaOpt = Annotated[
     list[int] | None,
@@ -49,6 +51,8 @@ def wake_cmd(
 
 
 def _swarm(name: str) -> Swarm:
+    from prefect_swarm.swarm import LIVE_PHASES  # here: `prefect-swarm --help` does not load the backends
+
     store = StateStore()
     rec = store.require_swarm(name)  # unknown swarm: StateError, exit 3
     if rec.phase not in LIVE_PHASES:
