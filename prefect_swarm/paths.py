@@ -7,6 +7,7 @@
     replica-<i>.status.json      watchdog status (atomic writes)
     replica-<i>.log              engine stdout+stderr
     replica-<i>.head             host:port once healthy (Slurm); replica-<i>.drain: leaving (scale down)
+    replica-<i>.asleep           sleeping replica (url, level): out of rotation, allocation kept
     watchdog-<i>.log / .pid / .json   watchdog log, pid record, spec (no secrets)
     replicas.sbatch lb.sbatch nginx.conf slurm.json slurm.lock   scripts, wanted/submitted tasks, lock (Slurm)
     swarm.key                    the swarm's API key, mode 0600 (its api_key, or generated on Slurm)
@@ -446,6 +447,10 @@ class SwarmPaths(Folder):
     replica_head = _per_replica("replica-{i}.head", "Head file (``host:port``) of replica ``i``, written once healthy.")
     replica_drain = _per_replica(
         "replica-{i}.drain", "Marker (Slurm): replica ``i`` is leaving; its task stops publishing its head file."
+    )
+    replica_asleep = _per_replica(
+        "replica-{i}.asleep",
+        "Marker (JSON: url, level, since): replica ``i`` sleeps or is going to; out of rotation, allocation kept.",
     )
     watchdog_log = _per_replica("watchdog-{i}.log", "Watchdog log of replica ``i``.")
     watchdog_pid = _per_replica(

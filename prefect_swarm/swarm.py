@@ -20,13 +20,14 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pydantic import SecretStr
 
 from prefect_swarm.backends import BackendPair, build_backends
 from prefect_swarm.backends.registry import ENTRIES
+from prefect_swarm.backends.sleep import asleep
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import ConfigError, ReadinessError, StateError
 from prefect_swarm.interfaces import (
@@ -37,6 +38,7 @@ from prefect_swarm.interfaces import (
     ServingHandle,
     ServingPhase,
     ServingStatus,
+    SleepReport,
     check_config,
 )
 from prefect_swarm.interfaces.jobenv import API_KEY
@@ -433,8 +435,16 @@ class Swarm:
         return []
 
     def wait_ready(self, timeout_s: float | None = None) -> ServingStatus:
-        """Block until every replica answers; record RUNNING, or FAILED with the error."""
+        """Block until every replica answers; record RUNNING, or FAILED with the error. A swarm with
+        replicas asleep is refused at once (ReadinessError: they would never answer), its phase kept."""
         handle = self._require_handle()
+        sleeping = sorted(asleep(self.paths))
+        if sleeping:
+            raise ReadinessError(
+                f"swarm '{self.cfg.name}' has replica(s) {', '.join(map(str, sleeping))} asleep: they answer "
+                "nothing until woken.",
+                hint=f"`prefect-swarm wake {self.cfg.name}` wakes them (seconds), then run again.",
+            )
         try:
             status = self.backends.serving.wait_ready(handle, timeout_s or self.cfg.ready_timeout_s)
         except BaseException:
@@ -535,6 +545,15 @@ class Swarm:
         if self.store.get_swarm(self.cfg.name) is not None:
             self._set_phase(ServingPhase.STOPPED)
         self.store.clear_leases(self.cfg.name)
+
+    # --- sleep and wake (replicas that free their GPUs and keep their allocation) ---
+    def sleep(self, replicas: Sequence[int] = (), level: int = 1) -> list[SleepReport]:
+        """Put ``replicas`` (all when empty) to sleep: :meth:`ServingBackend.sleep`. The swarm stays up."""
+        return self.backends.serving.sleep(self._require_handle(), replicas, level)
+
+    def wake(self, replicas: Sequence[int] = ()) -> list[SleepReport]:
+        """Wake ``replicas`` (all when empty): :meth:`ServingBackend.wake`."""
+        return self.backends.serving.wake(self._require_handle(), replicas)
 
     def __enter__(self) -> Swarm:
         # The block holds the swarm while it runs (a PROCESS lease: gone with this process), so a job

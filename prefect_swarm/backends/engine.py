@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 SGLANG_MODULE = "sglang.launch_server"
 
+VLLM_DEV_MODE = "VLLM_SERVER_DEV_MODE"
+"""vLLM serves its development routes (sleep mode's ``/sleep``, ``/wake_up``, ``/is_sleeping``) only
+with this set to 1 in its environment."""
+
 _KEY_ENV_BY_KIND = {"vllm": "VLLM_API_KEY", "command": "VLLM_API_KEY"}
 
 
@@ -135,6 +139,8 @@ def engine_argv(
             served_model_name=cfg.model_name,
             python=python,
         )
+    if eng.sleep_mode and eng.kind == "vllm":
+        argv.append("--enable-sleep-mode")
     return [*argv, *eng.args]
 
 
@@ -149,8 +155,10 @@ def substitute(template: list[str], **values: object) -> list[str]:
 
 
 def engine_env(cfg: SwarmConfig) -> dict[str, str]:
-    """Plain environment for the engine: the swarm's ``env`` overlaid by ``engine.env``."""
-    return {**cfg.env, **cfg.engine.env}
+    """Plain environment for the engine: the swarm's ``env`` overlaid by ``engine.env``; with
+    ``engine.sleep_mode`` vLLM's dev mode (the only way its server exposes the sleep routes)."""
+    dev = {VLLM_DEV_MODE: "1"} if cfg.engine.sleep_mode else {}
+    return {**cfg.env, **dev, **cfg.engine.env}
 
 
 def engine_secret_env(cfg: SwarmConfig) -> dict[str, str]:

@@ -11,6 +11,7 @@ Commands::
     prefect-swarm top NAME [--once] [-o table|json]
     prefect-swarm validate -c FILE [-o table|json] [--estimate K --input IN]   (a pilot: time and cost)
     prefect-swarm exec NAME [--replica i] -- CMD ...
+    prefect-swarm sleep NAME [--replica i] [--level 1|2] | wake NAME [--replica i]   (engine.sleep_mode)
     prefect-swarm db prune [-y] [--dry-run]
     prefect-swarm job ...            (batch jobs; see `prefect-swarm job --help`)
     prefect-swarm history [NAME]
@@ -54,6 +55,7 @@ from prefect_swarm.cli.job import job_app
 from prefect_swarm.cli.logs import logs_cmd
 from prefect_swarm.cli.output import setup_logging
 from prefect_swarm.cli.serve import serve_app
+from prefect_swarm.cli.sleep import sleep_cmd, wake_cmd
 from prefect_swarm.cli.volumes import volumes_app
 from prefect_swarm.paths import private_umask
 from prefect_swarm.settings import get_settings
@@ -102,6 +104,8 @@ app.command("top", epilog=EXIT_CODES_HELP)(top.top)
 app.command("validate", epilog=EXIT_CODES_HELP)(validate.validate)
 app.command("exec", epilog=EXIT_CODES_HELP)(exec_cmd)
 app.command("logs", epilog=EXIT_CODES_HELP)(logs_cmd)
+app.command("sleep", epilog=EXIT_CODES_HELP)(sleep_cmd)
+app.command("wake", epilog=EXIT_CODES_HELP)(wake_cmd)
 app.add_typer(db.db_app, name="db")
 
 

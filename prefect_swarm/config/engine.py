@@ -13,10 +13,10 @@ from prefect_swarm.config.base import Count, Seconds, StrictModel
 EngineKind = Literal["vllm", "sglang", "command"]
 
 
-
 SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "--token", "--openai-api-key"})
 """Engine flags whose value is a secret: refused in ``engine.args`` (the key goes in ``api_key``)."""
 _AUTH_IN_ARG = re.compile(r"(?i)\b(authorization|x-api-key)\s*[:=]|\bbearer\s+\S")
+
 
 class ParallelConfig(StrictModel):
     """How a replica's model is split over its GPUs: tensor x pipeline must equal ``gpus_per_replica``."""
@@ -80,6 +80,14 @@ class EngineConfig(StrictModel):
         "vLLM's default on most GPUs).",
     )
     health_path: str = Field(default="/health", description="HTTP path that returns 200 once the engine is up.")
+    # --- sleep mode (replicas that sleep and wake) ---
+    sleep_mode: bool = Field(
+        default=False,
+        description="Let replicas sleep and wake (`prefect-swarm sleep`/`wake`): a sleeping replica frees its GPU "
+        "memory, leaves the load balancer and keeps its allocation. vLLM: adds --enable-sleep-mode and "
+        "VLLM_SERVER_DEV_MODE=1 (CUDA and ROCm GPUs only: refused for gpus_per_replica 0); a 'command' engine gets "
+        "VLLM_SERVER_DEV_MODE=1 and must serve vLLM's /sleep, /wake_up and /is_sleeping itself; SGLang: refused.",
+    )
     startup_timeout_s: Seconds = Field(
         default=900.0, description="Seconds a replica may take from start to a healthy /health."
     )

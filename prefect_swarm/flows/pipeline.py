@@ -10,6 +10,11 @@ running sends only its remaining rows.
 
 With ``overlap`` a stage's swarm is brought up while the stage before it still runs, so it is ready
 when its rows are; otherwise each swarm is up only while its own stage runs.
+
+With ``sleep_between`` the stages share their GPUs: each stage's swarm (``engine.sleep_mode``) is
+kept after its stage and put to sleep (its GPU memory freed, its allocation kept), and woken before
+its stage on the next run, so one model is awake at a time and a run after the first pays a wake
+(seconds) instead of a bring-up per stage (allocation, load, readiness).
 """
 
 from __future__ import annotations
@@ -58,11 +63,14 @@ from prefect_swarm.tasks.reaper import reap_quietly
 from prefect_swarm.tasks.swarm import (
     block_ref,
     holding,
+    live_swarm,
     resolve_swarm,
+    sleep_replicas,
     swarm_down,
     swarm_up,
     teardown_owned,
     wait_ready,
+    wake_replicas,
 )
 
 MAX_STAGES = 16
@@ -146,6 +154,22 @@ def _check_output(input: str, output: str) -> None:
         folder = folder.parent
     if not os.access(folder, os.W_OK):
         raise ConfigError(f"output {output}: {folder} cannot be written by this user; choose another place.")
+
+
+def _check_sleep_between(planned: list[_Planned], keep_swarms: bool) -> None:
+    """``sleep_between`` keeps every stage's swarm up (asleep) for the next run: it needs ``keep_swarms``
+    and engines that sleep; refused before any swarm is brought up."""
+    if not keep_swarms:
+        raise ConfigError(
+            "sleep_between keeps the stages' swarms up, asleep, for the next run: set keep_swarms: true "
+            "(`prefect-swarm down NAME` ends them)."
+        )
+    for p in planned:
+        if not p.cfg.engine.sleep_mode:
+            raise ConfigError(
+                f"stage {p.index} ({p.stage.name}): sleep_between needs engine.sleep_mode: true in its swarm "
+                f"'{p.cfg.name}' (the engines sleep between stages)."
+            )
 
 
 def plan_pipeline(
@@ -294,6 +318,7 @@ def pipeline(
     reuse: bool = True,
     retry_failed: bool = False,
     work_dir: str | None = None,
+    sleep_between: bool = False,
 ) -> dict[str, Any]:
     """Run ``stages`` one after the other, each a batch job on its own swarm over what the stage before
     it handed on; write the rows the last stage passes to ``output``; one summary at the end.
@@ -317,10 +342,15 @@ def pipeline(
         work_dir: where the stages' outputs and hand-overs live (a POSIX folder every stage's job
             processes can read: on a cluster, a shared one). Default:
             ``$PREFECT_SWARM_HOME/pipelines/<output stem>-<hash of output and stage names>``.
+        sleep_between: the stages share their GPUs: each stage's swarm sleeps after its stage (GPU
+            memory freed, allocation kept) and is woken before it on the next run. Needs
+            ``keep_swarms`` and ``engine.sleep_mode`` in every stage's swarm.
     """
     started = time.monotonic()
     log = get_run_logger()
     paths, planned = plan_pipeline(stages, input, output, work_dir)
+    if sleep_between:
+        _check_sleep_between(planned, keep_swarms)
     pid = paths.root.name
     tag_run(f"pipeline:{pid}")
     reap_quietly()
@@ -337,7 +367,11 @@ def pipeline(
                 continue
             if p.index in warm:
                 warm[p.index].ready.result()  # its swarm is ready (or the bring-up's error ends the run here)
+            if sleep_between and (asleep := live_swarm(p.cfg.name)) is not None:
+                wake_replicas(asleep)  # kept asleep since the last run: woken, not brought up
             state = _run_stage(p, keep_swarms=keep_swarms, reuse=reuse, retry_failed=retry_failed)
+            if sleep_between and state.is_completed() and (awake := live_swarm(state.result()["swarm"])) is not None:
+                sleep_replicas(awake)  # the next stage's model gets the GPUs
             if p.index in warm and not keep_swarms:
                 _let_go(warm[p.index].up.result().cfg.name)  # its stage is over: this run's hold goes too
             if not state.is_completed():

@@ -30,6 +30,8 @@ class Capability(str, enum.Enum):
     CONTAINERS = "containers"
     WALL_TIME = "wall_time"
     EXEC = "exec"  # a one-shot command inside a running replica's allocation (`prefect-swarm exec`)
+    # --- sleep and wake (issue 42: replicas that free their GPUs and keep their allocation) ---
+    SLEEP_WAKE = "sleep_wake"  # put a replica's engine to sleep and wake it through its own port
 
     # park and restore (scale to zero and back, `prefect-swarm park` / `restore`)
     PARK = "park"
@@ -88,3 +90,23 @@ def check_config(cfg: SwarmConfig, caps: Capabilities) -> None:
         )
     for cap, what in entry_of(cfg.backend).needs(cfg.backend):
         caps.require(Capability(cap), what)
+    if cfg.engine.sleep_mode:
+        check_sleep_mode(cfg, caps)
+
+
+# --- sleep and wake ---
+def check_sleep_mode(cfg: SwarmConfig, caps: Capabilities) -> None:
+    """``engine.sleep_mode`` needs a backend that reaches each replica's port and an engine that sleeps
+    (vLLM on CUDA or ROCm GPUs; a ``command`` engine is taken at its word)."""
+    caps.require(Capability.SLEEP_WAKE, "engine.sleep_mode")
+    if cfg.engine.kind == "sglang":
+        raise ConfigError(
+            "engine.sleep_mode: SGLang has no vLLM-style sleep mode (/sleep, /wake_up, /is_sleeping). "
+            "Use engine.kind 'vllm', or remove engine.sleep_mode."
+        )
+    if cfg.engine.kind == "vllm" and cfg.gpus_per_replica == 0:
+        raise ConfigError(
+            "engine.sleep_mode: vLLM's sleep mode runs on CUDA and ROCm GPUs only, and gpus_per_replica 0 runs "
+            "vLLM on CPU (vLLM refuses --enable-sleep-mode there). Give each replica a GPU (gpus_per_replica >= 1 "
+            "on a backend with GPUs), or remove engine.sleep_mode."
+        )

@@ -96,6 +96,12 @@ def authorized(url: str, api_key: str | None) -> urllib.request.Request:
     return urllib.request.Request(url, headers=headers)
 
 
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+"""The two series of an engine's ``/metrics`` that say what it has in flight (vLLM's names; SGLang exports
+the same under ``sglang:`` only with ``--enable-metrics``): the job's in-flight loop reads them, and a
+replica going to sleep waits for them to reach zero."""
+
+
 def parse(text: str) -> Samples:
     """Prometheus text -> samples by name (``_total``, ``_bucket``... names as written)."""
     out: Samples = {}
@@ -113,6 +119,8 @@ def total(samples: Samples, name: str, **match: str) -> float | None:
 
 __all__ = [
     "ENGINE_ROLE",
+    "RUNNING",
+    "WAITING",
     "MetricsTargets",
     "Samples",
     "Target",

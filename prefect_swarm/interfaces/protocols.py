@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from prefect_swarm.interfaces.capabilities import Capabilities
 from prefect_swarm.interfaces.jobenv import JobEnv, JobRuntime
 from prefect_swarm.interfaces.metrics import MetricsTargets
-from prefect_swarm.interfaces.types import JobHandle, JobProbe, JobRequest, JobStatus, ServingHandle, ServingStatus
+from prefect_swarm.interfaces.types import (
+    JobHandle,
+    JobProbe,
+    JobRequest,
+    JobStatus,
+    ServingHandle,
+    ServingStatus,
+    SleepReport,
+)
 from prefect_swarm.interfaces.usage import GpuUsage
 
 if TYPE_CHECKING:
@@ -127,6 +135,21 @@ class ServingBackend(Protocol):
         """Bring the parked swarm ``cfg`` back; ``parked`` is what :meth:`park` returned. Replicas take
         the addresses they had again where the platform lets them; returns once submitted, readiness is
         :meth:`wait_ready`'s. Never starts a duplicate (as :meth:`create_or_update`)."""
+        ...
+
+    # --- sleep and wake (replicas that free their GPUs and keep their allocation) ---
+    def sleep(self, handle: ServingHandle, replicas: Sequence[int] = (), level: int = 1) -> list[SleepReport]:
+        """Put ``replicas`` (all when empty) to sleep: each leaves the load balancer and the job endpoints
+        first, then its engine frees its GPU memory (``level`` 1 keeps the weights in CPU memory, 2
+        discards them); the allocation is kept. Returns once each says it sleeps. ConfigError when the
+        backend lacks :attr:`Capability.SLEEP_WAKE` (with its reason) or the swarm runs without
+        ``engine.sleep_mode``; one asleep already is reported as it is."""
+        ...
+
+    def wake(self, handle: ServingHandle, replicas: Sequence[int] = ()) -> list[SleepReport]:
+        """Wake ``replicas`` (all when empty) and put each back in rotation once its engine says it is
+        awake and answered one real chat completion. ConfigError as :meth:`sleep`; one awake is reported
+        as it is."""
         ...
 
 

@@ -259,3 +259,20 @@ class JobRequest:
     def shard_env(self, shard: int) -> dict[str, str]:
         """The shard's place in the job, as environment (``JobEnv`` names)."""
         return JobEnv(shard_id=shard, nshards=self.nshards).to_env()
+
+
+# --- sleep and wake (replicas that free their GPUs and keep their allocation) ---
+@dataclass(frozen=True)
+class SleepReport:
+    """What sleeping or waking one replica did: where it listens, whether it is asleep now, how long it took."""
+
+    index: int
+    url: str
+    asleep: bool
+    seconds: float
+    level: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (CLI output, task results)."""
+        return {"replica": self.index, "url": self.url, "asleep": self.asleep, "seconds": round(self.seconds, 3),
+                "level": self.level}  # fmt: skip

@@ -56,7 +56,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.interfaces.metrics import parse, read_file_sd, total
+from prefect_swarm.interfaces.metrics import RUNNING, WAITING, parse, read_file_sd, total
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -67,9 +67,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("prefect_swarm.jobs")
 
-RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
-"""The two series of an engine's ``/metrics`` the loop reads (vLLM's names; SGLang exports the same
-under ``sglang:`` only with ``--enable-metrics``: then the latency control applies)."""
 FD_RESERVE = 64
 """Descriptors kept for everything but requests (input files, the ledger, logs, the /metrics server)."""
 DISCOVER_S = 3.0

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +40,7 @@ from prefect_swarm.settings import get_settings
 from prefect_swarm.state import LeaseRecord, StateStore, SwarmRecord
 from prefect_swarm.swarm import (
     KEEP_OWNER,
+    LIVE_PHASES,
     Swarm,
     flow_run_lease,
     flow_run_owner,
@@ -248,6 +249,37 @@ def wait_ready(swarm: Swarm, timeout_s: float | None = None) -> list[str]:
         status.url or swarm.endpoint,
     )
     return swarm.endpoints
+
+
+# --- sleep and wake (replicas that free their GPUs and keep their allocation) ---
+def live_swarm(name: str) -> Swarm | None:
+    """Swarm ``name`` reattached when its record says it is up (a kept swarm, awake or asleep), else None."""
+    rec = StateStore().get_swarm(name)
+    return holding().attach(name) if rec is not None and rec.phase in LIVE_PHASES else None
+
+
+@task(name="sleep-replicas", task_run_name="sleep-{swarm.cfg.name}", cache_policy=NO_CACHE)
+def sleep_replicas(swarm: Swarm, replicas: Sequence[int] = (), level: int = 1) -> list[dict[str, Any]]:
+    """Put replicas of ``swarm`` to sleep (all when ``replicas`` is empty): :meth:`Swarm.sleep`."""
+    reports = swarm.sleep(replicas, level)
+    swarm_event("slept", swarm.cfg.name, source=swarm.source, replicas=[r.index for r in reports], level=level)
+    get_run_logger().info(
+        "Swarm '%s': replicas %s asleep (level %d) in %.1f s.",
+        swarm.cfg.name, [r.index for r in reports], level, max((r.seconds for r in reports), default=0.0),
+    )  # fmt: skip
+    return [r.to_dict() for r in reports]
+
+
+@task(name="wake-replicas", task_run_name="wake-{swarm.cfg.name}", cache_policy=NO_CACHE)
+def wake_replicas(swarm: Swarm, replicas: Sequence[int] = ()) -> list[dict[str, Any]]:
+    """Wake replicas of ``swarm`` (all when ``replicas`` is empty): :meth:`Swarm.wake`."""
+    reports = swarm.wake(replicas)
+    swarm_event("woke", swarm.cfg.name, source=swarm.source, replicas=[r.index for r in reports])
+    get_run_logger().info(
+        "Swarm '%s': replicas %s awake in %.1f s.",
+        swarm.cfg.name, [r.index for r in reports], max((r.seconds for r in reports), default=0.0),
+    )  # fmt: skip
+    return [r.to_dict() for r in reports]
 
 
 READINESS_REPEAT_S = 30.0

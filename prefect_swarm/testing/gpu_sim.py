@@ -31,6 +31,27 @@ control matters as it does on a GPU:
   ``--no-metrics`` answers it with a 404 (an engine without metrics). ``--speed`` divides every step
   time (a slower GPU).
 
+**Sleep mode**, as vLLM's OpenAI server has it (``--enable-sleep-mode``, routes only with
+``VLLM_SERVER_DEV_MODE=1`` in the environment; CUDA and ROCm only on a real vLLM):
+
+- Without dev mode the routes do not exist: ``/sleep``, ``/wake_up``, ``/is_sleeping`` answer 404
+  ``{"detail":"Not Found"}`` (FastAPI's). With dev mode but without ``--enable-sleep-mode``,
+  ``POST /sleep`` and ``POST /wake_up`` fail with a 500 (vLLM asserts "Sleep mode is not enabled in
+  the model config") and ``GET /is_sleeping`` says false. A route asked with the wrong method is a 405.
+- ``POST /sleep?level=1|2`` (default 1; a level that is not a whole number is a 500, as vLLM's
+  ``int()`` raises): requests waiting or running are aborted (answered 503: vLLM's ``mode=abort``),
+  the engine takes ``--sleep-s`` to offload, then answers 200 with an empty body. Level 1 keeps the
+  weights in CPU memory; any other level discards them. Sleeping again is a no-op 200.
+- ``POST /wake_up[?tags=weights&tags=kv_cache]`` (no tags: both) wakes what the tags name and answers
+  200 with an empty body once done: weights take ``--wake-s`` after level 1 (copied back from CPU
+  memory), ``--wake-level2-s`` after level 2 (reloaded); the KV cache is reallocated at once. An
+  unknown tag, or waking an engine that is awake, is a no-op 200 (vLLM logs a warning).
+- ``GET /is_sleeping`` -> ``{"is_sleeping": bool}``: true from the moment ``/sleep`` is asked until
+  every tag is awake again.
+- While asleep (and while going to sleep or waking) completions answer 503 with an OpenAI error body
+  (vLLM's protected routes); ``/health``, ``/v1/models`` and ``/metrics`` answer as usual.
+- A cold start (process start to ``/health`` 200, the model load) is ``--startup-delay-s`` (the stub's).
+
 Throughput curve (defaults, answers of T = 32 tokens, short prompts): with B sequences running,
 a step takes ``15 + 0.05 B`` ms and B / T rows finish per step, so
 
@@ -50,11 +71,14 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import random
+import urllib.parse
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from prefect_swarm.backends.engine import VLLM_DEV_MODE
 from prefect_swarm.testing.stub_engine import (
     StubOptions,
     StubProtocol,
@@ -90,6 +114,16 @@ class SimOptions:
     seed: int = 0
     metrics: bool = True
     """Serve ``/metrics`` (off: 404, as SGLang without ``--enable-metrics``)."""
+    sleep_mode: bool = False
+    """``--enable-sleep-mode``: ``/sleep`` and ``/wake_up`` work (they also need dev mode)."""
+    dev_mode: bool = False
+    """``VLLM_SERVER_DEV_MODE=1`` in the environment: the sleep routes exist."""
+    sleep_s: float = 0.2
+    """Seconds ``/sleep`` takes (offloading the weights, freeing the KV cache)."""
+    wake_s: float = 0.5
+    """Seconds waking the weights takes after a level-1 sleep (copied back from CPU memory)."""
+    wake_level2_s: float = 2.0
+    """Seconds waking the weights takes after a level-2 sleep (they were discarded: reloaded)."""
 
     def step_s(self, running: int, prefill_tokens: int) -> float:
         """Seconds one engine step takes."""
@@ -126,6 +160,52 @@ class Engine:
     step: int = 0
     busy: bool = False
     cache: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    asleep: set[str] = field(default_factory=set)
+    """Tags (``weights``, ``kv_cache``) now asleep; empty when awake."""
+    paused: int = 0
+    """Sleep or wake transitions under way: completions are refused meanwhile."""
+    level: int = 0
+    """The level of the last sleep (0: never slept)."""
+
+    @property
+    def refusing(self) -> bool:
+        """Completions are refused: asleep, or going to sleep or waking."""
+        return bool(self.asleep) or self.paused > 0
+
+    def abort_all(self, send: Any) -> int:
+        """Drop every waiting and running sequence, answering each with ``send(seq)``; return how many."""
+        seqs = [*self.waiting, *(seq for batch in self.ending.values() for seq in batch)]
+        self.waiting.clear()
+        self.ending.clear()
+        self.running = self.kv_tokens = 0
+        for seq in seqs:
+            send(seq)
+        return len(seqs)
+
+    async def sleep(self, level: int) -> None:
+        """Offload (level 1) or discard the weights and free the KV cache; ``sleep_s`` long."""
+        if self.asleep:
+            return  # vLLM: "Executor is already sleeping." (a warning)
+        self.paused += 1
+        try:
+            await asyncio.sleep(self.opts.sleep_s)
+        finally:
+            self.paused -= 1
+        self.asleep, self.level = {"weights", "kv_cache"}, level
+        self.cache.clear()
+
+    async def wake(self, tags: list[str]) -> None:
+        """Wake ``tags`` (all when empty); unknown tags or an awake engine are a no-op, as in vLLM."""
+        wanted = set(tags) or set(self.asleep)
+        if not self.asleep or not wanted <= self.asleep:
+            return
+        self.paused += 1
+        try:
+            if "weights" in wanted:
+                await asyncio.sleep(self.opts.wake_s if self.level == 1 else self.opts.wake_level2_s)
+        finally:
+            self.paused -= 1
+        self.asleep -= wanted
 
     def submit(self, seq: Seq) -> None:
         """Queue a request; wake the engine when idle."""
@@ -224,8 +304,12 @@ class SimProtocol(StubProtocol):
     stats: Counter[str] = Counter()
 
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
-        """Route one request (``/metrics`` from the engine; the rest as the stub)."""
-        if path.startswith("/metrics") and not self.engine.opts.metrics:
+        """Route one request (``/metrics`` from the engine, the sleep routes; the rest as the stub)."""
+        route, _, query = path.partition("?")
+        if route in SLEEP_ROUTES:
+            if not self.refused(method, path, headers):
+                self.sleep_route(method, route, urllib.parse.parse_qs(query))
+        elif path.startswith("/metrics") and not self.engine.opts.metrics:
             self.send(404, b'{"error":{"message":"not found"}}')
         elif path.startswith("/metrics"):
             text = self.engine.metrics(self.opts.model)
@@ -233,13 +317,51 @@ class SimProtocol(StubProtocol):
         else:
             super().handle(method, path, headers, body)
 
+    def sleep_route(self, method: str, route: str, query: dict[str, list[str]]) -> None:
+        """``/sleep``, ``/wake_up``, ``/is_sleeping`` as vLLM answers them (see the module doc)."""
+        engine = self.engine
+        if not engine.opts.dev_mode:
+            self.send(404, b'{"detail":"Not Found"}')
+        elif method != SLEEP_ROUTES[route]:
+            self.send(405, b'{"detail":"Method Not Allowed"}')
+        elif route == "/is_sleeping":
+            self.send(200, json.dumps({"is_sleeping": engine.refusing}).encode())
+        elif not engine.opts.sleep_mode:
+            self.send(500, b"Internal Server Error", content_type="text/plain; charset=utf-8")
+        elif route == "/sleep":
+            try:
+                level = int(query.get("level", ["1"])[0])
+            except ValueError:
+                self.send(500, b"Internal Server Error", content_type="text/plain; charset=utf-8")
+                return
+            self.stats["aborted"] += engine.abort_all(_abort)
+            self._after(engine.sleep(level))
+        else:
+            self._after(engine.wake(query.get("tags", [])))
+
+    def _after(self, transition: Any) -> None:
+        """Answer 200 with an empty body once ``transition`` (a coroutine) has finished."""
+
+        async def run() -> None:
+            await transition
+            self.send(200, b"")
+
+        task = asyncio.get_running_loop().create_task(run())
+        _TRANSITIONS.add(task)
+        task.add_done_callback(_TRANSITIONS.discard)
+
     def complete(self, path: str, headers: dict[str, str], body: bytes) -> None:
-        """Queue a completion in the engine; its answer is sent when its last token is generated."""
+        """Queue a completion in the engine; its answer is sent when its last token is generated.
+        While the engine sleeps it is refused with a 503, as vLLM's protected routes are."""
         self.stats["requests"] += 1
         req = self.accepted(headers, body)
         if req is None:
             return
         engine = self.engine
+        if engine.refusing:
+            self.stats["refused_asleep"] += 1
+            self.send(503, SLEEPING)
+            return
         words = _prompt_text(req).split() or [""]
         tokens = answer_tokens(req, body, engine.opts)
         out = answer(path, req, self.opts.model)
@@ -248,6 +370,26 @@ class SimProtocol(StubProtocol):
         if out.get("choices"):
             out["choices"][0]["finish_reason"] = "length" if tokens == limit else "stop"
         engine.submit(Seq(self, json.dumps(out).encode(), words, tokens))
+
+
+SLEEP_ROUTES = {"/sleep": "POST", "/wake_up": "POST", "/is_sleeping": "GET"}
+"""vLLM's sleep-mode routes (dev mode only) -> their method."""
+
+SLEEPING = json.dumps(
+    {"error": {"message": "The model is sleeping; wake it up first.", "type": "ServiceUnavailableError", "code": 503}}
+).encode()
+"""What a completion gets while the engine sleeps."""
+
+_ABORTED = json.dumps(
+    {"error": {"message": "Request aborted: the engine went to sleep.", "type": "ServiceUnavailableError", "code": 503}}
+).encode()
+
+_TRANSITIONS: set[asyncio.Task[None]] = set()
+"""Sleep and wake transitions under way (kept referenced until done)."""
+
+
+def _abort(seq: Seq) -> None:
+    seq.proto.send(503, _ABORTED)
 
 
 async def serve(host: str, port: int, opts: StubOptions, sim: SimOptions) -> None:
@@ -277,6 +419,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions, Si
     ap.add_argument("--speed", type=float, default=d.speed, help="step times are divided by this")
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--no-metrics", action="store_true", help="answer /metrics with a 404")
+    ap.add_argument("--enable-sleep-mode", action="store_true", help="vLLM's flag: /sleep and /wake_up work")
+    ap.add_argument("--sleep-s", type=float, default=d.sleep_s, help="seconds /sleep takes")
+    ap.add_argument("--wake-s", type=float, default=d.wake_s, help="seconds waking takes after a level-1 sleep")
+    ap.add_argument("--wake-level2-s", type=float, default=d.wake_level2_s, help="... after a level-2 sleep")
     a, rest = ap.parse_known_args(argv)
     if a.max_num_seqs < 1 or a.speed <= 0 or a.answer_tokens < 1 or a.block_size < 1:
         ap.error("--max-num-seqs, --answer-tokens and --block-size must be >= 1 and --speed > 0")
@@ -296,6 +442,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions, Si
         speed=a.speed,
         seed=a.seed,
         metrics=not a.no_metrics,
+        sleep_mode=a.enable_sleep_mode,
+        dev_mode=os.environ.get(VLLM_DEV_MODE, "0") not in ("", "0"),
+        sleep_s=a.sleep_s,
+        wake_s=a.wake_s,
+        wake_level2_s=a.wake_level2_s,
     )
     host, port, opts = stub_parse_args(rest)
     return host, port, opts, sim

@@ -338,12 +338,9 @@ class StubProtocol(asyncio.Protocol):
         """Route one request. With ``--api-key`` every route (health, metrics and unknown paths too)
         answers 401 without ``Authorization: Bearer <key>``, as a closed vLLM replica does (psw_key_guard)."""
         opts, stats = self.opts, self.stats
-        guarded = bool(opts.api_key) and (opts.key_scope == "all" or path.startswith("/v1/"))
-        if guarded and not hmac.compare_digest(headers.get("authorization", ""), f"Bearer {opts.api_key}"):
-            if method == "POST" and path.startswith(COMPLETION_PATHS):
-                stats["requests"] += 1
-            self.send(401, b'{"error":"Unauthorized"}')
-        elif path.startswith("/health"):
+        if self.refused(method, path, headers):
+            return
+        if path.startswith("/health"):
             ready = time.monotonic() - opts.started >= opts.startup_delay_s
             if ready and opts.require_ray_nodes:
                 ready = RayNodes.alive >= opts.require_ray_nodes
@@ -358,6 +355,17 @@ class StubProtocol(asyncio.Protocol):
             self.complete(path, headers, body)
         else:
             self.send(404, b'{"error":{"message":"not found"}}')
+
+    def refused(self, method: str, path: str, headers: dict[str, str]) -> bool:
+        """Answer 401 and return True when ``--api-key`` guards ``path`` and the request lacks the key."""
+        opts = self.opts
+        guarded = bool(opts.api_key) and (opts.key_scope == "all" or path.startswith("/v1/"))
+        if guarded and not hmac.compare_digest(headers.get("authorization", ""), f"Bearer {opts.api_key}"):
+            if method == "POST" and path.startswith(COMPLETION_PATHS):
+                self.stats["requests"] += 1
+            self.send(401, b'{"error":"Unauthorized"}')
+            return True
+        return False
 
     def accepted(self, headers: dict[str, str], body: bytes) -> dict[str, Any] | None:
         """The request, or None once refused (400 not JSON or invalid, 404 unknown model)."""
@@ -731,9 +739,12 @@ class StubEngine:
         *args: str,
         cpu: int | None = None,
         module: str = STUB_MODULE,
+        env: dict[str, str] | None = None,
         **knobs: Any,
     ) -> None:
         self.host, self.port = host, port
+        self.env = {**os.environ, **env} if env else None
+        """The engine's environment (None: this process's)."""
         self.argv = [sys.executable, "-m", module, "--host", host, "--port", str(port)]
         self.argv += [*knob_args(knobs), *args]
         if cpu is not None:
@@ -754,7 +765,7 @@ class StubEngine:
 
         from prefect_swarm.interfaces.readiness import http_client
 
-        self.proc = subprocess.Popen(self.argv, start_new_session=True)
+        self.proc = subprocess.Popen(self.argv, start_new_session=True, env=self.env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:

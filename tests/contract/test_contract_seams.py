@@ -70,3 +70,29 @@ def _remote_requests(factory: BackendFactory) -> int:
     from contract_kit import _lepton_fake
 
     return len(_lepton_fake().requests)
+
+
+def test_sleep_and_wake_are_offered_or_refused_with_the_reason_before_anything_is_called(
+    factory: BackendFactory,
+) -> None:
+    import re
+
+    from prefect_swarm.exceptions import ConfigError
+    from prefect_swarm.interfaces import Capability, ServingHandle
+
+    swarm = Swarm(_config(factory))  # an engine without sleep mode
+    serving = swarm.backends.serving
+    caps = serving.capabilities()
+    handle = ServingHandle(swarm.cfg.name, swarm.cfg.backend.type)
+    requests_before = _remote_requests(factory)
+    why = (
+        r"engine\.sleep_mode"
+        if caps.supports(Capability.SLEEP_WAKE)
+        else re.escape(caps.missing[Capability.SLEEP_WAKE])
+    )
+    with pytest.raises(ConfigError, match=why):
+        serving.sleep(handle, [0])
+    with pytest.raises(ConfigError, match=why):
+        serving.wake(handle, [0])
+    assert _remote_requests(factory) == requests_before, "a refused sleep called the backend"
+    assert not swarm.paths.root.exists(), "a refused sleep wrote the swarm folder"

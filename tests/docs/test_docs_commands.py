@@ -90,6 +90,12 @@ NOT_RUN_HERE: dict[str, str] = {
     "prefect-swarm serve batches": "runs until stopped: tests/batchserver/conftest.py (Service.start) starts it so",
     "OPENAI_BASE_URL=": "needs a running batch service: tests/batchserver/test_service.py::"
     "test_the_documented_client_runs runs the script against one",
+    # Sleep and wake need an engine with sleep mode (vLLM on a GPU): the same commands run on a swarm of the
+    # GPU-like simulator in tests/cli/test_cli_sleep.py; the GPU check needs a GPU and vLLM.
+    "prefect-swarm up -c sleepy.yaml": "needs GPUs: tests/cli/test_cli_sleep.py runs it on the simulator",
+    "prefect-swarm sleep ": "needs engine.sleep_mode: tests/cli/test_cli_sleep.py runs it on the simulator",
+    "prefect-swarm wake ": "needs engine.sleep_mode: tests/cli/test_cli_sleep.py runs it on the simulator",
+    "scripts/gpu/sleep_wake_check.sh": "needs a CUDA GPU and vLLM",
 }
 """Command prefixes that do not run here, each with the reason or the test that covers it."""
 

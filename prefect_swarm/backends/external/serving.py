@@ -27,7 +27,7 @@ from prefect_swarm.exceptions import ConfigError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, Capability, ServingHandle
 from prefect_swarm.interfaces.metrics import MetricsTargets
 from prefect_swarm.interfaces.readiness import check_answer, http_client
-from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
+from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus, SleepReport
 from prefect_swarm.interfaces.usage import GpuUsage
 
 if TYPE_CHECKING:
@@ -88,6 +88,7 @@ class ExternalServing:
                 Capability.WALL_TIME: theirs,
                 Capability.EXEC: theirs,
                 Capability.PARK: "the endpoint's GPUs are not prefect-swarm's to give back or take again",
+                Capability.SLEEP_WAKE: theirs,
             },
             max_replicas=1,
         )
@@ -229,6 +230,19 @@ class ExternalServing:
         """No GPU-hours: no GPUs of ours (a priced provider's cost is its tokens, in each job's cost)."""
         why = "an external endpoint holds no GPUs of ours; a priced provider's cost is its tokens, in each job's cost"
         return GpuUsage(None, "n/a", gpus=0, reason=why)
+
+    # --- sleep and wake ---
+    def sleep(self, handle: ServingHandle, replicas: Sequence[int] = (), level: int = 1) -> list[SleepReport]:
+        """Refused: ConfigError with the reason the backend lacks :attr:`Capability.SLEEP_WAKE`; calls nothing."""
+        del handle, replicas, level
+        self.capabilities().require(Capability.SLEEP_WAKE, "`prefect-swarm sleep`")
+        return []  # pragma: no cover - require raised
+
+    def wake(self, handle: ServingHandle, replicas: Sequence[int] = ()) -> list[SleepReport]:
+        """Refused, as :meth:`sleep`."""
+        del handle, replicas
+        self.capabilities().require(Capability.SLEEP_WAKE, "`prefect-swarm wake`")
+        return []  # pragma: no cover - require raised
 
     def exec_command(self, handle: ServingHandle, replica: int, argv: Sequence[str]) -> int:
         """Refused: there is no replica of ours to run a command in."""

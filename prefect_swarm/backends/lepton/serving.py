@@ -41,7 +41,7 @@ from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError, P
 from prefect_swarm.interfaces import Capabilities, Capability, JobRequest, ServingHandle
 from prefect_swarm.interfaces.metrics import MetricsTargets
 from prefect_swarm.interfaces.readiness import check_answer
-from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
+from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus, SleepReport
 from prefect_swarm.interfaces.usage import GpuUsage
 
 if TYPE_CHECKING:
@@ -131,6 +131,8 @@ class LeptonServing:
                 "from its ledger",
                 Capability.WALL_TIME: "Lepton endpoints have no wall-time limit; the flow's teardown and the "
                 "orphan reaper stop them",
+                Capability.SLEEP_WAKE: "Lepton routes requests to its replicas itself and exposes no replica's own "
+                "port, so no replica can be put to sleep or taken out of the endpoint's rotation",
                 Capability.EXEC: "Lepton's API offers no way to run a command inside a deployment replica; "
                 "use the Lepton dashboard's terminal, or `curl` the endpoint from here",
             },
@@ -155,6 +157,19 @@ class LeptonServing:
         same deployment, so the same URL)."""
         del parked  # the deployment keeps its name and URL
         return self.create_or_update(cfg)
+
+    # --- sleep and wake ---
+    def sleep(self, handle: ServingHandle, replicas: Sequence[int] = (), level: int = 1) -> list[SleepReport]:
+        """Refused: ConfigError with the reason the backend lacks :attr:`Capability.SLEEP_WAKE`; calls nothing."""
+        del handle, replicas, level
+        self.capabilities().require(Capability.SLEEP_WAKE, "`prefect-swarm sleep`")
+        return []  # pragma: no cover - require raised
+
+    def wake(self, handle: ServingHandle, replicas: Sequence[int] = ()) -> list[SleepReport]:
+        """Refused, as :meth:`sleep`."""
+        del handle, replicas
+        self.capabilities().require(Capability.SLEEP_WAKE, "`prefect-swarm wake`")
+        return []  # pragma: no cover - require raised
 
     def exec_command(self, handle: ServingHandle, replica: int, argv: Sequence[str]) -> int:
         """Refused: ConfigError with the reason Lepton lacks :attr:`Capability.EXEC`; calls nothing."""

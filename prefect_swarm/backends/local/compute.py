@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.common import LogFollower
 from prefect_swarm.backends.local.processes import spawn, stop
+from prefect_swarm.backends.sleep import asleep_urls
 from prefect_swarm.exceptions import StateError
 from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus, jobenv
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
@@ -57,6 +58,11 @@ class LocalCompute(ComputeBase):
         self.cfg = cfg
         self.paths = paths
         self.serving = serving_handle
+
+    def endpoints(self) -> list[str]:
+        """:meth:`ComputeBase.endpoints` less the replicas asleep (``prefect-swarm sleep``)."""
+        out = asleep_urls(self.paths)
+        return [url for url in super().endpoints() if url not in out]
 
     def job_runtime(self) -> JobRuntime:
         """This interpreter, on this machine; the swarm's env and ``PREFECT_SWARM_HOME``."""

@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Any
 from prefect_swarm.backends.common import tail_file
 from prefect_swarm.backends.engine import engine_launch, engine_secret_env
 from prefect_swarm.backends.local.processes import spawn, stop
+from prefect_swarm.backends.sleep import Sleeper, asleep
 from prefect_swarm.config import LocalConfig
 from prefect_swarm.config.cost import held_gpu_hours
 from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, Capability, ServingHandle
 from prefect_swarm.interfaces.metrics import MetricsTargets, engine_targets, read_file_sd, write_file_sd
 from prefect_swarm.interfaces.readiness import ProbeResult, check_answer, check_health
-from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
+from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus, SleepReport
 from prefect_swarm.interfaces.usage import GpuUsage
 from prefect_swarm.paths import atomic_write_json, read_json, read_tail
 from prefect_swarm.sidecar.procref import ProcRef
@@ -141,9 +142,7 @@ class LocalServing:
             raise
         self._stop_extra(cfg.replicas)
         urls = [self.replica_url(i) for i in range(cfg.replicas)]
-        write_file_sd(
-            self.paths.metrics_targets, engine_targets(cfg.name, enumerate(u.split("://", 1)[1] for u in urls))
-        )
+        self._write_targets()
         return ServingHandle(
             name=cfg.name,
             backend=self.backend,
@@ -154,6 +153,12 @@ class LocalServing:
                 "root": str(self.paths.root),
             },
         )
+
+    def _write_targets(self) -> None:
+        """targets.json <- every replica but those asleep: the list running jobs and `top` follow."""
+        out = asleep(self.paths)
+        awake = [(i, self.replica_url(i).split("://", 1)[1]) for i in range(self.cfg.replicas) if i not in out]
+        write_file_sd(self.paths.metrics_targets, engine_targets(self.cfg.name, awake))
 
     def _replica_env(self, i: int) -> dict[str, str]:
         launch = engine_launch(self.cfg, host=self.local.host, port=self.cfg.port + i)
@@ -188,6 +193,7 @@ class LocalServing:
     def _launch(self, spec: WatchdogSpec, secret_env: dict[str, str]) -> ProcRef:
         i = spec.index
         self.paths.replica_status(i).unlink(missing_ok=True)
+        self.paths.replica_asleep(i).unlink(missing_ok=True)  # a fresh engine is awake
         atomic_write_json(self.paths.watchdog_spec(i), spec.to_dict())
         argv = [
             sys.executable,
@@ -337,6 +343,8 @@ class LocalServing:
             )
         elif raw and not fresh:
             health, detail = ReplicaHealth.UNKNOWN, f"status not updated for a while ({detail})"
+        elif i in (sleeping := asleep(self.paths)):
+            detail = f"asleep (level {sleeping[i].get('level')}): out of rotation, allocation kept"
         rs = ReplicaStatus(
             index=i,
             health=health,
@@ -370,6 +378,7 @@ class LocalServing:
         stop([self._replica_ref(i) for i in indices], grace_s=STOP_GRACE_S)
         for i in indices:
             self.paths.watchdog_pid(i).unlink(missing_ok=True)
+            self.paths.replica_asleep(i).unlink(missing_ok=True)
         self.paths.metrics_targets.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ park
@@ -421,6 +430,28 @@ class LocalServing:
         return tail_file(
             self.paths.replica_log(replica), follow=follow, alive=lambda: self._watchdog(replica) is not None
         )
+
+    # --- sleep and wake ---
+    def _sleeper(self) -> Sleeper:
+        return Sleeper(
+            self.cfg,
+            self.paths,
+            self.client_key(),
+            url_of=lambda i: self.replica_url(i) if self._watchdog(i) is not None else None,
+            leave=lambda i, url: self._write_targets(),
+            rejoin=lambda i: self._write_targets(),
+        )
+
+    def sleep(self, handle: ServingHandle, replicas: Sequence[int] = (), level: int = 1) -> list[SleepReport]:
+        """See :meth:`ServingBackend.sleep`: a sleeping replica leaves targets.json and the job endpoints
+        (:meth:`LocalCompute.endpoints`); its watchdog keeps it running (its ``/health`` still answers)."""
+        del handle
+        return self._sleeper().sleep(replicas, level)
+
+    def wake(self, handle: ServingHandle, replicas: Sequence[int] = ()) -> list[SleepReport]:
+        """See :meth:`ServingBackend.wake`."""
+        del handle
+        return self._sleeper().wake(replicas)
 
     def client_key(self) -> str | None:
         """See :meth:`ServingBackend.client_key`."""

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.backends.common import head_url, host_port, tail_file
 from prefect_swarm.backends.engine import engine_env, engine_secret_env, uses_ray
+from prefect_swarm.backends.sleep import Sleeper, asleep
 from prefect_swarm.backends.slurm import accounting, identity, members, render
 from prefect_swarm.backends.slurm.client import QueueEntry, SlurmClient, clean_env
 from prefect_swarm.backends.slurm.lb import resolve
@@ -33,7 +34,7 @@ from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError, R
 from prefect_swarm.interfaces import Capabilities, ServingHandle
 from prefect_swarm.interfaces.metrics import MetricsTargets, read_file_sd
 from prefect_swarm.interfaces.readiness import ProbeResult, check_answer, check_health
-from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
+from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus, SleepReport
 from prefect_swarm.interfaces.usage import GpuUsage
 from prefect_swarm.paths import atomic_write_json, atomic_write_text, read_json, read_tail, read_text
 
@@ -304,18 +305,29 @@ class SlurmServing:
         publishing the head file, the reconciler drops them, requests in flight get ``DRAIN_GRACE_S``."""
         addrs = set()
         for i in indices:
-            head = read_text(self.paths.replica_head(i))
-            addr = resolve(head) if head else None
+            addr = self._replica_addr(i)
             if addr:
                 addrs.add(addr)
             self.paths.replica_drain(i).touch()
-        end = time.monotonic() + DRAIN_WAIT_S
+        if self._wait_routed(addrs, routed=False):
+            time.sleep(DRAIN_GRACE_S)
+
+    def _replica_addr(self, i: int) -> str | None:
+        """``ip:port`` of replica ``i`` from its head file (as the LB's reconciler resolves it), or None."""
+        head = read_text(self.paths.replica_head(i))
+        return resolve(head) if head else None
+
+    def _wait_routed(self, addrs: set[str], *, routed: bool, wait_s: float = DRAIN_WAIT_S) -> bool:
+        """Wait (up to ``wait_s``) until the LB's upstream file lists every address (``routed``) or none;
+        True when it came to that."""
+        end = time.monotonic() + wait_s
         while addrs and time.monotonic() < end:
-            routed = read_text(self.paths.upstreams) or ""
-            if not any(f"server {a} " in routed for a in addrs):
-                time.sleep(DRAIN_GRACE_S)
-                return
+            text = read_text(self.paths.upstreams) or ""
+            listed = [f"server {a} " in text for a in addrs]
+            if all(listed) if routed else not any(listed):
+                return True
             time.sleep(0.25)
+        return False
 
     def _lb_entry(self) -> QueueEntry | None:
         """The LB job that is (or will be) there; one COMPLETING is on its way out."""
@@ -385,6 +397,35 @@ class SlurmServing:
         env = {**engine_env(self.cfg), **engine_secret_env(self.cfg), **({"PORT": str(port)} if port else {})}
         return self.client.srun_overlap(entry.raw_id, argv, node=node, env=env)
 
+    # --- sleep and wake ---
+    def _sleeper(self) -> Sleeper:
+        def url_of(i: int) -> str | None:
+            addr = self._replica_addr(i)
+            return f"http://{addr}" if addr else None
+
+        def leave(i: int, url: str) -> None:  # the task stops publishing the head file, the reconciler drops it
+            self._wait_routed({url.split("://", 1)[1]}, routed=False)
+
+        def rejoin(i: int) -> None:  # the task publishes the head file again within a second
+            end = time.monotonic() + DRAIN_WAIT_S
+            while (addr := self._replica_addr(i)) is None and time.monotonic() < end:
+                time.sleep(0.25)
+            if addr:
+                self._wait_routed({addr}, routed=True)
+
+        return Sleeper(self.cfg, self.paths, self.client_key(), url_of=url_of, leave=leave, rejoin=rejoin)
+
+    def sleep(self, handle: ServingHandle, replicas: Sequence[int] = (), level: int = 1) -> list[SleepReport]:
+        """See :meth:`ServingBackend.sleep`: the replica's task stops publishing its head file (the LB's
+        reconciler drops it from nginx, job steps from their replica list) and keeps its allocation."""
+        del handle
+        return self._sleeper().sleep(replicas, level)
+
+    def wake(self, handle: ServingHandle, replicas: Sequence[int] = ()) -> list[SleepReport]:
+        """See :meth:`ServingBackend.wake`: back in the LB once its task publishes the head file again."""
+        del handle
+        return self._sleeper().wake(replicas)
+
     def client_key(self) -> str | None:
         """See :meth:`ServingBackend.client_key` (the generated key once `up` made it)."""
         return self.cfg.api_key.get_secret_value() if self.cfg.api_key is not None else None
@@ -440,6 +481,8 @@ class SlurmServing:
             else (ReplicaHealth.UNKNOWN if entry.state in ("PENDING", "RUNNING") else ReplicaHealth.UNHEALTHY)
         )
         where = f"on {entry.nodes}" if entry.state == "RUNNING" else f"({entry.reason})"
+        sleeping = asleep(self.paths).get(i)
+        what = f"asleep (level {sleeping.get('level')}): out of the LB, allocation kept" if sleeping else None
         return ReplicaStatus(
             i,
             health,
@@ -447,7 +490,7 @@ class SlurmServing:
             restarts=int(raw.get("restarts") or 0),
             last_exit_code=raw.get("last_exit_code"),
             external_id=entry.id,
-            detail=f"{entry.state} {where}; {raw.get('detail', 'no watchdog status yet')}",
+            detail=f"{entry.state} {where}; {what or raw.get('detail', 'no watchdog status yet')}",
             log_tail=str(raw.get("log_tail") or ""),
         )
 
@@ -674,6 +717,7 @@ class SlurmServing:
             time.sleep(0.5)
         for i in range(int(handle.meta.get("replicas", self.cfg.replicas))):
             self.paths.replica_head(i).unlink(missing_ok=True)
+            self.paths.replica_asleep(i).unlink(missing_ok=True)
         self.paths.lb_head.unlink(missing_ok=True)
 
     def _ours(self, ids: list[str]) -> list[QueueEntry]:

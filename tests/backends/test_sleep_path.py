@@ -1,0 +1,73 @@
+"""The one sleep/wake path (prefect_swarm.backends.sleep) against the GPU-like simulator: the replica
+leaves rotation before its engine sleeps and rejoins only after it answers; an engine that refuses to
+sleep goes back in rotation; bad requests are refused before anything is touched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prefect_swarm.backends.engine import VLLM_DEV_MODE
+from prefect_swarm.backends.sleep import Sleeper, asleep
+from prefect_swarm.config import SwarmConfig
+from prefect_swarm.exceptions import BackendError, ConfigError
+from prefect_swarm.paths import SwarmPaths
+from prefect_swarm.testing.gpu_sim import MODULE
+from prefect_swarm.testing.ports import free_port
+from prefect_swarm.testing.stub_engine import StubEngine
+
+
+def _cfg(sleep_mode: bool = True) -> SwarmConfig:
+    return SwarmConfig.model_validate({
+        "name": "s", "model": "stub-model", "replicas": 1, "gpus_per_replica": 0,
+        "engine": {"kind": "command", "command": ["x"], "sleep_mode": sleep_mode}, "backend": {"type": "local"},
+    })  # fmt: skip
+
+
+def _sleeper(tmp_path: Path, url: str, events: list[str], cfg: SwarmConfig | None = None) -> Sleeper:
+    paths = SwarmPaths(tmp_path / "s").ensure()
+
+    def leave(i: int, u: str) -> None:
+        events.append(f"leave {i} asleep-marked={i in asleep(paths)}")
+
+    def rejoin(i: int) -> None:
+        events.append(f"rejoin {i} asleep-marked={i in asleep(paths)}")
+
+    return Sleeper(cfg or _cfg(), paths, None, url_of=lambda i: url, leave=leave, rejoin=rejoin, drain_s=5)
+
+
+def test_leaves_rotation_before_sleeping_and_rejoins_after_answering(tmp_path: Path) -> None:
+    with StubEngine(free_port(), "127.0.0.1", "--enable-sleep-mode", module=MODULE, env={VLLM_DEV_MODE: "1"},
+                    sleep_s=0, wake_s=0.1) as sim:  # fmt: skip
+        events: list[str] = []
+        sleeper = _sleeper(tmp_path, sim.url, events)
+        (report,) = sleeper.sleep([0], level=2)
+        assert (report.asleep, report.level, report.url) == (True, 2, sim.url)
+        assert events == ["leave 0 asleep-marked=True"]
+        assert sleeper.sleep([0])[0].level == 2  # asleep already: reported as it is
+        (woke,) = sleeper.wake([0])
+        assert not woke.asleep and asleep(sleeper.paths) == {}
+        assert events == ["leave 0 asleep-marked=True", "rejoin 0 asleep-marked=False"]
+        assert sleeper.wake([0])[0].seconds == 0.0  # awake: nothing to do
+
+
+def test_an_engine_that_refuses_to_sleep_goes_back_in_rotation(tmp_path: Path) -> None:
+    with StubEngine(free_port(), "127.0.0.1", module=MODULE, env={VLLM_DEV_MODE: "1"}) as sim:  # no sleep mode
+        events: list[str] = []
+        sleeper = _sleeper(tmp_path, sim.url, events)
+        with pytest.raises(BackendError, match="HTTP 500") as err:
+            sleeper.sleep([0])
+        assert "--enable-sleep-mode" in (err.value.hint or "")
+        assert asleep(sleeper.paths) == {} and events == ["leave 0 asleep-marked=True", "rejoin 0 asleep-marked=False"]
+
+
+def test_bad_requests_are_refused_before_anything_is_touched(tmp_path: Path) -> None:
+    events: list[str] = []
+    with pytest.raises(ConfigError, match=r"engine\.sleep_mode"):
+        _sleeper(tmp_path, "http://127.0.0.1:9", events, _cfg(sleep_mode=False)).sleep([0])
+    with pytest.raises(ConfigError, match="replica 3"):
+        _sleeper(tmp_path, "http://127.0.0.1:9", events).sleep([3])
+    with pytest.raises(ConfigError, match="level 3"):
+        _sleeper(tmp_path, "http://127.0.0.1:9", events).sleep([0], level=3)
+    assert events == []
