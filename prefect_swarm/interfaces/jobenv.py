@@ -43,8 +43,9 @@ OWNER = "PREFECT_SWARM_OWNER"
 
 PROTOCOL: dict[str, str] = {
     ENDPOINTS: "Comma-separated base URLs a job process spreads its requests over (`ENDPOINT`: the first).",
-    API_KEY: "The swarm's API key (as `PREFECT_SWARM_<FIELD>`, the config's `api_key`): engines require it, clients send it, a "
-    "process that reattaches to the swarm reads it. Secret: passed through a process environment only.",
+    API_KEY: "The swarm's API key (as `PREFECT_SWARM_<FIELD>`, the config's `api_key`): engines require it, "
+    "clients send it, a process that reattaches to the swarm reads it. Secret: passed through a process environment "
+    "only.",
     SHARD_ID: "Which shard a job process runs (0-based).",
     NSHARDS: "How many shards the job has.",
     HOME: "The home folder of the process that started this one (the setting of the same name).",

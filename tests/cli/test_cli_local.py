@@ -15,6 +15,8 @@ from typing import Any
 import psutil
 import pytest
 
+from prefect_swarm.testing.waiting import wait_until
+
 pytestmark = [pytest.mark.usefixtures("local_backend"), pytest.mark.slow]
 
 
@@ -25,12 +27,13 @@ def _json(result: Any) -> dict[str, Any]:
 
 def _wait_status(run_cli: Callable[..., Any], name: str, healthy: int, timeout: float = 30) -> dict[str, Any]:
     """`status -o json` until ``healthy`` replicas report healthy (watchdogs write every couple of s)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        doc = _json(run_cli("status", name, "-o", "json", "--no-history"))
-        if doc["status"]["healthy_replicas"] == healthy or time.monotonic() > deadline:
-            return doc
-        time.sleep(0.5)
+    return wait_until(
+        f"{healthy} healthy replicas of {name}",
+        lambda: _json(run_cli("status", name, "-o", "json", "--no-history")),
+        until=lambda doc: doc["status"]["healthy_replicas"] == healthy,
+        timeout_s=timeout,
+        poll_s=0.5,
+    )
 
 
 def _pids(doc: dict[str, Any]) -> list[int]:

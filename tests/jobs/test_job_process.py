@@ -17,6 +17,7 @@ from _jobkit import job_argv, make_dataset, requests, run_job, run_openai_batch,
 from prefect_swarm.jobs.commit import commit_output
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, read_json
+from prefect_swarm.testing.waiting import wait_until
 
 
 def _out(path: Path) -> list[dict]:
@@ -120,11 +121,11 @@ def test_resume_with_other_settings_is_refused(tmp_path: Path, stub, change: dic
 
 
 def _wait_for_parts(job_dir: Path, proc: subprocess.Popen, n: int = 1) -> None:
-    deadline = time.monotonic() + 60
-    while len(list((job_dir / "shards" / "00000").glob("part-*.parquet"))) < n:
+    def parts() -> int:
         assert proc.poll() is None, "the job ended before writing a part"
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+        return len(list((job_dir / "shards" / "00000").glob("part-*.parquet")))
+
+    wait_until(f"{n} part file(s) of shard 0", parts, until=lambda found: found >= n, timeout_s=60, poll_s=0.02)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])

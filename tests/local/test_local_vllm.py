@@ -17,6 +17,7 @@ import services
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.interfaces import ReplicaHealth, ServingPhase
 from prefect_swarm.swarm import Swarm
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -49,12 +50,7 @@ def _chat(url: str) -> dict:
 
 
 def _wait_status(swarm: Swarm, ok: object, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if ok(swarm.status()):  # type: ignore[operator]
-            return
-        time.sleep(1)
-    raise AssertionError(f"status never matched: {swarm.status()}")
+    wait_until("the swarm's status to match", swarm.status, until=ok, timeout_s=timeout_s, poll_s=1)  # type: ignore[arg-type]
 
 
 def test_two_replicas_running(vllm_swarm: Swarm) -> None:

@@ -21,6 +21,7 @@ from prefect_swarm.interfaces.jobenv import API_KEY
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.testing import free_port, free_port_block
 from prefect_swarm.testing.stub_engine import COMPLETION_PATHS, ROUTES, StubEngine
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = pytest.mark.nginx
 
@@ -63,9 +64,13 @@ def lb(need_nginx: None, tmp_path: Path) -> Iterator[tuple[SwarmPaths, Reconcile
 
 def _wait_reloaded(url: str) -> None:
     """Until the new workers serve (a reload swaps workers asynchronously)."""
-    deadline = time.monotonic() + 10
-    while httpx.get(url + "/health", timeout=5).status_code != 200 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(
+        "the LB's new workers to answer /health",
+        lambda: httpx.get(url + "/health", timeout=5).status_code,
+        until=lambda code: code == 200,
+        timeout_s=10,
+        poll_s=0.1,
+    )
 
 
 def _post(url: str) -> int:

@@ -44,14 +44,15 @@ def task_ids(swarm: LiveSwarm) -> list[str | None]:
 
 
 def wait_healthy(swarm: LiveSwarm, n: int, timeout_s: float = 90) -> None:
-    assert swarm.handle is not None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        st = swarm.serving.status(swarm.handle)
-        if st.healthy == n and st.phase is ServingPhase.RUNNING:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"not {n} healthy after {timeout_s}s: {swarm.serving.status(swarm.handle)}")
+    handle = swarm.handle
+    assert handle is not None
+    wait_until(
+        f"{n} healthy replicas, RUNNING",
+        lambda: swarm.serving.status(handle),
+        until=lambda st: st.healthy == n and st.phase is ServingPhase.RUNNING,
+        timeout_s=timeout_s,
+        poll_s=0.5,
+    )
 
 
 def lb_job_id(swarm: LiveSwarm) -> str:
