@@ -7,7 +7,6 @@ that another process brought up by its name alone.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -81,10 +80,12 @@ def test_up_status_list_describe_down(
 
 
 def _gone(pids: list[int], timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(_alive(p) for p in pids), "replica processes outlived `down`"
+    wait_until(
+        "replica processes to end after `down`",
+        lambda: [p for p in pids if _alive(p)],
+        until=lambda left: not left,
+        timeout_s=timeout,
+    )
 
 
 def _alive(pid: int) -> bool:

@@ -35,6 +35,7 @@ from prefect_swarm.jobs.plan import pending_shards
 from prefect_swarm.jobs.shard import validate_input
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import TEMP_SUFFIX
+from prefect_swarm.testing.waiting import wait_until
 
 N = 6000
 
@@ -272,10 +273,12 @@ def test_a_cli_job_lets_go_of_its_swarm_before_the_commit(tmp_path: Path, monkey
         detached = launch.submit_job(swarm, JobSpec(output=f"{tmp_path}/b/", **fields), detach=True)
         leases = [x for x in store.list_leases("let-go") if x.owner == f"job:{detached.id}"]
         assert leases
-        deadline = time.monotonic() + 60
-        while pending_shards(JobSpec.model_validate(detached.spec)):
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_until(
+            "every shard of the detached job done",
+            lambda: pending_shards(JobSpec.model_validate(detached.spec)),
+            until=lambda pending: not pending,
+            timeout_s=60,
+        )
         assert f"job:{detached.id}" in dead_owners(leases, store)
         launch.wait_job(detached.id)
     assert pds.dataset(tmp_path / "b", format="parquet").to_table().num_rows == 200

@@ -135,7 +135,7 @@ def test_signal_flushes_and_exits_75_then_resume_finishes(tmp_path: Path, stub, 
     before = requests(stub)
     proc = subprocess.Popen(job_argv(spec), stderr=subprocess.PIPE, text=True)
     _wait_for_parts(tmp_path / "job", proc)
-    time.sleep(0.1)
+    time.sleep(0.1)  # the point: the signal lands with rows in flight past the first part, at no chosen moment
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 75, err
@@ -351,15 +351,22 @@ def test_second_process_for_a_shard_exits_2_without_touching_the_ledger(tmp_path
     first = subprocess.Popen(job_argv(spec), stderr=subprocess.DEVNULL)
     try:
         shard = JobPaths(tmp_path / "job").shard(0)
-        deadline = time.monotonic() + 30
-        while (read_json(shard.progress) or {}).get("state") != "running":
-            assert time.monotonic() < deadline and first.poll() is None
-            time.sleep(0.05)
-        files = {p.name: p.stat().st_mtime_ns for p in shard.root.iterdir()}
+
+        def state() -> object:
+            assert first.poll() is None, "the first job process ended"
+            return (read_json(shard.progress) or {}).get("state")
+
+        wait_until("the progress file to say running", state, until=lambda s: s == "running", timeout_s=30, poll_s=0.05)
+
+        def files() -> dict[str, int]:  # progress.json is the first process's to rewrite (every 2 s): its pid below
+            return {p.name: p.stat().st_mtime_ns for p in shard.root.iterdir() if p != shard.progress}
+
+        before = files()
         second = run_job(spec)
         assert second.returncode == 2, second.stderr
         assert f"shard 0 of job job is already running (pid {first.pid})" in second.stderr
-        assert {p.name: p.stat().st_mtime_ns for p in shard.root.iterdir()} == files
+        assert files() == before
+        assert read_json(shard.progress)["pid"] == first.pid
     finally:
         first.send_signal(signal.SIGTERM)
         assert first.wait(30) == 75

@@ -54,8 +54,9 @@ def _wait_status(swarm: Swarm, ok: object, timeout_s: float) -> None:
 
 
 def test_two_replicas_running(vllm_swarm: Swarm) -> None:
-    time.sleep(1.5)  # one health interval, so the watchdogs have seen the replicas healthy
-    st = vllm_swarm.status()
+    st = wait_until(  # the watchdogs have seen the replicas healthy
+        "2 healthy replicas", vllm_swarm.status, until=lambda st: st.healthy == 2, timeout_s=60, poll_s=0.5
+    )
     assert st.phase is ServingPhase.RUNNING, st
     assert st.healthy == 2
     assert all(r.external_id for r in st.replicas)

@@ -22,6 +22,7 @@ from prefect_swarm.interfaces.metrics import authorized
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.testing import free_port_block
 from prefect_swarm.testing.stub_engine import engine_command
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -76,16 +77,18 @@ def test_top_and_cost_on_slurm(need_slurm: None, tmp_path: Path) -> None:
 
 
 def _top_until_both_replicas(name: str) -> dict[str, Any]:
-    doc: dict[str, Any] = {}
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def top() -> dict[str, Any]:
         res = _cli("top", name, "--once", "--interval", "0.2", "-o", "json")
         assert res.returncode == 0, res.stderr
-        doc = json.loads(res.stdout)
-        if len(doc["metrics_targets"]) == 2 and len(doc["replicas"]) == 2:
-            return doc
-        time.sleep(1)
-    raise AssertionError(f"the LB reconciler never listed both replicas: {doc}")
+        return dict(json.loads(res.stdout))
+
+    return wait_until(
+        "the LB reconciler to list both replicas",
+        top,
+        until=lambda doc: len(doc["metrics_targets"]) == 2 and len(doc["replicas"]) == 2,
+        timeout_s=60,
+        poll_s=1,
+    )
 
 
 def _job_ids(name: str) -> list[str]:
