@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -22,7 +21,7 @@ from prefect_swarm.interfaces.metrics import authorized
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.testing import free_port_block
 from prefect_swarm.testing.stub_engine import engine_command
-from prefect_swarm.testing.waiting import wait_until
+from prefect_swarm.testing.waiting import WaitTimedOut, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -119,13 +118,16 @@ def _sacct_gpu_hours(ids: list[str]) -> float:
 
 def _settled_cost(name: str, ids: list[str]) -> dict[str, Any]:
     """`status -o json`'s cost once sacct has every allocation's end (elapsed stops growing)."""
-    deadline = time.monotonic() + 60
-    while True:
+
+    def look() -> tuple[float, dict[str, Any], float]:
         before = _sacct_gpu_hours(ids)
         cost = json.loads(_cli("status", name, "-o", "json", "--no-history").stdout)["status"]["cost"]
-        if before == _sacct_gpu_hours(ids) or time.monotonic() > deadline:
-            return cost
-        time.sleep(1)
+        return before, cost, _sacct_gpu_hours(ids)
+
+    try:
+        return wait_until("sacct's elapsed to settle", look, until=lambda s: s[0] == s[2], timeout_s=60, poll_s=1)[1]
+    except WaitTimedOut:
+        return look()[1]
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
