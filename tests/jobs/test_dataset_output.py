@@ -194,7 +194,7 @@ def test_a_reader_during_a_commit_sees_the_old_or_the_new_output(job) -> None:
     reader.start()
     try:
         assert _commit_process(spec).wait(timeout=120) == 0
-        time.sleep(0.3)
+        wait_until("the reader to see the new output", lambda: seen[-1], until=lambda s: s == "new", timeout_s=30)
     finally:
         stop.set()
         reader.join()
