@@ -136,12 +136,17 @@ def test_cancel_clears_the_slurm_queue_within_30s(
         return rec is not None and rec.phase == "RUNNING" and len(subs) == 2
 
     wait_until("swarm RUNNING with both shard steps", shards_running, timeout_s=300, poll_s=0.5)
-    time.sleep(3)
     rec = store.get_swarm(swarm_name)
     assert rec is not None and rec.handle
     ids = [str(rec.handle["meta"][k]) for k in ("replicas_job", "lb_job")]
     names = list(rec.handle["meta"]["job_names"])
-    assert len(queued(ids, names)) >= 3 + 2, queued(ids, names)  # 2 replica tasks + LB + 2 shard steps
+    wait_until(  # what the cancel must clear: 2 replica tasks + LB + 2 shard steps, as squeue shows them
+        "2 replica tasks, the LB and 2 shard steps in squeue",
+        lambda: queued(ids, names),
+        until=lambda q: len(q) >= 3 + 2,
+        timeout_s=60,
+        poll_s=0.5,
+    )
 
     t0 = time.monotonic()
     with get_client(sync_client=True) as client:
