@@ -55,7 +55,7 @@ def offences(source: str) -> list[str]:
     """What ``source`` does that only the two homes may: spell a variable's name, or read one."""
     tree = ast.parse(source)
     aliases = set(PROTOCOL_CONSTANTS)
-    for node in tree.body:  # a module's own name for one of jobenv's (``USER_UMASK_ENV = USER_UMASK``)
+    for node in tree.body:  # a module's own name for one of jobenv's (``MINE = USER_UMASK``)
         if isinstance(node, ast.Assign) and _names_a_variable(node.value, aliases):
             aliases |= {t.id for t in node.targets if isinstance(t, ast.Name)}
     found = []
