@@ -139,7 +139,7 @@ def test_commit_killed_at_random_points_then_rerun_holds_each_row_once(job) -> N
         tries += 1
         proc = _commit_process(spec)
         wait = rng.uniform(0.1, 0.9) * took
-        time.sleep(wait)
+        time.sleep(wait)  # the point: a kill at a random moment of the commit
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             kills += 1

@@ -186,7 +186,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path, 
     while kills < 6:
         run_before, rows_before = requests(stub), in_ledger()
         proc = subprocess.Popen(job_argv(spec), stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.6, 1.6))
+        time.sleep(rng.uniform(0.6, 1.6))  # the point: a SIGKILL at a random moment
         if proc.poll() is not None:
             break
         proc.send_signal(signal.SIGKILL)

@@ -65,7 +65,7 @@ def test_progress_moves_every_few_seconds_between_checkpoints(
             history.append((time.monotonic(), float(art.data)))
         if 0 < (done := int(job_status(job.id, refresh=False)["progress"]["done"])) < N:
             statuses.add(done)
-        time.sleep(0.25)
+        time.sleep(0.25)  # the point: the pace of the artifact's changes over the run is what is measured
     thread.join()
     assert result["state"].is_completed(), result["state"]
     during = [t for t, percent in history if 0 < percent < 100]
