@@ -16,11 +16,6 @@ __version__ = "0.1.0"
 
 __all__ = ["__version__"]
 
-if os.environ.get("PREFECT_SWARM_HOME") and not os.environ.get("PREFECT_HOME"):  # (the rule's cheap half)
-    from prefect_swarm.paths import keep_prefect_off_home
-
-    keep_prefect_off_home()
-
 
 def lazy_names(package: str, where: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``, whose names (keys of ``where``, each defined in the
@@ -68,3 +63,10 @@ class _Blocks(Mapping[str, str]):
 
 
 __getattr__, __dir__ = lazy_names(__name__, _Blocks())
+
+from prefect_swarm.interfaces.jobenv import HOME, env_value  # noqa: E402  (stdlib only; needs lazy_names above)
+
+if env_value(HOME) and not os.environ.get("PREFECT_HOME"):  # (the rule's cheap half)
+    from prefect_swarm.paths import keep_prefect_off_home
+
+    keep_prefect_off_home()

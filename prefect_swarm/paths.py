@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Self
 
+from prefect_swarm.interfaces.jobenv import HOME, USER_UMASK, env_value
+
 if TYPE_CHECKING:
     from prefect_swarm.exceptions import AccessError
 
@@ -87,11 +89,6 @@ PRIVATE_DIR_MODE = 0o700
 """Mode of every folder prefect-swarm makes for a swarm or a job (:func:`private_dir`)."""
 
 
-USER_UMASK_ENV = "PREFECT_SWARM_USER_UMASK"
-"""The umask the user started prefect-swarm with (octal), handed to the processes it starts: a job's
-committed output is the user's file, made with the user's umask (:func:`user_umask`)."""
-
-
 PREFECT_FILES = "prefect"
 """Where in ``$PREFECT_SWARM_HOME`` :func:`keep_prefect_off_home` puts Prefect's own files."""
 
@@ -106,7 +103,7 @@ def keep_prefect_off_home() -> None:
     imported, so stdlib only (the settings' ``home`` is this variable, expanded)."""
     import sys
 
-    given = os.environ.get("PREFECT_SWARM_HOME")
+    given = env_value(HOME)
     if "prefect" in sys.modules or os.environ.get("PREFECT_HOME") or not given:
         return
     if Path("~/.prefect").expanduser().exists():
@@ -123,15 +120,16 @@ def private_umask() -> None:
     """Give this process :data:`PRIVATE_UMASK`: called first by each of prefect-swarm's entry points
     (the CLI, a job process, a watchdog, the Slurm LB and replica helpers, model staging), so that
     every file and folder they and their children create is 0600 / 0700 whatever the caller's umask.
-    The caller's own umask is kept for its children in :data:`USER_UMASK_ENV`."""
+    The caller's own umask is kept for its children in ``PREFECT_SWARM_USER_UMASK`` (``jobenv.USER_UMASK``)."""
     old = os.umask(PRIVATE_UMASK)
-    os.environ.setdefault(USER_UMASK_ENV, f"{old:o}")
+    os.environ.setdefault(USER_UMASK, f"{old:o}")
 
 
 def user_umask() -> int:
-    """The user's umask: :data:`USER_UMASK_ENV` when an entry point set it, else this process's."""
+    """The user's umask: ``PREFECT_SWARM_USER_UMASK`` when an entry point set it (a job's committed output is
+    the user's file, made with it), else this process's."""
     with suppress(ValueError):
-        return int(os.environ.get(USER_UMASK_ENV, ""), 8) & 0o777
+        return int(env_value(USER_UMASK) or "", 8) & 0o777
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):

@@ -1,9 +1,13 @@
-"""Runtime knobs, all under the ``PREFECT_SWARM_`` environment prefix.
+"""Runtime knobs, all under the ``PREFECT_SWARM_`` environment prefix: the one place they are read.
 
 These are process-wide settings (where state lives, log level), not swarm configuration: a
-swarm is described by :class:`prefect_swarm.config.SwarmConfig`. Tests set these through the
-environment, never by patching module globals; :func:`get_settings` reads the environment on
-every call so a changed variable takes effect at once.
+swarm is described by :class:`prefect_swarm.config.SwarmConfig` (whose fields a
+``PREFECT_SWARM_<FIELD>`` variable overrides, :func:`prefect_swarm.config.loader.env_overrides`).
+The variables the control plane writes for the processes it starts (the shard, the endpoints, the
+API key) are a process protocol, not knobs: :data:`prefect_swarm.interfaces.jobenv.PROTOCOL`.
+Tests set these through the environment, never by patching module globals; :func:`get_settings`
+reads the environment on every call so a changed variable takes effect at once. The table of them
+in the docs (``docs/reference/settings.md``) is generated from this class.
 """
 
 from __future__ import annotations
@@ -11,14 +15,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from prefect_swarm.exceptions import ConfigError
+
+ENV_PREFIX = "PREFECT_SWARM_"
+"""The prefix of every variable prefect-swarm reads."""
 
 
 class Settings(BaseSettings):
     """Process-wide settings read from ``PREFECT_SWARM_*`` environment variables."""
 
-    model_config = SettingsConfigDict(env_prefix="PREFECT_SWARM_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     home: Path = Field(
         default=Path("~/.prefect-swarm"),
@@ -74,6 +83,13 @@ class Settings(BaseSettings):
         "recently are dropped.",
     )
 
+    commit_bucket_rows: int = Field(
+        default=200_000,
+        ge=1,
+        description="Rows of one bucket at most when a job's shards are merged into its output: the rows the "
+        "commit holds in memory at once (fewer when rows are wide).",
+    )
+
     @property
     def cache_folder(self) -> Path:
         """The response cache's folder, with ``~`` expanded."""
@@ -96,5 +112,12 @@ class Settings(BaseSettings):
 
 
 def get_settings() -> Settings:
-    """Read the settings from the environment now."""
-    return Settings()
+    """Read the settings from the environment now; a bad value is a ConfigError naming the variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        bad = "; ".join(
+            f"{ENV_PREFIX}{'_'.join(str(p) for p in e['loc']).upper()}={e.get('input')!r}: {e['msg']}"
+            for e in exc.errors()
+        )
+        raise ConfigError(f"{bad}. Fix or unset the variable (docs: Reference, Settings).") from None

@@ -41,7 +41,7 @@ from prefect_swarm.interfaces import (
     SleepReport,
     check_config,
 )
-from prefect_swarm.interfaces.jobenv import API_KEY
+from prefect_swarm.interfaces.jobenv import API_KEY, env_value
 from prefect_swarm.interfaces.parking import Snapshot
 from prefect_swarm.paths import SwarmPaths, atomic_write_text, read_secret, write_secret
 from prefect_swarm.state import Claim, LeaseKind, LeaseRecord, StateStore, SwarmRecord
@@ -227,7 +227,7 @@ def engine_fingerprint(cfg: SwarmConfig) -> str:
 def missing_secrets(config: dict[str, Any]) -> list[str]:
     """Secrets a recorded (redacted) config lacks that the environment does not supply either."""
     missing = []
-    if config.get("api_key") is None and not os.environ.get(API_KEY):
+    if config.get("api_key") is None and not env_value(API_KEY):
         missing.append("api_key")
     backend = config.get("backend") or {}
     entry = ENTRIES.get(backend.get("type", "local"))
@@ -246,8 +246,8 @@ def restore_secrets(config: dict[str, Any], source: SwarmConfig | None = None) -
     """
     data = dict(config)
     missing = missing_secrets(config)
-    if os.environ.get(API_KEY):
-        data["api_key"] = os.environ[API_KEY]
+    if env_value(API_KEY):
+        data["api_key"] = env_value(API_KEY)
     elif "api_key" in missing and source is not None and source.api_key is not None:
         data["api_key"] = source.api_key
     backend = dict(data.get("backend") or {})
@@ -624,7 +624,7 @@ class Swarm:
         except OSError as exc:  # another user's folder
             there = f"cannot be read: {exc.strerror}"
         return [
-            f"${API_KEY} ({'set' if os.environ.get(API_KEY) else 'not set here'})",
+            f"${API_KEY} ({'set' if env_value(API_KEY) else 'not set here'})",
             "the config's api_key (of the file or Prefect block the swarm came from)",
             f"{file} (kept 0600 by `up`; {there})",
             *self.backends.serving.key_sources(),

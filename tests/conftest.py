@@ -304,15 +304,17 @@ class FollowedCli:
 
     def wait_for(self, text: str, timeout: float = 30) -> None:
         """Until ``text`` was printed (AssertionError with what was, after ``timeout`` seconds)."""
-        import time
+        from prefect_swarm.testing.waiting import wait_until
 
-        deadline = time.monotonic() + timeout
-        while text not in self.out:
-            if self.proc.poll() is not None and not self._reader.is_alive():
-                err = self.proc.stderr.read() if self.proc.stderr else ""
-                raise AssertionError(f"exited {self.proc.returncode} before {text!r}: {self.out!r} {err!r}")
-            assert time.monotonic() < deadline, f"{text!r} not printed within {timeout}s: {self.out!r}"
-            time.sleep(0.1)
+        wait_until(f"{text!r} printed", self._printed, until=lambda out: text in out, timeout_s=timeout, poll_s=0.1)
+
+    def _printed(self) -> str:
+        """What it printed so far; AssertionError (the wait ends) once it exited and all is read."""
+        out = self.out
+        if self.proc.poll() is not None and not self._reader.is_alive():
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"exited {self.proc.returncode}: {out!r} {err!r}")
+        return out
 
     def stop(self) -> int:
         """Ctrl-C it; its exit code."""

@@ -16,7 +16,6 @@ import importlib.util
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,12 +118,15 @@ def slurm_job_ids(mine: Path | None = None) -> set[str]:
 def slurm_jobs_left(before: set[str], wait_s: float, mine: Path | None = None) -> list[str]:
     """Jobs queued since ``before`` that are still in the queue ``wait_s`` seconds from now, or sooner
     none (a cancelled job takes a moment to leave: COMPLETING)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        left = sorted(slurm_job_ids(mine) - before)
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(1)
+    from prefect_swarm.testing.waiting import WaitTimedOut, wait_until
+
+    def left() -> list[str]:
+        return sorted(slurm_job_ids(mine) - before)
+
+    try:
+        return wait_until("no job of ours left in the queue", left, until=lambda x: not x, timeout_s=wait_s, poll_s=1)
+    except WaitTimedOut:
+        return left()
 
 
 def missing_two_node_slurm() -> str | None:
@@ -181,11 +183,13 @@ def vllm_server(log: Path, *extra: str, timeout_s: float = 300) -> Iterator[tupl
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout_s
-        while not _answers(url + "/health"):
+        from prefect_swarm.testing.waiting import wait_until
+
+        def answers() -> bool:
             assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(1)
+            return _answers(url + "/health")
+
+        wait_until(f"vLLM on {url} to answer /health", answers, timeout_s=timeout_s, poll_s=1)
         yield url, proc
     finally:
         os.killpg(proc.pid, 15)

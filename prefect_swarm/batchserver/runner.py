@@ -36,7 +36,7 @@ from typing import Any
 from prefect_swarm.batchserver.config import LoadedService
 from prefect_swarm.batchserver.output import Split, committed_lines, split_lines, stopped_lines
 from prefect_swarm.batchserver.store import BatchRow, FileRow, ServiceStore, derived_id
-from prefect_swarm.interfaces import JobStatus
+from prefect_swarm.interfaces import JobStatus, jobenv
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import home_dir
 from prefect_swarm.state import StateStore
@@ -231,7 +231,7 @@ class BatchRunner:
             "max_failed_fraction": 1.0,
         }
         variables = dict(self.svc.cfg.prefect_job_variables)  # the run records its job where the service reads it
-        variables["env"] = {"PREFECT_SWARM_HOME": str(home_dir()), **variables.get("env", {})}
+        variables["env"] = {jobenv.HOME: str(home_dir()), **variables.get("env", {})}
         run_id = prefect_runs.start_run(self.svc.cfg.prefect_deployment, row.id, params, variables)
         self._last_start[(row.model, row.tenant)] = time.monotonic()
         self.store.update_batch(

@@ -26,9 +26,7 @@ from pydantic import ValidationError
 from prefect_swarm.config.errors import config_error
 from prefect_swarm.config.swarm import SwarmConfig
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.settings import get_settings
-
-ENV_PREFIX = "PREFECT_SWARM_"
+from prefect_swarm.settings import ENV_PREFIX, get_settings
 
 
 def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ log = logging.getLogger("prefect_swarm.flows")
 def _swarm_home_of(flow_run: Any) -> Iterator[None]:
     env = (getattr(flow_run, "job_variables", None) or {}).get("env") or {}
     home = env.get(jobenv.HOME)
-    old = os.environ.get(jobenv.HOME)
+    old = jobenv.env_value(jobenv.HOME)
     if home:
         os.environ[jobenv.HOME] = home
     try:

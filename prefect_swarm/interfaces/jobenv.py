@@ -1,6 +1,10 @@
 """The environment contract between the control plane and the processes it starts.
 
-Every ``PREFECT_SWARM_*`` variable that crosses a process boundary is named here once:
+Every ``PREFECT_SWARM_*`` variable that crosses a process boundary is named here once
+(:data:`PROTOCOL`), and read here only (:func:`env_value`): these are names the control plane
+writes for the processes it starts, not knobs. The knobs a user sets are
+:class:`prefect_swarm.settings.Settings` (``PREFECT_SWARM_HOME`` and ``PREFECT_SWARM_LOG_LEVEL`` are
+both: a user sets them, and the control plane hands them on).
 
 - :class:`JobEnv` is what a job process (``python -m prefect_swarm.jobs.run``) or a user's script
   reads: where to send requests, which model, the API key, which shard it is. The submitter writes
@@ -34,6 +38,24 @@ NSHARDS = "PREFECT_SWARM_NSHARDS"
 HOME = "PREFECT_SWARM_HOME"
 """Where state and job folders live (``~/.prefect-swarm`` by default)."""
 LOG_LEVEL = "PREFECT_SWARM_LOG_LEVEL"
+USER_UMASK = "PREFECT_SWARM_USER_UMASK"
+OWNER = "PREFECT_SWARM_OWNER"
+
+PROTOCOL: dict[str, str] = {
+    ENDPOINTS: "Comma-separated base URLs a job process spreads its requests over (`ENDPOINT`: the first).",
+    API_KEY: "The swarm's API key (as `PREFECT_SWARM_<FIELD>`, the config's `api_key`): engines require it, "
+    "clients send it, a process that reattaches to the swarm reads it. Secret: passed through a process environment "
+    "only.",
+    SHARD_ID: "Which shard a job process runs (0-based).",
+    NSHARDS: "How many shards the job has.",
+    HOME: "The home folder of the process that started this one (the setting of the same name).",
+    LOG_LEVEL: "The job process's log level (the setting of the same name).",
+    USER_UMASK: "The umask the user started prefect-swarm with (octal): a job's committed output is made with it "
+    "(prefect-swarm's own processes run with 077).",
+    OWNER: "On Lepton, the identity of the swarm that made an endpoint, in the endpoint's spec (read back from the "
+    "spec, not from a process environment).",
+}
+"""Every ``PREFECT_SWARM_*`` name a process of ours writes for the processes it starts -> what it carries."""
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REQUEUE = 0, 1, 2, 75
 """A job process's exit codes: done; failed; refused its input (fix it); stopped by a signal
@@ -79,16 +101,24 @@ class JobEnv:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> JobEnv:
         """Read the contract back (``os.environ`` by default); unset or empty values are None."""
         env = os.environ if environ is None else environ
-        raw = env.get(ENDPOINTS) or env.get(ENDPOINT) or ""
+        raw = env_value(ENDPOINTS, env) or env.get(ENDPOINT) or ""
         return cls(
             endpoints=tuple(u.strip().rstrip("/") for u in raw.split(",") if u.strip()),
             model=env.get(MODEL) or None,
-            api_key=env.get(API_KEY) or None,
-            shard_id=_int(env.get(SHARD_ID)),
-            nshards=_int(env.get(NSHARDS)),
-            home=env.get(HOME) or None,
-            log_level=env.get(LOG_LEVEL) or None,
+            api_key=env_value(API_KEY, env),
+            shard_id=_int(env_value(SHARD_ID, env)),
+            nshards=_int(env_value(NSHARDS, env)),
+            home=env_value(HOME, env),
+            log_level=env_value(LOG_LEVEL, env),
         )
+
+
+def env_value(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of protocol variable ``name`` (a key of :data:`PROTOCOL`) in ``environ``
+    (``os.environ`` by default); None when unset or empty. The one place such a variable is read."""
+    if name not in PROTOCOL:
+        raise ValueError(f"{name} is not a process-protocol variable ({', '.join(PROTOCOL)}); a knob is a setting")
+    return (os.environ if environ is None else environ).get(name) or None
 
 
 def _int(value: str | None) -> int | None:

@@ -58,13 +58,10 @@ from prefect_swarm.paths import atomic_file, atomic_write_json, file_lock, read_
 RESULT_COLUMNS = ["status", "error", "prompt_tokens", "completion_tokens"]
 BATCH_COLUMNS = [RAW_COLUMN, "http_status", "attempts"]
 """Ledger columns the OpenAI Batch output needs besides the results."""
-BUCKET_ROWS = 200_000
-"""Rows of one commit bucket at most (``PREFECT_SWARM_COMMIT_BUCKET_ROWS`` or ``bucket_rows`` overrides)."""
 BUCKET_BYTES = 128 * 2**20
 """Uncompressed ledger bytes of one bucket, about (fewer rows per bucket when rows are wide)."""
 MAX_OPEN_BUCKETS = 256
 """Bucket files written at once; more buckets take more passes over the shard's parts."""
-BUCKET_ENV = "PREFECT_SWARM_COMMIT_BUCKET_ROWS"
 
 
 def _ledger_signature(spec: JobSpec, fingerprint: str) -> dict[str, Any]:
@@ -82,8 +79,8 @@ def _ledger_signature(spec: JobSpec, fingerprint: str) -> dict[str, Any]:
 def commit_output(spec: JobSpec, *, force: bool = False, bucket_rows: int | None = None) -> dict[str, Any]:
     """Merge every shard into ``spec.output``; write the manifest and failed rows; return the manifest.
 
-    ``bucket_rows`` caps the rows the merge holds at once (default ``BUCKET_ROWS``, or the
-    ``PREFECT_SWARM_COMMIT_BUCKET_ROWS`` environment variable). Raises JobError naming the
+    ``bucket_rows`` caps the rows the merge holds at once (default: the setting
+    ``PREFECT_SWARM_COMMIT_BUCKET_ROWS``). Raises JobError naming the
     shards still pending.
     """
     spec = spec.model_copy(update={"retry_failed": False})
@@ -122,11 +119,9 @@ def manifest_current(spec: JobSpec, manifest: Mapping[str, Any] | None) -> bool:
 
 def _bucket_rows(value: int | None) -> int:
     if value is None:
-        raw = os.environ.get(BUCKET_ENV, "").strip()
-        try:
-            value = int(raw) if raw else BUCKET_ROWS
-        except ValueError as exc:
-            raise JobError(f"{BUCKET_ENV}={raw!r} is not an integer; set a row count such as 200000.") from exc
+        from prefect_swarm.settings import get_settings  # pydantic-settings: only when a commit runs
+
+        value = get_settings().commit_bucket_rows
     if value < 1:
         raise JobError(f"commit bucket_rows must be at least 1 (got {value}).")
     return value

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.exceptions import BudgetReached
-from prefect_swarm.interfaces.jobenv import API_KEY
+from prefect_swarm.interfaces.jobenv import API_KEY, env_value
 from prefect_swarm.interfaces.readiness import ProbeResult, check_health
 from prefect_swarm.interfaces.types import ReplicaHealth
 from prefect_swarm.paths import SwarmPaths, atomic_write_json, open_log, private_umask, read_json, read_tail
@@ -278,7 +278,7 @@ class Watchdog:
         now = time.time()
         since = now - self.started_at
         timeout = min(5.0, max(1.0, self.spec.health_interval_s))
-        probe = check_health(self.url, self.spec.health_path, timeout_s=timeout, api_key=os.environ.get(API_KEY))
+        probe = check_health(self.url, self.spec.health_path, timeout_s=timeout, api_key=env_value(API_KEY))
         if probe.ok and self._foreign_port():
             probe = ProbeResult(False, f"port {self.port} is held by a process that is not this replica")
         if probe.ok:

@@ -365,17 +365,22 @@ class FakeLepton:
     def wait_deletes(self, timeout_s: float = 20.0) -> None:
         """Return once every delete started so far has finished in the background (each object then
         answers 404 and its name is free again), as a user waits for ``lep`` to stop listing it;
-        TimeoutError after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with self.lock:
-                self._sweep()
-                pending = [n for t in (self.deployments, self.jobs) for n, w in t.items() if "gone_at" in w.extra]
-                if not pending and not self._name_free_at:
-                    return
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"deletes still running after {timeout_s:.0f}s: {pending or self._name_free_at}")
-            time.sleep(0.05)
+        :class:`~prefect_swarm.testing.waiting.WaitTimedOut` after ``timeout_s``, naming what is left."""
+        from prefect_swarm.testing.waiting import wait_until
+
+        wait_until(
+            "the fake's deletes to finish",
+            self._deletes_left,
+            until=lambda left: not left,
+            timeout_s=timeout_s,
+            poll_s=0.05,
+        )
+
+    def _deletes_left(self) -> list[str]:
+        with self.lock:
+            self._sweep()
+            pending = [n for t in (self.deployments, self.jobs) for n, w in t.items() if "gone_at" in w.extra]
+            return pending or [str(n) for n in self._name_free_at]
 
     def running_processes(self) -> list[int]:
         """PIDs of deployment and job processes still alive."""

@@ -55,7 +55,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefect_swarm.interfaces.jobenv import API_KEY
+from prefect_swarm.interfaces.jobenv import API_KEY, env_value
 
 COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 """POST routes that generate (subject to the fault knobs)."""
@@ -616,7 +616,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
     ap.add_argument("--retry-after-s", type=float, default=0.0)
     ap.add_argument("--exit-after", type=int, default=None, help="exit (code 3) after N good completions")
     ap.add_argument("--startup-delay-s", type=float, default=0.0)
-    ap.add_argument("--api-key", default=os.environ.get(API_KEY) or os.environ.get("STUB_API_KEY"))
+    ap.add_argument("--api-key", default=env_value(API_KEY) or os.environ.get("STUB_API_KEY"))
     ap.add_argument(
         "--key-scope",
         choices=("all", "v1"),

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from prefect_swarm.testing import free_port
+from prefect_swarm.testing.waiting import wait_until
 
 READY = "batch service on "
 
@@ -99,13 +100,12 @@ def write_config(folder: Path, models: dict[str, Any], **fields: Any) -> Path:
 def wait_batch(client: Any, batch_id: str, timeout_s: float = 180, until: tuple[str, ...] = ()) -> Any:
     """Poll the batch (as a client does) until it is final, or in one of ``until``."""
     final = ("completed", "failed", "cancelled", "expired", *until)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in final:
-            return batch
-        assert time.monotonic() < deadline, f"batch {batch_id} still {batch.status}"
-        time.sleep(0.2)
+    return wait_until(
+        f"batch {batch_id} to be one of {final}",
+        lambda: client.batches.retrieve(batch_id),
+        until=lambda batch: batch.status in final,
+        timeout_s=timeout_s,
+    )
 
 
 def lines_of(client: Any, file_id: str | None) -> list[dict[str, Any]]:

@@ -5,7 +5,6 @@ is sent twice."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from service_kit import Service, chat_line, jsonl, lines_of, wait_batch
 from prefect_swarm.state import StateStore
 from prefect_swarm.testing import gpu_sim
 from prefect_swarm.testing.stub_engine import StubEngine, stub_swarm_config
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 ROWS = 120
@@ -61,13 +61,6 @@ def _start(alice: Any, tmp: Path, window: str = "24h") -> tuple[Any, list[str]]:
     return batch, ids
 
 
-def _when(check: Any, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-
-
 def _every_line_once(alice: Any, batch: Any, ids: list[str], code: str | None) -> tuple[list[dict], list[dict]]:
     out, err = lines_of(alice, batch.output_file_id), lines_of(alice, batch.error_file_id)
     seen = Counter(x["custom_id"] for x in out + err)
@@ -83,7 +76,12 @@ def _every_line_once(alice: Any, batch: Any, ids: list[str], code: str | None) -
 def test_cancel_returns_what_was_answered(svc: Service, alice: Any, tmp_path: Path) -> None:
     before = _stat(svc, "ok")
     batch, ids = _start(alice, tmp_path)
-    _when(lambda: _stat(svc, "ok") >= before + 8)  # the engine has answered some of this batch
+    wait_until(
+        "the engine to answer 8 of this batch",
+        lambda: _stat(svc, "ok"),
+        until=lambda ok: ok >= before + 8,
+        timeout_s=120,
+    )  # the engine has answered some of this batch
     cancelling = alice.batches.cancel(batch.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at
     batch = wait_batch(alice, batch.id)
@@ -104,7 +102,12 @@ def test_expired_batch_returns_what_was_answered(svc: Service, alice: Any, tmp_p
 def test_service_killed_mid_batch_completes_exactly_once(svc: Service, alice: Any, tmp_path: Path) -> None:
     before, sent = _stat(svc, "ok"), _stat(svc, "requests")
     batch, ids = _start(alice, tmp_path)
-    _when(lambda: _stat(svc, "ok") >= before + 8)
+    wait_until(
+        "the engine to answer 8 of this batch",
+        lambda: _stat(svc, "ok"),
+        until=lambda ok: ok >= before + 8,
+        timeout_s=120,
+    )
     svc.kill()
     assert _stat(svc, "ok") < before + ROWS  # killed mid-batch
     svc.start()

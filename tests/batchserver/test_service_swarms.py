@@ -4,7 +4,6 @@ tenant sent them), and let go once no batch has needed it for ``idle_release_s``
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from service_kit import chat_line, jsonl, lines_of, wait_batch
 from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.state import StateStore
 from prefect_swarm.testing.stub_engine import stub_swarm_config
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +35,12 @@ def test_one_swarm_shared_then_let_go_when_idle(service_factory, tmp_path: Path)
     assert [s.name for s in state.list_swarms()] == ["svc-shared"]  # one swarm served both
     jobs = [state.require_job(b.id) for b in done]
     assert {j.swarm for j in jobs} == {"svc-shared"}
-    deadline = time.monotonic() + 60
-    while state.require_swarm("svc-shared").phase is not ServingPhase.STOPPED:  # written by the swarm's stop
-        assert time.monotonic() < deadline, "the idle swarm was not let go"
-        time.sleep(0.2)
+    wait_until(  # written by the swarm's stop
+        "the idle swarm let go (STOPPED)",
+        lambda: state.require_swarm("svc-shared").phase,
+        until=lambda phase: phase is ServingPhase.STOPPED,
+        timeout_s=60,
+    )
 
 
 def test_queued_batches_start_one_at_a_time_in_fair_order(service_factory, tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 from hints import hint_commands, parse_command
 
 from prefect_swarm.testing.stub_engine import engine_command
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.usefixtures("local_backend"), pytest.mark.slow]
 
@@ -38,12 +38,13 @@ def test_ctrl_c_on_job_submit_says_the_job_runs_on_and_how_to_stop_it(
     proc = subprocess.Popen(  # its own process group: Ctrl-C reaches the whole foreground group
         cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ), start_new_session=True
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        doc = run_cli("job", "status", "intr-1", "-o", "json")
-        if doc.returncode == 0 and json.loads(doc.stdout)["progress"].get("done", 0) > 0:
-            break
-        time.sleep(0.5)
+    wait_until(  # a row done: the Ctrl-C lands on a job that is running
+        "job intr-1 to have done a row",
+        lambda: json.loads(run_cli("job", "status", "intr-1", "-o", "json").stdout)["progress"],
+        until=lambda progress: progress.get("done", 0) > 0,
+        timeout_s=60,
+        poll_s=0.5,
+    )
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
     _out, err = proc.communicate(timeout=180)  # minutes only on a loaded machine; seconds quiet
     assert proc.returncode == 130, err[-2000:]

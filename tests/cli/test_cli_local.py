@@ -7,13 +7,14 @@ that another process brought up by its name alone.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.usefixtures("local_backend"), pytest.mark.slow]
 
@@ -25,12 +26,13 @@ def _json(result: Any) -> dict[str, Any]:
 
 def _wait_status(run_cli: Callable[..., Any], name: str, healthy: int, timeout: float = 30) -> dict[str, Any]:
     """`status -o json` until ``healthy`` replicas report healthy (watchdogs write every couple of s)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        doc = _json(run_cli("status", name, "-o", "json", "--no-history"))
-        if doc["status"]["healthy_replicas"] == healthy or time.monotonic() > deadline:
-            return doc
-        time.sleep(0.5)
+    return wait_until(
+        f"{healthy} healthy replicas of {name}",
+        lambda: _json(run_cli("status", name, "-o", "json", "--no-history")),
+        until=lambda doc: doc["status"]["healthy_replicas"] == healthy,
+        timeout_s=timeout,
+        poll_s=0.5,
+    )
 
 
 def _pids(doc: dict[str, Any]) -> list[int]:
@@ -78,10 +80,12 @@ def test_up_status_list_describe_down(
 
 
 def _gone(pids: list[int], timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(_alive(p) for p in pids), "replica processes outlived `down`"
+    wait_until(
+        "replica processes to end after `down`",
+        lambda: [p for p in pids if _alive(p)],
+        until=lambda left: not left,
+        timeout_s=timeout,
+    )
 
 
 def _alive(pid: int) -> bool:

@@ -13,14 +13,22 @@ from contract_kit import BOOM, BackendFactory, run_py
 from prefect_swarm.exceptions import ConfigError, ReadinessError
 from prefect_swarm.interfaces import Capability, ReplicaHealth, ServingPhase
 from prefect_swarm.swarm import Swarm
+from prefect_swarm.testing.waiting import WaitTimedOut, wait_until
 
 
 def _gone(factory: BackendFactory, swarm: Swarm) -> list[str]:
     """What still runs of ``swarm`` once the backend had up to stop_timeout_s to stop it."""
-    deadline = time.monotonic() + factory.stop_timeout_s
-    while (left := factory.leftovers(swarm)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return left
+    try:
+        wait_until(
+            "nothing of the swarm left",
+            lambda: factory.leftovers(swarm),
+            until=lambda left: not left,
+            timeout_s=factory.stop_timeout_s,
+            poll_s=0.5,
+        )
+    except WaitTimedOut:
+        return factory.leftovers(swarm)
+    return []
 
 
 def _chat(url: str, model: str) -> dict:

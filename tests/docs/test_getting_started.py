@@ -18,13 +18,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from prefect_swarm.testing import free_port, free_port_block
+from prefect_swarm.testing.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = ["docs/getting-started/install.md", "docs/getting-started/local.md", "docs/getting-started/deployment.md"]
@@ -105,15 +105,12 @@ def _scheduled_run_completed(api: str, timeout_s: float) -> dict[str, object]:
         }
         return list(httpx.post(f"{api}/flow_runs/filter", json=body, timeout=10).json())
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        done = [r for r in runs("COMPLETED") if r.get("auto_scheduled")]
-        if done:
-            return dict(done[0])
+    def completed() -> list[dict]:
         failed = runs("FAILED", "CRASHED")
         assert not failed, json.dumps(failed, indent=1)[:3000]
-        time.sleep(2)
-    raise AssertionError(f"no scheduled run completed in {timeout_s} s: {runs('SCHEDULED', 'PENDING', 'RUNNING')}")
+        return [r for r in runs("COMPLETED") if r.get("auto_scheduled")]
+
+    return dict(wait_until("a scheduled run Completed", completed, timeout_s=timeout_s, poll_s=2)[0])
 
 
 def _stop_background(home: str) -> None:

@@ -60,3 +60,16 @@ def _find_spec(name: str) -> object:
         return importlib.util.find_spec(name)
     except ModuleNotFoundError:
         return None
+
+
+def test_settings_reference_has_every_variable_with_type_default_and_description() -> None:
+    from prefect_swarm.interfaces.jobenv import PROTOCOL
+    from prefect_swarm.settings import ENV_PREFIX, Settings
+
+    knobs, handed_on = gen_reference.SETTINGS_PAGE.read_text().split("## Set by prefect-swarm")
+    rows = {r.split(" | ")[0].strip("| `"): r for r in knobs.splitlines()}
+    for name in Settings.model_fields:
+        row = rows.get(ENV_PREFIX + name.upper())
+        assert row is not None, f"{ENV_PREFIX}{name.upper()} is not in the settings reference"
+        assert len([c for c in row.strip("|").split(" | ") if c.strip()]) == 4, row
+    assert all(f"| `{name}` |" in handed_on for name in PROTOCOL)

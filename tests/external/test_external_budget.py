@@ -10,7 +10,6 @@ provider's: the tokens the stub engine served, counted at the server.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from external_kit import KEY_ENV, cli, dataset, external_config, popen_cli
 
 from prefect_swarm.testing import free_port
 from prefect_swarm.testing.stub_engine import StubEngine
+from prefect_swarm.testing.waiting import wait_until
 
 KEY = "sk-external-budget-key-5d20"
 ENV = {KEY_ENV: KEY}
@@ -113,9 +113,10 @@ def test_two_jobs_at_once_and_a_detached_one_share_one_account(tmp_path: Path, s
 
 
 def _wait_until_stopped(job_id: str, timeout_s: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        doc = json.loads(cli("job", "status", job_id, "--refresh", "-o", "json", env=ENV).stdout)
-        if doc["status"] not in ("RUNNING", "PENDING") or time.monotonic() > deadline:
-            return doc
-        time.sleep(1)
+    return wait_until(
+        f"job {job_id} to stop",
+        lambda: json.loads(cli("job", "status", job_id, "--refresh", "-o", "json", env=ENV).stdout),
+        until=lambda doc: doc["status"] not in ("RUNNING", "PENDING"),
+        timeout_s=timeout_s,
+        poll_s=1,
+    )

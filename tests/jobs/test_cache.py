@@ -13,7 +13,6 @@ import random
 import signal
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -37,6 +36,7 @@ from prefect_swarm.jobs.cache import (
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, cache_db, read_json
 from prefect_swarm.testing.stub_engine import stub_swarm_config
+from prefect_swarm.testing.waiting import wait_until
 
 ANSWER_COLUMNS = ["id", "prompt", "status", "error", "text", "finish_reason"]
 
@@ -145,9 +145,13 @@ def test_sigkill_mid_job_then_rerun_writes_each_row_exactly_once(tmp_path: Path,
     )
     shard = JobPaths(tmp_path / "killed").shard(0)
     proc = subprocess.Popen(job_argv(spec), stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (shard.progress.exists() and read_json(shard.progress)["done"] >= 300):
-        time.sleep(0.05)
+    wait_until(
+        "300 rows done in the progress file",
+        lambda: read_json(shard.progress)["done"],
+        until=lambda done: done >= 300,
+        timeout_s=60,
+        poll_s=0.05,
+    )
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done = read_json(shard.progress)["done"]

@@ -29,6 +29,7 @@ from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing import free_port
 from prefect_swarm.testing.stub_engine import StubEngine, stub_swarm_config
+from prefect_swarm.testing.waiting import wait_until
 
 SAMPLING = '{"sampling": {"max_tokens": 4}}'
 
@@ -213,7 +214,6 @@ def test_a_shard_stopped_by_a_signal_is_preempted_resumable_and_resumes_exactly_
     the same submit resumes it and every row is answered once."""
     import os
     import signal
-    import time
 
     n = 1500
     make_dataset(tmp_path / "in.parquet", n)
@@ -223,9 +223,9 @@ def test_a_shard_stopped_by_a_signal_is_preempted_resumable_and_resumes_exactly_
         res = _submit(tmp_path, *args, "--detach")
         assert res.exit_code == 0, res.output
         shard = StateStore().require_job("pre").handle["submissions"][0]["meta"]["shards"][0]
-        deadline = time.monotonic() + 30
-        while _requests(swarm) - sent < 100 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(
+            "100 requests sent", lambda: _requests(swarm) - sent, until=lambda k: k >= 100, timeout_s=30, poll_s=0.1
+        )
         os.kill(shard["pid"], signal.SIGTERM)  # the exit-code wrapper forwards it to the job process
         res = _cli("job", "wait", "pre")
         assert res.exit_code == 75, res.output

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from _jobkit import make_dataset, write_spec
 
-from prefect_swarm.exceptions import JobError
+from prefect_swarm.exceptions import ConfigError, JobError
 from prefect_swarm.jobs import commit
 from prefect_swarm.jobs.api import load_job
 from prefect_swarm.jobs.commit import commit_output
@@ -88,7 +88,7 @@ def test_tiny_buckets_match_one_bucket_and_the_last_writes(job, monkeypatch: pyt
     one = commit_output(spec, force=True, bucket_rows=10**9)  # one bucket per shard: the in-memory merge
     assert pq.read_table(out).equals(small)
     assert spec.paths.failed_rows.read_text() == failed_small
-    monkeypatch.setenv(commit.BUCKET_ENV, "13")
+    monkeypatch.setenv("PREFECT_SWARM_COMMIT_BUCKET_ROWS", "13")
     commit_output(spec, force=True)
     assert pq.read_table(out).equals(small)
 
@@ -135,6 +135,6 @@ def test_missing_row_is_refused_and_output_kept(job) -> None:
 
 def test_bad_bucket_knob_is_refused(job, monkeypatch: pytest.MonkeyPatch) -> None:
     spec, _ = job
-    monkeypatch.setenv(commit.BUCKET_ENV, "lots")
-    with pytest.raises(JobError, match="PREFECT_SWARM_COMMIT_BUCKET_ROWS"):
+    monkeypatch.setenv("PREFECT_SWARM_COMMIT_BUCKET_ROWS", "lots")
+    with pytest.raises(ConfigError, match="PREFECT_SWARM_COMMIT_BUCKET_ROWS='lots': Input should be a valid integer"):
         commit_output(spec)

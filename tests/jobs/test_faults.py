@@ -98,7 +98,7 @@ def test_endpoint_pool_ejects_probes_and_readmits() -> None:
         assert pool.failed(a) is False
     assert pool.failed(a) is True and pool.in_rotation == 1
     assert {pool.acquire().url for _ in range(5)} == {"http://b"}  # type: ignore[union-attr]
-    time.sleep(0.06)
+    time.sleep(0.06)  # the point: the ejection (0.05 s) runs out on the clock, as the pool's backoff does
     probe = pool.acquire()
     assert probe is a and a.probing
     assert pool.acquire() is b  # one probe at a time
@@ -106,7 +106,7 @@ def test_endpoint_pool_ejects_probes_and_readmits() -> None:
     assert [s for url, s in pool.ejection_log if url == "http://a"] == [0.05, 0.1]
     pool.failed(b), pool.failed(b), pool.failed(b)
     assert pool.acquire() is None and pool.out_for() >= 0
-    time.sleep(0.11)
+    time.sleep(0.11)  # the point: the doubled ejection (0.1 s) runs out
     probe = pool.acquire()
     assert probe is not None
     pool.answered(probe)

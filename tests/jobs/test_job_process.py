@@ -17,6 +17,7 @@ from _jobkit import job_argv, make_dataset, requests, run_job, run_openai_batch,
 from prefect_swarm.jobs.commit import commit_output
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, read_json
+from prefect_swarm.testing.waiting import wait_until
 
 
 def _out(path: Path) -> list[dict]:
@@ -120,11 +121,11 @@ def test_resume_with_other_settings_is_refused(tmp_path: Path, stub, change: dic
 
 
 def _wait_for_parts(job_dir: Path, proc: subprocess.Popen, n: int = 1) -> None:
-    deadline = time.monotonic() + 60
-    while len(list((job_dir / "shards" / "00000").glob("part-*.parquet"))) < n:
+    def parts() -> int:
         assert proc.poll() is None, "the job ended before writing a part"
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+        return len(list((job_dir / "shards" / "00000").glob("part-*.parquet")))
+
+    wait_until(f"{n} part file(s) of shard 0", parts, until=lambda found: found >= n, timeout_s=60, poll_s=0.02)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
@@ -134,7 +135,7 @@ def test_signal_flushes_and_exits_75_then_resume_finishes(tmp_path: Path, stub, 
     before = requests(stub)
     proc = subprocess.Popen(job_argv(spec), stderr=subprocess.PIPE, text=True)
     _wait_for_parts(tmp_path / "job", proc)
-    time.sleep(0.1)
+    time.sleep(0.1)  # the point: the signal lands with rows in flight past the first part, at no chosen moment
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 75, err
@@ -185,7 +186,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path, 
     while kills < 6:
         run_before, rows_before = requests(stub), in_ledger()
         proc = subprocess.Popen(job_argv(spec), stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.6, 1.6))
+        time.sleep(rng.uniform(0.6, 1.6))  # the point: a SIGKILL at a random moment
         if proc.poll() is not None:
             break
         proc.send_signal(signal.SIGKILL)
@@ -350,15 +351,22 @@ def test_second_process_for_a_shard_exits_2_without_touching_the_ledger(tmp_path
     first = subprocess.Popen(job_argv(spec), stderr=subprocess.DEVNULL)
     try:
         shard = JobPaths(tmp_path / "job").shard(0)
-        deadline = time.monotonic() + 30
-        while (read_json(shard.progress) or {}).get("state") != "running":
-            assert time.monotonic() < deadline and first.poll() is None
-            time.sleep(0.05)
-        files = {p.name: p.stat().st_mtime_ns for p in shard.root.iterdir()}
+
+        def state() -> object:
+            assert first.poll() is None, "the first job process ended"
+            return (read_json(shard.progress) or {}).get("state")
+
+        wait_until("the progress file to say running", state, until=lambda s: s == "running", timeout_s=30, poll_s=0.05)
+
+        def files() -> dict[str, int]:  # progress.json is the first process's to rewrite (every 2 s): its pid below
+            return {p.name: p.stat().st_mtime_ns for p in shard.root.iterdir() if p != shard.progress}
+
+        before = files()
         second = run_job(spec)
         assert second.returncode == 2, second.stderr
         assert f"shard 0 of job job is already running (pid {first.pid})" in second.stderr
-        assert {p.name: p.stat().st_mtime_ns for p in shard.root.iterdir()} == files
+        assert files() == before
+        assert read_json(shard.progress)["pid"] == first.pid
     finally:
         first.send_signal(signal.SIGTERM)
         assert first.wait(30) == 75

@@ -7,11 +7,22 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from prefect_swarm.jobs.ledger import RowResult, ShardLedger, read_ledger
+from prefect_swarm.jobs.ledger import LocalShard, RowResult, ShardLedger, read_ledger
 from prefect_swarm.paths import ShardPaths
 
 
-def _ledger(root: Path) -> ShardLedger:
+class FullDisk(LocalShard):
+    """The shard's folder, on a disk that is full while ``full`` is set: a part's write fails."""
+
+    full = False
+
+    def write_part(self, seq: int, data: bytes) -> None:
+        if self.full:
+            raise OSError("disk full")
+        super().write_part(seq, data)
+
+
+def _ledger(root: Path, store: LocalShard | None = None) -> ShardLedger:
     led = ShardLedger(
         ShardPaths(root),
         shard=0,
@@ -21,6 +32,7 @@ def _ledger(root: Path) -> ShardLedger:
         fingerprint="fp",
         details={},
         outputs={"text": pa.string()},
+        store=store,
     )
     led.open()
     return led
@@ -52,18 +64,15 @@ def test_background_flushes_write_parts_in_order_like_a_plain_flush(tmp_path: Pa
     assert resumed.n_done == 6 and resumed.n_failed == 1 and resumed.seq == 3
 
 
-def test_a_failed_background_write_is_raised_by_every_later_flush(tmp_path: Path, monkeypatch) -> None:
-    led = _ledger(tmp_path / "j")
+def test_a_failed_background_write_is_raised_by_every_later_flush(tmp_path: Path) -> None:
+    disk = FullDisk(ShardPaths(tmp_path / "j"))
+    led = _ledger(tmp_path / "j", disk)
     _add(led, 100)
-
-    def broken(*_a: object) -> None:
-        raise OSError("disk full")
-
-    monkeypatch.setattr("prefect_swarm.jobs.ledger.atomic_write_bytes", broken)
+    disk.full = True
     led.flush_in_background()
     with pytest.raises(OSError, match="disk full"):
         led.join()
-    monkeypatch.undo()  # the disk works again: the lost part must still be reported
+    disk.full = False  # the disk works again: the lost part must still be reported
     _add(led, 101)
     for _ in range(2):
         with pytest.raises(OSError, match="disk full"):
@@ -73,13 +82,14 @@ def test_a_failed_background_write_is_raised_by_every_later_flush(tmp_path: Path
     assert not led.paths.done_marker.exists()
 
 
-def test_a_failed_plain_flush_keeps_its_rows_for_the_next_one(tmp_path: Path, monkeypatch) -> None:
-    led = _ledger(tmp_path / "j")
+def test_a_failed_plain_flush_keeps_its_rows_for_the_next_one(tmp_path: Path) -> None:
+    disk = FullDisk(ShardPaths(tmp_path / "j"))
+    led = _ledger(tmp_path / "j", disk)
     _add(led, 100)
-    monkeypatch.setattr("prefect_swarm.jobs.ledger.atomic_write_bytes", lambda *_a: (_ for _ in ()).throw(OSError("x")))
-    with pytest.raises(OSError):
+    disk.full = True
+    with pytest.raises(OSError, match="disk full"):
         led.flush()
-    monkeypatch.undo()
+    disk.full = False
     _add(led, 101)
     led.flush()
     table = read_ledger(led.paths)

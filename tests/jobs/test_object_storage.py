@@ -32,6 +32,7 @@ from prefect_swarm.jobs.ledger import read_ledger, shard_store
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import TEMP_SUFFIX, JobPaths, read_json
 from prefect_swarm.testing.moto_s3 import MotoS3
+from prefect_swarm.testing.waiting import wait_until
 
 BUCKET = "swarm-data"
 
@@ -108,9 +109,13 @@ def test_kill9_and_rerun_on_s3_is_exactly_once(
     while kills < 4:
         run_before, rows_before = requests(slow), in_ledger()
         proc = subprocess.Popen(job_argv(spec), stderr=subprocess.DEVNULL, env={**os.environ, **s3.env()})
-        started = time.monotonic()  # kill mid-run once it has checkpointed, whatever its start costs
-        while in_ledger() == rows_before and proc.poll() is None and time.monotonic() - started < 60:
-            time.sleep(0.05)
+        wait_until(  # kill mid-run once it has checkpointed, whatever its start costs
+            "a checkpoint (or the job's end)",
+            lambda p=proc: (in_ledger(), p.poll()),
+            until=lambda seen, rows=rows_before: seen[0] != rows or seen[1] is not None,
+            timeout_s=60,
+            poll_s=0.05,
+        )
         time.sleep(rng.uniform(0.0, 0.3))  # between two checkpoints: rows in flight and unflushed are lost
         if proc.poll() is not None:
             break

@@ -4,7 +4,6 @@ CLI's wait and `validate --estimate` (a pilot of K rows on a running local stub 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from prefect_swarm.config.cost import CostConfig, duration, job_projection, proj
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.stub_engine import stub_swarm_config
+from prefect_swarm.testing.waiting import wait_until
 
 PRICED = CostConfig(gpu_hour_usd=2.5)
 
@@ -186,12 +186,13 @@ def test_job_status_and_wait_show_the_projection(tmp_path: Path) -> None:
         res = _cli("job", "submit", "-n", "proj", *args, "--id-column", "id", "--spec", str(spec), "--detach")
         assert res.exit_code == 0, res.output
         job_id = res.stdout.strip().splitlines()[-1]
-        deadline, doc = time.monotonic() + 60, {}
-        while time.monotonic() < deadline:
-            doc = json.loads(_cli("job", "status", job_id, "-o", "json").stdout)
-            if doc["status"] != "RUNNING" or (doc.get("projection") or {}).get("ready"):
-                break
-            time.sleep(0.5)
+        doc = wait_until(
+            "a ready projection (or the job's end)",
+            lambda: json.loads(_cli("job", "status", job_id, "-o", "json").stdout),
+            until=lambda doc: doc["status"] != "RUNNING" or (doc.get("projection") or {}).get("ready"),
+            timeout_s=60,
+            poll_s=0.5,
+        )
         p = doc["projection"]
         assert doc["status"] == "RUNNING" and p["ready"], doc
         # ~4 in flight x 1/0.06 s: the rate is the shards' own, and the rest follows from it

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,6 +19,7 @@ from prefect_swarm.jobs.api import join_choices, load_job
 from prefect_swarm.jobs.plan import recorded_progress
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.testing.stub_engine import answer
+from prefect_swarm.testing.waiting import wait_until
 
 
 @pytest.mark.parametrize(("ref", "path"), [("chat", "/v1/chat/completions"), ("completion", "/v1/completions")])
@@ -107,12 +107,15 @@ def test_four_answers_per_row_exactly_once_across_a_kill_and_resume(
     )  # fmt: skip
     proc = subprocess.Popen(job_argv(spec), stderr=subprocess.DEVNULL)
     job = JobSpec.load(spec)
-    deadline = time.monotonic() + 120
     # killed once the checkpoint holds 100 rows: a part of 1 row (a loaded machine) saves fewer
     # requests than the rerun's first requests asked with n cost, so the count below would not show it
-    while recorded_progress(job, 0).get("done", 0) < 100 and proc.poll() is None:
-        assert time.monotonic() < deadline, "no checkpoint of 100 rows in 120 s"
-        time.sleep(0.05)
+    wait_until(
+        "a checkpoint of 100 rows (or the job's end)",
+        lambda: (recorded_progress(job, 0).get("done", 0), proc.poll()),
+        until=lambda seen: seen[0] >= 100 or seen[1] is not None,
+        timeout_s=120,
+        poll_s=0.05,
+    )
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     per_row = 1 if samples_by == "n" else 4

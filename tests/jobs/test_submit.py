@@ -29,6 +29,7 @@ from prefect_swarm.launch import (
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.stub_engine import stub_swarm_config
+from prefect_swarm.testing.waiting import wait_until
 
 
 @pytest.fixture
@@ -73,10 +74,7 @@ def test_submit_wait_status_resubmit_cancel(tmp_path: Path, swarm: Swarm) -> Non
         checkpoint_seconds=0.5,
     )
     rec = submit_job(swarm, big, detach=True)
-    deadline = time.monotonic() + 60
-    while job_status(rec.id)["progress"]["done"] == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.3)
+    wait_until("a row done", lambda: job_status(rec.id)["progress"]["done"], timeout_s=60, poll_s=0.3)
     assert cancel_job(rec.id)["status"] == "CANCELLED"
     doc = job_status(rec.id)
     assert doc["status"] == "CANCELLED" and 0 < doc["progress"]["done"] < 200_000

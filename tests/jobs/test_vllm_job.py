@@ -13,6 +13,7 @@ import services
 from _jobkit import job_argv, make_dataset, write_spec
 
 from prefect_swarm.paths import JobPaths, read_json
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -80,10 +81,13 @@ def test_four_samples_per_row_on_vllm_exactly_once_across_a_kill(tmp_path: Path,
     )  # fmt: skip
     proc = subprocess.Popen(job_argv(spec), env=vllm_env, stderr=subprocess.DEVNULL)
     shard = JobPaths(tmp_path / "job").shard(0)
-    deadline = time.monotonic() + 300
-    while not shard.parts() and proc.poll() is None:
-        assert time.monotonic() < deadline, "no checkpoint in 300 s"
-        time.sleep(0.1)
+    wait_until(
+        "a checkpoint (or the job's end)",
+        lambda: (shard.parts(), proc.poll()),
+        until=lambda seen: seen[0] or seen[1] is not None,
+        timeout_s=300,
+        poll_s=0.1,
+    )
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     rerun = subprocess.run(job_argv(spec), env=vllm_env, capture_output=True, text=True, timeout=600)

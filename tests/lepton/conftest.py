@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ os.environ.setdefault("LEPTON_CACHE_DIR", tempfile.mkdtemp(prefix="lepton-cache-
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.interfaces import ServingBackend, ServingHandle, ServingPhase, ServingStatus
 from prefect_swarm.testing.fake_lepton import FakeLepton
+from prefect_swarm.testing.waiting import wait_until
 
 API_KEY = "endpoint-key-7f3a9c1e5b"
 
@@ -91,10 +91,10 @@ def _known_status(srv: ServingBackend, handle: ServingHandle, timeout_s: float =
     """The endpoint's status once the platform has looked at it: right after a create or an update a
     deployment reads the unknown state a few times (the fake does as the platform), and a user
     asking `prefect-swarm status` again sees the state it settles in. Waits on that state."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        st = srv.status(handle)
-        if st.phase is not ServingPhase.UNKNOWN:
-            return st
-        assert time.monotonic() < deadline, f"still unknown after {timeout_s:.0f}s: {st.detail}"
-        time.sleep(0.05)
+    return wait_until(
+        "a known phase",
+        lambda: srv.status(handle),
+        until=lambda st: st.phase is not ServingPhase.UNKNOWN,
+        timeout_s=timeout_s,
+        poll_s=0.05,
+    )

@@ -15,6 +15,7 @@ from prefect_swarm.interfaces import JobHandle, JobRequest, JobStatus
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, SwarmPaths
 from prefect_swarm.testing.fake_lepton import FakeLepton
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = pytest.mark.lepton
 
@@ -128,10 +129,9 @@ def test_the_historical_logs_404_is_no_logs_yet_and_429_is_retried(
     job = compute.submit(JobRequest(name="talker", command=["python3", "-c", "print('said once')"]))
     assert compute.wait(job, poll_s=0.1) is JobStatus.SUCCEEDED
     (jid,) = job.meta["jobs"]
-    deadline = time.monotonic() + 30
-    while "Archived" not in compute.probe(job).detail:  # waits on the state the API reports
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_until(  # the state the API reports
+        "the job Archived", lambda: compute.probe(job).detail, until=lambda d: "Archived" in d, timeout_s=30, poll_s=0.1
+    )
     fake_lepton.inject(404, count=1, match="/logs", method="GET")
     assert compute.logs(job) == f"[{jid}] {NO_LOGS_YET}"
     fake_lepton.inject(429, count=2, match="/logs", method="GET", retry_after=0)

@@ -19,6 +19,7 @@ from prefect_swarm.exceptions import ReadinessError
 from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.testing.fake_lepton import FakeLepton
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = pytest.mark.lepton
 
@@ -86,7 +87,7 @@ def test_the_fake_deletes_in_the_background(lepton_cfg: Make, fake_lepton: FakeL
     spec = srv._spec(cfg)
     with pytest.raises(Exception, match="409"):
         api.deployment.create(spec)  # the old deployment still holds the name
-    time.sleep(0.6)
+    time.sleep(0.6)  # the point: the fake's delete phases pass with time, as Lepton's do
     with pytest.raises(Exception, match="404"):
         api.deployment.get("lep")  # gone from reads, but ...
     with pytest.raises(Exception, match="409"):
@@ -112,9 +113,7 @@ def test_down_then_up_of_the_same_name_at_once(lepton_cfg: Make, fake_lepton: Fa
     assert posts[0] == 200 and posts[-1] == 200 and 409 in posts
     assert srv.wait_ready(again, timeout_s=30).phase is ServingPhase.RUNNING
     srv.delete(again)
-    while fake_lepton.deployments:  # its background delete, so the fixture finds nothing running
-        time.sleep(0.1)
-        fake_lepton.handle("GET", "/workspace", {}, None, {"Authorization": f"Bearer {fake_lepton.token}"})
+    fake_lepton.wait_deletes()  # its background delete, so the fixture finds nothing running
 
 
 # ---------------------------------------------------------------------------------- create and readiness
@@ -169,9 +168,13 @@ def test_a_live_replica_log_streams_until_the_read_timeout(lepton_cfg: Make, fak
     job = compute.submit(JobRequest(name="live", command=[compute.job_runtime().python, "-c", code]))
     api = _api(fake_lepton)
     (rep,) = api.job.get_replicas(job.id)
-    deadline = time.monotonic() + 20
-    while "first line" not in fake_lepton.jobs[job.id].log_path.read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(
+        "the job's first line in its log",
+        lambda: fake_lepton.jobs[job.id].log_path.read_text(),
+        until=lambda text: "first line" in text,
+        timeout_s=20,
+        poll_s=0.1,
+    )
     got: list[str] = []
     with pytest.raises(requests.ConnectionError):  # the SDK: streamed until the read timeout
         got.extend(api.job.get_log(job.id, rep, timeout=1))
@@ -222,10 +225,7 @@ def test_a_followed_replica_log_reconnects_when_the_stream_drops(lepton_cfg: Mak
     reader = threading.Thread(target=lambda: got.extend(serving.replica_log(handle, 0, follow=True)), daemon=True)
 
     def printed(text: str) -> None:  # waits on what the follower printed
-        deadline = time.monotonic() + 20
-        while text not in "".join(got):
-            assert time.monotonic() < deadline, "".join(got)[-500:]
-            time.sleep(0.05)
+        wait_until(f"{text!r} followed", lambda: "".join(got), until=lambda out: text in out, timeout_s=20, poll_s=0.05)
 
     with log.open("a") as fh:
         fh.write("replica said: before\n")

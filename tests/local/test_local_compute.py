@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -70,9 +69,7 @@ def test_cancel_lets_the_job_flush(compute: LocalCompute, tmp_path: Path) -> Non
     )
     job = compute.submit(JobRequest(name="flusher", command=[sys.executable, "-c", code]))
     log = compute._paths(job).log(0)
-    deadline = time.monotonic() + 10
-    while "ready" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until("'ready' in the job's log", log.read_text, until=lambda text: "ready" in text, timeout_s=10, poll_s=0.05)
     compute.cancel(job)
     assert compute.probe(job).status is JobStatus.CANCELLED
     assert flushed.read_text() == "ok"  # got one SIGTERM, had time to flush

@@ -157,7 +157,7 @@ def test_delete_does_not_kill_a_recycled_pid(local_swarm: Callable[..., Swarm]) 
 
 def test_status_without_watchdogs_is_stopped_not_stale_healthy(local_swarm: Callable[..., Swarm]) -> None:
     swarm = local_swarm()
-    time.sleep(0.5)
+    wait_for(swarm, lambda st: st.healthy >= 1)  # its watchdog's status file says Healthy: what must not be believed
     dog = swarm.handle.meta["watchdogs"][0]["pid"]  # type: ignore[union-attr]
     replica = int(swarm.status().replicas[0].external_id or 0)
     os.kill(dog, 9)  # the watchdog dies without a word; its status file still says Healthy

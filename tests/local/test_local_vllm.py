@@ -17,6 +17,7 @@ import services
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.interfaces import ReplicaHealth, ServingPhase
 from prefect_swarm.swarm import Swarm
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -49,17 +50,13 @@ def _chat(url: str) -> dict:
 
 
 def _wait_status(swarm: Swarm, ok: object, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if ok(swarm.status()):  # type: ignore[operator]
-            return
-        time.sleep(1)
-    raise AssertionError(f"status never matched: {swarm.status()}")
+    wait_until("the swarm's status to match", swarm.status, until=ok, timeout_s=timeout_s, poll_s=1)  # type: ignore[arg-type]
 
 
 def test_two_replicas_running(vllm_swarm: Swarm) -> None:
-    time.sleep(1.5)  # one health interval, so the watchdogs have seen the replicas healthy
-    st = vllm_swarm.status()
+    st = wait_until(  # the watchdogs have seen the replicas healthy
+        "2 healthy replicas", vllm_swarm.status, until=lambda st: st.healthy == 2, timeout_s=60, poll_s=0.5
+    )
     assert st.phase is ServingPhase.RUNNING, st
     assert st.healthy == 2
     assert all(r.external_id for r in st.replicas)

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -20,6 +19,7 @@ from prefect_swarm.cli.errors import ExitCode, exit_code_for
 from prefect_swarm.config.cost import CostConfig
 from prefect_swarm.exceptions import BudgetReached, ConfigError, JobError
 from prefect_swarm.testing.stub_engine import stub_swarm_config
+from prefect_swarm.testing.waiting import wait_until
 
 
 def test_guard_warns_at_80_percent_then_stops(caplog: pytest.LogCaptureFixture) -> None:
@@ -103,12 +103,13 @@ def test_a_budget_nobody_waits_for_stops_the_job_and_a_rerun_resumes_it(tmp_path
 
 
 def _wait_until_stopped(job_id: str, timeout_s: float = 90) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        doc = json.loads(_cli("job", "status", job_id, "--refresh", "-o", "json").stdout)
-        if doc["status"] not in ("RUNNING", "PENDING") or time.monotonic() > deadline:
-            return doc
-        time.sleep(1)
+    return wait_until(
+        f"job {job_id} to stop",
+        lambda: json.loads(_cli("job", "status", job_id, "--refresh", "-o", "json").stdout),
+        until=lambda doc: doc["status"] not in ("RUNNING", "PENDING"),
+        timeout_s=timeout_s,
+        poll_s=1,
+    )
 
 
 def _up(tmp_path: Path, **cost: float) -> list[int]:

@@ -18,6 +18,7 @@ from prefect_swarm.jobs.shard import ShardRun
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.testing import free_port
 from prefect_swarm.testing.stub_engine import StubEngine
+from prefect_swarm.testing.waiting import wait_until
 
 
 def test_counters_match_the_output(make_spec: Any) -> None:
@@ -33,7 +34,7 @@ def test_counters_match_the_output(make_spec: Any) -> None:
         def scrape_while_running() -> None:
             while not stop.is_set():
                 during.append(scrape(url))
-                time.sleep(0.05)
+                time.sleep(0.05)  # the point: scrapes all through the run
 
         scraper = threading.Thread(target=scrape_while_running)
         scraper.start()
@@ -112,11 +113,17 @@ def test_metrics_host_picks_the_address_or_turns_metrics_off(make_spec: Any) -> 
 
 
 def _scrape_when_running(progress: Path, proc: subprocess.Popen[str]) -> Samples:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and proc.poll() is None:
-        doc = json.loads(progress.read_text()) if progress.exists() else {}
-        if doc.get("metrics_url") and doc.get("done", 0) > 0:
-            return scrape(doc["metrics_url"])
-        time.sleep(0.05)
-    err = proc.stderr.read() if proc.stderr and proc.poll() is not None else ""
-    raise AssertionError(f"no metrics_url in {progress} while the job ran (exit {proc.poll()}): {err[-2000:]}")
+    def running() -> dict[str, Any]:
+        if proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr else ""
+            raise AssertionError(f"the job exited {proc.poll()} before {progress} had a metrics_url: {err[-2000:]}")
+        return dict(json.loads(progress.read_text()))
+
+    doc = wait_until(
+        f"a metrics_url and a row done in {progress}",
+        running,
+        until=lambda doc: doc.get("metrics_url") and doc.get("done", 0) > 0,
+        timeout_s=30,
+        poll_s=0.05,
+    )
+    return scrape(doc["metrics_url"])

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -22,6 +21,7 @@ from prefect_swarm.interfaces.metrics import authorized
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.testing import free_port_block
 from prefect_swarm.testing.stub_engine import engine_command
+from prefect_swarm.testing.waiting import WaitTimedOut, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -76,16 +76,18 @@ def test_top_and_cost_on_slurm(need_slurm: None, tmp_path: Path) -> None:
 
 
 def _top_until_both_replicas(name: str) -> dict[str, Any]:
-    doc: dict[str, Any] = {}
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def top() -> dict[str, Any]:
         res = _cli("top", name, "--once", "--interval", "0.2", "-o", "json")
         assert res.returncode == 0, res.stderr
-        doc = json.loads(res.stdout)
-        if len(doc["metrics_targets"]) == 2 and len(doc["replicas"]) == 2:
-            return doc
-        time.sleep(1)
-    raise AssertionError(f"the LB reconciler never listed both replicas: {doc}")
+        return dict(json.loads(res.stdout))
+
+    return wait_until(
+        "the LB reconciler to list both replicas",
+        top,
+        until=lambda doc: len(doc["metrics_targets"]) == 2 and len(doc["replicas"]) == 2,
+        timeout_s=60,
+        poll_s=1,
+    )
 
 
 def _job_ids(name: str) -> list[str]:
@@ -116,13 +118,16 @@ def _sacct_gpu_hours(ids: list[str]) -> float:
 
 def _settled_cost(name: str, ids: list[str]) -> dict[str, Any]:
     """`status -o json`'s cost once sacct has every allocation's end (elapsed stops growing)."""
-    deadline = time.monotonic() + 60
-    while True:
+
+    def look() -> tuple[float, dict[str, Any], float]:
         before = _sacct_gpu_hours(ids)
         cost = json.loads(_cli("status", name, "-o", "json", "--no-history").stdout)["status"]["cost"]
-        if before == _sacct_gpu_hours(ids) or time.monotonic() > deadline:
-            return cost
-        time.sleep(1)
+        return before, cost, _sacct_gpu_hours(ids)
+
+    try:
+        return wait_until("sacct's elapsed to settle", look, until=lambda s: s[0] == s[2], timeout_s=60, poll_s=1)[1]
+    except WaitTimedOut:
+        return look()[1]
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -23,6 +23,7 @@ import yaml
 from prefect_swarm.config.cost import CostConfig, held_gpu_hours
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.testing.stub_engine import stub_swarm_config
+from prefect_swarm.testing.waiting import wait_until
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -83,12 +84,13 @@ def test_the_swarm_figure_is_the_backends_own() -> None:
 
 
 def _wait_stopped(run_cli: Run, name: str, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = json.loads(run_cli("status", name, "-o", "json", "--no-history").stdout)["status"]
-        if status["phase"] == "STOPPED" or time.monotonic() > deadline:
-            return status
-        time.sleep(1)
+    return wait_until(
+        f"swarm {name} STOPPED",
+        lambda: json.loads(run_cli("status", name, "-o", "json", "--no-history").stdout)["status"],
+        until=lambda status: status["phase"] == "STOPPED",
+        timeout_s=timeout_s,
+        poll_s=1,
+    )
 
 
 def _alive(pids: list[int]) -> list[int]:

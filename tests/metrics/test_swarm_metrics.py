@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from prefect_swarm.interfaces.metrics import read_file_sd, scrape, total
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.stub_engine import stub_swarm_config
+from prefect_swarm.testing.waiting import wait_until
 
 
 @pytest.fixture
@@ -103,15 +103,17 @@ def test_top_once_json_on_a_running_local_swarm(local_swarm: tuple[str, Path], t
 
 
 def _top_with_rows(name: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def top() -> dict[str, Any]:
         res = _cli("top", name, "--once", "--interval", "0.5", "-o", "json")
         assert res.returncode == 0, res.stderr
-        doc = json.loads(res.stdout)
-        if doc["jobs"] and doc["jobs"][0]["done"] and doc["jobs"][0]["shards_running"]:
-            return doc
-        time.sleep(0.2)
-    raise AssertionError(f"top never showed the job running: {doc}")
+        return dict(json.loads(res.stdout))
+
+    return wait_until(
+        "top to show the job running with rows done",
+        top,
+        until=lambda doc: doc["jobs"] and doc["jobs"][0]["done"] and doc["jobs"][0]["shards_running"],
+        timeout_s=60,
+    )
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prefect_swarm.testing.stub_engine import stub_swarm_config
+from prefect_swarm.testing.waiting import wait_until
 
 
 def stub_swarm(
@@ -56,18 +57,6 @@ def swarm_processes(swarm_home: Path, name: str, port: int, replicas: int = 1) -
     return found
 
 
-def wait_for(predicate: Any, timeout_s: float, step_s: float = 0.25, what: str = "condition") -> float:
-    """Poll ``predicate`` until true; return the seconds it took; fail after ``timeout_s``."""
-    import time
-
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if predicate():
-            return time.monotonic() - t0
-        time.sleep(step_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
 FINAL_LINES = ("Finished in state", "Flow process stopped: the run was cancelled")
 """How a flow process's last line starts: Prefect's, or ours for a run its worker cancelled."""
 
@@ -91,7 +80,7 @@ def run_logs(flow_run_id: Any) -> list[str]:
         found[:] = [entry.message for entry in logs]
         return any(line.startswith(FINAL_LINES) for line in found)
 
-    wait_for(arrived, 30, what="the run's final log line")
+    wait_until("the run's final log line", arrived, timeout_s=30)
     return found
 
 
@@ -127,5 +116,5 @@ def read_event(api_url: str, name: str, since: Any) -> dict[str, Any]:
         found[:] = resp.json()["events"]
         return bool(found)
 
-    wait_for(read, 30, what=f"the {name} event")
+    wait_until(f"the {name} event", read, timeout_s=30)
     return found[0]

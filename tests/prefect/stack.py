@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,17 +94,16 @@ class PrefectStack:
             str(self.port),
             "--analytics-off",
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.api_url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+        from prefect_swarm.testing.waiting import wait_until
+
+        def health() -> int:
             if self.procs["server"].poll() is not None:
-                break
-            time.sleep(0.25)
-        raise RuntimeError(f"prefect server did not start; log: {(self.home / 'server.log').read_text()[-3000:]}")
+                raise AssertionError(f"prefect server exited; log: {(self.home / 'server.log').read_text()[-3000:]}")
+            return httpx.get(self.api_url + "/health", timeout=2).status_code
+
+        wait_until(
+            "the Prefect server's /health", health, until=lambda code: code == 200, timeout_s=timeout_s, poll_s=0.25
+        )
 
     def deploy(self) -> None:
         """Work pool, blocks, deployments, zombie automation (40 s: heartbeats every 30 s)."""

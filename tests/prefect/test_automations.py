@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import job_options, prompts, stub_swarm, wait_for
+from helpers import job_options, prompts, stub_swarm
 from stack import PrefectStack
 
 from prefect_swarm.cli.automations import SCOPE_TAG
 from prefect_swarm.flows import batch_inference
 from prefect_swarm.testing.stub_engine import engine_command
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
 
@@ -64,7 +65,9 @@ def test_zombie_automation_is_scoped_to_this_package(prefect_stack: PrefectStack
     EventsWorker.drain_all()
     with get_client(sync_client=True) as client:  # suspends after its heartbeat, as a run waiting for input does
         client.set_flow_run_state(suspended, Suspended(timeout_seconds=3600), force=True)
-    took = wait_for(lambda: _state(ours) == "CRASHED", ZOMBIE_WITHIN_S + 60, step_s=1, what="our silent run Crashed")
+    t0 = time.monotonic()
+    wait_until("our silent run Crashed", lambda: _state(ours) == "CRASHED", timeout_s=ZOMBIE_WITHIN_S + 60, poll_s=1)
+    took = time.monotonic() - t0
     time.sleep(10)  # the automation has had its chance at the suspended run too (same heartbeat, same window)
     assert _state(unrelated) == "RUNNING", "the zombie automation touched a flow run outside prefect-swarm"
     assert _state(done) == "COMPLETED", "the zombie automation changed a Completed run"
@@ -89,7 +92,9 @@ def test_example_automation_fires_on_failed_rows(prefect_stack: PrefectStack, tm
             runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["failed-rows-notice"])))
         return [r for r in runs if r.parameters.get("job_id") == res["job_id"]]
 
-    wait_for(lambda: any(r.state and r.state.is_completed() for r in notices()), 120, step_s=1, what="notice run")
+    wait_until(
+        "notice run", lambda: any(r.state and r.state.is_completed() for r in notices()), timeout_s=120, poll_s=1
+    )
     run = notices()[0]
     assert int(run.parameters["failed"]) == res["failed"] and run.parameters["swarm"] == "notice"
     assert str(run.parameters["failed_rows"]).endswith(".jsonl")

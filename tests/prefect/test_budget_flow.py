@@ -11,11 +11,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import job_options, prompts, read_event, stub_swarm, swarm_processes, wait_for
+from helpers import job_options, prompts, read_event, stub_swarm, swarm_processes
 from stack import PrefectStack
 
 from prefect_swarm.flows import batch_inference
 from prefect_swarm.state import StateStore
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
 
@@ -39,7 +40,9 @@ def test_budget_stops_the_flow_and_the_rerun_resumes(
     assert "budget reached: " in (state.message or ""), state.message
     assert "at exit" in (state.message or "") and "rows left" in (state.message or ""), state.message
     started = StateStore().require_swarm("budgeted").created_at  # claimed before its replica started
-    wait_for(lambda: not swarm_processes(swarm_home, "budgeted", cfg["port"]), 30, step_s=0.05, what="no process left")
+    wait_until(
+        "no process left", lambda: not swarm_processes(swarm_home, "budgeted", cfg["port"]), timeout_s=30, poll_s=0.05
+    )
     # the GPU time the swarm held (at most: from its record's claim, before its replica started, to its
     # processes' end; 1 GPU) against the run's cap: its job stops issuing 5 s before the cap, and the flow
     # tears the swarm down once it exits (before: the cap was checked late and passed by ~47 %)

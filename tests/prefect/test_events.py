@@ -8,10 +8,11 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import job_options, prompts, stub_swarm, wait_for
+from helpers import job_options, prompts, stub_swarm
 from stack import PrefectStack
 
 from prefect_swarm.flows import batch_inference
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.prefect_server]
 
@@ -45,7 +46,7 @@ def test_run_emits_swarm_and_job_events(prefect_api: PrefectStack, tmp_path: Pat
             e for e in _events(prefect_api.api_url, since) if any(r["prefect.resource.id"] == ref for r in e["related"])
         ]
 
-    wait_for(lambda: wanted <= {e["event"] for e in of_run()}, 30, what="events")
+    wait_until("events", lambda: wanted <= {e["event"] for e in of_run()}, timeout_s=30)
     events = of_run()
     shards = sorted(e["payload"]["shard"] for e in events if e["event"] == "prefect-swarm.job.shard.completed")
     assert shards == [0, 1], [(e["event"], e["payload"]) for e in events]

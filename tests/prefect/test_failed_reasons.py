@@ -14,13 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import job_options, prompts, run_logs, stub_swarm, wait_for
+from helpers import job_options, prompts, run_logs, stub_swarm
 from stack import PrefectStack
 from typer.testing import CliRunner
 
 from prefect_swarm.cli.main import app
 from prefect_swarm.flows import batch_inference
 from prefect_swarm.testing.stub_engine import engine_command
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.prefect_server]
 
@@ -76,7 +77,9 @@ def test_a_failed_run_says_why_its_rows_failed(prefect_api: PrefectStack, tmp_pa
     assert all(r["example_row"].startswith("r000") and r["engine_said"].endswith(WORDS) for r in table), table
 
     # the job.failed event's payload
-    wait_for(lambda: _failed_event(prefect_api.api_url, since, run_id) is not None, 30, what="the job.failed event")
+    wait_until(
+        "the job.failed event", lambda: _failed_event(prefect_api.api_url, since, run_id) is not None, timeout_s=30
+    )
     event = _failed_event(prefect_api.api_url, since, run_id)
     assert event is not None
     reasons, job_id = event["payload"]["failure_reasons"], event["payload"]["job_id"]

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any, cast
 import psutil
 import pyarrow.parquet as pq
 import pytest
-from helpers import job_options, prompts, wait_for
+from helpers import job_options, prompts
 from stack import PrefectStack, job_variables
 
 from prefect_swarm.state import StateStore
 from prefect_swarm.testing.stub_engine import engine_command
+from prefect_swarm.testing.waiting import wait_until
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -204,11 +205,11 @@ def test_batch_inference_on_lepton_block_through_the_worker(
     assert rec.phase == "STOPPED" and rec.source == ref and rec.flow_run_id == str(run.id)
     # no secret anywhere we wrote or Prefect stored
     # the flow process sends its last logs after the run is Completed
-    wait_for(
+    wait_until(
+        "the flow run's teardown log",
         lambda: "Swarm 'lep-flow' stopped." in _prefect_records(run.id)["flow run logs"],
-        30,
-        step_s=1,
-        what="the flow run's teardown log",
+        timeout_s=30,
+        poll_s=1,
     )
     records = _prefect_records(run.id)
     out, err = capfd.readouterr()
@@ -248,16 +249,16 @@ def test_cancel_deletes_the_deployment_without_a_token_in_the_env(
             jobs = store.list_jobs("lep-cancel")
             return rec is not None and rec.phase == "RUNNING" and any(j.status == "RUNNING" for j in jobs)
 
-        wait_for(shards_running, 180, step_s=0.5, what="swarm RUNNING with shard jobs")
-        wait_for(lambda: len(fake.running_processes()) == 3, 60, what="endpoint + 2 job processes")
+        wait_until("swarm RUNNING with shard jobs", shards_running, timeout_s=180, poll_s=0.5)
+        wait_until("endpoint + 2 job processes", lambda: len(fake.running_processes()) == 3, timeout_s=60)
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(run.id, Cancelling(), force=True)  # the UI's Cancel button
-        wait_for(lambda: not fake.deployments, 60, step_s=0.5, what="the Lepton deployment to be deleted")
-        wait_for(lambda: not fake.running_processes(), 30, what="no process left in the fake")
+        wait_until("the Lepton deployment to be deleted", lambda: not fake.deployments, timeout_s=60, poll_s=0.5)
+        wait_until("no process left in the fake", lambda: not fake.running_processes(), timeout_s=30)
         fake.wait_deletes()
         assert fake.jobs == {}
         # Swarm.down records STOPPED once Lepton confirms the deployment gone and its secrets deleted
-        wait_for(lambda: store.require_swarm("lep-cancel").phase == "STOPPED", 30, what="record STOPPED")
+        wait_until("record STOPPED", lambda: store.require_swarm("lep-cancel").phase == "STOPPED", timeout_s=30)
         assert store.require_swarm("lep-cancel").source == ref
 
         def final() -> bool:
@@ -265,7 +266,7 @@ def test_cancel_deletes_the_deployment_without_a_token_in_the_env(
                 state = client.read_flow_run(run.id).state
             return state is not None and state.is_final()
 
-        wait_for(final, 150, what="run final")  # the worker kills the process at its next cancellation poll
+        wait_until("run final", final, timeout_s=150)  # the worker kills the process at its next cancellation poll
         with get_client(sync_client=True) as client:
             assert client.read_flow_run(run.id).state.type.value == "CANCELLED"  # type: ignore[union-attr]
         log = _worker_log(prefect_stack)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import job_options, prompts, stub_swarm, wait_for
+from helpers import job_options, prompts, stub_swarm
 from stack import PrefectStack, job_variables
 
 from prefect_swarm.config import SwarmConfig
@@ -21,6 +21,7 @@ from prefect_swarm.holding import Holding
 from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm, keep_lease
+from prefect_swarm.testing import wait_until
 
 pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
 
@@ -69,7 +70,7 @@ def test_three_runs_on_a_parked_swarm_restore_it_once(
         def final() -> bool:
             return all((s := _state_and_logs(r.id)[0]) is not None and s.is_final() for r in runs)
 
-        wait_for(final, 400, step_s=1, what="three runs final")
+        wait_until("three runs final", final, timeout_s=400, poll_s=1)
         seen = [_state_and_logs(r.id) for r in runs]
         assert all(state.type.value == "COMPLETED" for state, _ in seen), [(s.name, s.message) for s, _ in seen]
         for i in range(3):
@@ -79,7 +80,7 @@ def test_three_runs_on_a_parked_swarm_restore_it_once(
         def woke() -> list[int]:
             return [text.count("Woke swarm 'parked-wake'") for _, text in (_state_and_logs(r.id) for r in runs)]
 
-        wait_for(lambda: sum(woke()) == 1, 60, what="one run's wake log")  # logs arrive after the state
+        wait_until("one run's wake log", woke, until=lambda n: sum(n) == 1, timeout_s=60)  # logs arrive after the state
         rec = hold.store.require_swarm(swarm.cfg.name)
         assert rec.phase is ServingPhase.RUNNING, rec.phase  # kept: the runs letting go leave it up
         assert [x.owner for x in hold.holders(swarm.cfg.name)] == ["keep"]

@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pyarrow.parquet as pq
 import pytest
-from helpers import flow_process, prompts, stub_swarm, swarm_processes, wait_for
+from helpers import flow_process, prompts, stub_swarm, swarm_processes
 from stack import REPO, PrefectStack, job_variables
 
 from prefect_swarm.flows.pipeline import pipeline_id
@@ -30,6 +30,7 @@ from prefect_swarm.jobs.ledger import read_ledger
 from prefect_swarm.paths import PipelinePaths, ShardPaths, read_json
 from prefect_swarm.state import StateStore
 from prefect_swarm.testing.ports import free_port_block
+from prefect_swarm.testing.waiting import wait_until
 
 
 def _example() -> Any:
@@ -154,17 +155,19 @@ def test_the_judge_pipeline_through_a_worker_crash_in_stage_2_and_rerun(
     jv = job_variables(swarm_home)
 
     killed = run_deployment("pipeline/on-demand", parameters=params, job_variables=jv, timeout=0)
-    wait_for(lambda: _stage2_progress(swarm_home, "p-judge") >= 8, 240, what="stage 2 to checkpoint rows")
+    wait_until("stage 2 to checkpoint rows", lambda: _stage2_progress(swarm_home, "p-judge") >= 8, timeout_s=240)
     os.kill(flow_process(killed.id).pid, signal.SIGKILL)  # the flow process and its stage-2 job: gone at once
     for job in _job_processes("p-judge"):
         job.kill()
-    wait_for(lambda: _state(killed.id).type.value == "CRASHED", 120, step_s=1, what="the run marked Crashed")
+    wait_until("the run marked Crashed", lambda: _state(killed.id).type.value == "CRASHED", timeout_s=120, poll_s=1)
     store = StateStore()
-    wait_for(lambda: store.require_swarm("p-judge").phase is ServingPhase.STOPPED, 60, what="judge swarm stopped")
+    wait_until(
+        "judge swarm stopped", lambda: store.require_swarm("p-judge").phase is ServingPhase.STOPPED, timeout_s=60
+    )
     stage_runs = _children(killed.id)
     stage2 = stage_runs["stage-2-judge"].id  # the crash hook ends the stage's run too (it died in that process)
     try:
-        wait_for(lambda: _state(stage2).type.value == "CRASHED", 30, what="stage 2's run Crashed")
+        wait_until("stage 2's run Crashed", lambda: _state(stage2).type.value == "CRASHED", timeout_s=30)
     except AssertionError:
         raise AssertionError(f"stage 2's run is {_state(stage2).name}; the hook said: {_logs(killed.id)}") from None
     first, second = _tasks(stage_runs["stage-1-generate"].id), _tasks(stage_runs["stage-2-judge"].id)

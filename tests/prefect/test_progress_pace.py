@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import job_options, prompts, run_logs, stub_swarm, wait_for
+from helpers import job_options, prompts, run_logs, stub_swarm
 from stack import PrefectStack
 
 from prefect_swarm.flows import batch_inference
 from prefect_swarm.launch import job_status
 from prefect_swarm.state import StateStore
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.prefect_server]
 
@@ -53,7 +54,7 @@ def test_progress_moves_every_few_seconds_between_checkpoints(
     # the run in a thread of this test, in its context (the Prefect settings: the test's server)
     thread = threading.Thread(target=contextvars.copy_context().run, args=(run,), daemon=True)
     thread.start()
-    wait_for(lambda: any(j.flow_run_id for j in StateStore().list_jobs("pace")), 120, what="the job's record")
+    wait_until("the job's record", lambda: any(j.flow_run_id for j in StateStore().list_jobs("pace")), timeout_s=120)
     (job,) = StateStore().list_jobs("pace")
     run_id = str(job.flow_run_id)
     history: list[tuple[float, float]] = []  # (when seen, percent) each time the artifact changed
@@ -64,7 +65,7 @@ def test_progress_moves_every_few_seconds_between_checkpoints(
             history.append((time.monotonic(), float(art.data)))
         if 0 < (done := int(job_status(job.id, refresh=False)["progress"]["done"])) < N:
             statuses.add(done)
-        time.sleep(0.25)
+        time.sleep(0.25)  # the point: the pace of the artifact's changes over the run is what is measured
     thread.join()
     assert result["state"].is_completed(), result["state"]
     during = [t for t, percent in history if 0 < percent < 100]

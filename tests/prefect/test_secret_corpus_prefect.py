@@ -12,10 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import job_options, prompts, run_logs, wait_for
+from helpers import job_options, prompts, run_logs
 from stack import PrefectStack
 
 from prefect_swarm.testing.stub_engine import stub_swarm_config
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.prefect_server]
 
@@ -72,7 +73,9 @@ def test_a_key_in_a_flow_runs_config_reaches_nothing_prefect_keeps(
         resp.raise_for_status()
         return list(resp.json()["events"])
 
-    wait_for(lambda: any(e["event"] == "prefect-swarm.swarm.down" for e in events()), 30, what="the run's events")
+    wait_until(
+        "the run's events", lambda: any(e["event"] == "prefect-swarm.swarm.down" for e in events()), timeout_s=30
+    )
     words += events()
     said = json.dumps(words, default=str)
     assert "prefect-swarm.job" in said and "failed" in said  # the failure paths were taken

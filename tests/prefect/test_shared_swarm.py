@@ -15,10 +15,11 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import job_options, prompts, stub_swarm, swarm_processes, wait_for
+from helpers import job_options, prompts, stub_swarm, swarm_processes
 from stack import PrefectStack, job_variables
 
 from prefect_swarm.state import StateStore
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
 
@@ -70,7 +71,7 @@ def _two_runs(
         state = _run_and_logs(runs[label].id)[0].state
         return state is not None and state.is_final()
 
-    wait_for(lambda: all(final(label) for label in runs), 400, step_s=1, what="both runs final")
+    wait_until("both runs final", lambda: all(final(label) for label in runs), timeout_s=400, poll_s=1)
     return runs
 
 
@@ -90,7 +91,7 @@ def test_two_runs_share_one_swarm(prefect_stack: PrefectStack, swarm_home: Path,
     def logs() -> dict[str, str]:
         return {label: "\n".join(_run_and_logs(run.id)[1]) for label, run in runs.items()}
 
-    wait_for(lambda: sum("Swarm 'shared' stopped" in text for text in logs().values()) == 1, 60, what="stop log")
+    wait_until("stop log", lambda: sum("Swarm 'shared' stopped" in text for text in logs().values()) == 1, timeout_s=60)
     text = logs()
     ups = {label: t.count("Brought up swarm 'shared'") for label, t in text.items()}
     shares = {label: t.count("Swarm 'shared' is already up") for label, t in text.items()}
@@ -140,7 +141,7 @@ def test_exclusive_runs_take_turns(prefect_stack: PrefectStack, swarm_home: Path
     def logs() -> dict[str, str]:
         return {label: "\n".join(_run_and_logs(run.id)[1]) for label, run in runs.items()}
 
-    wait_for(lambda: sum("Swarm 'exclusive' stopped" in t for t in logs().values()) == 1, 60, what="stop log")
+    wait_until("stop log", lambda: sum("Swarm 'exclusive' stopped" in t for t in logs().values()) == 1, timeout_s=60)
     text = logs()
     assert all("waiting for the concurrency limit 'swarm:exclusive'" in t for t in text.values())
     acquired = {label: _logged_at(run.id, "Acquired the concurrency limit") for label, run in runs.items()}

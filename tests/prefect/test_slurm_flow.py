@@ -20,13 +20,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import wait_for
 from stack import PrefectStack, job_variables
 
 from prefect_swarm.backends.slurm.client import SlurmClient
 from prefect_swarm.state import StateStore
 from prefect_swarm.testing import free_port_block
 from prefect_swarm.testing.stub_engine import engine_command
+from prefect_swarm.testing.waiting import wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
 from _slurmkit import unique_name
@@ -135,26 +135,34 @@ def test_cancel_clears_the_slurm_queue_within_30s(
         subs = (running[0].handle or {}).get("submissions", []) if len(running) == 1 else []
         return rec is not None and rec.phase == "RUNNING" and len(subs) == 2
 
-    wait_for(shards_running, 300, what="swarm RUNNING with both shard steps", step_s=0.5)
-    time.sleep(3)
+    wait_until("swarm RUNNING with both shard steps", shards_running, timeout_s=300, poll_s=0.5)
     rec = store.get_swarm(swarm_name)
     assert rec is not None and rec.handle
     ids = [str(rec.handle["meta"][k]) for k in ("replicas_job", "lb_job")]
     names = list(rec.handle["meta"]["job_names"])
-    assert len(queued(ids, names)) >= 3 + 2, queued(ids, names)  # 2 replica tasks + LB + 2 shard steps
+    wait_until(  # what the cancel must clear: 2 replica tasks + LB + 2 shard steps, as squeue shows them
+        "2 replica tasks, the LB and 2 shard steps in squeue",
+        lambda: queued(ids, names),
+        until=lambda q: len(q) >= 3 + 2,
+        timeout_s=60,
+        poll_s=0.5,
+    )
 
     t0 = time.monotonic()
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(run.id, Cancelling(), force=True)  # what the UI's Cancel button does
-    empty = wait_for(lambda: not queued(ids, names), 30, what="every job and step of the swarm to leave squeue")
-    stopped = wait_for(
-        lambda: store.get_swarm(swarm_name).phase == "STOPPED",  # type: ignore[union-attr]
-        max(1.0, 30 - (time.monotonic() - t0)),
-        what="the swarm record to say STOPPED",
+    wait_until("every job and step of the swarm to leave squeue", lambda: not queued(ids, names), timeout_s=30)
+    empty = time.monotonic() - t0
+    wait_until(
+        "the swarm record to say STOPPED",
+        lambda: store.require_swarm(swarm_name).phase == "STOPPED",
+        timeout_s=max(1.0, 30 - empty),
     )
-    final = wait_for(lambda: run_state(run.id).is_final(), 60, what="the run to be final", step_s=0.5)
+    stopped = time.monotonic() - t0 - empty
+    wait_until("the run to be final", lambda: run_state(run.id).is_final(), timeout_s=60, poll_s=0.5)
     assert run_state(run.id).type.value == "CANCELLED"
     took = time.monotonic() - t0
+    final = took - empty - stopped
     print(
         f"\ncancel -> empty squeue {empty:.1f} s; -> record STOPPED +{stopped:.1f} s; "
         f"-> run Cancelled +{final:.1f} s (total {took:.1f} s)",
@@ -168,7 +176,9 @@ def test_flow_on_slurm_writes_every_row_exactly_once(
     n = 400
     cfg = slurm_stub_swarm(swarm_name, latency_ms=5)
     run = start_run(swarm_home, tmp_path, cfg, rows=n, concurrency=8)
-    took = wait_for(lambda: run_state(run.id).is_final(), 420, what="the run to finish", step_s=1)
+    t0 = time.monotonic()
+    wait_until("the run to finish", lambda: run_state(run.id).is_final(), timeout_s=420, poll_s=1)
+    took = time.monotonic() - t0
     assert run_state(run.id).type.value == "COMPLETED", run_state(run.id)
     print(f"\nbatch_inference on Slurm, {n} rows, 2 shards, through the worker: {took:.1f} s", file=sys.stderr)
     ids = [str(x) for x in pq.read_table(tmp_path / "out.parquet", columns=["id"]).column("id").to_pylist()]

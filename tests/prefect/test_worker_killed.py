@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import job_options, prompts, stub_swarm, wait_for
+from helpers import job_options, prompts, stub_swarm
 from stack import PrefectStack, job_variables
 
 from prefect_swarm.state import StateStore
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
 
@@ -48,7 +49,7 @@ def test_a_run_survives_its_worker_killed(prefect_stack: PrefectStack, swarm_hom
 
     worker = prefect_stack.procs["worker"]
     try:
-        wait_for(answering, 180, step_s=0.5, what="the run's job RUNNING")
+        wait_until("the run's job RUNNING", answering, timeout_s=180, poll_s=0.5)
         os.kill(worker.pid, signal.SIGKILL)  # the worker alone, not its process group
         worker.wait(10)
 
@@ -57,7 +58,7 @@ def test_a_run_survives_its_worker_killed(prefect_stack: PrefectStack, swarm_hom
                 state = client.read_flow_run(run.id).state  # type: ignore[union-attr]
             return state is not None and state.is_final()
 
-        wait_for(final, 240, step_s=1, what="the run to end")
+        wait_until("the run to end", final, timeout_s=240, poll_s=1)
     finally:
         if worker.poll() is not None:
             prefect_stack.start_worker()  # the tests after this one need a worker
@@ -66,4 +67,4 @@ def test_a_run_survives_its_worker_killed(prefect_stack: PrefectStack, swarm_hom
     assert state is not None and state.is_completed(), state
     table = pq.read_table(out)
     assert table.num_rows == rows and sorted(table.column("id").to_pylist()) == [f"r{i:05d}" for i in range(rows)]
-    assert wait_for(lambda: store.require_swarm("orphan").phase == "STOPPED", 60, what="the swarm released") >= 0
+    wait_until("the swarm released", lambda: store.require_swarm("orphan").phase == "STOPPED", timeout_s=60)

@@ -21,6 +21,7 @@ from prefect_swarm.interfaces.jobenv import API_KEY
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.testing import free_port, free_port_block
 from prefect_swarm.testing.stub_engine import COMPLETION_PATHS, ROUTES, StubEngine
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = pytest.mark.nginx
 
@@ -41,12 +42,12 @@ def running_lb(tmp_path: Path, key: str | None) -> Iterator[tuple[SwarmPaths, Re
     rec.step(reload=False)
     proc = subprocess.Popen([*nginx, "-g", "daemon off;"])
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+
+        def announced() -> bool:
             rec.announce()
-            if rec.announced:
-                break
-            time.sleep(0.1)
+            return bool(rec.announced)
+
+        wait_until("the LB to announce itself", announced, timeout_s=10, poll_s=0.1)
         assert paths.lb_head.read_text().strip() == f"127.0.0.1:{port}"
         yield paths, rec, f"http://127.0.0.1:{port}"
     finally:
@@ -63,9 +64,13 @@ def lb(need_nginx: None, tmp_path: Path) -> Iterator[tuple[SwarmPaths, Reconcile
 
 def _wait_reloaded(url: str) -> None:
     """Until the new workers serve (a reload swaps workers asynchronously)."""
-    deadline = time.monotonic() + 10
-    while httpx.get(url + "/health", timeout=5).status_code != 200 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(
+        "the LB's new workers to answer /health",
+        lambda: httpx.get(url + "/health", timeout=5).status_code,
+        until=lambda code: code == 200,
+        timeout_s=10,
+        poll_s=0.1,
+    )
 
 
 def _post(url: str) -> int:
@@ -142,9 +147,13 @@ def test_a_closed_lb_refuses_every_route_without_the_key(
         auth = {"Authorization": f"Bearer {key}"}
         paths.replica_head(0).write_text(f"127.0.0.1:{base}\n")
         assert rec.step()
-        deadline = time.monotonic() + 10
-        while httpx.get(url + "/health", headers=auth, timeout=5).status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(
+            "the LB to answer /health with the key",
+            lambda: httpx.get(url + "/health", headers=auth, timeout=5).status_code,
+            until=lambda code: code == 200,
+            timeout_s=10,
+            poll_s=0.1,
+        )
         # every location of the rendered nginx.conf, every route of the stub, and one nobody serves
         locations = re.findall(r"^\s*location\s+(?:=\s*)?(\S+)\s*\{", paths.nginx_conf.read_text(), re.M)
         assert {"/nginx-health", "/nginx-status", "/"} <= set(locations)

@@ -32,7 +32,7 @@ from prefect_swarm.backends.slurm.client import SlurmClient
 from prefect_swarm.backends.slurm.compute import SlurmCompute
 from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError
 from prefect_swarm.interfaces import JobRequest, JobStatus, ServingPhase
-from prefect_swarm.testing.waiting import wait_until
+from prefect_swarm.testing.waiting import WaitTimedOut, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -147,9 +147,7 @@ def test_usr1_reaches_job_steps_and_a_preempted_shard_resumes(slurm_swarm: MakeS
     compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
     job = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=1, shard_id=0))
     shard_dir = tmp_path / "job" / "shards" / "00000"
-    deadline = time.monotonic() + 30
-    while not list(shard_dir.glob("part-*.parquet")) and time.monotonic() < deadline:
-        time.sleep(0.3)
+    wait_until("a part file of the shard", lambda: list(shard_dir.glob("part-*.parquet")), timeout_s=30, poll_s=0.3)
     steps = SlurmClient().steps(job.meta["jobid"])
     step = next(sid for sid, name in steps.items() if name in job.meta["step_names"])
     SlurmClient().scancel([step], signal="USR1")  # what --signal=USR1@N delivers before the time limit
@@ -291,12 +289,17 @@ def test_vllm_cpu_swarm_on_slurm(slurm_swarm: MakeSwarm, need_vllm: None, tmp_pa
 def _answers_200(url: str, headers: dict[str, str], within_s: float = 30) -> bool:
     """GET ``url`` answers 200 within ``within_s``: nginx takes an upstream out for a few seconds after
     an error (a loaded CPU engine timing out on one of the probes above), answering 502 meanwhile."""
-    deadline = time.monotonic() + within_s
-    while True:
-        code = httpx.get(url, headers=headers, timeout=30).status_code
-        if code == 200 or time.monotonic() > deadline:
-            return code == 200
-        time.sleep(1)
+    try:
+        wait_until(
+            f"{url} to answer 200",
+            lambda: httpx.get(url, headers=headers, timeout=30).status_code,
+            until=lambda code: code == 200,
+            timeout_s=within_s,
+            poll_s=1,
+        )
+    except WaitTimedOut:
+        return False
+    return True
 
 
 def _read(path: Path) -> bytes:

@@ -16,6 +16,7 @@ from _slurmkit import stub_config
 
 from prefect_swarm.backends.slurm import render
 from prefect_swarm.paths import SwarmPaths
+from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm]
 
@@ -37,10 +38,13 @@ def test_a_swarm_kept_up_with_no_job_stops_itself_at_its_budget(
         began = time.monotonic()
         up = run_cli("up", "-c", str(config), "-o", "json", timeout=180)
         assert up.returncode == 0, up.stderr[-3000:]
-        deadline = time.monotonic() + 90
-        while _queue(names) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not _queue(names), "the swarm kept its jobs past its budget"
+        wait_until(  # the swarm stops itself at its budget
+            "the swarm's jobs to leave the queue",
+            lambda: _queue(names),
+            until=lambda q: not q,
+            timeout_s=90,
+            poll_s=0.5,
+        )
         # not before the cap: the replica task ran for CAP_GPU_S of elapsed time, within `up`'s time
         assert time.monotonic() - began >= CAP_GPU_S - 1
         done = run_cli("status", cfg.name, "-o", "json", "--no-history")

@@ -175,7 +175,6 @@ def test_shards_in_their_own_allocation_run_exactly_once(need_slurm: None, tmp_p
 def test_preempted_shards_are_resumable_and_resubmitted_once(
     need_slurm: None, run_cli: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:
-    import time
 
     cfg = stub_config(replicas=1, engine={"args": ["--latency-ms", "50"]})
     config = tmp_path / "swarm.yaml"
@@ -193,9 +192,12 @@ def test_preempted_shards_are_resumable_and_resubmitted_once(
             env=dict(os.environ),
         )
         shards = tmp_path / "job" / "shards"
-        deadline = time.monotonic() + 60
-        while len(list(shards.glob("*/part-*.parquet"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(
+            "a part file of each shard",
+            lambda: len(list(shards.glob("*/part-*.parquet"))),
+            until=lambda n: n >= 2,
+            timeout_s=60,
+        )
         steps = subprocess.run(["squeue", "-h", "-s", "-o", "%i %j"], capture_output=True, text=True).stdout
         ours = [line.split()[0] for line in steps.splitlines() if f"psw-{cfg.name}-pre-1-" in line]
         assert len(ours) == 2, steps

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,14 +43,15 @@ def task_ids(swarm: LiveSwarm) -> list[str | None]:
 
 
 def wait_healthy(swarm: LiveSwarm, n: int, timeout_s: float = 90) -> None:
-    assert swarm.handle is not None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        st = swarm.serving.status(swarm.handle)
-        if st.healthy == n and st.phase is ServingPhase.RUNNING:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"not {n} healthy after {timeout_s}s: {swarm.serving.status(swarm.handle)}")
+    handle = swarm.handle
+    assert handle is not None
+    wait_until(
+        f"{n} healthy replicas, RUNNING",
+        lambda: swarm.serving.status(handle),
+        until=lambda st: st.healthy == n and st.phase is ServingPhase.RUNNING,
+        timeout_s=timeout_s,
+        poll_s=0.5,
+    )
 
 
 def lb_job_id(swarm: LiveSwarm) -> str:
@@ -71,8 +71,9 @@ def test_a_replica_cancelled_mid_job_is_replaced_and_no_row_fails(slurm_swarm: M
     spec = make_job(tmp_path, 1500, concurrency=8, shards=4)
     compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
     job = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=4))
-    time.sleep(2)
-    assert compute.probe(job).status is JobStatus.RUNNING
+    wait_until(
+        "the job RUNNING", lambda: compute.probe(job).status, until=lambda s: s is JobStatus.RUNNING, timeout_s=60
+    )
     SlurmClient().scancel([str(before[1])])
     assert compute.wait(job, poll_s=0.5) is JobStatus.SUCCEEDED, compute.probe(job)
     assert sorted(output_ids(tmp_path)) == [f"r{i:05d}" for i in range(1500)]
@@ -82,10 +83,9 @@ def test_a_replica_cancelled_mid_job_is_replaced_and_no_row_fails(slurm_swarm: M
     assert after[0] == before[0] and after[2] == before[2], (before, after)
     assert after[1] != before[1] and str(after[1]).endswith("_1"), (before, after)
     assert lb_job_id(swarm) == lb
-    deadline = time.monotonic() + 15  # the LB follows the head files within its reconcile interval
-    while routed(swarm) != 3 and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert routed(swarm) == 3, swarm.paths.upstreams.read_text()
+    wait_until(  # the LB follows the head files within its reconcile interval
+        "3 servers in the LB's upstream file", lambda: routed(swarm), until=lambda n: n == 3, timeout_s=15, poll_s=0.3
+    )
 
 
 def routed(swarm: LiveSwarm) -> int:
@@ -98,9 +98,12 @@ def test_up_of_a_degraded_swarm_resubmits_only_the_missing_task(slurm_swarm: Mak
     swarm.up()
     before, lb = task_ids(swarm), lb_job_id(swarm)
     SlurmClient().scancel([str(before[2])])
-    deadline = time.monotonic() + 15
-    while str(before[2]) in our_jobs(swarm.cfg) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(
+        f"task {before[2]} to leave the queue",
+        lambda: our_jobs(swarm.cfg),
+        until=lambda jobs: str(before[2]) not in jobs,
+        timeout_s=15,
+    )
     swarm.up()  # reconciles (whoever resubmits first, `up` or the LB's reconciler, nothing is doubled)
     wait_healthy(swarm, 3)
     after = task_ids(swarm)
@@ -139,10 +142,13 @@ def test_scale_up_and_down_keeps_the_running_replicas(slurm_swarm: MakeSwarm, tm
     scaling = error_log.read_bytes()[seen:].decode(errors="replace")
     assert "no live upstreams" not in scaling
     assert "prematurely closed" not in scaling, "a replica was stopped with requests in flight"
-    deadline = time.monotonic() + 30  # a cancelled task may linger in squeue as COMPLETING for a moment
-    while len(our_jobs(swarm.cfg).splitlines()) != 3 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert len(our_jobs(swarm.cfg).splitlines()) == 3, our_jobs(swarm.cfg)
+    wait_until(  # a cancelled task may linger in squeue as COMPLETING for a moment
+        "3 jobs of ours in the queue",
+        lambda: our_jobs(swarm.cfg),
+        until=lambda jobs: len(jobs.splitlines()) == 3,
+        timeout_s=30,
+        poll_s=0.5,
+    )
 
 
 def nginx_of(swarm: LiveSwarm) -> list[str]:
@@ -165,9 +171,13 @@ def test_no_nginx_outlives_the_lb_job(slurm_swarm: MakeSwarm, how: str) -> None:
         subprocess.run(["scancel", "--signal=USR1", "--full", lb], check=True)
     else:
         SlurmClient().scancel([lb])
-    deadline = time.monotonic() + 30
-    while (nginx_of(swarm) or lb_job_id(swarm)) and time.monotonic() < deadline:
-        time.sleep(0.3)
+    wait_until(
+        "the LB job and its nginx gone",
+        lambda: (lb_job_id(swarm), nginx_of(swarm)),
+        until=lambda left: left == ("", []),
+        timeout_s=30,
+        poll_s=0.3,
+    )
     assert lb_job_id(swarm) == "", "the LB job ended"
     assert nginx_of(swarm) == [], "no nginx process left"
     st = swarm.serving.status(swarm.handle)  # type: ignore[arg-type]
@@ -251,9 +261,13 @@ def test_cancel_lets_the_steps_flush_and_the_rerun_is_exactly_once(slurm_swarm: 
     compute = SlurmCompute(swarm.cfg, swarm.paths, handle)
     job = compute.submit(JobRequest(name="chat", command=job_command(spec), nshards=2))
     parts = tmp_path / "job" / "shards"
-    deadline = time.monotonic() + 30
-    while len(list(parts.glob("*/part-*.parquet"))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.3)
+    wait_until(
+        "a part file of each shard",
+        lambda: len(list(parts.glob("*/part-*.parquet"))),
+        until=lambda n: n >= 2,
+        timeout_s=30,
+        poll_s=0.3,
+    )
     compute.cancel(job)
     probe = compute.probe(job)
     assert probe.status is JobStatus.CANCELLED and probe.exit_code == 75, probe  # flushed, not killed

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from _twonode import NODES, SCRIPTS, TwoNodeCluster
+
+from prefect_swarm.testing.waiting import WaitTimedOut, wait_until
 
 pytestmark = [pytest.mark.slurm_multinode, pytest.mark.slow]
 
@@ -24,12 +25,17 @@ RAY_PROGRAM = re.compile(rb"raylet|gcs_server|ray::|ray/_private|ray/dashboard|r
 
 def wait_job(cluster: TwoNodeCluster, job_id: str, timeout: float) -> dict[str, str]:
     """Wait until the job has left the queue; its `scontrol show job` fields."""
-    deadline = time.monotonic() + timeout
-    while cluster.slurm("squeue", "-h", "-j", job_id).stdout.strip():
-        if time.monotonic() > deadline:
-            cluster.slurm("scancel", job_id)
-            pytest.fail(f"job {job_id} still queued/running after {timeout:.0f}s", pytrace=False)
-        time.sleep(0.5)
+    try:
+        wait_until(
+            f"job {job_id} to leave the queue",
+            lambda: cluster.slurm("squeue", "-h", "-j", job_id).stdout.strip(),
+            until=lambda queued: not queued,
+            timeout_s=timeout,
+            poll_s=0.5,
+        )
+    except WaitTimedOut:
+        cluster.slurm("scancel", job_id)
+        raise
     fields = cluster.slurm("scontrol", "show", "job", "-o", job_id).stdout.split()
     return dict(f.split("=", 1) for f in fields if "=" in f)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from prefect_swarm.interfaces import JobStatus, ServingPhase
 from prefect_swarm.state import SCHEMA_VERSION, Claim, JobRecord, LeaseKind, StateStore, SwarmRecord
 from prefect_swarm.swarm import LIVE_PHASES, dead_owners, flow_run_lease, job_lease, keep_lease, process_lease
+from prefect_swarm.testing.waiting import wait_until
 
 
 def _rec(name: str = "s", phase: ServingPhase = ServingPhase.PENDING) -> SwarmRecord:
@@ -132,10 +133,12 @@ def test_detached_job_lease_ends_with_its_processes_without_a_status_call(
     assert {x.owner for x in store.list_leases("leased")} == {"keep", "job:jd"}
     refused = run_cli("down", "leased", "-y")  # 30 rows, 2 at a time, 300 ms each: still running
     assert refused.returncode != 0 and "job:jd" in refused.stderr, refused.stdout + refused.stderr
-    deadline = time.monotonic() + 60
-    while running_submissions("jd", store=store):  # the backend's probe; the row is not updated
-        assert time.monotonic() < deadline, "the job did not finish"
-        time.sleep(0.2)
+    wait_until(  # the backend's probe; the row is not updated
+        "the job to finish",
+        lambda: running_submissions("jd", store=store),
+        until=lambda running: not running,
+        timeout_s=60,
+    )
     assert store.require_job("jd").status is JobStatus.RUNNING  # nobody refreshed it
     down = run_cli("down", "leased", "-y")
     assert down.returncode == 0, down.stdout + down.stderr

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tenacity import RetryCallState, retry, retry_if_exception, stop_after_attempt
 
 from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError
+from prefect_swarm.interfaces import jobenv
 
 if TYPE_CHECKING:
     from prefect_swarm.config import LeptonConfig
@@ -49,7 +50,7 @@ create finds the job an earlier try made by this label, and adopts it instead of
 LABEL_OWNER = "prefect-swarm-owner"
 """Label holding the identity of the swarm (its home's :func:`swarm_owner`) that made a deployment or
 job: ``up`` adopts, and ``down``, scale and the reaper touch, only what carries this swarm's."""
-OWNER_ENV = "PREFECT_SWARM_OWNER"
+OWNER_ENV = jobenv.OWNER
 """The same identity as an env var of the endpoint's spec: the new Endpoint API has no labels
 (leptonai 0.47.1 api/v2/translation.py ``_reject_unrepresentable_labels``), its spec's envs are read
 back on both APIs."""

@@ -66,7 +66,7 @@ class LocalCompute(ComputeBase):
 
     def job_runtime(self) -> JobRuntime:
         """This interpreter, on this machine; the swarm's env and ``PREFECT_SWARM_HOME``."""
-        env = {jobenv.HOME: os.environ.get(jobenv.HOME, ""), **self.cfg.env}
+        env = {jobenv.HOME: jobenv.env_value(jobenv.HOME) or "", **self.cfg.env}
         return JobRuntime(python=sys.executable, env={k: v for k, v in env.items() if v})
 
     # ------------------------------------------------------------------ submit

@@ -27,7 +27,6 @@ would send every row to a dead address.
 
 from __future__ import annotations
 
-import os
 import secrets
 import shlex
 import subprocess
@@ -99,7 +98,7 @@ class SlurmCompute(ComputeBase):
 
     def job_runtime(self) -> JobRuntime:
         """``backend.job_python`` (else this interpreter) on the compute nodes; the swarm's env and home."""
-        env = {jobenv.HOME: os.environ.get(jobenv.HOME, ""), **self.cfg.env}
+        env = {jobenv.HOME: jobenv.env_value(jobenv.HOME) or "", **self.cfg.env}
         return JobRuntime(python=render.job_python(self.cfg), env={k: v for k, v in env.items() if v})
 
     def endpoints(self) -> list[str]:

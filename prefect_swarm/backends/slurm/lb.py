@@ -54,7 +54,7 @@ from prefect_swarm.backends.slurm import accounting, members
 from prefect_swarm.backends.slurm.client import SlurmClient, clean_env
 from prefect_swarm.backends.slurm.idle import IdleWatch, idle_snapshot
 from prefect_swarm.exceptions import BudgetReached
-from prefect_swarm.interfaces.jobenv import API_KEY, BEARER_TOKEN
+from prefect_swarm.interfaces.jobenv import API_KEY, BEARER_TOKEN, env_value
 from prefect_swarm.interfaces.metrics import engine_targets, write_file_sd
 from prefect_swarm.paths import SwarmPaths, atomic_write_text, private_umask, read_json, read_text
 
@@ -213,7 +213,7 @@ class Reconciler:
             return False
         try:
             with socket.create_connection(parsed, timeout=2) as sock:
-                sock.sendall(b"GET /nginx-health HTTP/1.0\r\n" + auth_header(os.environ.get(API_KEY)) + b"\r\n")
+                sock.sendall(b"GET /nginx-health HTTP/1.0\r\n" + auth_header(env_value(API_KEY)) + b"\r\n")
                 return sock.recv(64).startswith(b"HTTP/1.1 200")
         except OSError:
             return False
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     rec = Reconciler(paths, nginx, public=args.public)
     if args.once:
         try:
-            write_auth(paths.lb_auth_conf, os.environ.get(API_KEY))
+            write_auth(paths.lb_auth_conf, env_value(API_KEY))
         except ValueError as exc:
             log.error("%s", exc)
             return 2
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda signum, _f: stop.append(signum))
     client = SlurmClient(timeout_s=30.0)
     next_replenish = time.monotonic() + REPLENISH_S
-    idle = IdleWatch(args.idle_timeout, os.environ.get(API_KEY), park=args.idle_park) if args.idle_timeout else None
+    idle = IdleWatch(args.idle_timeout, env_value(API_KEY), park=args.idle_park) if args.idle_timeout else None
     budget = lb_guard(paths, client, args.budget, args.gres_name)
     while not stop:
         if args.parent and os.getppid() != args.parent:
