@@ -55,6 +55,6 @@ def cancel_run(flow_run_id: str) -> None:
 
 def api_configured() -> bool:
     """A Prefect API is configured (``PREFECT_API_URL`` or the profile's)."""
-    from prefect_swarm.tasks.reaper import api_url
+    from prefect_swarm.tasks.flow_runs import api_url
 
     return api_url() is not None

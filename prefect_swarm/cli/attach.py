@@ -15,7 +15,7 @@ def _block_secrets(rec: SwarmRecord) -> SwarmConfig | None:
 
 
 def _terminal_runs(run_ids: list[str]) -> dict[str, bool]:
-    from prefect_swarm.tasks.reaper import terminal_runs  # imports Prefect: only when flow runs hold a swarm
+    from prefect_swarm.tasks.flow_runs import terminal_runs  # imports Prefect: only when flow runs hold a swarm
 
     return terminal_runs(run_ids)
 

@@ -79,7 +79,8 @@ def ensure_zombie_automation(within_s: float = 90.0) -> str:
     """Create (or replace) the zombie automation on the configured Prefect API; return its id."""
     from prefect.automations import Automation
 
-    from prefect_swarm.tasks.reaper import PrefectUnavailable, check_api
+    from prefect_swarm.exceptions import PrefectUnavailable
+    from prefect_swarm.tasks.flow_runs import check_api
 
     try:
         check_api()

@@ -14,47 +14,6 @@ import typer
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, iso, table
 from prefect_swarm.cli.views import job_view, prefect_history
 from prefect_swarm.state import StateStore
-from prefect_swarm.tasks.reaper import PrefectUnavailable, check_api
-
-
-def runs_for_swarm(name: str, limit: int = 20) -> list[dict[str, Any]]:
-    """Flow runs tagged ``swarm:<name>``, newest first: id, name, flow, state, start, duration, tags.
-
-    Raises :class:`prefect_swarm.tasks.reaper.PrefectUnavailable` (one-line message) when the Prefect
-    API is not configured or does not answer within ``PREFECT_SWARM_PREFECT_API_TIMEOUT_S``.
-    """
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
-    from prefect.client.schemas.sorting import FlowRunSort
-
-    check_api()
-    try:
-        with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"swarm:{name}"])),
-                sort=FlowRunSort.START_TIME_DESC,
-                limit=limit,
-            )
-            flows = {f.id: f.name for f in client.read_flows(limit=200)} if runs else {}
-    except Exception as exc:
-        raise PrefectUnavailable(f"reading Prefect run history failed: {type(exc).__name__}: {exc}") from None
-    return [_row(r, flows) for r in runs]
-
-
-def _row(run: Any, flows: dict[Any, str]) -> dict[str, Any]:
-    duration = run.total_run_time.total_seconds() if run.total_run_time else None
-    if run.start_time and run.end_time:
-        duration = (run.end_time - run.start_time).total_seconds()
-    return {
-        "flow_run_id": str(run.id),
-        "flow_run_name": run.name,
-        "flow": flows.get(run.flow_id),
-        "state": run.state.name if run.state else None,
-        "state_type": run.state.type.value if run.state else None,
-        "start": run.start_time.isoformat(timespec="seconds") if run.start_time else None,
-        "duration_s": round(duration, 1) if duration is not None else None,
-        "tags": sorted(run.tags or []),
-    }
 
 
 def history_cmd(

@@ -173,7 +173,7 @@ def prefect_history(name: str, limit: int = 20) -> dict[str, Any]:
     ``available`` is False when the runs could not be read; ``error`` then says why (the Prefect
     API is unreachable, or took longer than the settings' timeout).
     """
-    from prefect_swarm.cli.history import runs_for_swarm  # imports Prefect only when it is called
+    from prefect_swarm.tasks.flow_runs import runs_for_swarm  # imports Prefect only when it is called
 
     result: dict[str, Any] = {}
 

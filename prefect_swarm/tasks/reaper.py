@@ -20,86 +20,10 @@ import uuid
 from typing import Any
 
 from prefect_swarm.exceptions import PrefectUnavailable
-from prefect_swarm.settings import get_settings
 from prefect_swarm.state import StateStore, SwarmRecord
+from prefect_swarm.tasks.flow_runs import TERMINAL, flow_run_states, strict_terminal_runs
 
 log = logging.getLogger("prefect_swarm.tasks.reaper")
-
-TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "CRASHED"})
-"""Prefect state types after which a flow run will never tear its swarm down itself."""
-
-
-def _in_flow_run() -> bool:
-    from prefect.context import FlowRunContext
-
-    return FlowRunContext.get() is not None
-
-
-def api_url() -> str | None:
-    """The configured Prefect API URL (``PREFECT_API_URL`` / profile), or None."""
-    from prefect.settings import get_current_settings
-
-    url = get_current_settings().api.url
-    return str(url) if url else None
-
-
-def check_api(timeout_s: float | None = None) -> str:
-    """Raise PrefectUnavailable unless the API answers ``/health`` within ``timeout_s``; return its URL."""
-    import httpx
-
-    from prefect_swarm.interfaces.readiness import http_client
-
-    url = api_url()
-    if url is None:
-        raise PrefectUnavailable("no Prefect API configured (PREFECT_API_URL is unset)")
-    timeout = timeout_s or get_settings().prefect_api_timeout_s
-    try:
-        resp = http_client().get(url.rstrip("/") + "/health", timeout=timeout)
-    except httpx.HTTPError as exc:
-        raise PrefectUnavailable(f"Prefect API at {url} is unreachable ({type(exc).__name__})") from None
-    if resp.status_code != 200:
-        raise PrefectUnavailable(f"Prefect API at {url} answered HTTP {resp.status_code} to /health")
-    return url
-
-
-def flow_run_states(run_ids: list[str]) -> dict[str, str]:
-    """State type (``COMPLETED``...) of each flow run the API knows; raise PrefectUnavailable."""
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    if not _in_flow_run():
-        check_api()
-    ids = []
-    for rid in run_ids:
-        try:
-            ids.append(uuid.UUID(rid))
-        except ValueError:
-            continue
-    if not ids:
-        return {}
-    try:
-        with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)), limit=len(ids))
-    except Exception as exc:
-        raise PrefectUnavailable(f"reading flow runs failed: {type(exc).__name__}: {exc}") from None
-    return {str(r.id): r.state.type.value for r in runs if r.state is not None}
-
-
-def terminal_runs(run_ids: list[str]) -> dict[str, bool]:
-    """Whether each flow run among ``run_ids`` that Prefect knows has ended (the
-    :data:`~prefect_swarm.swarm.TerminalRuns` of the Prefect layer); none when it cannot be asked
-    (their leases are then judged by their processes)."""
-    try:
-        states = flow_run_states(run_ids)
-    except PrefectUnavailable as exc:
-        log.warning("cannot ask whether flow runs ended (%s): their leases are judged by their processes.", exc)
-        return {}
-    return {rid: state in TERMINAL for rid, state in states.items()}
-
-
-def _strict_terminal_runs(run_ids: list[str]) -> dict[str, bool]:
-    states = flow_run_states(run_ids)  # PrefectUnavailable goes up: the reaper then does nothing
-    return {rid: state in TERMINAL for rid, state in states.items()}
 
 
 def reap_orphans(store: StateStore | None = None, *, dry_run: bool = False, logger: Any = None) -> list[str]:
@@ -111,7 +35,7 @@ def reap_orphans(store: StateStore | None = None, *, dry_run: bool = False, logg
     from prefect_swarm.holding import Holding
 
     say = logger or log
-    hold = Holding(store or StateStore(), terminal_runs=_strict_terminal_runs)
+    hold = Holding(store or StateStore(), terminal_runs=strict_terminal_runs)
     reaped = []
     try:
         for rec, leases in hold.orphans():
@@ -183,7 +107,7 @@ def _stop(rec: SwarmRecord, store: StateStore, owners: list[str], say: Any) -> b
             if owner.startswith("flow-run:"):
                 cancel_flow_run_jobs(owner.removeprefix("flow-run:"), store)
         hold = holding(store, log=say)
-        hold.terminal_runs = _strict_terminal_runs
+        hold.terminal_runs = strict_terminal_runs
         hold.release(rec.name, None)
     except Exception as exc:
         say.error("could not stop orphan swarm '%s': %s", rec.name, exc)

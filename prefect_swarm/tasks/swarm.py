@@ -162,7 +162,7 @@ def block_secrets(rec: SwarmRecord) -> SwarmConfig | None:
 def holding(store: StateStore | None = None, log: Any = None) -> Holding:
     """The :class:`~prefect_swarm.holding.Holding` of the Prefect layer: Prefect's word on flow runs,
     secrets from the block a swarm came from; what it does goes to ``log`` (a logger), if given."""
-    from prefect_swarm.tasks.reaper import terminal_runs
+    from prefect_swarm.tasks.flow_runs import terminal_runs
 
     say = log.info if log is not None else None
     return Holding(store or StateStore(), terminal_runs=terminal_runs, secrets=block_secrets, say=say)

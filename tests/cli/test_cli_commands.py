@@ -116,9 +116,9 @@ def test_status_json_is_stable_without_a_handle() -> None:
 
 
 def _history_module(monkeypatch: pytest.MonkeyPatch, fn: Callable[..., Any]) -> None:
-    mod = types.ModuleType("prefect_swarm.cli.history")
+    mod = types.ModuleType("prefect_swarm.tasks.flow_runs")
     mod.runs_for_swarm = fn  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "prefect_swarm.cli.history", mod)
+    monkeypatch.setitem(sys.modules, "prefect_swarm.tasks.flow_runs", mod)
 
 
 def test_prefect_history_unreachable_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,9 +136,7 @@ def test_prefect_history_unreachable_is_one_line(monkeypatch: pytest.MonkeyPatch
 
 
 def test_prefect_history_runs_are_shown(monkeypatch: pytest.MonkeyPatch) -> None:
-    _history_module(
-        monkeypatch, lambda name, limit=20: [{"name": f"run-of-{name}", "state": "COMPLETED", "id": "r1"}]
-    )
+    _history_module(monkeypatch, lambda name, limit=20: [{"name": f"run-of-{name}", "state": "COMPLETED", "id": "r1"}])
     _record("hist2", phase="PENDING")
     doc = json.loads(invoke("status", "hist2", "-o", "json").stdout)
     assert doc["prefect"] == {
@@ -200,7 +198,7 @@ def test_version_finds_the_engine_in_its_own_python(tmp_path: Path) -> None:
     (fake / "vllm-0.0.1.dist-info").mkdir(parents=True)
     (fake / "vllm-0.0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.0.1\n")
     python = tmp_path / "engine-python"
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={fake} exec {sys.executable} \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={fake} exec {sys.executable} "$@"\n')
     python.chmod(0o755)
     doc = json.loads(invoke("version", "-o", "json", "--engine-python", str(python)).stdout)
     assert doc["engines"] == {"vllm": "0.0.1"}

@@ -11,9 +11,11 @@ import typer
 from stack import PrefectStack
 from typer.testing import CliRunner
 
-from prefect_swarm.cli.history import history_cmd, runs_for_swarm
+from prefect_swarm.cli.history import history_cmd
+from prefect_swarm.exceptions import PrefectUnavailable
 from prefect_swarm.state import StateStore, SwarmRecord
-from prefect_swarm.tasks.reaper import PrefectUnavailable, reap_orphans
+from prefect_swarm.tasks.flow_runs import runs_for_swarm
+from prefect_swarm.tasks.reaper import reap_orphans
 from prefect_swarm.testing import free_port
 
 
