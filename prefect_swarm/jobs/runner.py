@@ -144,9 +144,6 @@ class Item(NamedTuple):
 HEDGE_GAIN = 1.2
 """A row in flight is copied to an endpoint with room only when it is expected to end later there than
 HEDGE_GAIN x that endpoint's latency from now: a copy that would not clearly win is not sent."""
-LATE = 2.0
-"""A request older than LATE x its endpoint's latency is late (a long answer, a stalled replica): it is
-expected to need as long again as it has run."""
 STEAL_S = 0.1
 """How often, at the tail, the rows in flight are looked at for a copy (see :meth:`Runner._steal`)."""
 
@@ -688,8 +685,11 @@ class Runner:
         """The tail kept full. Once every row is sent, replicas run dry one by one while others still hold
         rows: a replica three times slower holds its last batch three times as long, a long answer holds
         its row long after the rest. Every :data:`STEAL_S` until no row is in flight, each endpoint with
-        room under its limit takes a copy of the row expected to end latest elsewhere, when it is expected
-        to end later there than :data:`HEDGE_GAIN` x this endpoint's latency from now (:meth:`_copy_late_rows`).
+        room under its limit takes a copy of the row expected to end latest elsewhere (its endpoint's
+        latency less its age), when it is expected to end later there than :data:`HEDGE_GAIN` x this
+        endpoint's latency from now (:meth:`_copy_late_rows`). A row already past its endpoint's latency
+        is not copied: it is a long answer (a copy would start it over and lose), or a stall that the
+        request timeout and retries deal with.
         The first answer wins: a copy that comes first cancels the original's request (vLLM aborts a
         request whose client is gone), an original that comes first cancels its copy. A copy is sent once,
         one attempt: if it fails, the original is still there."""
@@ -708,8 +708,9 @@ class Runner:
             ep = flight.ep
             if flight.copy is not None or ep is None or not ep.lat_ewma_ms or not flight.sent_at:
                 continue
-            latency, age = ep.lat_ewma_ms / 1000, now - flight.sent_at
-            late.append((age if age > LATE * latency else latency - age, flight))  # expected time left
+            left = ep.lat_ewma_ms / 1000 - (now - flight.sent_at)  # expected time left there
+            if left > 0:  # a row past its endpoint's latency is a long answer: a copy would start it over
+                late.append((left, flight))
         late.sort(key=lambda x: -x[0])
         for left, flight in late:
             free = [e for e in targets if e is not flight.ep and e.outstanding < e.limit]
