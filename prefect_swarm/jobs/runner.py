@@ -696,6 +696,8 @@ class Runner:
         while self._flights and not self.stopped and not self.pool.closed:
             self._copy_late_rows()
             await asyncio.sleep(STEAL_S)
+        if self.copies:
+            log.info("the tail: %d rows copied to replicas with room, %d answered first", self.copies, self.copies_won)
 
     def _copy_late_rows(self) -> None:
         """One look at the rows in flight (see :meth:`_steal`): copies sent to endpoints with room."""
