@@ -643,7 +643,7 @@ class Runner:
                 continue
             if limit is not None:
                 await limit.acquire()
-            if tracked:
+            if tracked and len(pool.endpoints) > 1:  # (one endpoint, an LB's: nowhere to copy to)
                 result = await self._send_tracked(session, item)
             else:
                 result = await self._send(session, item)
