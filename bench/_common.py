@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +85,44 @@ def job_argv(spec: Path) -> list[str]:
 def median(xs: list[float]) -> float:
     """Median."""
     return float(statistics.median(xs))
+
+
+@contextlib.contextmanager
+def job_beside(
+    cli: Callable[..., subprocess.CompletedProcess[str]],
+    name: str,
+    config: dict[str, Any],
+    rows: int,
+    tmp: Path,
+    env: dict[str, str],
+) -> Iterator[None]:
+    """A second job running beside what the block measures: swarm ``config`` (named ``name``) brought up
+    with ``cli`` (the bench's ``prefect-swarm`` runner, pinned as it pins), then ``job submit`` of ``rows``
+    rows with defaults on the client core, waited until its replica has seen a request; cancelled and
+    the swarm brought down at the end, whatever happened."""
+    import httpx
+    import yaml
+
+    cfg = tmp / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    res = cli("up", "-c", str(cfg), env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    side: subprocess.Popen[str] | None = None
+    try:
+        big = dataset(tmp / f"beside-{rows}.parquet", rows)
+        argv = ["taskset", "-c", str(CLIENT_CPU), str(Path(sys.executable).with_name("prefect-swarm"))]
+        argv += ["job", "submit", "-n", name, "--input", str(big), "--output", str(tmp / f"{name}-out.parquet")]
+        side = subprocess.Popen([*argv, "--id", name], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{config['port']}"
+        deadline = time.monotonic() + 60
+        while httpx.get(url + "/stats", timeout=5).json().get("requests", 0) == 0:
+            if time.monotonic() > deadline or side.poll() is not None:
+                raise RuntimeError(f"the job beside sent nothing in 60 s (exit {side.poll()})")
+            time.sleep(0.1)
+        yield
+    finally:
+        if side is not None:
+            cli("job", "cancel", name, env=env)  # its processes, not only the command waiting on them
+            side.terminate()
+            side.wait()
+        cli("down", name, "--yes", "--force", env=env)

@@ -13,6 +13,7 @@ run bench/bench_rerun.py --rows 50000 --repeat 1
 run bench/bench_sigkill.py --rows 5000 --kills 3
 run bench/flow_overhead.py --rows 1600 --shards 2 --repeat 1
 run bench/scale.py --replicas 1 2 --rows 2000 --rows-per-replica 1000 --alone-rows 1000 --repeat 1
+run bench/tail.py --replicas 2 --rows 1000 --repeat 1
 run bench/process_cost.py --repeat 3 --idle-s 5
 run bench/samples_seeds.py --rows 200 --repeat 1
 if command -v sbatch >/dev/null && sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mix|alloc)'; then

@@ -1,7 +1,7 @@
 """Scaling with defaults: swarm rows/s ÷ (N x one replica driven alone), on the GPU-like simulator.
 
     python bench/scale.py [--replicas 1 2 4 8] [--rows 20000] [--rows-per-replica 6000]
-        [--alone-rows 3000] [--repeat 3] [--speed 1.0] [--capacity 512]
+        [--alone-rows 3000] [--repeat 3] [--speed 1.0] [--capacity 512] [--beside]
     python bench/scale.py --backend slurm [--slurm-replicas 4] [...]       # the single-node Slurm
     python bench/scale.py --flow [--flow-replicas 4] [...]                 # the batch_inference flow only
     python bench/scale.py --backend local slurm --flow [...]               # all of them, side by side
@@ -30,6 +30,10 @@ its own ``PREFECT_SWARM_HOME``. Prints one JSON line per run and the medians.
 the swarm's config does not declare (no ``engine.capacity``): the job finds it from the replicas'
 ``/metrics``; "one alone" and "plain N" then keep C + C/16 in flight per replica. Without it the
 replicas batch 256 and the config declares it.
+
+``--beside``: every measurement (one alone, plain N, the job) with a second job running beside it: a
+job with defaults of ``--beside-rows`` rows on a one-replica swarm of its own (the same simulator, on
+the replicas' core), its CLI and job process on the client core; cancelled at the end.
 
 ``--speed S`` passes ``--speed S`` to every simulated replica (its step times are divided by S): at
 ``--speed 0.25`` a replica is a GPU four times slower, with the same curve. On a 2-core machine the
@@ -72,7 +76,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import CLIENT_CPU, SERVER_CPU, dataset  # noqa: E402
+from _common import CLIENT_CPU, SERVER_CPU, dataset, job_beside  # noqa: E402
 
 CLI = str(Path(sys.executable).with_name("prefect-swarm"))
 SIM = "prefect_swarm.testing.gpu_sim"
@@ -323,6 +327,7 @@ def measure(mode: str, n: int, rep: int, a: argparse.Namespace, tmp: Path) -> di
         "request_ratio": round(rows / run["request_s"] / (n * alone), 3),
         "whole_ratio": round(rows / run["whole_s"] / (n * alone), 3),
         "load_avg": round(os.getloadavg()[0], 1),
+        "beside": a.beside,
     }
 
 
@@ -352,6 +357,21 @@ def prefect_api(wanted: bool) -> Iterator[None]:
         harness.__exit__(None, None, None)
 
 
+@contextlib.contextmanager
+def beside(a: argparse.Namespace, tmp: Path) -> Iterator[None]:
+    """With ``--beside``: a second job with defaults (``--beside-rows`` rows, on a one-replica swarm of its
+    own, the same simulator) running on the client core through every measurement; else nothing."""
+    if not a.beside:
+        yield
+        return
+    from prefect_swarm.testing import free_port_block
+
+    name = f"beside-{os.getpid()}"
+    env = {**os.environ, "PREFECT_SWARM_HOME": str(tmp / "home-beside")}
+    with job_beside(cli, name, swarm_config(name, 1, free_port_block(1), a.speed), a.beside_rows, tmp, env):
+        yield
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4, 8], help="N of the local backend")
@@ -371,6 +391,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--speed", type=float, default=1.0, help="the simulator's --speed (step times divided by it)")
     ap.add_argument("--capacity", type=int, default=None, help="every replica's batch, not declared to the job")
+    ap.add_argument("--beside", action="store_true", help="with a second job running beside every measurement")
+    ap.add_argument("--beside-rows", type=int, default=2_000_000, help="rows of the job beside (it is cancelled)")
     ap.add_argument("--drive", nargs=3, metavar=("URL", "N", "C"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.drive:
@@ -382,7 +404,7 @@ def main() -> None:
     modes = [(m, n) for m in backends for n in (a.replicas if m == "local" else a.slurm_replicas)]
     modes += [("flow", n) for n in a.flow_replicas] if a.flow else []
     results: dict[tuple[str, int], list[dict[str, Any]]] = {m: [] for m in modes}
-    with tempfile.TemporaryDirectory(prefix="bench-scale-") as d, prefect_api(a.flow):
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as d, prefect_api(a.flow), beside(a, Path(d)):
         for rep in range(a.repeat):
             for mode, n in modes:
                 res = measure(mode, n, rep, a, Path(d))

@@ -23,6 +23,7 @@ the commands (and the job processes they start) on core 1, as in ``bench/scale.p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -37,7 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import CLIENT_CPU, SERVER_CPU, dataset  # noqa: E402
+from _common import CLIENT_CPU, SERVER_CPU, dataset, job_beside  # noqa: E402
 
 CLI = str(Path(sys.executable).with_name("prefect-swarm"))
 SIM = "prefect_swarm.testing.gpu_sim"
@@ -78,15 +79,6 @@ class Watch(threading.Thread):
         self.first: float | None = None
         self.last: float | None = None
         self.halt = threading.Event()
-
-    def wait_first(self, timeout_s: float) -> bool:
-        """Whether the replica sees a new request within ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.client.get(self.url + "/stats").json().get("requests", 0) > self.requests0:
-                return True
-            time.sleep(0.1)
-        return False
 
     def run(self) -> None:
         while not self.halt.is_set() and self.last is None:
@@ -152,32 +144,24 @@ def main() -> None:
         name, other = f"startup-{os.getpid()}", f"beside-{os.getpid()}"
         src = dataset(tmp / "in.parquet", a.rows)
         url = up(name, tmp, env)
-        side: subprocess.Popen[str] | None = None
         try:
+            beside: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
             if a.beside:
-                other_url = up(other, tmp, env)
-                big = dataset(tmp / "big.parquet", a.beside_rows)
-                argv = ["taskset", "-c", str(CLIENT_CPU), CLI, "job", "submit", "-n", other]
-                argv += ["--input", str(big), "--output", str(tmp / "big-out.parquet"), "--id", other]
-                side = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
-                if not Watch(other_url, 1).wait_first(60):
-                    raise RuntimeError("the second job sent nothing in 60 s")
-            runs = []
-            for rep in range(a.repeat):
-                res = one(name, url, src, tmp / f"out-{rep}.parquet", a.rows, a.shards, env)
-                res.update(run=rep, rows=a.rows, beside=a.beside)
-                runs.append(res)
-                print(json.dumps(res), flush=True)
+                from prefect_swarm.testing import free_port
+
+                beside = job_beside(cli, other, swarm_config(other, free_port()), a.beside_rows, tmp, env)
+            with beside:
+                runs = []
+                for rep in range(a.repeat):
+                    res = one(name, url, src, tmp / f"out-{rep}.parquet", a.rows, a.shards, env)
+                    res.update(run=rep, rows=a.rows, beside=a.beside)
+                    runs.append(res)
+                    print(json.dumps(res), flush=True)
             keys = ("first_request_s", "request_s", "end_s")
             med = {k: statistics.median(r[k] for r in runs) for k in keys}
             print(json.dumps({"median_of": len(runs), "beside": a.beside, **med}))
         finally:
-            if side is not None:
-                cli("job", "cancel", other, env=env)  # its processes, not only the command waiting on them
-                side.terminate()
-                side.wait()
-            for swarm in (name, other) if a.beside else (name,):
-                cli("down", swarm, "--yes", "--force", env=env)
+            cli("down", name, "--yes", "--force", env=env)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import typer
 import yaml
 
 from prefect_swarm.backends.registry import entry_of
-from prefect_swarm.cli.output import OutputFormat, console, emit_json
+from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console
 from prefect_swarm.cli.swarms import ConfigOpt, NameOpt, OutputOpt, ReplicasOpt, make_swarm
 from prefect_swarm.config import SwarmConfig, load_config
 from prefect_swarm.config.cost import projection_text
@@ -143,6 +143,7 @@ def pilot_estimate(cfg: SwarmConfig, config: Path, spec: JobSpec, k: int) -> dic
     """Run the pilot on the swarm named by ``cfg`` (it must be up: else ConfigError, exit 2, with the
     command that brings it up) and return its figures and the projection for ``cfg``."""
     from prefect_swarm.cli.attach import holding
+    from prefect_swarm.jobs.pilot import pilot_size_text
     from prefect_swarm.launch import pilot_job
 
     rec = StateStore().get_swarm(cfg.name)
@@ -155,6 +156,9 @@ def pilot_estimate(cfg: SwarmConfig, config: Path, spec: JobSpec, k: int) -> dic
     swarm = holding().attach(cfg.name)
     if swarm.status().healthy == 0:
         raise ConfigError(f"--estimate: swarm '{cfg.name}' has no healthy replica now: {up} (or wait for it).")
+    err_console.print(
+        pilot_size_text(swarm.cfg, k), markup=False, soft_wrap=True
+    )  # said before the pilot spends anything
     return pilot_job(spec, swarm, k, target=cfg)
 
 

@@ -65,6 +65,27 @@ STEADY_FACTOR = 3
 """A pilot of at least this many times the swarm's in-flight target keeps every replica full for most
 of its run; a smaller one measures mostly the ramp (its rate is a lower bound)."""
 
+
+def pilot_size(cfg: SwarmConfig) -> int:
+    """The fewest pilot rows that measure swarm ``cfg``'s steady rate: :data:`STEADY_FACTOR` x what keeps
+    it full. Said before a pilot runs; after it, :func:`estimate` adds what its longest answer needs."""
+    return STEADY_FACTOR * swarm_inflight(cfg)
+
+
+def pilot_size_text(cfg: SwarmConfig, rows: int) -> str:
+    """The line said before a pilot of ``rows`` rows runs on swarm ``cfg``: the pilot it needs, up front."""
+    needed = pilot_size(cfg)
+    text = (
+        f"pilot of {rows} rows on '{cfg.name}': a projection within 10 % needs at least {needed} "
+        f"({STEADY_FACTOR}x the {swarm_inflight(cfg)} requests that keep its {cfg.replicas} replica(s) full), "
+        f"and {STEADY_FACTOR}x its longest answer at its rate (a long tail of answer lengths needs more: "
+        "said after the pilot)"
+    )
+    if rows < needed:
+        text += f"; {rows} rows will measure mostly the ramp: --estimate {needed} or more"
+    return text
+
+
 PILOT_TIMEOUT_S = 3600.0
 """Most seconds a pilot may run before it is stopped."""
 POLL_S = 0.1
@@ -184,7 +205,7 @@ def estimate(
     scale = target.replicas / max(ran_on.replicas, 1)
     inflight = swarm_inflight(ran_on)
     longest = max(latencies_s) if latencies_s else 0.0
-    needed = math.ceil(max(STEADY_FACTOR * inflight, STEADY_FACTOR * steady * longest))
+    needed = math.ceil(max(pilot_size(ran_on), STEADY_FACTOR * steady * longest))
     notes = []
     if rows < needed:
         notes.append(

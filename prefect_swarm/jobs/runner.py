@@ -127,6 +127,9 @@ class RunnerConfig:
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
     """The job's rate limits (all shards together; this process holds its share: see jobs.ratelimit)."""
+    hedge: bool = True
+    """The tail kept full: once every row is sent, a replica with room takes a copy of the rows that would
+    end latest elsewhere, the first answer wins (see :meth:`Runner._steal`)."""
 
 
 class _SplitSamples(Exception):
@@ -142,6 +145,28 @@ class Item(NamedTuple):
     path: str
     body: bytes
     key: int = 0
+
+
+HEDGE_GAIN = 1.2
+"""A row in flight is copied to an endpoint with room only when it is expected to end later there than
+HEDGE_GAIN x that endpoint's latency from now: a copy that would not clearly win is not sent."""
+STEAL_S = 0.1
+"""How often, at the tail, the rows in flight are looked at for a copy (see :meth:`Runner._steal`)."""
+
+
+@dataclass(slots=True)
+class Flight:
+    """A row whose request is in flight, for the tail (:meth:`Runner._steal`): where and when its last
+    attempt went, the worker awaiting it, and the copy sent elsewhere (at most one)."""
+
+    item: Item
+    worker: asyncio.Task[None] | None
+    ep: Endpoint | None = None
+    sent_at: float = 0.0
+    attempts: int = 0
+    copy: asyncio.Task[None] | None = None
+    result: RowResult | None = None
+    """The copy's answer, once it came first (the worker reports it instead of its own)."""
 
 
 AFFINITY_WAIT_S = 2.0
@@ -254,6 +279,10 @@ class EndpointPool:
         ep = eps[0] if len(eps) == 1 else min(eps, key=_fullness)
         self._take(ep)
         return ep
+
+    def claim(self, ep: Endpoint) -> None:
+        """Count one more request on ``ep``, chosen by the caller (a copy of a row at the tail)."""
+        self._take(ep)
 
     def _take(self, ep: Endpoint) -> None:
         if ep.outstanding < ep.limit and not ep.ejected_until:
@@ -518,6 +547,11 @@ class Runner:
         self._workers: set[asyncio.Task[None]] = set()
         self._all_done = asyncio.Event()
         self._exhausted = False
+        self._flights: dict[int, Flight] = {}
+        """Rows in flight by row index, while hedging may apply (:meth:`_send_tracked`)."""
+        self._copies: set[asyncio.Task[None]] = set()
+        self.copies = self.copies_won = 0
+        """Copies of rows sent at the tail, and those whose answer came first (:meth:`_steal`)."""
         self._session: aiohttp.ClientSession
         self._items: Iterator[Item | RowResult]
 
@@ -567,9 +601,11 @@ class Runner:
                     self.pool.close()  # workers waiting for room leave; those with a request finish it
                     await asyncio.wait({done_wait}, timeout=cfg.drain_seconds)
             finally:
-                for task in (*self._workers, *helpers, stop_wait, done_wait):
+                for task in (*self._workers, *self._copies, *helpers, stop_wait, done_wait):
                     task.cancel()
-                await asyncio.gather(*self._workers, *helpers, stop_wait, done_wait, return_exceptions=True)
+                await asyncio.gather(
+                    *self._workers, *self._copies, *helpers, stop_wait, done_wait, return_exceptions=True
+                )
         if self.source_error is not None:
             raise self.source_error
         if self._bug is not None:
@@ -603,6 +639,7 @@ class Runner:
     async def _worker_main(self) -> None:
         session, items, on_result, limit, pool = self._session, self._items, self.on_result, self.limit, self.pool
         controlled = self.control is not None
+        tracked = controlled and self.cfg.hedge
         while not self.stopped:
             if controlled and not await pool.wait_room():
                 return
@@ -612,6 +649,9 @@ class Runner:
                 self.source_error = exc
                 item = None
             if item is None:
+                if not self._exhausted and self._hedging():
+                    self._exhausted = True
+                    await self._steal()  # this worker turns to the tail
                 self._exhausted = True
                 return
             if isinstance(item, RowResult):  # answered without a request (an identical row's answer, the cache)
@@ -620,9 +660,118 @@ class Runner:
                 continue
             if limit is not None:
                 await limit.acquire()
-            result = await self._send(session, item)
+            if tracked and len(pool.endpoints) > 1:  # (one endpoint, an LB's: nowhere to copy to)
+                result = await self._send_tracked(session, item)
+            else:
+                result = await self._send(session, item)
             if result is not None:
                 on_result(result)
+
+    def _hedging(self) -> bool:
+        """Whether the tail is kept full by copies (:meth:`_steal`): the in-flight loop runs, there is
+        another endpoint to copy to, and a copy costs only a replica's idle time: a job whose requests are
+        rate-limited or counted against a budget (a priced API's) sends none, nor one whose rows go as
+        one request per answer."""
+        return (
+            self.cfg.hedge
+            and self.control is not None
+            and len(self.pool.endpoints) > 1
+            and self.rate is None
+            and self.admission is None
+            and not self.split_samples
+        )
+
+    async def _send_tracked(self, session: aiohttp.ClientSession, item: Item) -> RowResult | None:
+        """:meth:`_send`, with the row known as in flight (:class:`Flight`) so that the tail may copy it:
+        when a copy's answer comes first, the copy cancels this very worker's request and its answer is
+        the row's. Exactly one result either way: the worker reports it, never the copy."""
+        flight = self._flights[item.row] = Flight(item, asyncio.current_task())
+        try:
+            return await self._send(session, item)
+        except asyncio.CancelledError:
+            task = flight.worker
+            if flight.result is None or task is None or task.uncancel() > 0:
+                raise  # the runner is stopping: not the copy's cancel
+            return flight.result
+        finally:
+            self._flights.pop(item.row, None)
+            if flight.copy is not None:
+                flight.copy.cancel()  # this answer came first: the copy is not needed (nor reported)
+
+    async def _steal(self) -> None:
+        """The tail kept full. Once every row is sent, replicas run dry one by one while others still hold
+        rows: a replica three times slower holds its last batch three times as long, a long answer holds
+        its row long after the rest. Every :data:`STEAL_S` until no row is in flight, each endpoint with
+        room under its limit takes a copy of the row expected to end latest elsewhere (its endpoint's
+        latency less its age), when it is expected to end later there than :data:`HEDGE_GAIN` x this
+        endpoint's latency from now (:meth:`_copy_late_rows`). A row already past its endpoint's latency
+        is not copied: it is a long answer (a copy would start it over and lose), or a stall that the
+        request timeout and retries deal with.
+        The first answer wins: a copy that comes first cancels the original's request (vLLM aborts a
+        request whose client is gone), an original that comes first cancels its copy. A copy is sent once,
+        one attempt: if it fails, the original is still there."""
+        while self._flights and not self.stopped and not self.pool.closed:
+            self._copy_late_rows()
+            await asyncio.sleep(STEAL_S)
+        if self.copies:
+            log.info("the tail: %d rows copied to replicas with room, %d answered first", self.copies, self.copies_won)
+
+    def _copy_late_rows(self) -> None:
+        """One look at the rows in flight (see :meth:`_steal`): copies sent to endpoints with room."""
+        pool, now = self.pool, time.monotonic()
+        targets = [e for e in pool.endpoints if not e.ejected_until and e.outstanding < e.limit and e.lat_ewma_ms]
+        if not targets:
+            return
+        late: list[tuple[float, Flight]] = []
+        for flight in self._flights.values():
+            ep = flight.ep
+            if flight.copy is not None or ep is None or not ep.lat_ewma_ms or not flight.sent_at:
+                continue
+            left = ep.lat_ewma_ms / 1000 - (now - flight.sent_at)  # expected time left there
+            if left > 0:  # a row past its endpoint's latency is a long answer: a copy would start it over
+                late.append((left, flight))
+        late.sort(key=lambda x: -x[0])
+        for left, flight in late:
+            free = [e for e in targets if e is not flight.ep and e.outstanding < e.limit]
+            if not free:
+                if all(e.outstanding >= e.limit for e in targets):
+                    return
+                continue
+            ep = min(free, key=_fullness)
+            if left <= HEDGE_GAIN * ep.lat_ewma_ms / 1000:
+                continue
+            pool.claim(ep)
+            flight.copy = task = asyncio.create_task(self._copy(flight, ep))
+            self._copies.add(task)
+            task.add_done_callback(self._copy_ended)
+
+    async def _copy(self, flight: Flight, ep: Endpoint) -> None:
+        """One copy of ``flight``'s row on ``ep`` (already claimed); its answer becomes the row's if it is a
+        good one and the original has not answered yet (then the original's request is cancelled)."""
+        item = flight.item
+        self.copies += 1
+        status, data, _, _, latency, _ = await self._post(self._session, ep, item, (0, 0.0))
+        if not status:
+            return
+        self.pool.answered(ep)
+        if status != 200:
+            return
+        try:
+            result = self._parse(item, data, latency, flight.attempts + 1)
+        except _SplitSamples:
+            return
+        if result is None or result.status != STATUS_OK or flight.worker is None:
+            return
+        if self._flights.get(item.row) is flight and flight.result is None:
+            flight.result = result
+            self.copies_won += 1
+            flight.worker.cancel()
+
+    def _copy_ended(self, task: asyncio.Task[None]) -> None:
+        self._copies.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._bug is None:
+            self._bug = task.exception()
+            self.request_stop()
 
     async def _send(self, session: aiohttp.ClientSession, item: Item) -> RowResult | None:
         """One row: request, retry what is worth retrying, parse. Never raises for a row's fault.
@@ -685,6 +834,7 @@ class Runner:
                 return None  # stopped (a signal, an outage past outage_timeout_s, the budget): redone on resume
             attempt += 1
             sent_at = time.monotonic()
+            self._sent(item, ep, sent_at, attempt)
             status, data, retry_after, error, latency, head_at = await self._post(session, ep, item, admitted)
             if status:
                 pool.answered(ep)
@@ -710,6 +860,12 @@ class Runner:
                 return None  # a stopping shard redoes this row on resume
             if self.limit is not None:
                 await self.limit.acquire()
+
+    def _sent(self, item: Item, ep: Endpoint, sent_at: float, attempt: int) -> None:
+        """Where and when a tracked row's attempt went (the tail judges it by them: :meth:`_steal`)."""
+        flight = self._flights.get(item.row) if self._flights else None
+        if flight is not None:
+            flight.ep, flight.sent_at, flight.attempts = ep, sent_at, attempt
 
     def _no_answer(self, ep: Endpoint, sent_at: float, head_at: float = 0.0) -> tuple[bool, bool]:
         """A request sent at ``sent_at`` that brought no answer (timeout, connection error): (whether it

@@ -259,6 +259,10 @@ def test_validate_estimate_sends_k_requests_writes_no_output_and_projects(tmp_pa
         assert any("is under" in note for note in est["notes"])  # 120 rows cannot fill 256 + 16 in flight
         assert est["pilot_rows_needed"] >= 3 * 272 and est["longest_answer_s"] > 0
 
+        # said up front, before the pilot runs (stderr: the JSON on stdout stays whole): the pilot it needs
+        assert "a projection within 10 % needs at least 816 (3x the 272 requests" in res.stderr
+        assert res.stderr.index("needs at least") < res.stderr.index("--estimate 816 or more") < len(res.stderr)
+
         table = _cli("validate", "-c", str(path), "--estimate", "30", *args)
         assert table.exit_code == 0, table.output
         assert (
