@@ -126,3 +126,20 @@ def job_beside(
             side.terminate()
             side.wait()
         cli("down", name, "--yes", "--force", env=env)
+
+
+def wait_healthy(urls: list[str], timeout_s: float = 60.0) -> None:
+    """Every URL answers ``/health`` (a loaded machine starts processes slowly)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    for url in urls:
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not start")
+            time.sleep(0.1)

@@ -76,7 +76,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import CLIENT_CPU, SERVER_CPU, dataset, job_beside  # noqa: E402
+from _common import CLIENT_CPU, SERVER_CPU, dataset, job_beside, wait_healthy  # noqa: E402
 
 CLI = str(Path(sys.executable).with_name("prefect-swarm"))
 SIM = "prefect_swarm.testing.gpu_sim"
@@ -106,23 +106,6 @@ async def drive(urls: list[str], n: int, c: int) -> float:
         t0 = time.monotonic()
         await asyncio.gather(*(worker(url) for url in urls for _ in range(c)))
         return n / (time.monotonic() - t0)
-
-
-def wait_healthy(urls: list[str], timeout_s: float = 60.0) -> None:
-    """Every URL answers ``/health`` (a loaded machine starts processes slowly)."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    for url in urls:
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{url} did not start")
-            time.sleep(0.1)
 
 
 CAPACITY: int | None = None

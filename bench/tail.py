@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import CLIENT_CPU, SERVER_CPU  # noqa: E402
+from _common import CLIENT_CPU, SERVER_CPU, wait_healthy  # noqa: E402
 
 SIM = "prefect_swarm.testing.gpu_sim"
 PROFILES: dict[str, dict[str, Any]] = {
@@ -55,7 +55,6 @@ def rows(n: int) -> Iterator[Any]:
 
 def start_sims(n: int, speed: float, profile: dict[str, Any]) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
     """N simulators on the server core; the last one slower by the profile's ``slow_one``."""
-    import httpx
 
     from prefect_swarm.testing import free_port_block
 
@@ -66,17 +65,7 @@ def start_sims(n: int, speed: float, profile: dict[str, Any]) -> tuple[list[subp
         argv = ["taskset", "-c", str(SERVER_CPU), sys.executable, "-m", SIM, "--port", str(base + i), "--speed", str(s)]
         procs.append(subprocess.Popen([*argv, *profile.get("args", [])], stderr=subprocess.DEVNULL))
         urls.append(f"http://127.0.0.1:{base + i}")
-    deadline = time.monotonic() + 60
-    for url in urls:
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{url} did not start")
-            time.sleep(0.1)
+    wait_healthy(urls)
     return procs, urls
 
 

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
+from prefect_swarm.interfaces.capabilities import Capabilities, Capability
 from prefect_swarm.interfaces.metrics import RUNNING, WAITING, parse, total
 from prefect_swarm.interfaces.readiness import check_answer, http_client
-from prefect_swarm.interfaces.types import SleepReport
+from prefect_swarm.interfaces.types import ServingHandle, SleepReport
 from prefect_swarm.paths import atomic_write_json, read_json
 
 if TYPE_CHECKING:
@@ -208,3 +209,23 @@ class Sleeper:
 
 
 __all__ = ["SLEEP_DRAIN_S", "Sleeper", "asleep", "asleep_urls", "check_indices", "require_sleep_mode"]
+
+
+class SleepRefused:
+    """``sleep``/``wake`` of a backend that lacks :attr:`Capability.SLEEP_WAKE`: each refuses with the
+    reason its capabilities give (ConfigError) and calls nothing."""
+
+    def capabilities(self) -> Capabilities:
+        raise NotImplementedError  # the backend's own
+
+    def sleep(self, handle: ServingHandle, replicas: Sequence[int] = (), level: int = 1) -> list[SleepReport]:
+        """Refused: ConfigError with the reason the backend lacks :attr:`Capability.SLEEP_WAKE`."""
+        del handle, replicas, level
+        self.capabilities().require(Capability.SLEEP_WAKE, "`prefect-swarm sleep`")
+        return []  # pragma: no cover - require raised
+
+    def wake(self, handle: ServingHandle, replicas: Sequence[int] = ()) -> list[SleepReport]:
+        """Refused, as :meth:`sleep`."""
+        del handle, replicas
+        self.capabilities().require(Capability.SLEEP_WAKE, "`prefect-swarm wake`")
+        return []  # pragma: no cover - require raised

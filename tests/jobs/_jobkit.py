@@ -9,15 +9,25 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prefect_swarm.jobs.runner import Item
 from prefect_swarm.testing.stub_engine import StubEngine
 
 MODEL = "stub-model"
+CHAT_PATH = "/v1/chat/completions"
+
+
+def chat_rows(n: int) -> Iterator[Item]:
+    """``n`` chat rows for a :class:`~prefect_swarm.jobs.runner.Runner` (ids ``"0"``...), each a different question."""
+    for i in range(n):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": f"question {i} about a topic"}]}
+        yield Item(i, str(i), CHAT_PATH, json.dumps(body).encode())
 
 
 def make_dataset(path: Path, n: int, *, row_group: int = 1000, ids: list[Any] | None = None) -> Path:

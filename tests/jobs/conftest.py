@@ -1,4 +1,5 @@
-"""Fixtures of the job engine tests: a stub engine per module, stub engines with fault knobs, and
+"""Fixtures of the job engine tests: a stub engine per module, stub engines with fault knobs, GPU-like
+simulated replicas, and
 pytest's signal handlers put back after a test that ran the job entry point in-process."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from prefect_swarm.testing import free_port
+from prefect_swarm.testing.gpu_sim import MODULE
 from prefect_swarm.testing.stub_engine import StubEngine
 
 
@@ -33,6 +35,21 @@ def stub_factory() -> Iterator[Callable[..., StubEngine]]:
     yield start
     for s in started:
         s.stop()
+
+
+@pytest.fixture
+def sim() -> Iterator[Callable[..., StubEngine]]:
+    """Start GPU-like simulated replicas with knobs (``max_num_seqs=64``...); all stopped at the end."""
+    started: list[StubEngine] = []
+
+    def start(**knobs: Any) -> StubEngine:
+        engine = StubEngine(free_port(), module=MODULE, **knobs).start(timeout_s=60)
+        started.append(engine)
+        return engine
+
+    yield start
+    for engine in started:
+        engine.stop()
 
 
 @pytest.fixture

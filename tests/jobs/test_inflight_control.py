@@ -14,45 +14,21 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from _jobkit import CHAT_PATH, chat_rows
 
 from prefect_swarm.interfaces.metrics import engine_targets, parse, total, write_file_sd
 from prefect_swarm.jobs.builtin import ChatCompletionJob
 from prefect_swarm.jobs.control import FD_RESERVE, process_cap, queue_margin
 from prefect_swarm.jobs.ledger import RowResult
 from prefect_swarm.jobs.runner import Item, Runner, RunnerConfig, prefix_key
-from prefect_swarm.testing import free_port
-from prefect_swarm.testing.gpu_sim import MODULE, SimOptions
-from prefect_swarm.testing.stub_engine import StubEngine
+from prefect_swarm.testing.gpu_sim import SimOptions
 from prefect_swarm.testing.waiting import wait_until
-
-PATH = "/v1/chat/completions"
-
-
-@pytest.fixture
-def sim() -> Iterator[Callable[..., StubEngine]]:
-    """Start simulated replicas with knobs (``max_num_seqs=64``...); all stopped at the end."""
-    started: list[StubEngine] = []
-
-    def start(**knobs: Any) -> StubEngine:
-        engine = StubEngine(free_port(), module=MODULE, **knobs).start(timeout_s=60)
-        started.append(engine)
-        return engine
-
-    yield start
-    for engine in started:
-        engine.stop()
-
-
-def rows(n: int) -> Iterator[Item]:
-    for i in range(n):
-        body = {"model": "stub-model", "messages": [{"role": "user", "content": f"question {i} about a topic"}]}
-        yield Item(i, str(i), PATH, json.dumps(body).encode())
 
 
 def engine_load(url: str) -> tuple[float, float]:
@@ -81,7 +57,7 @@ class Drive:
 
     async def _main(self) -> None:
         self.loop = asyncio.get_running_loop()
-        await self.runner.run(rows(self.n))
+        await self.runner.run(chat_rows(self.n))
 
     def __enter__(self) -> Drive:
         self.thread.start()
@@ -384,7 +360,7 @@ def test_simulator_batches_and_reports_like_vllm(sim) -> None:
             async def one(i: int) -> tuple[float, dict[str, Any]]:
                 t = time.monotonic()
                 body = {"model": "stub-model", "messages": [{"role": "user", "content": f"q {i}"}], "max_tokens": 50}
-                r = await client.post(engine.url + PATH, json=body)
+                r = await client.post(engine.url + CHAT_PATH, json=body)
                 return time.monotonic() - t, r.json()
 
             tasks = [asyncio.create_task(one(i)) for i in range(8)]
@@ -409,7 +385,7 @@ def test_simulator_prefix_cache_skips_prefill(sim) -> None:
     shared = " ".join(f"w{i}" for i in range(40))
     for i in range(3):
         body = {"model": "stub-model", "messages": [{"role": "user", "content": f"{shared} tail{i}"}]}
-        assert httpx.post(engine.url + PATH, json=body, timeout=10).status_code == 200
+        assert httpx.post(engine.url + CHAT_PATH, json=body, timeout=10).status_code == 200
     samples = parse(httpx.get(engine.url + "/metrics").text)
     assert total(samples, "vllm:prefix_cache_queries_total") == 3 * 41
     assert total(samples, "vllm:prefix_cache_hits_total") == 2 * 40  # the 40 shared words, twice
@@ -431,7 +407,7 @@ def test_prefix_affinity_sends_a_shared_prefix_to_one_replica(sim) -> None:
     def keyed(n: int) -> Iterator[Item]:
         for i in range(n):
             data = body(prefixes[i % 2], i)
-            yield Item(i, str(i), PATH, data, prefix_key(data))
+            yield Item(i, str(i), CHAT_PATH, data, prefix_key(data))
 
     assert all(prefix_key(body(p, i)) == prefix_key(body(p, 0)) for p in prefixes for i in (1, 99))
     results: list[RowResult] = []

@@ -9,24 +9,18 @@ Runner in this process against simulated replicas (subprocesses) and reads what 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
-import pytest
+from _jobkit import chat_rows
 
 from prefect_swarm.interfaces.metrics import parse, total
 from prefect_swarm.jobs.builtin import ChatCompletionJob
 from prefect_swarm.jobs.ledger import STATUS_OK, RowResult
-from prefect_swarm.jobs.runner import Item, Runner, RunnerConfig
-from prefect_swarm.testing import free_port
-from prefect_swarm.testing.gpu_sim import MODULE
-from prefect_swarm.testing.stub_engine import StubEngine
+from prefect_swarm.jobs.runner import Runner, RunnerConfig
 from prefect_swarm.testing.waiting import wait_until
 
-PATH = "/v1/chat/completions"
 ROWS = 1000
 BATCH = 32
 KNOBS: dict[str, Any] = {
@@ -38,27 +32,6 @@ KNOBS: dict[str, Any] = {
 }
 """Replicas batching 32, answers of 8-24 tokens, ~0.4 s an answer with a full batch (~80 rows/s): a job
 of ~9 s on a replica and one three times slower."""
-
-
-@pytest.fixture
-def sim() -> Iterator[Callable[..., StubEngine]]:
-    """Start simulated replicas with knobs; all stopped at the end."""
-    started: list[StubEngine] = []
-
-    def start(**knobs: Any) -> StubEngine:
-        engine = StubEngine(free_port(), module=MODULE, **knobs).start(timeout_s=60)
-        started.append(engine)
-        return engine
-
-    yield start
-    for engine in started:
-        engine.stop()
-
-
-def rows(n: int) -> Iterator[Item]:
-    for i in range(n):
-        body = {"model": "stub-model", "messages": [{"role": "user", "content": f"question {i} about a topic"}]}
-        yield Item(i, str(i), PATH, json.dumps(body).encode())
 
 
 def answered(url: str) -> float:
@@ -76,7 +49,7 @@ class Run:
             ChatCompletionJob(), urls, RunnerConfig(control_s=0.25, replica_capacity=BATCH, **cfg), self.report
         )
         self.start = time.monotonic()
-        assert asyncio.run(self.runner.run(rows(n)))
+        assert asyncio.run(self.runner.run(chat_rows(n)))
 
     def report(self, result: RowResult) -> None:
         self.results.append(result)

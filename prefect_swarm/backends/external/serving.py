@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from prefect_swarm.backends.sleep import SleepRefused
 from prefect_swarm.config import ExternalConfig
 from prefect_swarm.exceptions import ConfigError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, Capability, ServingHandle
 from prefect_swarm.interfaces.metrics import MetricsTargets
 from prefect_swarm.interfaces.readiness import check_answer, http_client
-from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus, SleepReport
+from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
 from prefect_swarm.interfaces.usage import GpuUsage
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def external_key(cfg: SwarmConfig) -> str | None:
     return (os.environ.get(name) or None) if name else None
 
 
-class ExternalServing:
+class ExternalServing(SleepRefused):
     """ServingBackend for an endpoint someone else runs (see the module doc)."""
 
     backend = "external"
@@ -230,19 +231,6 @@ class ExternalServing:
         """No GPU-hours: no GPUs of ours (a priced provider's cost is its tokens, in each job's cost)."""
         why = "an external endpoint holds no GPUs of ours; a priced provider's cost is its tokens, in each job's cost"
         return GpuUsage(None, "n/a", gpus=0, reason=why)
-
-    # --- sleep and wake ---
-    def sleep(self, handle: ServingHandle, replicas: Sequence[int] = (), level: int = 1) -> list[SleepReport]:
-        """Refused: ConfigError with the reason the backend lacks :attr:`Capability.SLEEP_WAKE`; calls nothing."""
-        del handle, replicas, level
-        self.capabilities().require(Capability.SLEEP_WAKE, "`prefect-swarm sleep`")
-        return []  # pragma: no cover - require raised
-
-    def wake(self, handle: ServingHandle, replicas: Sequence[int] = ()) -> list[SleepReport]:
-        """Refused, as :meth:`sleep`."""
-        del handle, replicas
-        self.capabilities().require(Capability.SLEEP_WAKE, "`prefect-swarm wake`")
-        return []  # pragma: no cover - require raised
 
     def exec_command(self, handle: ServingHandle, replica: int, argv: Sequence[str]) -> int:
         """Refused: there is no replica of ours to run a command in."""

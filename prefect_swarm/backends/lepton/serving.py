@@ -37,11 +37,12 @@ from prefect_swarm.backends.lepton.client import (
     with_passthrough,
 )
 from prefect_swarm.backends.lepton.compute import LeptonCompute
+from prefect_swarm.backends.sleep import SleepRefused
 from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError, PrefectSwarmError, ReadinessError
 from prefect_swarm.interfaces import Capabilities, Capability, JobRequest, ServingHandle
 from prefect_swarm.interfaces.metrics import MetricsTargets
 from prefect_swarm.interfaces.readiness import check_answer
-from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus, SleepReport
+from prefect_swarm.interfaces.types import ReplicaHealth, ReplicaStatus, ServingPhase, ServingStatus
 from prefect_swarm.interfaces.usage import GpuUsage
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def engine_command(cfg: SwarmConfig) -> list[str]:
     return engine_argv(cfg, host="0.0.0.0", port=cfg.port)
 
 
-class LeptonServing:
+class LeptonServing(SleepRefused):
     """The swarm as one Lepton deployment, through the leptonai SDK."""
 
     def __init__(self, cfg: SwarmConfig, paths: SwarmPaths) -> None:
@@ -157,19 +158,6 @@ class LeptonServing:
         same deployment, so the same URL)."""
         del parked  # the deployment keeps its name and URL
         return self.create_or_update(cfg)
-
-    # --- sleep and wake ---
-    def sleep(self, handle: ServingHandle, replicas: Sequence[int] = (), level: int = 1) -> list[SleepReport]:
-        """Refused: ConfigError with the reason the backend lacks :attr:`Capability.SLEEP_WAKE`; calls nothing."""
-        del handle, replicas, level
-        self.capabilities().require(Capability.SLEEP_WAKE, "`prefect-swarm sleep`")
-        return []  # pragma: no cover - require raised
-
-    def wake(self, handle: ServingHandle, replicas: Sequence[int] = ()) -> list[SleepReport]:
-        """Refused, as :meth:`sleep`."""
-        del handle, replicas
-        self.capabilities().require(Capability.SLEEP_WAKE, "`prefect-swarm wake`")
-        return []  # pragma: no cover - require raised
 
     def exec_command(self, handle: ServingHandle, replica: int, argv: Sequence[str]) -> int:
         """Refused: ConfigError with the reason Lepton lacks :attr:`Capability.EXEC`; calls nothing."""
