@@ -101,16 +101,16 @@ def missing_slurm() -> str | None:
 def slurm_job_ids(mine: Path | None = None) -> set[str]:
     """Ids of the jobs in the local Slurm queue (array jobs by their own job id).
 
-    With ``mine`` (a pytest session's base temp folder), jobs whose batch script lies under another
-    pytest session's temp folder are left out, so two test sessions on one Slurm do not count each
-    other's jobs; jobs from elsewhere are kept.
+    With ``mine`` (a pytest worker's base temp folder), only the jobs whose batch script, or working
+    folder, lies under this pytest session's temp folder count (every test's swarm lives there), so a
+    second test session or a benchmark on the same Slurm is neither counted nor cancelled as a leak.
     """
-    out = subprocess.run(["squeue", "-h", "-o", "%A %o"], capture_output=True, text=True, timeout=30, check=True)
+    out = subprocess.run(["squeue", "-h", "-o", "%A|%o|%Z"], capture_output=True, text=True, timeout=30, check=True)
+    session = None if mine is None else str(mine.parent if mine.name.startswith("popen-gw") else mine)
     ids = set()
     for line in out.stdout.splitlines():
-        job_id, _, command = line.partition(" ")
-        theirs = "/pytest-of-" in command and mine is not None and not command.startswith(str(mine))
-        if job_id and not theirs:
+        job_id, command, workdir = [*line.split("|"), "", ""][:3]  # a script given on stdin has no command
+        if job_id and (session is None or command.startswith(session) or workdir.startswith(session)):
             ids.add(job_id)
     return ids
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.state import StateStore
 from prefect_swarm.state.store import filesystem_type, journal_for
 
@@ -90,5 +91,5 @@ def test_store_uses_a_rollback_journal_when_told(tmp_path: Path, monkeypatch: py
 
 def test_bad_journal_setting_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PREFECT_SWARM_STATE_JOURNAL", "memory")
-    with pytest.raises(ValueError, match="state_journal"):
+    with pytest.raises(ConfigError, match=r"PREFECT_SWARM_STATE_JOURNAL='memory': Input should be 'auto'"):
         StateStore(tmp_path / "state.db")
