@@ -19,6 +19,7 @@ from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.paths import SwarmPaths, atomic_write_text
 from prefect_swarm.testing.gpu_sim import MODULE
 from prefect_swarm.testing.stub_engine import engine_command
+from prefect_swarm.testing.waiting import wait_until
 
 SLEEPY = {"command": engine_command(module=MODULE, enable_sleep_mode=True, step_ms=5, wake_s=0.3), "sleep_mode": True}
 
@@ -67,6 +68,19 @@ def test_the_second_swarm_runs_in_the_first_ones_allocation_while_it_sleeps(
     assert gpus["first"] == gpus["second"] != "none", gpus  # the same GPU, seen from both swarms' replicas
     replica = first.serving.status(h1).replicas[0]
     assert "asleep" in replica.detail, replica  # ...while the first sleeps in the same allocation
+
+    # the host's task is replaced (here: cancelled; its LB resubmits it): the guest's step ends with it,
+    # the guest's LB resubmits its task, which starts the step again in the host's new task
+    subprocess.run(["scancel", host_task], check=True)
+    wait_until(
+        "the guest's replica back in the host's new task",
+        lambda: [s.rsplit(".", 1)[0] for s, n in _steps() if n == f"psw-{second_cfg.name}-replicas"],
+        until=lambda tasks: len(tasks) == 1 and tasks[0] != host_task,
+        timeout_s=240,
+    )
+    host_task = first.serving.status(h1).replicas[0].external_id
+    second.serving.wait_ready(h2, 120)
+    assert _chat(status.url, second.serving.client_key()).status_code == 200
 
     second.down()
     assert our_jobs(second_cfg) == "" and not [n for _, n in _steps() if n == f"psw-{second_cfg.name}-replicas"]

@@ -153,6 +153,11 @@ def check_api_key(cfg: SwarmConfig) -> None:
         )
 
 
+HOST_WAIT_S = 300
+"""Seconds a task of a swarm with ``backend.share_allocation_of`` waits for its host's task to run (one
+being replaced) before it gives up."""
+
+
 def check_shared_allocation(cfg: SwarmConfig) -> None:
     """ConfigError, before anything is submitted, when ``backend.share_allocation_of`` names no swarm whose
     allocation this one's replicas can run in: it must be another Slurm swarm of the same run dir that is
@@ -590,6 +595,7 @@ def render_replicas(cfg: SwarmConfig, paths: SwarmPaths) -> str:
         port_range=q(sc.port_range) if sc.port_range else "",
         replicas_job_name=q(job_names(cfg).replicas),
         host=sc.share_allocation_of or "",
+        host_wait_s=HOST_WAIT_S,
         host_job_name=q(f"{JOB_PREFIX}{sc.share_allocation_of}-replicas") if sc.share_allocation_of else "",
         replicas_script=q(paths.replicas_script),
         setup=_setup(sc),
