@@ -8,12 +8,18 @@ replicas' own ports takes (local, Slurm).
               -> requests in flight finish (up to ``SLEEP_DRAIN_S``; what is still running then is
                  aborted by the engine with a 503, which a job retries on another replica)
               -> ``POST /sleep?level=L`` -> ``GET /is_sleeping`` says true
-    wake i:   ``POST /wake_up`` -> ``GET /is_sleeping`` says false -> one real chat completion
+    wake i:   level 1: ``POST /wake_up``
+              level 2 (the weights were discarded; vLLM's sleep-mode docs): ``POST /wake_up?tags=weights``
+                 (memory reallocated) -> ``POST /collective_rpc {"method": "reload_weights"}`` (loaded
+                 again from the model's files) -> ``POST /wake_up?tags=kv_cache`` -> ``POST
+                 /reset_prefix_cache`` (no cached block of the old KV cache is reused)
+              -> ``GET /is_sleeping`` says false -> one real chat completion
               -> the marker is removed -> the backend puts it back in rotation (``rejoin``)
 
 The marker is written before the engine is asked to sleep and removed only after the engine has
 answered again, so no client is ever sent to an engine that is asleep. vLLM serves these routes only
-with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1`` (``engine.sleep_mode`` sets both).
+with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1`` (``engine.sleep_mode`` sets both); each
+step of a wake is safe to repeat, so a wake that failed half way is finished by the next ``wake``.
 """
 
 from __future__ import annotations
@@ -41,6 +47,16 @@ SLEEP_DRAIN_S = 30.0
 WAKE_TIMEOUT_S = 300.0
 """Seconds a replica may take from ``/wake_up`` to its first answer (a level-2 wake reloads weights)."""
 _POLL_S = 0.2
+WAKE_STEPS: dict[int, tuple[tuple[str, dict[str, Any] | None], ...]] = {
+    1: (("/wake_up", None),),
+    2: (
+        ("/wake_up?tags=weights", None),
+        ("/collective_rpc", {"method": "reload_weights"}),
+        ("/wake_up?tags=kv_cache", None),
+        ("/reset_prefix_cache", None),
+    ),
+}
+"""Sleep level -> the engine calls (route, JSON body) that wake a replica slept at that level."""
 _ASLEEP = re.compile(r"^replica-(\d+)\.asleep$")
 
 
@@ -138,7 +154,8 @@ class Sleeper:
         if record is None:
             return SleepReport(i, self.url_of(i) or "", False, 0.0)
         url = str(record["url"])
-        self._post(url, "/wake_up")
+        for route, body in WAKE_STEPS[2 if record.get("level") == 2 else 1]:
+            self._post(url, route, body)
         self._until(url, sleeping=False, timeout_s=WAKE_TIMEOUT_S)
         answer = check_answer(url, self.cfg.model_name, self.key, timeout_s=WAKE_TIMEOUT_S)
         if not answer.ok:
@@ -154,11 +171,11 @@ class Sleeper:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"} if self.key else {}
 
-    def _post(self, url: str, route: str) -> None:
+    def _post(self, url: str, route: str, body: dict[str, Any] | None = None) -> None:
         import httpx
 
         try:
-            resp = http_client().post(url + route, headers=self._headers(), timeout=WAKE_TIMEOUT_S)
+            resp = http_client().post(url + route, json=body, headers=self._headers(), timeout=WAKE_TIMEOUT_S)
         except httpx.HTTPError as exc:
             raise BackendError(f"POST {url}{route} failed: {exc}.", hint="is the replica running?") from exc
         if resp.status_code != 200:
@@ -208,7 +225,7 @@ class Sleeper:
             time.sleep(_POLL_S)
 
 
-__all__ = ["SLEEP_DRAIN_S", "Sleeper", "asleep", "asleep_urls", "check_indices", "require_sleep_mode"]
+__all__ = ["SLEEP_DRAIN_S", "WAKE_STEPS", "Sleeper", "asleep", "asleep_urls", "check_indices", "require_sleep_mode"]
 
 
 class SleepRefused:

@@ -33,7 +33,10 @@ def sleep_cmd(
     name: Annotated[str, typer.Argument(help="The swarm.")],
     replica: ReplicaOpt = None,
     level: Annotated[
-        int, typer.Option("--level", min=1, max=2, help="1: weights kept in CPU memory (fast wake); 2: discarded.")
+        int,
+        typer.Option(
+            "--level", min=1, max=2, help="1: weights kept in CPU memory (fast wake); 2: discarded (wake reloads them)."
+        ),
     ] = 1,
     output: OutputOpt = OutputFormat.table,
 ) -> None:

@@ -44,8 +44,16 @@ control matters as it does on a GPU:
   weights in CPU memory; any other level discards them. Sleeping again is a no-op 200.
 - ``POST /wake_up[?tags=weights&tags=kv_cache]`` (no tags: both) wakes what the tags name and answers
   200 with an empty body once done: weights take ``--wake-s`` after level 1 (copied back from CPU
-  memory), ``--wake-level2-s`` after level 2 (reloaded); the KV cache is reallocated at once. An
-  unknown tag, or waking an engine that is awake, is a no-op 200 (vLLM logs a warning).
+  memory) and are reallocated at once after level 2, as is the KV cache. An unknown tag, or waking an
+  engine that is awake, is a no-op 200 (vLLM logs a warning).
+- **After a level-2 sleep the weights are gone**: once woken, their memory holds nothing the model
+  learnt, and until ``POST /collective_rpc`` ``{"method": "reload_weights"}`` has loaded them again
+  (``--wake-level2-s``; completions are refused meanwhile) every completion answers 200 with a wrong
+  text, marked ``GARBLED`` (a real vLLM answers gibberish, as fluently). ``reload_weights`` while the
+  weights still sleep is a 500 (there is no memory to load into). ``POST /reset_prefix_cache``
+  answers ``{"success": bool}`` (false while requests run) and empties the prefix cache, as vLLM's.
+  ``/collective_rpc`` (a JSON object with a ``method``: else 400; a method the workers lack: 500)
+  and ``/reset_prefix_cache`` exist only in dev mode too, with or without sleep mode.
 - ``GET /is_sleeping`` -> ``{"is_sleeping": bool}``: true from the moment ``/sleep`` is asked until
   every tag is awake again.
 - While asleep (and while going to sleep or waking) completions answer 503 with an OpenAI error body
@@ -123,7 +131,7 @@ class SimOptions:
     wake_s: float = 0.5
     """Seconds waking the weights takes after a level-1 sleep (copied back from CPU memory)."""
     wake_level2_s: float = 2.0
-    """Seconds waking the weights takes after a level-2 sleep (they were discarded: reloaded)."""
+    """Seconds ``reload_weights`` takes (a level-2 sleep discarded the weights: loaded again)."""
 
     def step_s(self, running: int, prefill_tokens: int) -> float:
         """Seconds one engine step takes."""
@@ -166,6 +174,8 @@ class Engine:
     """Sleep or wake transitions under way: completions are refused meanwhile."""
     level: int = 0
     """The level of the last sleep (0: never slept)."""
+    weights_lost: bool = False
+    """A level-2 sleep discarded the weights and ``reload_weights`` has not loaded them since."""
 
     @property
     def refusing(self) -> bool:
@@ -192,6 +202,7 @@ class Engine:
         finally:
             self.paused -= 1
         self.asleep, self.level = {"weights", "kv_cache"}, level
+        self.weights_lost = self.weights_lost or level != 1
         self.cache.clear()
 
     async def wake(self, tags: list[str]) -> None:
@@ -201,11 +212,30 @@ class Engine:
             return
         self.paused += 1
         try:
-            if "weights" in wanted:
-                await asyncio.sleep(self.opts.wake_s if self.level == 1 else self.opts.wake_level2_s)
+            if "weights" in wanted and self.level == 1:
+                await asyncio.sleep(self.opts.wake_s)  # after level 2 only reallocated: nothing to copy
         finally:
             self.paused -= 1
         self.asleep -= wanted
+
+    async def reload_weights(self) -> bool:
+        """Load the weights again (``wake_level2_s``); False (nothing done) while they sleep."""
+        if "weights" in self.asleep:
+            return False
+        self.paused += 1
+        try:
+            await asyncio.sleep(self.opts.wake_level2_s)
+        finally:
+            self.paused -= 1
+        self.weights_lost = False
+        return True
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache; False (nothing done) while requests hold blocks, as vLLM's."""
+        if self.running or self.waiting:
+            return False
+        self.cache.clear()
+        return True
 
     def submit(self, seq: Seq) -> None:
         """Queue a request; wake the engine when idle."""
@@ -304,11 +334,11 @@ class SimProtocol(StubProtocol):
     stats: Counter[str] = Counter()
 
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
-        """Route one request (``/metrics`` from the engine, the sleep routes; the rest as the stub)."""
+        """Route one request (``/metrics`` from the engine, the dev routes; the rest as the stub)."""
         route, _, query = path.partition("?")
-        if route in SLEEP_ROUTES:
+        if route in DEV_ROUTES:
             if not self.refused(method, path, headers):
-                self.sleep_route(method, route, urllib.parse.parse_qs(query))
+                self.dev_route(method, route, urllib.parse.parse_qs(query), body)
         elif path.startswith("/metrics") and not self.engine.opts.metrics:
             self.send(404, b'{"error":{"message":"not found"}}')
         elif path.startswith("/metrics"):
@@ -317,13 +347,17 @@ class SimProtocol(StubProtocol):
         else:
             super().handle(method, path, headers, body)
 
-    def sleep_route(self, method: str, route: str, query: dict[str, list[str]]) -> None:
-        """``/sleep``, ``/wake_up``, ``/is_sleeping`` as vLLM answers them (see the module doc)."""
+    def dev_route(self, method: str, route: str, query: dict[str, list[str]], body: bytes) -> None:
+        """vLLM's dev-mode routes as it answers them (see the module doc)."""
         engine = self.engine
         if not engine.opts.dev_mode:
             self.send(404, b'{"detail":"Not Found"}')
-        elif method != SLEEP_ROUTES[route]:
+        elif method != DEV_ROUTES[route]:
             self.send(405, b'{"detail":"Method Not Allowed"}')
+        elif route == "/collective_rpc":
+            self.collective_rpc(body)
+        elif route == "/reset_prefix_cache":
+            self.send(200, json.dumps({"success": engine.reset_prefix_cache()}).encode())
         elif route == "/is_sleeping":
             self.send(200, json.dumps({"is_sleeping": engine.refusing}).encode())
         elif not engine.opts.sleep_mode:
@@ -339,6 +373,29 @@ class SimProtocol(StubProtocol):
         else:
             self._after(engine.wake(query.get("tags", [])))
 
+    def collective_rpc(self, body: bytes) -> None:
+        """``POST /collective_rpc``: only ``reload_weights`` is a method the simulated workers have."""
+        try:
+            req = json.loads(body or b"null")
+        except ValueError as exc:
+            self.send(400, json.dumps({"detail": f"JSON decode error: {exc}"}).encode())
+            return
+        if not isinstance(req, dict):
+            self.send(400, b'{"detail":"Request body must be a JSON object"}')
+        elif req.get("method") is None:
+            self.send(400, b'{"detail":"Missing \'method\' in request body"}')
+        elif req["method"] != "reload_weights":
+            self.send(500, b"Internal Server Error", content_type="text/plain; charset=utf-8")
+        else:
+
+            async def run() -> None:
+                if await self.engine.reload_weights():
+                    self.send(200, b'{"results":[null]}')
+                else:
+                    self.send(500, b"Internal Server Error", content_type="text/plain; charset=utf-8")
+
+            _keep(asyncio.get_running_loop().create_task(run()))
+
     def _after(self, transition: Any) -> None:
         """Answer 200 with an empty body once ``transition`` (a coroutine) has finished."""
 
@@ -346,9 +403,7 @@ class SimProtocol(StubProtocol):
             await transition
             self.send(200, b"")
 
-        task = asyncio.get_running_loop().create_task(run())
-        _TRANSITIONS.add(task)
-        task.add_done_callback(_TRANSITIONS.discard)
+        _keep(asyncio.get_running_loop().create_task(run()))
 
     def complete(self, path: str, headers: dict[str, str], body: bytes) -> None:
         """Queue a completion in the engine; its answer is sent when its last token is generated.
@@ -369,11 +424,27 @@ class SimProtocol(StubProtocol):
         limit = req.get("max_completion_tokens") or req.get("max_tokens")
         if out.get("choices"):
             out["choices"][0]["finish_reason"] = "length" if tokens == limit else "stop"
+        if engine.weights_lost:  # woken from level 2 without reload_weights: the weights are noise
+            self.stats["garbled"] += 1
+            for choice in out.get("choices", []):
+                if "message" in choice:
+                    choice["message"]["content"] = GARBLED
+                else:
+                    choice["text"] = GARBLED
         engine.submit(Seq(self, json.dumps(out).encode(), words, tokens))
 
 
-SLEEP_ROUTES = {"/sleep": "POST", "/wake_up": "POST", "/is_sleeping": "GET"}
-"""vLLM's sleep-mode routes (dev mode only) -> their method."""
+DEV_ROUTES = {
+    "/sleep": "POST",
+    "/wake_up": "POST",
+    "/is_sleeping": "GET",
+    "/collective_rpc": "POST",
+    "/reset_prefix_cache": "POST",
+}
+"""vLLM's dev-mode routes the simulator serves (sleep mode's and what a level-2 wake needs) -> their method."""
+
+GARBLED = "GARBLED: weights discarded by a level-2 sleep and not reloaded"
+"""The text of every answer between a level-2 wake and ``reload_weights``."""
 
 SLEEPING = json.dumps(
     {"error": {"message": "The model is sleeping; wake it up first.", "type": "ServiceUnavailableError", "code": 503}}
@@ -386,6 +457,12 @@ _ABORTED = json.dumps(
 
 _TRANSITIONS: set[asyncio.Task[None]] = set()
 """Sleep and wake transitions under way (kept referenced until done)."""
+
+
+def _keep(task: asyncio.Task[None]) -> None:
+    """Keep ``task`` referenced until it is done."""
+    _TRANSITIONS.add(task)
+    task.add_done_callback(_TRANSITIONS.discard)
 
 
 def _abort(seq: Seq) -> None:
@@ -422,7 +499,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions, Si
     ap.add_argument("--enable-sleep-mode", action="store_true", help="vLLM's flag: /sleep and /wake_up work")
     ap.add_argument("--sleep-s", type=float, default=d.sleep_s, help="seconds /sleep takes")
     ap.add_argument("--wake-s", type=float, default=d.wake_s, help="seconds waking takes after a level-1 sleep")
-    ap.add_argument("--wake-level2-s", type=float, default=d.wake_level2_s, help="... after a level-2 sleep")
+    ap.add_argument("--wake-level2-s", type=float, default=d.wake_level2_s, help="seconds reload_weights takes")
     a, rest = ap.parse_known_args(argv)
     if a.max_num_seqs < 1 or a.speed <= 0 or a.answer_tokens < 1 or a.block_size < 1:
         ap.error("--max-num-seqs, --answer-tokens and --block-size must be >= 1 and --speed > 0")

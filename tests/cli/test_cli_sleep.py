@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from prefect_swarm.paths import SwarmPaths
-from prefect_swarm.testing.gpu_sim import MODULE
+from prefect_swarm.testing.gpu_sim import GARBLED, MODULE
 from prefect_swarm.testing.stub_engine import engine_command
 from prefect_swarm.testing.waiting import wait_until
 
@@ -77,6 +77,15 @@ def test_a_job_across_a_sleep_and_a_wake_loses_nothing(
     assert waited.returncode == 0, waited.stderr[-3000:]
     final = _json(run_cli("job", "status", "sl-1", "-o", "json"))
     assert final["status"] == "SUCCEEDED", final
+    model = httpx.get(urls[1] + "/v1/models").json()["data"][0]["id"]
+    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    before = httpx.post(urls[1] + "/v1/chat/completions", json=chat).json()["choices"][0]["message"]["content"]
+    deep = _json(run_cli("sleep", "sleepy", "--replica", "1", "--level", "2", "-o", "json", timeout=120))
+    assert [(r["replica"], r["level"]) for r in deep["replicas"]] == [(1, 2)]
+    woke2 = _json(run_cli("wake", "sleepy", "--replica", "1", "-o", "json", timeout=120))
+    assert [(r["replica"], r["asleep"], r["level"]) for r in woke2["replicas"]] == [(1, False, 2)]
+    after = httpx.post(urls[1] + "/v1/chat/completions", json=chat).json()["choices"][0]["message"]["content"]
+    assert after == before != GARBLED  # the level-2 wake reloaded the weights
     assert run_cli("sleep", "sleepy", "--replica", "0", timeout=120).returncode == 0
     again = run_cli("up", "-c", str(config), timeout=120)  # waits for readiness: refused at once, not timed out
     assert again.returncode == 4 and "asleep" in again.stderr and "prefect-swarm wake sleepy" in again.stderr

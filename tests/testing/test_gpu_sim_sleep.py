@@ -7,10 +7,9 @@ import threading
 import time
 
 import httpx
-import pytest
 
 from prefect_swarm.backends.engine import VLLM_DEV_MODE
-from prefect_swarm.testing.gpu_sim import MODULE
+from prefect_swarm.testing.gpu_sim import GARBLED, MODULE
 from prefect_swarm.testing.ports import free_port
 from prefect_swarm.testing.stub_engine import StubEngine
 from prefect_swarm.testing.waiting import wait_until
@@ -64,14 +63,56 @@ def test_sleep_refuses_completions_and_wake_by_tags_brings_them_back() -> None:
         assert httpx.post(s.url + "/wake_up").status_code == 200  # awake already: a no-op
 
 
-@pytest.mark.parametrize(("level", "least", "most"), [(1, 0.2, 1.2), (2, 1.5, 5.0)])
-def test_wake_time_follows_the_level(level: int, least: float, most: float) -> None:
-    with sim("--enable-sleep-mode", sleep_s=0, wake_s=0.2, wake_level2_s=1.5) as s:
-        assert httpx.post(f"{s.url}/sleep?level={level}").status_code == 200
+def test_level_1_wake_copies_the_weights_back_and_answers_right() -> None:
+    with sim("--enable-sleep-mode", sleep_s=0, wake_s=0.3, wake_level2_s=5) as s:
+        before = httpx.post(s.url + "/v1/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"]
+        assert httpx.post(s.url + "/sleep?level=1").status_code == 200
         t0 = time.monotonic()
         assert httpx.post(s.url + "/wake_up", timeout=10).status_code == 200
-        assert least <= time.monotonic() - t0 < most
-        assert httpx.post(s.url + "/v1/chat/completions", json=CHAT).status_code == 200
+        assert 0.3 <= time.monotonic() - t0 < 3
+        after = httpx.post(s.url + "/v1/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"]
+        assert after == before != GARBLED
+
+
+def test_level_2_answers_wrong_until_the_weights_are_reloaded() -> None:
+    with sim("--enable-sleep-mode", "--prefix-cache", sleep_s=0, wake_s=5, wake_level2_s=0.5) as s:
+        before = httpx.post(s.url + "/v1/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"]
+        assert httpx.post(s.url + "/sleep?level=2").status_code == 200
+        t0 = time.monotonic()
+        assert httpx.post(s.url + "/wake_up?tags=weights", timeout=10).status_code == 200
+        assert time.monotonic() - t0 < 3  # reallocated, not copied back: there is nothing to copy
+        rpc = {"method": "reload_weights"}
+        assert httpx.post(s.url + "/wake_up?tags=kv_cache").status_code == 200
+        assert httpx.get(s.url + "/is_sleeping").json() == {"is_sleeping": False}
+        wrong = httpx.post(s.url + "/v1/chat/completions", json=CHAT)
+        assert wrong.status_code == 200 and wrong.json()["choices"][0]["message"]["content"] == GARBLED
+        text = httpx.post(s.url + "/v1/completions", json={"model": "stub-model", "prompt": "hi", "max_tokens": 4})
+        assert text.json()["choices"][0]["text"] == GARBLED
+        t0 = time.monotonic()
+        reloaded = httpx.post(s.url + "/collective_rpc", json=rpc, timeout=10)
+        assert (reloaded.status_code, reloaded.json()) == (200, {"results": [None]})
+        assert time.monotonic() - t0 >= 0.5  # loaded again from the model's files
+        assert httpx.post(s.url + "/reset_prefix_cache").json() == {"success": True}
+        after = httpx.post(s.url + "/v1/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"]
+        assert after == before
+        assert httpx.get(s.url + "/stats").json()["garbled"] == 2
+
+
+def test_reload_weights_needs_the_weights_awake_and_a_well_formed_call() -> None:
+    with sim("--enable-sleep-mode", sleep_s=0, wake_level2_s=0) as s:
+        assert httpx.get(s.url + "/collective_rpc").status_code == 405
+        assert httpx.post(s.url + "/collective_rpc", content=b"{nope").status_code == 400
+        assert httpx.post(s.url + "/collective_rpc", json=["reload_weights"]).status_code == 400
+        missing = httpx.post(s.url + "/collective_rpc", json={"args": []})
+        assert missing.status_code == 400 and "method" in missing.json()["detail"]
+        assert httpx.post(s.url + "/collective_rpc", json={"method": "no_such_method"}).status_code == 500
+        assert httpx.post(s.url + "/sleep?level=2").status_code == 200
+        assert httpx.post(s.url + "/collective_rpc", json={"method": "reload_weights"}).status_code == 500
+        assert httpx.post(s.url + "/wake_up").status_code == 200
+        assert httpx.post(s.url + "/collective_rpc", json={"method": "reload_weights"}).status_code == 200
+    with sim("--enable-sleep-mode", dev=False) as s:  # dev mode only, as the sleep routes
+        assert httpx.post(s.url + "/collective_rpc", json={"method": "reload_weights"}).status_code == 404
+        assert httpx.post(s.url + "/reset_prefix_cache").status_code == 404
 
 
 def test_requests_in_flight_are_aborted_by_sleep() -> None:

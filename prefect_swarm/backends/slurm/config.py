@@ -170,6 +170,14 @@ class SlurmConfig(Priced):
         "Lustre), and sbatch runs the jobs in it (--chdir). Default: $PREFECT_SWARM_HOME (then it "
         "must be shared). 'shared_dir' is accepted as the old name.",
     )
+    share_allocation_of: str | None = Field(
+        default=None,
+        description="Run this swarm's replicas inside the allocation of another Slurm swarm, which must be "
+        "up (its name): replica task i runs as an `srun --overlap` step in that swarm's task i, on its "
+        "node and GPUs, and this swarm's own tasks hold one CPU each and no GPU. Both swarms need "
+        "engine.sleep_mode: they take turns on the GPUs (one sleeps while the other runs). "
+        "Down this swarm before the other.",
+    )
     open_endpoint: bool = Field(
         default=False,
         description="Serve without an API key. By default a swarm without api_key gets a random key of "

@@ -153,6 +153,76 @@ def check_api_key(cfg: SwarmConfig) -> None:
         )
 
 
+HOST_WAIT_S = 300
+"""Seconds a task of a swarm with ``backend.share_allocation_of`` waits for its host's task to run (one
+being replaced) before it gives up."""
+
+
+def check_shared_allocation(cfg: SwarmConfig) -> None:
+    """ConfigError, before anything is submitted, when ``backend.share_allocation_of`` names no swarm whose
+    allocation this one's replicas can run in: it must be another Slurm swarm of the same run dir that is
+    up (its record), not itself a guest, with sleep mode on both sides, a task for each of this swarm's
+    tasks, the same replicas per task, and at least the GPUs this swarm's replicas use."""
+    sc = slurm_section(cfg)
+    host = sc.share_allocation_of
+    if not host:
+        return
+    field = f"backend.share_allocation_of '{host}'"
+    if host == cfg.name:
+        raise ConfigError(f"{field} names this swarm itself; name the swarm whose allocation it runs in.")
+    if not cfg.engine.sleep_mode or nodes_per_replica(cfg) > 1:
+        raise ConfigError(
+            f"{field}: the swarms take turns on the same GPUs, so this one needs engine.sleep_mode: true and "
+            "replicas of one node each."
+        )
+    if sc.container.runtime == "pyxis":
+        raise ConfigError(
+            f"{field}: pyxis starts the engine in an srun step of its own, which cannot run inside the step "
+            "this swarm's replicas run in. Use container.runtime apptainer, singularity or none."
+        )
+    host_paths = SwarmPaths.of(host, sc.run_dir)
+    record = json.loads(host_paths.slurm_record.read_text()) if host_paths.slurm_record.exists() else {}
+    host_cfg = _config_as_brought_up(host_paths)
+    if host_cfg is None or not record.get("array_tasks"):
+        raise ConfigError(
+            f"{field}: no Slurm swarm of that name is up in {host_paths.root.parent}. Bring it up first "
+            f"(`prefect-swarm up`), with the same backend.run_dir as this swarm."
+        )
+    if not isinstance(host_cfg.backend, SlurmConfig) or host_cfg.backend.share_allocation_of:
+        raise ConfigError(f"{field} is not a Slurm swarm with an allocation of its own; name one that is.")
+    if not host_cfg.engine.sleep_mode:
+        raise ConfigError(
+            f"{field} runs without engine.sleep_mode, so its replicas cannot give up the GPUs to this swarm's. "
+            f"Bring it up with engine.sleep_mode: true."
+        )
+    host_per = int(record.get("per_task") or 1)
+    host_gpus = host_cfg.gpus_per_replica * host_per
+    if array_tasks(cfg) > int(record["array_tasks"]) or per_task(cfg) != host_per:
+        raise ConfigError(
+            f"{field} runs {record['array_tasks']} task(s) of {host_per} replica(s); this swarm needs "
+            f"{array_tasks(cfg)} of {per_task(cfg)}. Give it at most as many replicas, "
+            f"{host_per} per node (replicas_per_node)."
+        )
+    if cfg.gpus_per_replica * per_task(cfg) > host_gpus:
+        raise ConfigError(
+            f"{field} holds {host_gpus} GPU(s) per task; this swarm's replicas need "
+            f"{cfg.gpus_per_replica * per_task(cfg)}. Lower gpus_per_replica."
+        )
+
+
+def _config_as_brought_up(paths: SwarmPaths) -> SwarmConfig | None:
+    """The config a swarm was brought up with (its redacted copy), or None when there is none to read."""
+    import yaml
+    from pydantic import ValidationError
+
+    from prefect_swarm.config import SwarmConfig
+
+    try:
+        return SwarmConfig.model_validate(yaml.safe_load(paths.config.read_text()))
+    except (OSError, yaml.YAMLError, ValidationError):
+        return None
+
+
 def job_python(cfg: SwarmConfig) -> str:
     """Python on the compute nodes (job steps, reconciler, watchdog): ``backend.job_python`` or this one."""
     return slurm_section(cfg).job_python or sys.executable
@@ -290,6 +360,8 @@ def task_resources(cfg: SwarmConfig, replicas: int) -> list[str]:
     spanning several nodes asks for these on each node (every GPU of the node).
     """
     sc = slurm_section(cfg)
+    if sc.share_allocation_of:  # the replicas run in the other swarm's task: this one only holds the step
+        return ["--cpus-per-task=1"]
     opts = [f"--cpus-per-task={sc.cpus_per_replica * replicas}"]
     gpus = cfg.gpus_per_replica * replicas
     if nodes_per_replica(cfg) > 1 and cfg.gpus_per_node:
@@ -522,6 +594,10 @@ def render_replicas(cfg: SwarmConfig, paths: SwarmPaths) -> str:
         lb_job_name=q(job_names(cfg).lb),
         port_range=q(sc.port_range) if sc.port_range else "",
         replicas_job_name=q(job_names(cfg).replicas),
+        host=sc.share_allocation_of or "",
+        host_wait_s=HOST_WAIT_S,
+        host_job_name=q(f"{JOB_PREFIX}{sc.share_allocation_of}-replicas") if sc.share_allocation_of else "",
+        replicas_script=q(paths.replicas_script),
         setup=_setup(sc),
         key_guard_dir=q(paths.engine_path_dir) if key_guarded(cfg) else "",
     )

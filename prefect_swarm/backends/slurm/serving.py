@@ -98,6 +98,7 @@ class SlurmServing:
         whether it would take each job with its resources: a partition, account, QOS or GRES it does not
         have is a ConfigError naming it. A cluster that cannot be asked is a warning (returned)."""
         files = render.render_files(cfg, self.paths)
+        render.check_shared_allocation(cfg)
         render.check_api_key(cfg)
         render.check_ray_ports(cfg)
         if cfg.engine.kind == "sglang" and identity.generated(cfg):
@@ -160,6 +161,7 @@ class SlurmServing:
         """
         if cfg is not self.cfg:
             self.sc, self.names = render.slurm_section(cfg), render.job_names(cfg)
+        render.check_shared_allocation(cfg)
         self.cfg = identity.with_key(cfg, self.paths, create=True)
         if uses_ray(self.cfg):
             identity.ensure_ray_token(self.paths)  # Ray refuses whoever lacks it (replicas.sbatch.j2)
