@@ -231,8 +231,8 @@ def test_a_flow_run_spanning_a_park_and_a_restore_finishes_exactly_once(
     hold.restore(swarm_name)
     wait_until("the run to finish", lambda: run_state(run.id).is_final(), timeout_s=400, poll_s=1)
     state = run_state(run.id)
-    assert state.type.value == "COMPLETED", (state.name, state.message)
     logs = run_logs(run.id)
+    assert state.type.value == "COMPLETED", (state.name, state.message, logs[-6000:])
     assert logs.count("the shard resumes from its checkpoint (no retry spent)") == 2, logs[-3000:]
     assert retries_of(run.id) == 0  # a pause, not a preemption: no shard task ran twice
     table = pq.read_table(tmp_path / "out.parquet", columns=["id", "status"])
