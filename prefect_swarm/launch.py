@@ -504,21 +504,22 @@ class ShardWatch:
 
     def _wait_if_parked(self, stop: threading.Event | None) -> None:
         """Before a submission: while the swarm is parked, wait for its restore (``stop`` ends the wait:
-        ShardStopped); then aim the shard at the swarm as it is now (its compute backend, endpoints)."""
+        ShardStopped); then aim the shard at the swarm as it is now (its handle, compute backend and
+        endpoints; this run's config of it, budget and secrets, kept)."""
         from prefect_swarm.holding import Holding
 
         holding, name = Holding(self.store), self.swarm.cfg.name
-        again = self.pauses > 0 or self._moved()
+        waited = self.pauses > 0
         if holding.parked(name):
             holding.wait_restored(name, say=self.say, stop=stop)
-            again = True
-        if not again:
+            waited = True
+        if not (waited or self._moved()):
             return
-        self.swarm = holding.attach(name, secrets=self.swarm.cfg)
+        self.swarm = self.swarm.as_recorded()
         self.compute = self.swarm.compute
         self.spec = for_swarm(self.spec, self.swarm, retry_failed=self.spec.retry_failed)
         self.spec.save()
-        if self.say is not None:
+        if waited and self.say is not None:
             self.say(
                 f"shard {self.shard} of job {self.spec.job_id}: swarm '{name}' is back; "
                 "the shard resumes from its checkpoint (no retry spent)."
