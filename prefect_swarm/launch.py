@@ -443,11 +443,16 @@ class ShardWatch:
         self.task_run_id: str | None = None
         self.pauses = 0
         """Parks this shard waited through (each resumed without a retry)."""
+        self.since: float | None = None
+        """When the swarm the shard was last submitted to came up (its record's ``created_at``: a
+        restore from a park records a new one, a reconcile or a scale keeps it)."""
 
     def submit(self, task_run_id: str | None = None, stop: threading.Event | None = None) -> JobHandle:
         """Start the shard's process (once its swarm is not parked: a parked swarm is waited for)."""
         self.task_run_id = task_run_id
         self._wait_if_parked(stop)
+        rec = self.store.get_swarm(self.swarm.cfg.name)
+        self.since = rec.created_at if rec is not None else None
         (self.handle,) = submit_shards(self.swarm, self.spec, [self.shard], store=self.store, task_run_id=task_run_id)
         return self.handle
 
@@ -486,18 +491,21 @@ class ShardWatch:
 
     def parked_stop(self, probe: JobProbe) -> bool:
         """Whether the shard ended resumable (exit 75) because its swarm was parked: the swarm is parked
-        (or being parked or restored) now, or was restored since this shard was submitted (its recorded
-        handle is another). A stop at the swarm's budget is not one."""
+        (or being parked or restored) now, or was restored since this shard was submitted (its record
+        came up anew). A stop at the swarm's budget is not one."""
         if not (probe.status is JobStatus.PREEMPTED or probe.exit_code == EXIT_REQUEUE):
             return False
         if stopped_by_budget(shard_progress(self.spec, self.shard)) is not None:
             return False
         from prefect_swarm.holding import Holding
 
-        return Holding(self.store).parked(self.swarm.cfg.name) or self._moved()
+        rec = self.store.get_swarm(self.swarm.cfg.name)
+        restored = rec is not None and self.since is not None and rec.created_at != self.since
+        return Holding(self.store).parked(self.swarm.cfg.name) or restored
 
     def _moved(self) -> bool:
-        """The swarm's recorded handle is not the one this shard was aimed at (it was restored since)."""
+        """The swarm's recorded handle is not the one this shard is aimed at (a task retry's swarm object
+        from before a restore)."""
         rec = self.store.get_swarm(self.swarm.cfg.name)
         now = rec.handle if rec is not None else None
         return bool(now) and self.swarm.handle is not None and now != self.swarm.handle.to_dict()

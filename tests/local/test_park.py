@@ -220,6 +220,7 @@ def test_a_shard_for_a_parked_swarm_waits_for_the_restore_and_a_stop_ends_the_wa
         swarm = Swarm.from_state(cfg.name, hold.store)
         spec = plan_job(for_swarm(asked, swarm), cfg.name).spec
         spec.save()
+        came_up = hold.store.require_swarm(cfg.name).created_at
         hold.park(cfg.name, "by the test")
         watch = ShardWatch(swarm, spec, 0, store=hold.store, say=said.append)
 
@@ -240,6 +241,8 @@ def test_a_shard_for_a_parked_swarm_waits_for_the_restore_and_a_stop_ends_the_wa
         assert len(outcome) == 1 and isinstance(outcome[0], ShardStopped), outcome
         assert not hold.store.require_job(str(spec.job_id)).submissions
         hold.restore(cfg.name)
+        # a restore records the swarm as come up anew: how a shard the park stopped knows it was restored since
+        assert hold.store.require_swarm(cfg.name).created_at != came_up
         again = ShardWatch(swarm, spec, 0, store=hold.store, say=said.append)
         probe = again.watch(threading.Event())
         assert again.outcome(probe)["done"] == n
