@@ -101,15 +101,17 @@ def missing_slurm() -> str | None:
 def slurm_job_ids(mine: Path | None = None) -> set[str]:
     """Ids of the jobs in the local Slurm queue (array jobs by their own job id).
 
-    With ``mine`` (a pytest session's base temp folder), jobs whose batch script lies under another
-    pytest session's temp folder are left out, so two test sessions on one Slurm do not count each
-    other's jobs; jobs from elsewhere are kept.
+    With ``mine`` (a pytest session's base temp folder), jobs whose working folder (the swarm's folder,
+    under the session's ``PREFECT_SWARM_HOME``) lies under another pytest session's temp folder are
+    left out, so two test sessions on one Slurm do not count (and cancel) each other's jobs; jobs from
+    elsewhere are kept. The working folder, not the command: the scripts go to sbatch on its stdin, so
+    squeue has no command for them.
     """
-    out = subprocess.run(["squeue", "-h", "-o", "%A %o"], capture_output=True, text=True, timeout=30, check=True)
+    out = subprocess.run(["squeue", "-h", "-o", "%A %Z"], capture_output=True, text=True, timeout=30, check=True)
     ids = set()
     for line in out.stdout.splitlines():
-        job_id, _, command = line.partition(" ")
-        theirs = "/pytest-of-" in command and mine is not None and not command.startswith(str(mine))
+        job_id, _, workdir = line.partition(" ")
+        theirs = "/pytest-of-" in workdir and mine is not None and not workdir.startswith(str(mine))
         if job_id and not theirs:
             ids.add(job_id)
     return ids

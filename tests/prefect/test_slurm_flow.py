@@ -200,9 +200,9 @@ def test_a_flow_run_spanning_a_park_and_a_restore_finishes_exactly_once(
     from prefect_swarm.jobs.plan import job_progress
     from prefect_swarm.jobs.spec import JobSpec
 
-    n = 1500
+    n = 900
     cfg = slurm_stub_swarm(swarm_name, latency_ms=100, replicas=1)
-    run = start_run(swarm_home, tmp_path, cfg, rows=n, concurrency=2)  # 2 x 2 / 0.1 s: ~40 s of work
+    run = start_run(swarm_home, tmp_path, cfg, rows=n, concurrency=3)  # 2 x 3 / 0.1 s: ~15 s of work
     store, hold = StateStore(), Holding(StateStore())
 
     def done_rows() -> int:
