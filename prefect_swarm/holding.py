@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefect_swarm.config import SwarmConfig
-from prefect_swarm.exceptions import ConfigError, StateError
+from prefect_swarm.exceptions import ConfigError, ShardStopped, StateError
 from prefect_swarm.interfaces import ServingPhase, ServingStatus
 from prefect_swarm.interfaces.parking import Snapshot
 from prefect_swarm.paths import SwarmPaths
@@ -252,9 +253,12 @@ class Holding:
             return False
         return rec.phase is ServingPhase.PARKED or (rec.phase in LIVE_PHASES and _snapshot_file(rec).exists())
 
-    def wait_restored(self, name: str, *, poll_s: float = 1.0, say: Say | None = None) -> Swarm:
+    def wait_restored(
+        self, name: str, *, poll_s: float = 1.0, say: Say | None = None, stop: threading.Event | None = None
+    ) -> Swarm:
         """A job's pause on a parked swarm: wait, however long it stays parked, until it has been restored
-        and is RUNNING again; return it. StateError when it is stopped meanwhile (nothing to wait for)."""
+        and is RUNNING again; return it. StateError when it is stopped meanwhile (nothing to wait for);
+        ShardStopped when ``stop`` is set first (the run waiting is ending: a cancel still ends it)."""
         if say is not None:
             say(f"swarm '{name}' is parked: waiting for its restore (`prefect-swarm restore {name}`).")
         while True:
@@ -266,7 +270,10 @@ class Holding:
                     f"swarm '{name}' was {rec.phase.value.lower()} while parked; its job waits no more. "
                     f"`prefect-swarm up -c CONFIG` brings it up; resubmitting the job with its --id resumes it."
                 )
-            time.sleep(poll_s)
+            if stop is None:
+                time.sleep(poll_s)
+            elif stop.wait(poll_s):
+                raise ShardStopped(f"swarm '{name}' is parked and the run waiting for its restore is ending")
 
     def settle_parked(self, name: str) -> None:
         """Record PARKED for a RUNNING swarm that parked itself (Slurm's LB past ``idle_timeout_s``):

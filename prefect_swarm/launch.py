@@ -16,6 +16,7 @@ probe only says whether processes still run and how they ended.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import shutil
 import threading
@@ -418,28 +419,64 @@ def submit_script(
 # --------------------------------------------------------------------------------- watch one shard
 class ShardWatch:
     """One shard of a prepared job on a swarm: submit it, poll it until it ends (or ``stop`` is set),
-    turn its exit code into a result or an exception. The Prefect ``run-shard`` task drives it."""
+    turn its exit code into a result or an exception. The Prefect ``run-shard`` task drives it.
 
-    def __init__(self, swarm: Swarm, spec: JobSpec, shard: int, *, store: StateStore | None = None) -> None:
+    A park of the swarm is a pause, not a failure: a shard the park stopped (Slurm: a step of the
+    parked allocation, which flushes and exits 75) waits for the restore and is submitted again on
+    the restored swarm (:meth:`watch`); a shard about to be submitted to a parked swarm waits first.
+    ``say`` hears of each pause and resume."""
+
+    def __init__(
+        self,
+        swarm: Swarm,
+        spec: JobSpec,
+        shard: int,
+        *,
+        store: StateStore | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
         self.swarm, self.spec, self.shard = swarm, spec, shard
         self.store = store or StateStore()
         self.compute = swarm.compute
         self.handle: JobHandle | None = None
+        self.say = say
+        self.task_run_id: str | None = None
+        self.pauses = 0
+        """Parks this shard waited through (each resumed without a retry)."""
+        self.since: float | None = None
+        """When the swarm the shard was last submitted to came up (its record's ``created_at``: a
+        restore from a park records a new one, a reconcile or a scale keeps it)."""
 
-    def submit(self, task_run_id: str | None = None) -> JobHandle:
-        """Start the shard's process."""
+    def submit(self, task_run_id: str | None = None, stop: threading.Event | None = None) -> JobHandle:
+        """Start the shard's process (once its swarm is not parked: a parked swarm is waited for)."""
+        self.task_run_id = task_run_id
+        self._wait_if_parked(stop)
+        rec = self.store.get_swarm(self.swarm.cfg.name)
+        self.since = rec.created_at if rec is not None else None
         (self.handle,) = submit_shards(self.swarm, self.spec, [self.shard], store=self.store, task_run_id=task_run_id)
         return self.handle
 
     def watch(self, stop: threading.Event | None = None, on_step: Callable[[], None] | None = None) -> JobProbe:
         """Wait until the process ends; return its last probe. Raises :class:`ShardStopped` (after
         cancelling the process) when ``stop`` is set first, BudgetReached past the swarm's budget.
+        A process the park of its swarm stopped is submitted again once the swarm is restored, and
+        watched on.
 
-        The shard is watched by its job's one :class:`JobWatcher` in this process (one batched
-        probe for all of the job's shards, one budget check), not by a poll of its own."""
-        handle = self.handle or self.submit()
+        The shard is watched by its job's one :class:`JobWatcher` on this swarm in this process (one
+        batched probe for all of the job's shards, one budget check), not by a poll of its own."""
+        while True:
+            probe = self._watch_once(self.handle or self.submit(self.task_run_id, stop), stop, on_step)
+            if not self.parked_stop(probe):
+                return probe
+            self.pauses += 1
+            self.handle = None  # submitted again once the swarm is restored (the next turn)
+
+    def _watch_once(
+        self, handle: JobHandle, stop: threading.Event | None, on_step: Callable[[], None] | None
+    ) -> JobProbe:
         assert self.spec.job_id is not None
-        watcher = JobWatcher.of(self.spec.job_id, self.compute, lambda: budget_guard(self.swarm))
+        key = watcher_key(self.spec.job_id, self.swarm)
+        watcher = JobWatcher.of(key, self.compute, lambda: budget_guard(self.swarm))
         try:
             return watcher.wait(
                 handle,
@@ -451,6 +488,50 @@ class ShardWatch:
         except BaseException:
             self.compute.cancel(handle)
             raise
+
+    def parked_stop(self, probe: JobProbe) -> bool:
+        """Whether the shard ended resumable (exit 75) because its swarm was parked: the swarm is parked
+        (or being parked or restored) now, or was restored since this shard was submitted (its record
+        came up anew). A stop at the swarm's budget is not one."""
+        if not (probe.status is JobStatus.PREEMPTED or probe.exit_code == EXIT_REQUEUE):
+            return False
+        if stopped_by_budget(shard_progress(self.spec, self.shard)) is not None:
+            return False
+        from prefect_swarm.holding import Holding
+
+        rec = self.store.get_swarm(self.swarm.cfg.name)
+        restored = rec is not None and self.since is not None and rec.created_at != self.since
+        return Holding(self.store).parked(self.swarm.cfg.name) or restored
+
+    def _moved(self) -> bool:
+        """The swarm's recorded handle is not the one this shard is aimed at (a task retry's swarm object
+        from before a restore)."""
+        rec = self.store.get_swarm(self.swarm.cfg.name)
+        now = rec.handle if rec is not None else None
+        return bool(now) and self.swarm.handle is not None and now != self.swarm.handle.to_dict()
+
+    def _wait_if_parked(self, stop: threading.Event | None) -> None:
+        """Before a submission: while the swarm is parked, wait for its restore (``stop`` ends the wait:
+        ShardStopped); then aim the shard at the swarm as it is now (its handle, compute backend and
+        endpoints; this run's config of it, budget and secrets, kept)."""
+        from prefect_swarm.holding import Holding
+
+        holding, name = Holding(self.store), self.swarm.cfg.name
+        waited = self.pauses > 0
+        if holding.parked(name):
+            holding.wait_restored(name, say=self.say, stop=stop)
+            waited = True
+        if not (waited or self._moved()):
+            return
+        self.swarm = self.swarm.as_recorded()
+        self.compute = self.swarm.compute
+        self.spec = for_swarm(self.spec, self.swarm, retry_failed=self.spec.retry_failed)
+        self.spec.save()
+        if waited and self.say is not None:
+            self.say(
+                f"shard {self.shard} of job {self.spec.job_id}: swarm '{name}' is back; "
+                "the shard resumes from its checkpoint (no retry spent)."
+            )
 
     def outcome(self, probe: JobProbe) -> dict[str, Any]:
         """The shard's progress when it succeeded; else the exception its exit code means."""
@@ -468,6 +549,15 @@ class ShardWatch:
             raise CapacityError(f"shard {i} of job {spec.job_id} stopped (exit 75: {why}); a retry resumes it.")
         state = status.value if status else "UNKNOWN"
         raise JobError(f"shard {i} of job {spec.job_id} ended {state} (exit {code}).\n{tail}")
+
+
+def watcher_key(job_id: str, swarm: Swarm) -> str:
+    """The key of a job's :class:`JobWatcher`: the job on the swarm as it runs now. A swarm restored
+    from a park runs elsewhere (Slurm: another allocation), so the shards resumed on it get a watcher
+    with its compute backend and budget, not the one of the parked swarm."""
+    handle = swarm.handle.to_dict() if swarm.handle is not None else {}
+    digest = hashlib.sha256(json.dumps(handle, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{job_id}@{digest}"
 
 
 class JobWatcher:

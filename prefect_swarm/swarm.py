@@ -15,6 +15,7 @@ whatever holds it (``down --force``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -665,6 +666,14 @@ class Swarm:
         return cls(cfg, store=store, handle=handle, **kwargs)
 
     # ------------------------------------------------------------------ internals
+    def as_recorded(self) -> Swarm:
+        """This swarm object (its config as this holder has it: a run's budget, secrets) with the handle
+        its record holds now: the swarm as a restore from a park brought it back (Slurm: new jobs)."""
+        rec = self.store.require_swarm(self.cfg.name)
+        again = copy.copy(self)
+        again.handle = ServingHandle.from_dict(rec.handle) if rec.handle else None
+        return again
+
     def _require_handle(self) -> ServingHandle:
         if self.handle is None:
             raise StateError(f"swarm '{self.cfg.name}' has not been brought up (no handle).")

@@ -203,8 +203,12 @@ def run_shard(spec: JobSpec, shard: int, fingerprint: str, swarm: Swarm | None =
     if swarm is None:
         raise ConfigError(f"shard {shard} of job {spec.job_id} is pending but no swarm was given.")
     log = get_run_logger()
-    watch = ShardWatch(swarm, spec, shard)
-    handle = watch.submit(task_run_id=current_task_run_id())
+    # a park of the swarm is a pause: the shard waits for the restore and goes on, spending no retry
+    watch = ShardWatch(swarm, spec, shard, say=log.warning)
+    try:
+        handle = watch.submit(task_run_id=current_task_run_id(), stop=stop_event())
+    except ShardStopped:
+        return Cancelled(message=f"shard {shard} of job {spec.job_id} not started: the flow run is ending.")
     log.info(
         "Shard %d/%d of job %s submitted on %s (job %s).", shard, spec.shards, spec.job_id, handle.backend, handle.id
     )
@@ -215,7 +219,9 @@ def run_shard(spec: JobSpec, shard: int, fingerprint: str, swarm: Swarm | None =
         probe = watch.watch(stop_event())
     except ShardStopped:
         log.warning(
-            "Shard %d: the flow run is ending; job %s was cancelled (it flushes its checkpoint).", shard, handle.id
+            "Shard %d: the flow run is ending; job %s was cancelled (it flushes its checkpoint).",
+            shard,
+            watch.handle.id if watch.handle else handle.id,
         )
         # Cancelled, not Failed: nothing went wrong with the shard; a rerun resumes it from the ledger
         return Cancelled(message=f"shard {shard} of job {spec.job_id} stopped: the flow run is ending.")

@@ -198,3 +198,53 @@ def test_three_holders_at_once_wake_a_parked_kept_swarm_with_one_restore(caplog:
             assert hold.release(cfg.name, f"run-{i}")  # kept: the runs letting go leave it up
     finally:
         Swarm.from_state(cfg.name, hold.store).down()
+
+
+def test_a_shard_for_a_parked_swarm_waits_for_the_restore_and_a_stop_ends_the_wait(tmp_path: Path) -> None:
+    """What a flow run's shard task does on a parked swarm (:class:`~prefect_swarm.launch.ShardWatch`):
+    it submits nothing while the swarm is parked, and the run's stop event (a cancel) ends its wait
+    with ShardStopped; once the swarm is restored a shard submitted then runs to the end."""
+    from prefect_swarm.exceptions import ShardStopped
+    from prefect_swarm.launch import ShardWatch, for_swarm, plan_job
+
+    hold = Holding(StateStore())
+    cfg = stub_config(1, api_key=KEY)
+    _kept(hold, cfg)
+    n = 40
+    pq.write_table(pa.table({"id": [f"r{i:03d}" for i in range(n)], "prompt": ["hi"] * n}), tmp_path / "in.parquet")
+    asked = JobSpec(input=str(tmp_path / "in.parquet"), output=str(tmp_path / "out.parquet"), id_column="id", shards=1)
+    said: list[str] = []
+    outcome: list[BaseException | None] = []
+    stop = threading.Event()
+    try:
+        swarm = Swarm.from_state(cfg.name, hold.store)
+        spec = plan_job(for_swarm(asked, swarm), cfg.name).spec
+        spec.save()
+        came_up = hold.store.require_swarm(cfg.name).created_at
+        hold.park(cfg.name, "by the test")
+        watch = ShardWatch(swarm, spec, 0, store=hold.store, say=said.append)
+
+        def submit() -> None:
+            try:
+                watch.submit(stop=stop)
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        waiter = threading.Thread(target=submit)
+        waiter.start()
+        wait_until("the shard waiting for the restore", lambda: said, timeout_s=30)
+        assert "is parked: waiting for its restore" in said[0], said
+        assert not hold.store.require_job(str(spec.job_id)).submissions  # nothing sent to a parked swarm
+        stop.set()
+        waiter.join(30)
+        assert len(outcome) == 1 and isinstance(outcome[0], ShardStopped), outcome
+        assert not hold.store.require_job(str(spec.job_id)).submissions
+        hold.restore(cfg.name)
+        # a restore records the swarm as come up anew: how a shard the park stopped knows it was restored since
+        assert hold.store.require_swarm(cfg.name).created_at != came_up
+        again = ShardWatch(swarm, spec, 0, store=hold.store, say=said.append)
+        probe = again.watch(threading.Event())
+        assert again.outcome(probe)["done"] == n
+    finally:
+        Swarm.from_state(cfg.name, hold.store).down()

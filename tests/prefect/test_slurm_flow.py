@@ -188,3 +188,75 @@ def test_flow_on_slurm_writes_every_row_exactly_once(
     meta = rec.handle["meta"]
     assert not queued([str(meta["replicas_job"]), str(meta["lb_job"])], list(meta["job_names"]))
     assert subprocess.run(["squeue", "-h", "-n", ",".join(meta["job_names"])], capture_output=True).stdout == b""
+
+
+def test_a_flow_run_spanning_a_park_and_a_restore_finishes_exactly_once(
+    prefect_stack: PrefectStack, swarm_home: Path, tmp_path: Path, swarm_name: str
+) -> None:
+    """Issue 42: the run's shards are steps of the swarm's allocation, so the park ends them (they flush
+    and exit 75). Each shard task waits for the restore and goes on on the restored swarm, spending no
+    retry; the run completes with every row once, none failed."""
+    from prefect_swarm.holding import Holding
+    from prefect_swarm.jobs.plan import job_progress
+    from prefect_swarm.jobs.spec import JobSpec
+
+    n = 900
+    cfg = slurm_stub_swarm(swarm_name, latency_ms=100, replicas=1)
+    run = start_run(swarm_home, tmp_path, cfg, rows=n, concurrency=3)  # 2 x 3 / 0.1 s: ~15 s of work
+    store, hold = StateStore(), Holding(StateStore())
+
+    def done_rows() -> int:
+        jobs = store.list_jobs(swarm_name)
+        return int(job_progress(JobSpec.model_validate(jobs[0].spec))["done"]) if len(jobs) == 1 else 0
+
+    def both_shards_running() -> bool:
+        jobs = store.list_jobs(swarm_name)
+        return len(jobs) == 1 and len((jobs[0].handle or {}).get("submissions", [])) == 2 and done_rows() >= 100
+
+    wait_until("both shard steps answering rows", both_shards_running, timeout_s=300, poll_s=0.5)
+    before = store.require_swarm(swarm_name).handle
+    hold.park(swarm_name, "by the test")
+    assert before is not None
+    meta = before["meta"]
+    assert not queued([str(meta["replicas_job"]), str(meta["lb_job"])], list(meta["job_names"]))
+    wait_until(
+        "both shards waiting for the restore",
+        lambda: run_logs(run.id).count(f"swarm '{swarm_name}' is parked: waiting for its restore"),
+        until=lambda k: k >= 2,
+        timeout_s=120,
+        poll_s=1,
+    )
+    paused_at = done_rows()
+    assert paused_at < n and not run_state(run.id).is_final(), run_state(run.id)
+    hold.restore(swarm_name)
+    wait_until("the run to finish", lambda: run_state(run.id).is_final(), timeout_s=400, poll_s=1)
+    state = run_state(run.id)
+    logs = run_logs(run.id)
+    assert state.type.value == "COMPLETED", (state.name, state.message, logs[-6000:])
+    assert logs.count("the shard resumes from its checkpoint (no retry spent)") == 2, logs[-3000:]
+    assert retries_of(run.id) == 0  # a pause, not a preemption: no shard task ran twice
+    table = pq.read_table(tmp_path / "out.parquet", columns=["id", "status"])
+    ids = [str(x) for x in table.column("id").to_pylist()]
+    assert sorted(ids) == [f"r{i:05d}" for i in range(n)]  # every row exactly once
+    assert set(table.column("status").to_pylist()) == {"ok"}  # none failed
+    print(f"\nflow run spanning a park on Slurm: paused at {paused_at}/{n} rows, resumed, completed", file=sys.stderr)
+
+
+def run_logs(run_id: Any) -> str:
+    """Every log line of flow run ``run_id`` (its tasks' too), as the API has them now."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+    return "\n".join(entry.message for entry in logs)
+
+
+def retries_of(run_id: Any) -> int:
+    """Runs beyond the first of the run's ``run-shard`` task runs (a retry counts one)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    return sum(max(t.run_count - 1, 0) for t in tasks if t.name.startswith("shard-"))

@@ -686,8 +686,8 @@ class SlurmServing:
     def park(self, handle: ServingHandle) -> dict[str, Any]:
         """End the replica jobs and the LB job (nothing of the swarm stays in the queue but shard jobs
         of their own, ``backend.jobs``: they pause until the restore); the swarm's folder, its rendered
-        scripts, key and staged weights on shared storage stay. Returns the LB's address, which the
-        restored LB takes again when its node and port are free (Slurm picks the nodes)."""
+        scripts, key and staged weights on shared storage stay. Returns the LB's address, for the record:
+        the restored LB takes its preferred port again on the node Slurm gives it (docs/parking.md)."""
         lb = read_text(self.paths.lb_head)
         self._end(handle, shards=False)
         return {"lb_head": lb.strip() if lb else None, "replicas_job": handle.meta.get("replicas_job")}
