@@ -29,7 +29,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prefect_swarm.exceptions import BackendError, ConfigError, ReadinessError
 from prefect_swarm.interfaces.capabilities import Capabilities, Capability
@@ -228,20 +228,23 @@ class Sleeper:
 __all__ = ["SLEEP_DRAIN_S", "WAKE_STEPS", "Sleeper", "asleep", "asleep_urls", "check_indices", "require_sleep_mode"]
 
 
+class _Declares(Protocol):
+    def capabilities(self) -> Capabilities: ...
+
+
 class SleepRefused:
     """``sleep``/``wake`` of a backend that lacks :attr:`Capability.SLEEP_WAKE`: each refuses with the
-    reason its capabilities give (ConfigError) and calls nothing."""
+    reason its own ``capabilities()`` gives (ConfigError) and calls nothing."""
 
-    def capabilities(self) -> Capabilities:
-        raise NotImplementedError  # the backend's own
-
-    def sleep(self, handle: ServingHandle, replicas: Sequence[int] = (), level: int = 1) -> list[SleepReport]:
+    def sleep(
+        self: _Declares, handle: ServingHandle, replicas: Sequence[int] = (), level: int = 1
+    ) -> list[SleepReport]:
         """Refused: ConfigError with the reason the backend lacks :attr:`Capability.SLEEP_WAKE`."""
         del handle, replicas, level
         self.capabilities().require(Capability.SLEEP_WAKE, "`prefect-swarm sleep`")
         return []  # pragma: no cover - require raised
 
-    def wake(self, handle: ServingHandle, replicas: Sequence[int] = ()) -> list[SleepReport]:
+    def wake(self: _Declares, handle: ServingHandle, replicas: Sequence[int] = ()) -> list[SleepReport]:
         """Refused, as :meth:`sleep`."""
         del handle, replicas
         self.capabilities().require(Capability.SLEEP_WAKE, "`prefect-swarm wake`")

@@ -168,10 +168,13 @@ def test_park_gives_every_gpu_back_and_the_next_up_restores_it(
         assert held(swarm)
         return
     swarm.park("contract")
-    deadline = time.monotonic() + factory.stop_timeout_s
-    while held(swarm) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert held(swarm) == []
+    wait_until(
+        "every GPU given back",
+        lambda: held(swarm),
+        until=lambda h: h == [],
+        timeout_s=factory.stop_timeout_s,
+        poll_s=0.5,
+    )
     assert swarm.status().phase is ServingPhase.PARKED
     again = Swarm(swarm.cfg)  # the next holder, as another process would be
     again.up()
