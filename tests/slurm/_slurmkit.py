@@ -50,6 +50,12 @@ def stub_config(name: str | None = None, replicas: int = 2, **overrides: Any) ->
     return SwarmConfig.model_validate(data)
 
 
+def node_gpus() -> int:
+    """The GPUs of the single test node (``sinfo``'s ``gpu:N``)."""
+    gres = subprocess.run(["sinfo", "-h", "-o", "%G"], capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"gpu:(\d+)", gres).group(1))  # type: ignore[union-attr]
+
+
 def our_jobs(cfg: SwarmConfig) -> str:
     """squeue lines of this swarm's jobs (empty when none)."""
     names = f"psw-{cfg.name}-replicas,psw-{cfg.name}-lb"

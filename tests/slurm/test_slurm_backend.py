@@ -21,6 +21,7 @@ from _slurmkit import (
     job_command,
     make_job,
     nginx_locations,
+    node_gpus,
     our_jobs,
     output_ids,
     refused_without_key,
@@ -78,9 +79,11 @@ def test_create_or_update_reuses_the_running_jobs(slurm_swarm: MakeSwarm) -> Non
     assert len(our_jobs(swarm.cfg).splitlines()) == 2
 
 
+@pytest.mark.slurm_whole
 def test_more_gpus_than_the_node_has_fails_with_the_slurm_reason(slurm_swarm: MakeSwarm) -> None:
-    # 3 replicas x 2 fake GPUs on a 4-GPU node: two run, the third waits for Resources forever
-    swarm = slurm_swarm(stub_config(replicas=3, gpus_per_replica=2, backend={"queue_timeout_s": 8}))
+    # one replica of 2 fake GPUs more than the node holds: the last waits for Resources forever
+    replicas = node_gpus() // 2 + 1
+    swarm = slurm_swarm(stub_config(replicas=replicas, gpus_per_replica=2, backend={"queue_timeout_s": 8}))
     swarm.handle = swarm.serving.create_or_update(swarm.cfg)
     t0 = time.monotonic()
     with pytest.raises(CapacityError, match=r"Resources") as err:
@@ -91,7 +94,7 @@ def test_more_gpus_than_the_node_has_fails_with_the_slurm_reason(slurm_swarm: Ma
 
 
 def test_a_replica_bigger_than_any_node_is_refused_at_submit(slurm_swarm: MakeSwarm) -> None:
-    swarm = slurm_swarm(stub_config(replicas=1, gpus_per_replica=5))
+    swarm = slurm_swarm(stub_config(replicas=1, gpus_per_replica=node_gpus() + 1))
     with pytest.raises(ConfigError, match=r"Slurm refused the request(.|\n)*node configuration is not available"):
         swarm.serving.create_or_update(swarm.cfg)
     assert our_jobs(swarm.cfg) == ""
@@ -179,6 +182,7 @@ def test_probe_cancel_and_reattach_by_external_id(slurm_swarm: MakeSwarm) -> Non
     other.cancel(again)  # idempotent
 
 
+@pytest.mark.slurm_whole
 def test_submit_waits_for_the_allocation_and_reports_why_it_never_ran(slurm_swarm: MakeSwarm) -> None:
     # an exclusive job of ours holds the node: both swarm jobs stay PENDING until it is cancelled
     blocker = (

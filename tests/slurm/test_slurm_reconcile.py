@@ -220,6 +220,7 @@ def requests(addr: str, key: str) -> int:
     return int(resp.raise_for_status().json()["requests"])
 
 
+@pytest.mark.slurm_whole  # 6 GPUs: more than half the node
 def test_a_partial_last_task_asks_slurm_only_for_the_gpus_it_uses(slurm_swarm: MakeSwarm) -> None:
     # 3 replicas x 2 GPUs, 4 GPUs per node: task 0 runs 2 replicas (gpu:4), task 1 runs one (gpu:2)
     swarm = slurm_swarm(stub_config(replicas=3, gpus_per_replica=2, gpus_per_node=4))
