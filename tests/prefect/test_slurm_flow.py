@@ -1,7 +1,7 @@
 """``batch_inference`` on the Slurm backend through a real Prefect server + process worker.
 
 The Prefect group's stack serves these too (one server for the suite); Slurm is shared with the
-slurm group's worker, one test at a time (``slurm_lock`` in tests/conftest.py).
+Slurm group's lanes, each test holding a slot (``slurm_lock`` in tests/conftest.py).
 
 Cancel from the API (what the UI's Cancel button does): within 30 s no job of the swarm is left in
 squeue (by the ids its record holds and by its ``psw-`` names) and the record says STOPPED. A run to
