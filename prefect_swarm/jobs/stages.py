@@ -30,9 +30,9 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.api import SwarmJob
-from prefect_swarm.jobs.ledger import RESERVED_COLUMNS
+from prefect_swarm.jobs.columns import RESERVED_COLUMNS
+from prefect_swarm.jobs.rows import storage
 
 STATUS_OK = "ok"
 BATCH_ROWS = 65_536

@@ -27,8 +27,8 @@ import pytest
 from _jobkit import job_argv, make_dataset, requests, run_job, write_spec
 
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.jobs import storage
-from prefect_swarm.jobs.ledger import read_ledger, shard_store
+from prefect_swarm.jobs.checkpoint.ledger import read_ledger, shard_store
+from prefect_swarm.jobs.rows import storage
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import TEMP_SUFFIX, JobPaths, read_json
 from prefect_swarm.testing.moto_s3 import MotoS3
@@ -183,7 +183,7 @@ def test_openai_batch_jsonl_gz_from_and_to_s3(tmp_path: Path, s3: MotoS3, stub) 
 def test_commit_killed_mid_write_publishes_nothing(tmp_path: Path, s3: MotoS3) -> None:
     code = (
         "import os, pyarrow as pa, pyarrow.parquet as pq\n"
-        "from prefect_swarm.jobs import storage\n"
+        "from prefect_swarm.jobs.rows import storage\n"
         f"loc = storage.parse('s3://{BUCKET}/crash/out.parquet', 'output')\n"
         "with storage.publish(loc) as sink:\n"
         "    w = pq.ParquetWriter(sink, pa.schema([('a', pa.int64())]))\n"
@@ -320,8 +320,8 @@ def test_a_dataset_on_s3_is_published_by_its_manifest(tmp_path: Path, s3: MotoS3
     from test_commit import _fake_ledger
     from test_dataset_output import _rewrite
 
-    from prefect_swarm.jobs import output
-    from prefect_swarm.jobs.commit import commit_output
+    from prefect_swarm.jobs.rows import output
+    from prefect_swarm.jobs.rows.commit import commit_output
 
     n = 2000
     make_dataset(tmp_path / "in.parquet", n, row_group=500)

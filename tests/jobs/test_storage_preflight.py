@@ -22,7 +22,7 @@ import pytest
 from _jobkit import make_dataset, requests, write_spec
 
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.jobs import storage
+from prefect_swarm.jobs.rows import storage
 from prefect_swarm.jobs.run import main as job_main
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import is_probe, probe_name
@@ -329,7 +329,7 @@ def test_a_store_failing_at_commit_is_one_message(
     """Keys that lose the right to write after the pre-flight: the commit says so in one JobError, and a
     commit with writable keys then publishes the rows from the ledger without sending them again."""
     from prefect_swarm.exceptions import JobError
-    from prefect_swarm.jobs.commit import commit_output
+    from prefect_swarm.jobs.rows.commit import commit_output
 
     make_dataset(tmp_path / "in.parquet", 20)
     out = f"s3://{BUCKET}/late/out.parquet"

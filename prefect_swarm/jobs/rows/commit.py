@@ -44,14 +44,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prefect_swarm.exceptions import JobError
-from prefect_swarm.jobs import output as dataset_output
-from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.api import load_job
-from prefect_swarm.jobs.dataset import InputDataset, open_input, shard_range
-from prefect_swarm.jobs.failures import failure_summary
-from prefect_swarm.jobs.fingerprint import hash_details, job_fingerprint
-from prefect_swarm.jobs.ledger import RAW_COLUMN, Part, latest_positions, part_size, part_source, shard_store
-from prefect_swarm.jobs.plan import pending_shards, shard_progress
+from prefect_swarm.jobs.checkpoint.failures import failure_summary
+from prefect_swarm.jobs.checkpoint.fingerprint import hash_details, job_fingerprint
+from prefect_swarm.jobs.checkpoint.ledger import Part, latest_positions, part_size, part_source, shard_store
+from prefect_swarm.jobs.checkpoint.plan import pending_shards, shard_progress
+from prefect_swarm.jobs.columns import RAW_COLUMN
+from prefect_swarm.jobs.rows import output as dataset_output
+from prefect_swarm.jobs.rows import storage
+from prefect_swarm.jobs.rows.input import InputDataset, open_input, shard_range
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import atomic_file, atomic_write_json, file_lock, read_json, user_umask
 
@@ -160,7 +161,7 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
 def _commit_dataset(
     spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int, *, force: bool = False
 ) -> dict[str, Any]:
-    """Publish the output as a dataset (:mod:`prefect_swarm.jobs.output`): each shard's part files
+    """Publish the output as a dataset (:mod:`prefect_swarm.jobs.rows.output`): each shard's part files
     (written by the shard as it finished, see :func:`write_shard_output`; else written now), then the
     manifest and ``_SUCCESS``. With every shard's files written, this costs O(files)."""
     t0 = time.time()

@@ -42,7 +42,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from prefect_swarm.exceptions import ConfigError, DatasetError
-from prefect_swarm.jobs import storage
+from prefect_swarm.jobs.rows import storage
 from prefect_swarm.jobs.spec import JobSpec, is_jsonl
 from prefect_swarm.paths import PROBE_PREFIX, TEMP_SUFFIX, JobPaths, atomic_write_json, read_json
 
@@ -630,8 +630,8 @@ def check_output_location(output: str | Path, dataset: InputDataset, job_dir: st
     checks that apply there (:func:`_check_remote_output`).
     """
     loc = storage.parse(output, "output")
-    if storage.is_folder(output):  # a dataset (see prefect_swarm.jobs.output)
-        from prefect_swarm.jobs.output import check_dataset_location
+    if storage.is_folder(output):  # a dataset (see prefect_swarm.jobs.rows.output)
+        from prefect_swarm.jobs.rows.output import check_dataset_location
 
         files = (f.path.resolve() if dataset.fs is None else f.path for f in dataset.files)
         named = [dataset.location.uri, *(dataset._name(p) for p in files)]

@@ -1,7 +1,7 @@
 """A job's output as a dataset: part files, a manifest and ``_SUCCESS`` in a folder or prefix.
 
 An output whose name ends with ``/`` (``out/``, ``s3://bucket/run-7/``) is a dataset; any other
-name is one file (see :mod:`prefect_swarm.jobs.commit`). A dataset holds:
+name is one file (see :mod:`prefect_swarm.jobs.rows.commit`). A dataset holds:
 
 - ``part-<shard>-<seq>-<token>.parquet``: shard ``shard``'s rows in input order, ``seq`` counting
   the files of that shard (a file rolls over past ``PART_BYTES`` of uncompressed data); ``token``
@@ -17,7 +17,7 @@ pyarrow.dataset, pandas, polars, DuckDB and Spark read the folder as one table (
 starting with ``_`` or ``.``).
 
 Who writes what: each shard's job process writes its own part files as soon as its last row is
-answered (:func:`prefect_swarm.jobs.commit.write_shard_output`, the shards in parallel), so the
+answered (:func:`prefect_swarm.jobs.rows.commit.write_shard_output`, the shards in parallel), so the
 commit only publishes; a shard whose files are missing or stale (its ledger changed since, a retry)
 is written by the commit. A shard's files are recorded in its ledger folder once whole
 (``output-<token>.json``), so a killed write is redone from that shard alone, and a killed commit
@@ -53,7 +53,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.jobs import storage
+from prefect_swarm.jobs.rows import storage
 from prefect_swarm.paths import atomic_write_json, temp_name
 
 MANIFEST = "_manifest.json"
