@@ -406,5 +406,5 @@ def _empty_output(last: str, output: str) -> None:
     import pyarrow.parquet as pq
 
     schema = pq.read_schema(last)
-    with storage.publish(storage.parse(output, "output")) as sink:
+    with storage.publish_file(storage.parse(output, "output")) as sink:
         pq.write_table(schema.empty_table(), str(sink) if isinstance(sink, Path) else sink)

@@ -41,8 +41,8 @@ from prefect_swarm.jobs.dispatch.cache import Reuse
 from prefect_swarm.jobs.dispatch.metrics import ShardMetrics, metrics_address
 from prefect_swarm.jobs.dispatch.runner import Item, Runner, RunnerConfig, prefix_key
 from prefect_swarm.jobs.rows import storage
-from prefect_swarm.jobs.rows.input import InputDataset, check_output_location, open_input, shard_range
-from prefect_swarm.jobs.rows.output import check_dataset_output
+from prefect_swarm.jobs.rows.input import InputDataset, open_input, shard_range
+from prefect_swarm.jobs.rows.output import check_output_location
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
 
@@ -112,12 +112,12 @@ def validate_input(spec: JobSpec, job: SwarmJob | None = None) -> InputDataset:
     """
     job = job or load_job(spec.job, spec.job_kwargs)
     ds = open_input(spec)  # the input's metadata: read once per job, kept in the job folder
-    check_output_location(spec.output, ds, spec.job_dir)
+    kept = spec.input_columns if spec.input_columns is not None else ds.schema.names
+    fingerprint, columns = job_fingerprint(spec, ds), [*kept, *job.outputs]  # another job's dataset there
+    check_output_location(spec.output, ds, spec.job_dir, fingerprint=fingerprint, columns=columns)
     if spec.ledger:  # the checkpoints on an object store: proven writable like the output
         storage.check_writable(storage.parse(spec.ledger, "ledger"), "ledger", folder=True)
     ds.check_columns(job.all_columns(), spec.id_column, spec.input_columns)
-    kept = spec.input_columns if spec.input_columns is not None else ds.schema.names
-    check_dataset_output(spec.output, job_fingerprint(spec, ds), [*kept, *job.outputs])  # another job's there
     check_reserved(f"job {spec.job}: output", job.outputs, "Rename the job's output(s).")
     check_reserved(
         f"input {ds.where}: column", kept, "Rename the column(s), or list the input columns to keep with input_columns."

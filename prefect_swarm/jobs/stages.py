@@ -186,7 +186,7 @@ def hand_over(
     pairs = renamed(stage, names, outputs)
     schema = pa.schema([pf.schema_arrow.field(old).with_name(new) for old, new in pairs])
     rows = answered = kept = 0
-    with storage.publish(storage.parse(dest, "output")) as sink:
+    with storage.publish_file(storage.parse(dest, "output")) as sink:
         writer = pq.ParquetWriter(str(sink) if isinstance(sink, Path) else sink, schema)
         try:
             for batch in pf.iter_batches(batch_size=BATCH_ROWS):

@@ -142,7 +142,7 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
     store_failed = storage.refusing(out, "output", "write", error=JobError, after=_KEPT)
     with store_failed, atomic_file(spec.paths.failed_rows) as failed_tmp, open(failed_tmp, "w") as failed:
         storage.remove_stale_temps(out)  # left by a commit killed mid-write (object stores)
-        with storage.publish(out) as tmp:
+        with storage.publish_file(out) as tmp:
             writer.open(tmp)
             finish = job.finish_batch if spec.output_format == "parquet" else None
             for i in range(spec.shards):
@@ -179,7 +179,7 @@ def _commit_dataset(
             current = _dataset_manifest(spec, fp, commit_id, shards)
             if current["rows"] != ds.num_rows:
                 raise JobError(f"commit of {spec.output} produced {current['rows']} rows for {ds.num_rows} input rows.")
-            dataset_output.publish(out, stage, current)
+            dataset_output.publish_dataset(out, stage, current)
         dataset_output.keep_parts(out, tokens)  # a filesystem: drop pre-written files of older ledger states
     with atomic_file(spec.paths.failed_rows) as tmp, open(tmp, "w") as failed:
         for i in range(spec.shards):  # the shards' failed rows, recorded as each was written
@@ -545,7 +545,7 @@ class _JsonlWriter:
         self.gz = gz
 
     def open(self, path: Path | pa.NativeFile) -> None:
-        if not isinstance(path, Path):  # a stream to an object store (see storage.publish)
+        if not isinstance(path, Path):  # a stream to an object store (see storage.publish_file)
             self.fh: TextIO | _TextSink = _TextSink(path, self.gz)
             return
         self.fh = (

@@ -496,7 +496,7 @@ def upload(loc: Location) -> Iterator[pa.NativeFile]:
 
 # ---------------------------------------------------------------------------------------- publish
 @contextmanager
-def publish(loc: Location) -> Iterator[Path | pa.NativeFile]:
+def publish_file(loc: Location) -> Iterator[Path | pa.NativeFile]:
     """Yield where to write ``loc``'s new content; on success it replaces ``loc`` whole, on error nothing changes.
 
     Local: a temp path beside it, fsynced and renamed (:func:`prefect_swarm.paths.atomic_file`).
@@ -534,7 +534,7 @@ def remove_stale_temps(loc: Location) -> None:
     if not loc.remote:
         return
     parent, _, name = loc.path.rpartition("/")
-    final = loc.path.partition("/")[2]  # an S3 output is uploaded to its own key (see publish)
+    final = loc.path.partition("/")[2]  # an S3 output is uploaded to its own key (see publish_file)
     abort_uploads(f"{parent}/", loc.scheme, lambda key: key == final or is_temp_of(name, key.rpartition("/")[2]))
     try:
         found = loc.fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True))
