@@ -97,7 +97,8 @@ SHARD = (
     HWM + "; import sys, runpy; sys.argv[0] = 'run'; runpy.run_module('prefect_swarm.jobs.run', run_name='__main__')"
 )
 WRITE = HWM + (
-    "; import sys; from prefect_swarm.jobs.rows import output; output.PART_BYTES = int(os.environ['BENCH_PART_BYTES']); "
+    "; import sys; from prefect_swarm.jobs.rows import output; "
+    "output.PART_BYTES = int(os.environ['BENCH_PART_BYTES']); "
     "from prefect_swarm.jobs.spec import JobSpec; from prefect_swarm.jobs.rows.commit import "
     "write_shard_output; write_shard_output(JobSpec.load(sys.argv[1]), int(sys.argv[2]))"
 )
