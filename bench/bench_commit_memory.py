@@ -26,13 +26,13 @@ import pyarrow.parquet as pq
 from _common import dataset, median, run_pinned, spec_file
 
 from prefect_swarm.jobs.api import load_job
-from prefect_swarm.jobs.fingerprint import job_fingerprint
-from prefect_swarm.jobs.ledger import ledger_schema
+from prefect_swarm.jobs.checkpoint.fingerprint import job_fingerprint
+from prefect_swarm.jobs.checkpoint.ledger import ledger_schema
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import atomic_write_json, atomic_write_text
 
 COMMIT = (
-    "import sys; from prefect_swarm.jobs.spec import JobSpec; from prefect_swarm.jobs.commit import "
+    "import sys; from prefect_swarm.jobs.spec import JobSpec; from prefect_swarm.jobs.rows.commit import "
     "commit_output; commit_output(JobSpec.load(sys.argv[1]))"
 )
 PART_ROWS = 5000

@@ -22,7 +22,7 @@ from prefect_swarm.testing import free_port
 from prefect_swarm.testing.stub_engine import StubEngine
 
 COMMIT = (
-    "import sys; from prefect_swarm.jobs.spec import JobSpec; from prefect_swarm.jobs.commit import "
+    "import sys; from prefect_swarm.jobs.spec import JobSpec; from prefect_swarm.jobs.rows.commit import "
     "commit_output; commit_output(JobSpec.load(sys.argv[1]))"
 )
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from _common import dataset, job_argv, spec_file
 
-from prefect_swarm.jobs.ledger import MAX_PENDING_WRITES
+from prefect_swarm.jobs.checkpoint.ledger import MAX_PENDING_WRITES
 from prefect_swarm.paths import JobPaths
 from prefect_swarm.testing import free_port
 from prefect_swarm.testing.stub_engine import StubEngine

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests" / "prefect"))
 from _common import dataset  # noqa: E402
 from helpers import stub_swarm  # noqa: E402
 
-from prefect_swarm.jobs.commit import commit_output  # noqa: E402
+from prefect_swarm.jobs.rows.commit import commit_output  # noqa: E402
 from prefect_swarm.jobs.spec import JobSpec  # noqa: E402
 from prefect_swarm.testing import free_port  # noqa: E402
 from prefect_swarm.testing.stub_engine import StubEngine  # noqa: E402

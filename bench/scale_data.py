@@ -27,10 +27,10 @@ Prints one JSON line per size, then the ratios of the largest size to the smalle
 
 Then, per ``--dataset`` case ROWS:SHARDS (default 1M, 4M, 16M rows in 1 shard, and 16M rows in 4, 16,
 64 shards: rows vary at a fixed file count, files at fixed rows), an output **folder** (``out/``, the
-dataset layout of :mod:`prefect_swarm.jobs.output`):
+dataset layout of :mod:`prefect_swarm.jobs.rows.output`):
 
 - every shard's ledger complete and DONE (synthetic, as above: parts of ``--ledger-part-rows``, 1 %
-  error rows), then each shard's part files written by :func:`~prefect_swarm.jobs.commit.write_shard_output`
+  error rows), then each shard's part files written by :func:`~prefect_swarm.jobs.rows.commit.write_shard_output`
   in its own process (``--write-jobs`` at a time): what a shard's job process does once its last row
   is answered, in parallel with the other shards; reported: their wall time and the largest peak RSS;
 - ``commit_output`` (the publish: hard links into a staging folder, manifest, ``_SUCCESS``, one
@@ -65,11 +65,11 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from _common import CLIENT_CPU, ROOT, dataset, job_argv, median, spec_file
 
-from prefect_swarm.jobs import output
 from prefect_swarm.jobs.api import load_job
-from prefect_swarm.jobs.dataset import open_input, shard_range
-from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details
-from prefect_swarm.jobs.ledger import ShardLedger
+from prefect_swarm.jobs.checkpoint.fingerprint import fingerprint_details, hash_details
+from prefect_swarm.jobs.checkpoint.ledger import ShardLedger
+from prefect_swarm.jobs.rows import output
+from prefect_swarm.jobs.rows.input import open_input, shard_range
 from prefect_swarm.jobs.shard import ShardRun
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.testing import free_port
@@ -83,11 +83,11 @@ HWM = (
 """Prepended to each measured process: its peak RSS (VmHWM) to the file ``$BENCH_HWM`` at exit."""
 SUBMIT = HWM + (
     "; import sys; from prefect_swarm.jobs.spec import JobSpec; from prefect_swarm.jobs.shard import validate_input; "
-    "from prefect_swarm.jobs.plan import pending_shards, job_progress; s = JobSpec.load(sys.argv[1]); "
+    "from prefect_swarm.jobs.checkpoint.plan import pending_shards, job_progress; s = JobSpec.load(sys.argv[1]); "
     "validate_input(s); pending_shards(s); job_progress(s)"
 )
 COMMIT = HWM + (
-    "; import sys, time; from prefect_swarm.jobs.spec import JobSpec; from prefect_swarm.jobs.commit import "
+    "; import sys, time; from prefect_swarm.jobs.spec import JobSpec; from prefect_swarm.jobs.rows.commit import "
     "commit_output; t, c = time.monotonic(), time.process_time(); commit_output(JobSpec.load(sys.argv[1])); "
     "open(os.environ['BENCH_HWM'] + '.s', 'w').write(f'{time.monotonic() - t} {time.process_time() - c}')"
 )
@@ -97,8 +97,9 @@ SHARD = (
     HWM + "; import sys, runpy; sys.argv[0] = 'run'; runpy.run_module('prefect_swarm.jobs.run', run_name='__main__')"
 )
 WRITE = HWM + (
-    "; import sys; from prefect_swarm.jobs import output; output.PART_BYTES = int(os.environ['BENCH_PART_BYTES']); "
-    "from prefect_swarm.jobs.spec import JobSpec; from prefect_swarm.jobs.commit import "
+    "; import sys; from prefect_swarm.jobs.rows import output; "
+    "output.PART_BYTES = int(os.environ['BENCH_PART_BYTES']); "
+    "from prefect_swarm.jobs.spec import JobSpec; from prefect_swarm.jobs.rows.commit import "
     "write_shard_output; write_shard_output(JobSpec.load(sys.argv[1]), int(sys.argv[2]))"
 )
 """What a dataset job's shard process does once its last row is answered: its part files, its record (a part

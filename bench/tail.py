@@ -5,7 +5,7 @@
 N simulated GPU replicas (``prefect_swarm.testing.gpu_sim``: 256 sequences batched, 32-token
 answers, ``--speed 0.25``: a GPU four times slower than the simulator's default, so that N replicas
 stay within what one client core drives) pinned to core 0; the job runner
-(:class:`prefect_swarm.jobs.runner.Runner`, the in-flight loop with defaults: the batch found from
+(:class:`prefect_swarm.jobs.dispatch.runner.Runner`, the in-flight loop with defaults: the batch found from
 the replicas' ``/metrics``) in this process, pinned to core 1. Profiles:
 
 - ``slow-replica``: one of the N replicas three times slower than the others (``--speed`` / 3);
@@ -46,7 +46,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 
 def rows(n: int) -> Iterator[Any]:
-    from prefect_swarm.jobs.runner import Item
+    from prefect_swarm.jobs.dispatch.runner import Item
 
     for i in range(n):
         body = {"model": "stub-model", "messages": [{"role": "user", "content": f"question {i:08d} about a topic"}]}
@@ -72,8 +72,8 @@ def start_sims(n: int, speed: float, profile: dict[str, Any]) -> tuple[list[subp
 def one(urls: list[str], n: int, hedge: bool) -> dict[str, Any]:
     """The runner over ``n`` rows; its tail."""
     from prefect_swarm.jobs.builtin import ChatCompletionJob
-    from prefect_swarm.jobs.ledger import RowResult
-    from prefect_swarm.jobs.runner import Runner, RunnerConfig
+    from prefect_swarm.jobs.checkpoint.ledger import RowResult
+    from prefect_swarm.jobs.dispatch.runner import Runner, RunnerConfig
 
     times: list[float] = []
     seen: list[int] = []

@@ -173,7 +173,7 @@ def flow_run(src: Path, out: Path, model: Path, python: Path, concurrency: int) 
         if t.start_time and t.start_time >= ready.end_time
     }
     # the job process's own end (its last progress write), on the same clock
-    from prefect_swarm.jobs.plan import recorded_progress
+    from prefect_swarm.jobs.checkpoint.plan import recorded_progress
     from prefect_swarm.jobs.spec import JobSpec
     from prefect_swarm.launch import list_jobs
 

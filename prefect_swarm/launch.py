@@ -33,16 +33,16 @@ from prefect_swarm.exceptions import BudgetReached, CapacityError, ConfigError, 
 from prefect_swarm.interfaces import ComputeBackend, JobEnv, JobHandle, JobProbe, JobRequest, JobStatus
 from prefect_swarm.interfaces.jobenv import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE
 from prefect_swarm.interfaces.types import ServingPhase
-from prefect_swarm.jobs import storage
-from prefect_swarm.jobs.cache import cache_fields
-from prefect_swarm.jobs.commit import Verdict, commit_output, manifest_current, manifest_verdict
-from prefect_swarm.jobs.failures import manifest_failures
-from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details, job_fingerprint
-from prefect_swarm.jobs.ledger import discard_ledger, shard_store
-from prefect_swarm.jobs.plan import check_resume, job_progress, pending_shards, shard_progress
-from prefect_swarm.jobs.sizing import size_for_swarm
+from prefect_swarm.jobs.checkpoint.failures import manifest_failures
+from prefect_swarm.jobs.checkpoint.fingerprint import fingerprint_details, hash_details, job_fingerprint
+from prefect_swarm.jobs.checkpoint.ledger import discard_ledger, shard_store
+from prefect_swarm.jobs.checkpoint.plan import check_resume, job_progress, pending_shards, shard_progress
+from prefect_swarm.jobs.dispatch.cache import cache_fields
+from prefect_swarm.jobs.rows import storage
+from prefect_swarm.jobs.rows.commit import Verdict, commit_output, manifest_current, manifest_verdict
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, SwarmPaths, read_json, read_tail
+from prefect_swarm.sizing import size_for_swarm
 from prefect_swarm.state import JobRecord, StateStore, Submission
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def for_swarm(spec: JobSpec, swarm: Swarm, *, retry_failed: bool = False) -> Job
     elsewhere, and an engine swapped behind the same name changes the fingerprint, which the
     resume check of :func:`prepare_job` then refuses (a checkpoint never mixes two engines' answers).
     The replicas' capacity, their list and (unless set) the shard count come from the swarm too
-    (:func:`~prefect_swarm.jobs.sizing.size_for_swarm`), and its budget with the GPU-hours it has
+    (:func:`~prefect_swarm.sizing.size_for_swarm`), and its budget with the GPU-hours it has
     used so far (:func:`swarm_budget`: the job processes hold the cap themselves).
     """
     spec = spec.model_copy(
@@ -103,11 +103,11 @@ def for_swarm(spec: JobSpec, swarm: Swarm, *, retry_failed: bool = False) -> Job
 
 def pilot_job(spec: JobSpec, swarm: Swarm, k: int, *, target: SwarmConfig | None = None) -> dict[str, Any]:
     """Run the first ``k`` rows of ``spec``'s input on the running ``swarm`` in a throwaway folder (no
-    state row, no commit; see :mod:`prefect_swarm.jobs.pilot`) and project the whole input for
+    state row, no commit; see :mod:`prefect_swarm.pilot`) and project the whole input for
     ``target`` (another replica count or price; default the swarm's own config)."""
     import tempfile
 
-    from prefect_swarm.jobs import pilot as pilots
+    from prefect_swarm import pilot as pilots
     from prefect_swarm.jobs.shard import validate_input
 
     with tempfile.TemporaryDirectory(prefix="prefect-swarm-pilot-") as tmp:

@@ -382,7 +382,7 @@ def journal_for(folder: Path, setting: str = "auto", mounts: Path = MOUNTS) -> s
 
 
 def cache_db(folder: Path) -> Path:
-    """The response cache's SQLite database in ``folder`` (see :mod:`prefect_swarm.jobs.cache`)."""
+    """The response cache's SQLite database in ``folder`` (see :mod:`prefect_swarm.jobs.dispatch.cache`)."""
     return folder / "responses.db"
 
 

@@ -202,7 +202,7 @@ def _rows_all_answered(spec: dict[str, Any]) -> bool:
     if "input" not in spec:
         return False
     try:
-        from prefect_swarm.jobs.plan import pending_shards
+        from prefect_swarm.jobs.checkpoint.plan import pending_shards
         from prefect_swarm.jobs.spec import JobSpec
 
         return not pending_shards(JobSpec.model_validate(spec))

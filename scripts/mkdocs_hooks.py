@@ -1,7 +1,8 @@
 """MkDocs hooks of the docs site: docstrings written with Sphinx roles render as plain code.
 
-The package's docstrings cross-reference with Sphinx roles (``:func:`~prefect_swarm.jobs.plan.recovered_text```);
-mkdocstrings renders docstrings as Markdown, where a role would show raw (``:func:recovered_text``).
+The package's docstrings cross-reference with Sphinx roles
+(``:func:`~prefect_swarm.jobs.checkpoint.plan.recovered_text```); mkdocstrings renders docstrings as
+Markdown, where a role would show raw (``:func:recovered_text``).
 :func:`on_page_content` turns each into the code span it names (the last dotted part for a ``~``
 reference, as Sphinx shows it).
 """

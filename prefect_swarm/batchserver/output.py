@@ -1,7 +1,7 @@
 """A batch's results as OpenAI hands them back: the output file and the error file.
 
 The job writes every line of the batch, in input order, in OpenAI's output format
-(:class:`prefect_swarm.jobs.commit._JsonlWriter`); here it is split as OpenAI splits it: a line
+(:class:`prefect_swarm.jobs.rows.commit._JsonlWriter`); here it is split as OpenAI splits it: a line
 answered with a 2xx goes to the output file, every other line (an HTTP error answer, a request that
 failed, one never sent) to the error file. A batch stopped before its end (cancelled, expired, its
 job gone for good) gets the lines its ledger holds as they were answered, and one error line for each
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefect_swarm.jobs.commit import BATCH_COLUMNS, batch_line_result
-from prefect_swarm.jobs.ledger import read_ledger, shard_store
+from prefect_swarm.jobs.checkpoint.ledger import read_ledger, shard_store
+from prefect_swarm.jobs.rows.commit import BATCH_COLUMNS, batch_line_result
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import atomic_file
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefect_swarm.jobs.dataset import BATCH_URLS, batch_method_problem
+from prefect_swarm.jobs.rows.input import BATCH_URLS, batch_method_problem
 
 MAX_ERRORS = 100
 """Most errors listed for one file (the first ones, in line order)."""

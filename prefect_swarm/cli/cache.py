@@ -1,4 +1,4 @@
-"""``prefect-swarm cache``: the response cache across jobs (see :mod:`prefect_swarm.jobs.cache`).
+"""``prefect-swarm cache``: the response cache across jobs (see :mod:`prefect_swarm.jobs.dispatch.cache`).
 
     prefect-swarm cache info [-o json]
     prefect-swarm cache clear [--fingerprint FP] [-y]
@@ -28,7 +28,7 @@ cache_app = typer.Typer(
 def info(output: OutputOpt = OutputFormat.table) -> None:
     """What the cache holds: answers, bytes, hits, per engine fingerprint, and its size bound."""
     settings = get_settings()
-    from prefect_swarm.jobs.cache import cache_info  # pyarrow: only for this command
+    from prefect_swarm.jobs.dispatch.cache import cache_info  # pyarrow: only for this command
 
     doc = {**cache_info(settings.cache_folder), "max_bytes": int(settings.cache_max_gb * 1e9)}
     doc["default_on"] = settings.cache
@@ -59,7 +59,7 @@ def clear(
     folder = get_settings().cache_folder
     what = f"engine {fingerprint}'s answers" if fingerprint else "every answer"
     confirm(f"Drop {what} from the response cache {folder}?", yes)
-    from prefect_swarm.jobs.cache import cache_clear
+    from prefect_swarm.jobs.dispatch.cache import cache_clear
 
     dropped = cache_clear(folder, fingerprint)
     console.print(f"dropped {dropped} answer(s) from the response cache {folder}")

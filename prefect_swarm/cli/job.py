@@ -416,7 +416,7 @@ def status(
 
 def _print_recovered(progress: dict[str, Any]) -> None:
     """Rows answered on a retry after failing before, with the reasons they had (their output has no error)."""
-    from prefect_swarm.jobs.plan import recovered_text  # pyarrow: only where progress is shown
+    from prefect_swarm.jobs.checkpoint.plan import recovered_text  # pyarrow: only where progress is shown
 
     if recovered := recovered_text(progress.get("shards") or []):
         console.print(recovered, markup=False)
@@ -424,7 +424,7 @@ def _print_recovered(progress: dict[str, Any]) -> None:
 
 def _print_failure_reasons(summary: dict[str, Any] | None) -> None:
     """Why rows failed: the top reasons with counts, an example row of each (the engine's words)."""
-    from prefect_swarm.jobs.failures import failure_lines  # pyarrow: only where a result is shown
+    from prefect_swarm.jobs.checkpoint.failures import failure_lines  # pyarrow: only where a result is shown
 
     for line in failure_lines(summary):
         console.print(line, markup=False, soft_wrap=True)

@@ -154,7 +154,7 @@ class TopSampler:
         return {"url": url, **counts, "requests_s": rate, "error": None}
 
     def _job(self, rec: JobRecord, swarm_config: dict[str, Any]) -> dict[str, Any]:
-        from prefect_swarm.jobs.plan import recorded_progress  # pyarrow: only where progress is shown
+        from prefect_swarm.jobs.checkpoint.plan import recorded_progress  # pyarrow: only where progress is shown
 
         spec = JobSpec.model_validate(rec.spec) if rec.spec and "input" in rec.spec else None
         shards = [recorded_progress(spec, i) if spec else {} for i in range(rec.nshards)]

@@ -249,7 +249,7 @@ def projection(
 def job_projection(
     progress: Mapping[str, Any], swarm_config: Mapping[str, Any] | None, *, min_elapsed_s: float = MIN_ELAPSED_S
 ) -> dict[str, Any]:
-    """:func:`projection` of a running job from its progress (:func:`~prefect_swarm.jobs.plan.job_progress`:
+    """:func:`projection` of a running job from its progress (:func:`~prefect_swarm.jobs.checkpoint.plan.job_progress`:
     rows done and total, the running shards' rows/s) and its swarm's recorded config (GPUs, price).
 
     Everything is as of the shards' last progress writes (their checkpoints: every ``checkpoint_every``

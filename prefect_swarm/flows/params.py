@@ -18,8 +18,8 @@ from prefect_swarm.blocks import SwarmSpec
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.config.cost import CostConfig
 from prefect_swarm.config.swarm import secretless
-from prefect_swarm.jobs.sizing import size_for_swarm
 from prefect_swarm.jobs.spec import JobSpec, OutputFormat
+from prefect_swarm.sizing import size_for_swarm
 from prefect_swarm.swarm import Swarm, engine_fingerprint
 
 P = ParamSpec("P")
@@ -66,7 +66,7 @@ class JobOptions(_options_base()):  # type: ignore[misc]
 
     def to_spec(self, *, input: str, output: str, shards: int | None, **flow_fields: Any) -> JobSpec:
         """The JobSpec for these options and the flow's own fields (``shards`` None: left for the swarm
-        to size, see :func:`~prefect_swarm.jobs.sizing.size_for_swarm`)."""
+        to size, see :func:`~prefect_swarm.sizing.size_for_swarm`)."""
         data = self.model_dump(exclude_unset=False)
         if data["output_format"] is None:
             del data["output_format"]  # JobSpec takes it from the output's name
@@ -154,7 +154,7 @@ TASK_THREADS = MAX_SHARDS + 8
 """Threads of a job flow's task runner: every shard task at once (they wait on their job's one
 watcher, see launch.JobWatcher, and cost no scheduler call each), plus the flow's other tasks."""
 ShardsArg = Annotated[int | None, Field(ge=1, le=MAX_SHARDS)]
-"""None (the default): sized from the swarm (:func:`~prefect_swarm.jobs.sizing.size_for_swarm`)."""
+"""None (the default): sized from the swarm (:func:`~prefect_swarm.sizing.size_for_swarm`)."""
 ConcurrencyArg = Annotated[int | None, Field(ge=1, le=1_048_576)]
 """Most requests in flight per shard; None (the default): each replica kept full (see JobSpec.concurrency)."""
 MaxFailedArg = Annotated[float | None, Field(ge=0.0, le=1.0)]

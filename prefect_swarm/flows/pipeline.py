@@ -50,10 +50,10 @@ from prefect_swarm.flows.params import (
     job_options,
     swarm_flow,
 )
-from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.api import load_job
-from prefect_swarm.jobs.dataset import InputDataset
-from prefect_swarm.jobs.failures import reasons_line
+from prefect_swarm.jobs.checkpoint.failures import reasons_line
+from prefect_swarm.jobs.rows import storage
+from prefect_swarm.jobs.rows.input import InputDataset
 from prefect_swarm.jobs.stages import STAGE_NAME, HandOver, RowFilter, check_stage, outputs_of
 from prefect_swarm.paths import PipelinePaths
 from prefect_swarm.swarm import flow_run_owner
@@ -406,5 +406,5 @@ def _empty_output(last: str, output: str) -> None:
     import pyarrow.parquet as pq
 
     schema = pq.read_schema(last)
-    with storage.publish(storage.parse(output, "output")) as sink:
+    with storage.publish_file(storage.parse(output, "output")) as sink:
         pq.write_table(schema.empty_table(), str(sink) if isinstance(sink, Path) else sink)

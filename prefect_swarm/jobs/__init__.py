@@ -1,15 +1,13 @@
-"""The job engine (data plane): job API, spec, runner, ledger, commit, and submission helpers.
+"""The job engine (data plane), in rooms named for what happens to a row.
 
-    api.py / builtin.py   SwarmJob and the built-in jobs (row -> request, response -> columns)
     spec.py               JobSpec (the JSON file every job process reads)
-    dataset.py            input: open, validate, stream a row range
-    runner.py             async aiohttp runner: concurrency, retries, endpoints
-    ledger.py             per-shard checkpoint (part files, progress, fingerprint, DONE)
-    cache.py              identical requests sent once; the response cache across jobs
+    api.py / builtin.py   SwarmJob and the built-in jobs (row -> request, response -> columns);
+                          dataframe.py, stages.py, structured.py, template.py, images.py beside them
+    columns.py            the output's own columns (status, error, tokens, ...)
     shard.py / run.py     the job process (`python -m prefect_swarm.jobs.run`)
-    plan.py               pending shards, progress
-    commit.py             merge shards into the output; manifest; failed rows
-    submit.py             prepare / submit / status / wait / cancel through a compute backend
+    rows/                 where rows come from and go to: input, output (the output check), storage, commit
+    checkpoint/           ledger (per-shard finished rows), fingerprint, plan (pending shards), failures
+    dispatch/             how rows reach replicas: runner, control (in-flight), ratelimit, cache, metrics
 
 Nothing here imports prefect.
 """

@@ -36,6 +36,7 @@ from prefect_swarm.exceptions import ConfigError
 # a job's own code raises these about one row: public here, defined with every other error
 from prefect_swarm.exceptions import InvalidAnswer as InvalidAnswer
 from prefect_swarm.exceptions import RowRefused as RowRefused
+from prefect_swarm.jobs.columns import RESERVED_COLUMNS
 
 if TYPE_CHECKING:
     from prefect_swarm.jobs.structured import ResponseSchema
@@ -213,10 +214,8 @@ def join_choices(answers: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def check_reserved(what: str, names: Iterable[str], fix: str) -> None:
-    """Refuse ``names`` that are the output's own columns (:data:`~prefect_swarm.jobs.ledger.RESERVED_COLUMNS`):
+    """Refuse ``names`` that are the output's own columns (:data:`~prefect_swarm.jobs.columns.RESERVED_COLUMNS`):
     ConfigError ``"<what>(s) <clashing names> ..."`` with the reserved list and ``fix``."""
-    from prefect_swarm.jobs.ledger import RESERVED_COLUMNS
-
     clash = [n for n in names if n in RESERVED_COLUMNS]
     if clash:
         raise ConfigError(

@@ -11,13 +11,12 @@ import pyarrow as pa
 
 from prefect_swarm.exceptions import ConfigError, RowRefused, TooFewChoices
 from prefect_swarm.jobs.api import SamplesBy, SwarmJob
-from prefect_swarm.jobs.dataset import batch_url_problem
 from prefect_swarm.jobs.images import check_messages, image_part
+from prefect_swarm.jobs.rows.input import batch_url_problem
 from prefect_swarm.jobs.template import PromptTemplate
 
 _TEXT_OUTPUTS = {"text": pa.string(), "finish_reason": pa.string()}
 _SAMPLE_OUTPUTS = {"text": pa.list_(pa.string()), "finish_reason": pa.list_(pa.string())}
-
 
 
 MAX_SAMPLES = 128
@@ -26,6 +25,7 @@ MAX_SAMPLES = 128
 MAX_ROW_COMPLETION_TOKENS = 2**20
 """The most completion tokens one row may ask for, all its answers together (``max_tokens`` or
 ``max_completion_tokens`` x ``samples`` or ``sampling.n``): 128 answers of 8,192 tokens."""
+
 
 class _TextJob(SwarmJob):
     """A job whose answers are text choices (chat, completion): one answer per row, or with
@@ -283,7 +283,7 @@ class OpenAIBatchJob(SwarmJob):
         return {"url": "string", "body": "json"}
 
     def route(self, row: dict[str, Any]) -> str:
-        """The line's url, one of :data:`~prefect_swarm.jobs.dataset.BATCH_URLS` (a JSONL line is checked
+        """The line's url, one of :data:`~prefect_swarm.jobs.rows.input.BATCH_URLS` (a JSONL line is checked
         when the input is read; a row of a parquet input with any other url is refused here: an error
         row, nothing sent)."""
         url = row.get("url") or self.path

@@ -25,12 +25,9 @@ from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import jobenv
 from prefect_swarm.interfaces.jobenv import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, JobEnv
 from prefect_swarm.interfaces.readiness import key_refused
-from prefect_swarm.jobs import fastjson, storage
 from prefect_swarm.jobs.api import SwarmJob, check_reserved, load_job
-from prefect_swarm.jobs.cache import Reuse
-from prefect_swarm.jobs.dataset import InputDataset, check_output_location, open_input, shard_range
-from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details, job_fingerprint
-from prefect_swarm.jobs.ledger import (
+from prefect_swarm.jobs.checkpoint.fingerprint import fingerprint_details, hash_details, job_fingerprint
+from prefect_swarm.jobs.checkpoint.ledger import (
     PROGRESS_EVERY_S,
     STATUS_OK,
     RowResult,
@@ -39,9 +36,13 @@ from prefect_swarm.jobs.ledger import (
     pyarrow_without_pandas,
     shard_store,
 )
-from prefect_swarm.jobs.metrics import ShardMetrics, metrics_address
-from prefect_swarm.jobs.output import check_dataset_output
-from prefect_swarm.jobs.runner import Item, Runner, RunnerConfig, prefix_key
+from prefect_swarm.jobs.dispatch import fastjson
+from prefect_swarm.jobs.dispatch.cache import Reuse
+from prefect_swarm.jobs.dispatch.metrics import ShardMetrics, metrics_address
+from prefect_swarm.jobs.dispatch.runner import Item, Runner, RunnerConfig, prefix_key
+from prefect_swarm.jobs.rows import storage
+from prefect_swarm.jobs.rows.input import InputDataset, open_input, shard_range
+from prefect_swarm.jobs.rows.output import check_output_location
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, atomic_write_json, read_json
 
@@ -111,12 +112,12 @@ def validate_input(spec: JobSpec, job: SwarmJob | None = None) -> InputDataset:
     """
     job = job or load_job(spec.job, spec.job_kwargs)
     ds = open_input(spec)  # the input's metadata: read once per job, kept in the job folder
-    check_output_location(spec.output, ds, spec.job_dir)
+    kept = spec.input_columns if spec.input_columns is not None else ds.schema.names
+    fingerprint, columns = job_fingerprint(spec, ds), [*kept, *job.outputs]  # another job's dataset there
+    check_output_location(spec.output, ds, spec.job_dir, fingerprint=fingerprint, columns=columns)
     if spec.ledger:  # the checkpoints on an object store: proven writable like the output
         storage.check_writable(storage.parse(spec.ledger, "ledger"), "ledger", folder=True)
     ds.check_columns(job.all_columns(), spec.id_column, spec.input_columns)
-    kept = spec.input_columns if spec.input_columns is not None else ds.schema.names
-    check_dataset_output(spec.output, job_fingerprint(spec, ds), [*kept, *job.outputs])  # another job's there
     check_reserved(f"job {spec.job}: output", job.outputs, "Rename the job's output(s).")
     check_reserved(
         f"input {ds.where}: column", kept, "Rename the column(s), or list the input columns to keep with input_columns."
@@ -175,13 +176,14 @@ class ShardRun:
         self.metrics.ledger = self.ledger
         self._own_metrics = metrics is None
         self.reuse: Reuse | None = None
-        """Identical requests sent once, and the response cache (:mod:`prefect_swarm.jobs.cache`); None: off."""
+        """Identical requests sent once, and the response cache (:mod:`prefect_swarm.jobs.dispatch.cache`);
+        None: off."""
 
     def run(self, *, overwrite: bool = False) -> int:
         """Run the shard; return the exit code (0 done, 75 stopped resumable: see :meth:`_stop_resumable`).
 
         Holds the shard's lock for the whole run: a second process for the same shard raises
-        :class:`~prefect_swarm.jobs.ledger.ShardBusy` (exit 2) before touching the ledger.
+        :class:`~prefect_swarm.jobs.checkpoint.ledger.ShardBusy` (exit 2) before touching the ledger.
         """
         lock = ShardLock(self.ledger.paths)
         lock.acquire(f"shard {self.shard_id} of job {self.spec.job_id or self.spec.paths.root.name}")
@@ -282,7 +284,7 @@ class ShardRun:
     def _write_output(self) -> None:
         """A dataset output: write this shard's part files now, in parallel with the other shards, so
         the commit only publishes (a failure is left to the commit, which writes what is missing)."""
-        from prefect_swarm.jobs.commit import write_shard_output
+        from prefect_swarm.jobs.rows.commit import write_shard_output
 
         if self.nshards != self.spec.shards:
             return
@@ -297,8 +299,8 @@ class ShardRun:
             log.info("shard %d: %d output file(s) written for the commit", self.shard_id, len(record["files"]))
 
     def _auto_commit(self) -> int:
-        from prefect_swarm.jobs.commit import commit_output, manifest_verdict
-        from prefect_swarm.jobs.plan import pending_shards
+        from prefect_swarm.jobs.checkpoint.plan import pending_shards
+        from prefect_swarm.jobs.rows.commit import commit_output, manifest_verdict
 
         spec = self.spec.model_copy(update={"retry_failed": False})
         if not spec.auto_commit or self.nshards != spec.shards or pending_shards(spec):

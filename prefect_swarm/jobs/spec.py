@@ -184,7 +184,7 @@ class JobSpec(BaseModel):
         ge=1,
         description="Number of shards (job processes) the rows are split into. Left unset on a job for a "
         "swarm, it is sized from the swarm: one process per 4096 requests in flight its replicas need "
-        "(see prefect_swarm.jobs.sizing).",
+        "(see prefect_swarm.sizing).",
     )
     output_format: OutputFormat = Field(
         default="parquet",
@@ -267,7 +267,7 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="after")
     def _locations(self) -> JobSpec:
-        from prefect_swarm.jobs import storage  # pyarrow.fs: only once a spec is built
+        from prefect_swarm.jobs.rows import storage  # pyarrow.fs: only once a spec is built
 
         try:
             storage.parse(self.input, "input")

@@ -30,9 +30,9 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.api import SwarmJob
-from prefect_swarm.jobs.ledger import RESERVED_COLUMNS
+from prefect_swarm.jobs.columns import RESERVED_COLUMNS
+from prefect_swarm.jobs.rows import storage
 
 STATUS_OK = "ok"
 BATCH_ROWS = 65_536
@@ -186,7 +186,7 @@ def hand_over(
     pairs = renamed(stage, names, outputs)
     schema = pa.schema([pf.schema_arrow.field(old).with_name(new) for old, new in pairs])
     rows = answered = kept = 0
-    with storage.publish(storage.parse(dest, "output")) as sink:
+    with storage.publish_file(storage.parse(dest, "output")) as sink:
         writer = pq.ParquetWriter(str(sink) if isinstance(sink, Path) else sink, schema)
         try:
             for batch in pf.iter_batches(batch_size=BATCH_ROWS):

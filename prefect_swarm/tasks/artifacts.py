@@ -12,8 +12,8 @@ from typing import Any
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from prefect_swarm.config import SwarmConfig
-from prefect_swarm.jobs.failures import OTHER, words
-from prefect_swarm.jobs.plan import REUSE_COUNTS, recovered_text
+from prefect_swarm.jobs.checkpoint.failures import OTHER, words
+from prefect_swarm.jobs.checkpoint.plan import REUSE_COUNTS, recovered_text
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.swarm import engine_fingerprint
 
@@ -44,7 +44,7 @@ def summary_row(
     time, GPU-hours (swarm time x its GPUs), USD and USD per million tokens (``backend.cost``; null
     without a price); ``resumed``: the rows its checkpoints already held done when the run started
     (0: not a resume); ``recovered``: rows answered on a retry after failing before (their reasons:
-    :func:`~prefect_swarm.jobs.plan.recovered_text`)."""
+    :func:`~prefect_swarm.jobs.checkpoint.plan.recovered_text`)."""
     cached = sum(int(r.get("total") or 0) for r in shard_results if r.get("how") == "skipped")
     ran = [r for r in shard_results if r.get("how") != "skipped"]
     tokens_run = sum(int(r.get("prompt_tokens") or 0) + int(r.get("completion_tokens") or 0) for r in ran)
@@ -205,7 +205,7 @@ def secret_values_of(cfg: SwarmConfig) -> list[str]:
 
 
 def shown_failures(summary: dict[str, Any] | None, secrets: list[str]) -> dict[str, Any] | None:
-    """A failure summary (:mod:`prefect_swarm.jobs.failures`) as a run shows it: every error redacted
+    """A failure summary (:mod:`prefect_swarm.jobs.checkpoint.failures`) as a run shows it: every error redacted
     with the swarm's ``secrets`` too."""
     if not summary:
         return None

@@ -72,7 +72,7 @@ def job_event(what: str, job_id: str, swarm: str | None, **payload: Any) -> None
 def _job_cost(job_id: str) -> dict[str, Any] | None:
     """The job's cost as `job status` shows it (read-only: ledger progress, recorded swarm config)."""
     from prefect_swarm.config.cost import job_cost
-    from prefect_swarm.jobs.plan import job_progress
+    from prefect_swarm.jobs.checkpoint.plan import job_progress
     from prefect_swarm.jobs.spec import JobSpec
     from prefect_swarm.state import StateStore
 

@@ -25,10 +25,10 @@ from prefect_swarm import launch
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.config.cost import duration, job_cost, job_projection, projection_text, usd_text
 from prefect_swarm.exceptions import ConfigError, JobError, JobFailed
-from prefect_swarm.jobs import storage
-from prefect_swarm.jobs.commit import manifest_verdict
-from prefect_swarm.jobs.failures import failure_lines, manifest_failures, reasons_line
-from prefect_swarm.jobs.plan import job_progress, recovered_text, shard_done, shard_progress
+from prefect_swarm.jobs.checkpoint.failures import failure_lines, manifest_failures, reasons_line
+from prefect_swarm.jobs.checkpoint.plan import job_progress, recovered_text, shard_done, shard_progress
+from prefect_swarm.jobs.rows import storage
+from prefect_swarm.jobs.rows.commit import manifest_verdict
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.launch import JobPlan, ShardStopped, ShardWatch
 from prefect_swarm.paths import read_json

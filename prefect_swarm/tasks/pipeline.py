@@ -4,7 +4,7 @@ The data work is :mod:`prefect_swarm.jobs.stages`'s; these add the run logger, a
 hand-over as it is while its source has not changed, and the artifacts.
 
 The stamp matters for exactly-once: the next stage's job is identified by its input's identity
-(path, size, mtime; :mod:`prefect_swarm.jobs.fingerprint`). A rerun after a crash finds the stamp
+(path, size, mtime; :mod:`prefect_swarm.jobs.checkpoint.fingerprint`). A rerun after a crash finds the stamp
 of the same source and filter and leaves the hand-over untouched, so the next stage's job id and
 ledger are the same and it resumes; a source that changed (the earlier stage re-answered rows) makes
 a new hand-over, and the next stage a new job over it.
@@ -20,7 +20,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from prefect_swarm.jobs import storage
+from prefect_swarm.jobs.rows import storage
 from prefect_swarm.jobs.stages import HandOver, RowFilter, hand_over
 from prefect_swarm.paths import PipelinePaths, atomic_write_json, read_json
 from prefect_swarm.tasks.artifacts import _table, artifact_key

@@ -31,6 +31,8 @@ LAYER = {
     "jobs": 1,
     "backends": 2,
     "testing": 2,
+    "sizing": 2,  # a job's shards and in-flight cap from its swarm's config (the job spec and the swarm config)
+    "pilot": 2,  # a short pilot run on a sample of the input, sized like the job
     # the control plane: a swarm, who holds it, jobs on it
     "swarm": 3,
     "holding": 4,
@@ -58,6 +60,8 @@ PREFECT_FREE = {
     "backends",
     "backends.table",
     "testing",
+    "sizing",
+    "pilot",
     "swarm",
     "holding",
     "launch",
@@ -133,6 +137,158 @@ def _violations() -> list[str]:
 
 def test_every_import_runs_downward() -> None:
     assert _violations() == []
+
+
+JOB_ROOMS = {
+    # what a row becomes: the spec, the job API and the pieces it is built from
+    "jobs.rows.storage": ("locations", 0),  # local and object-store locations: nothing of a job
+    "jobs.spec": ("definition", 1),
+    "jobs.columns": ("definition", 1),
+    "jobs.api": ("definition", 1),
+    "jobs.structured": ("definition", 1),
+    "jobs.template": ("definition", 1),
+    "jobs.images": ("definition", 1),
+    # where rows come from and go to
+    "jobs.rows": ("rows", 2),
+    # the checkpoint: the ledger, the fingerprint, the plan
+    "jobs.checkpoint": ("checkpoint", 3),
+    # how rows reach replicas; and the commit, which merges the checkpoint into the output
+    "jobs.dispatch": ("dispatch", 4),
+    "jobs.rows.commit": ("commit", 4),
+    # the job kinds and the job process
+    "jobs": ("kinds", 5),
+}
+"""The rooms of ``jobs/`` (CONTRIBUTING.md, "Layout"): a module may import its own room and the lower
+ranks, never a higher rank nor another room of its rank (the checkpoint never imports the request loop,
+the request loop never imports the commit). The longest prefix of a module's name decides its room."""
+
+
+def _room(module: str) -> tuple[str, int] | None:
+    name = module.removeprefix("prefect_swarm.")
+    if name == module or not (name == "jobs" or name.startswith("jobs.")):
+        return None
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in JOB_ROOMS:
+            return JOB_ROOMS[".".join(parts[:n])]
+    return None
+
+
+def _known(name: str, modules: set[str]) -> str | None:
+    """The package module ``name`` names (``from package import module`` gives ``package.module``)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _room_violations() -> list[str]:
+    modules = dict(_modules())
+    problems = []
+    for module, path in modules.items():
+        room = _room(module)
+        if room is None:
+            continue
+        targets = {t for n in _imports(module, path) if (t := _known(n, set(modules)))}
+        # ``from package import module``: the module counts, not its package (an ``__init__`` of a docstring)
+        targets -= {t for t in targets if any(u.startswith(t + ".") for u in targets)}
+        for target in sorted(targets):
+            other = _room(target)
+            if other is None or other == room or target == module:
+                continue
+            if other[1] > room[1]:
+                problems.append(f"{module} imports {target}: room '{other[0]}' is above '{room[0]}'")
+            elif other[1] == room[1]:
+                problems.append(f"{module} imports {target}: rooms '{room[0]}' and '{other[0]}' are side by side")
+    return problems
+
+
+def _job_circles() -> list[list[str]]:
+    """Groups of ``jobs`` modules importing each other through imports that run (not ``if TYPE_CHECKING:``)."""
+    modules = {m: p for m, p in _modules() if _room(m) is not None}
+    edges: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for stmt in node.body
+            for n in ast.walk(stmt)
+        }
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only or not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+                names = [base, *(f"{base}.{a.name}" for a in node.names)]
+            found.update(t for n in names if (t := _known(n, set(modules))) and t != module)
+        edges[module] = found
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    reached = {m: reach(m) for m in edges}
+    groups = {frozenset(m2 for m2 in reached[m] if m in reached[m2]) | {m} for m in edges if m in reached[m]}
+    return sorted(sorted(g) for g in groups)
+
+
+def test_the_rooms_of_jobs_import_downward_and_in_no_circle() -> None:
+    assert _room_violations() == []
+    assert _job_circles() == []
+
+
+@pytest.mark.parametrize(
+    ("room", "line", "expected"),
+    [
+        (
+            "jobs/checkpoint",
+            "from prefect_swarm.jobs.dispatch.runner import Runner",
+            "'dispatch' is above 'checkpoint'",
+        ),
+        ("jobs/rows", "from prefect_swarm.jobs.checkpoint import ledger", "'checkpoint' is above 'rows'"),
+        ("jobs/dispatch", "from prefect_swarm.jobs.rows.commit import commit_output", "side by side"),
+    ],
+)
+def test_the_room_check_catches_an_upward_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, room: str, line: str, expected: str
+) -> None:
+    import shutil
+
+    copy = tmp_path / "prefect_swarm"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.png", "templates"))
+    (copy / room / "_planted.py").write_text(f"{line}\n")
+    monkeypatch.setattr(__name__ + ".PACKAGE", copy)
+    assert any(expected in p and "_planted" in p for p in _room_violations())
+
+
+def test_the_circle_check_catches_a_circle_in_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lazy import (inside a function) from the ledger back to the runner closes a circle through
+    the runner's import of the ledger: reported, though nothing fails at import time."""
+    import shutil
+
+    copy = tmp_path / "prefect_swarm"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.png", "templates"))
+    ledger = copy / "jobs" / "checkpoint" / "ledger.py"
+    ledger.write_text(
+        ledger.read_text() + "\n\ndef _planted() -> None:\n    from prefect_swarm.jobs.dispatch import runner\n"
+    )
+    monkeypatch.setattr(__name__ + ".PACKAGE", copy)
+    assert any(
+        "prefect_swarm.jobs.checkpoint.ledger" in g and "prefect_swarm.jobs.dispatch.runner" in g
+        for g in _job_circles()
+    )
 
 
 @pytest.mark.parametrize(

@@ -140,7 +140,7 @@ def test_service_killed_as_the_batch_starts_completes_exactly_once(svc: Service,
 
 def _sends(svc: Service, batch_id: str) -> Counter[str]:
     """Requests the batch's job sent per custom_id, from its ledger (every write of a row, its attempts)."""
-    from prefect_swarm.jobs.ledger import read_ledger, shard_store
+    from prefect_swarm.jobs.checkpoint.ledger import read_ledger, shard_store
     from prefect_swarm.jobs.spec import JobSpec
 
     spec = JobSpec.model_validate(StateStore(svc.home / "state.db").require_job(batch_id).spec)

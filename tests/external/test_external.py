@@ -22,7 +22,7 @@ from external_kit import KEY_ENV, cli, dataset, external_config, files_holding, 
 from prefect_swarm.config import SwarmConfig, load_config
 from prefect_swarm.config.cost import job_cost
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.jobs.ratelimit import Bucket, estimate_tokens
+from prefect_swarm.jobs.dispatch.ratelimit import Bucket, estimate_tokens
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing import free_port
@@ -130,7 +130,7 @@ def test_tokens_per_minute_counts_the_estimate_then_the_reported_usage() -> None
     An answer that reports 300 tokens used puts the bucket 200 further behind."""
     import asyncio
 
-    from prefect_swarm.jobs.ratelimit import RateLimiter
+    from prefect_swarm.jobs.dispatch.ratelimit import RateLimiter
 
     body = json.dumps({"messages": [], "max_tokens": 100 - len(b'{"messages": [], "max_tokens": 100}') // 4}).encode()
     assert estimate_tokens(body) == 100
@@ -223,8 +223,10 @@ def test_a_job_without_the_key_names_where_it_was_looked_for(
         said = res.stdout + res.stderr
         assert res.returncode == 2, said
         # the places, in the order tried: the swarm's own, then the variable its config names
-        assert said.index("$PREFECT_SWARM_API_KEY (not set here)") < said.index("swarm.key") < said.index(
-            f"${KEY_ENV}, named by backend.api_key_env ({state})"
+        assert (
+            said.index("$PREFECT_SWARM_API_KEY (not set here)")
+            < said.index("swarm.key")
+            < said.index(f"${KEY_ENV}, named by backend.api_key_env ({state})")
         ), said
         assert "sk-wrong-key-0000" not in said
     assert _sent(keyed_stub) == 1  # up's readiness completion; no row was sent

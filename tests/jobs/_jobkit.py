@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prefect_swarm.jobs.runner import Item
+from prefect_swarm.jobs.dispatch.runner import Item
 from prefect_swarm.testing.stub_engine import StubEngine
 
 MODEL = "stub-model"
@@ -24,7 +24,8 @@ CHAT_PATH = "/v1/chat/completions"
 
 
 def chat_rows(n: int) -> Iterator[Item]:
-    """``n`` chat rows for a :class:`~prefect_swarm.jobs.runner.Runner` (ids ``"0"``...), each a different question."""
+    """``n`` chat rows for a :class:`~prefect_swarm.jobs.dispatch.runner.Runner` (ids ``"0"``...), each a
+    different question."""
     for i in range(n):
         body = {"model": MODEL, "messages": [{"role": "user", "content": f"question {i} about a topic"}]}
         yield Item(i, str(i), CHAT_PATH, json.dumps(body).encode())
@@ -155,7 +156,7 @@ class ConnectionCounter:
 def open_ledger(root: Path, start: int, end: int, *, retry_failed: bool = False) -> Any:
     """Shard 0 of 1's ledger over rows ``[start, end)`` in ``root``, opened (fingerprint "fp", one
     string output ``text``): the ledger alone, without a job process."""
-    from prefect_swarm.jobs.ledger import ShardLedger
+    from prefect_swarm.jobs.checkpoint.ledger import ShardLedger
     from prefect_swarm.paths import ShardPaths
 
     led = ShardLedger(
@@ -174,13 +175,13 @@ def open_ledger(root: Path, start: int, end: int, *, retry_failed: bool = False)
 
 def error_result(row: int, why: str) -> Any:
     """A RowResult of row ``row`` that failed with ``why`` (HTTP 503), as :func:`open_ledger`'s ledger takes it."""
-    from prefect_swarm.jobs.ledger import RowResult
+    from prefect_swarm.jobs.checkpoint.ledger import RowResult
 
     return RowResult(row, f"id{row}", "error", why, 503, 0, 0, 1.0, 1)
 
 
 def ok_result(row: int) -> Any:
     """A RowResult of row ``row`` answered (output ``text``), as :func:`open_ledger`'s ledger takes it."""
-    from prefect_swarm.jobs.ledger import RowResult
+    from prefect_swarm.jobs.checkpoint.ledger import RowResult
 
     return RowResult(row, f"id{row}", "ok", None, 200, 3, 4, 1.0, 1, {"text": "hi"})

@@ -29,8 +29,9 @@ from _jobkit import make_dataset, requests, run_job, run_openai_batch, write_spe
 
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.jobs.builtin import ChatCompletionJob
-from prefect_swarm.jobs.commit import manifest_verdict
-from prefect_swarm.jobs.dataset import InputDataset, check_output_location
+from prefect_swarm.jobs.rows.commit import manifest_verdict
+from prefect_swarm.jobs.rows.input import InputDataset
+from prefect_swarm.jobs.rows.output import check_output_location
 from prefect_swarm.jobs.run import main as job_main
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, read_json

@@ -23,7 +23,7 @@ import pytest
 from _jobkit import job_argv, make_dataset, write_spec
 
 from prefect_swarm.interfaces.jobenv import EXIT_OK
-from prefect_swarm.jobs.commit import manifest_verdict
+from prefect_swarm.jobs.rows.commit import manifest_verdict
 from prefect_swarm.paths import JobPaths, read_json
 from prefect_swarm.testing.stub_engine import BROKEN_FORMS
 
@@ -147,7 +147,7 @@ def test_a_body_cut_after_its_headers_is_the_rows_failure_even_in_an_outage() ->
     body broke was answered. It counts against the row's retries and keeps (or brings back) its endpoint
     in rotation, whether or not anything else answered since, and whether or not every endpoint is out."""
     from prefect_swarm.jobs.builtin import ChatCompletionJob
-    from prefect_swarm.jobs.runner import Runner, RunnerConfig
+    from prefect_swarm.jobs.dispatch.runner import Runner, RunnerConfig
 
     runner = Runner(ChatCompletionJob(), ["http://a"], RunnerConfig(eject_after=2), lambda _r: None)
     pool = runner.pool

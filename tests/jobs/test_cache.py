@@ -1,4 +1,4 @@
-"""Identical requests sent once (per shard), and the response cache across jobs (prefect_swarm.jobs.cache).
+"""Identical requests sent once (per shard), and the response cache across jobs (prefect_swarm.jobs.dispatch.cache).
 
 Requests are counted at the stub engine; its answers are a pure function of the request body, so a
 run that sends every row is the reference the reused answers must match.
@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from prefect_swarm.cli.main import app
 from prefect_swarm.holding import Holding
-from prefect_swarm.jobs.cache import (
+from prefect_swarm.jobs.dispatch.cache import (
     ResponseCache,
     cache_clear,
     cache_fields,

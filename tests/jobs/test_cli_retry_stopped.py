@@ -16,7 +16,7 @@ from _jobkit import make_dataset
 from typer.testing import CliRunner
 
 from prefect_swarm.cli.main import app
-from prefect_swarm.jobs.ledger import EARLIER_ERRORS
+from prefect_swarm.jobs.checkpoint.ledger import EARLIER_ERRORS
 from prefect_swarm.paths import JobPaths
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm

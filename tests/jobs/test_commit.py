@@ -14,12 +14,12 @@ import pytest
 from _jobkit import make_dataset, write_spec
 
 from prefect_swarm.exceptions import ConfigError, JobError
-from prefect_swarm.jobs import commit
 from prefect_swarm.jobs.api import load_job
-from prefect_swarm.jobs.commit import commit_output
-from prefect_swarm.jobs.dataset import shard_range
-from prefect_swarm.jobs.fingerprint import job_fingerprint
-from prefect_swarm.jobs.ledger import ledger_schema
+from prefect_swarm.jobs.checkpoint.fingerprint import job_fingerprint
+from prefect_swarm.jobs.checkpoint.ledger import ledger_schema
+from prefect_swarm.jobs.rows import commit
+from prefect_swarm.jobs.rows.commit import commit_output
+from prefect_swarm.jobs.rows.input import shard_range
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import atomic_write_json, atomic_write_text
 

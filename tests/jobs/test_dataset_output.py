@@ -28,10 +28,10 @@ from _jobkit import make_dataset, requests, run_job, write_spec
 from test_commit import _fake_ledger
 
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.jobs import output
-from prefect_swarm.jobs.commit import commit_output, shard_token, write_shard_output
-from prefect_swarm.jobs.ledger import ledger_schema
-from prefect_swarm.jobs.plan import pending_shards
+from prefect_swarm.jobs.checkpoint.ledger import ledger_schema
+from prefect_swarm.jobs.checkpoint.plan import pending_shards
+from prefect_swarm.jobs.rows import output
+from prefect_swarm.jobs.rows.commit import commit_output, shard_token, write_shard_output
 from prefect_swarm.jobs.shard import validate_input
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import TEMP_SUFFIX
@@ -111,8 +111,8 @@ def test_shards_write_their_files_and_the_commit_only_publishes(job) -> None:
 
 _COMMIT = (
     "import sys\n"
-    "from prefect_swarm.jobs import output\n"
-    "from prefect_swarm.jobs.commit import commit_output\n"
+    "from prefect_swarm.jobs.rows import output\n"
+    "from prefect_swarm.jobs.rows.commit import commit_output\n"
     "from prefect_swarm.jobs.spec import JobSpec\n"
     "output.PART_BYTES = 40_000\n"
     "output.ROW_GROUP_ROWS = 400\n"
@@ -159,7 +159,7 @@ def test_commit_killed_at_random_points_then_rerun_holds_each_row_once(job) -> N
 def _rewrite(spec: JobSpec, latest: dict[int, dict[str, Any]], tag: str, n: int = N) -> None:
     """Append a ledger part to every shard rewriting each of its rows' answers (as a rerun would)."""
     from prefect_swarm.jobs.api import load_job
-    from prefect_swarm.jobs.dataset import shard_range
+    from prefect_swarm.jobs.rows.input import shard_range
 
     schema = ledger_schema(load_job(spec.job, spec.job_kwargs).outputs, keep_raw=False)
     for i in range(spec.shards):

@@ -1,4 +1,4 @@
-"""Why rows failed (``prefect_swarm.jobs.failures``): each error's kind, the top kinds by count, one
+"""Why rows failed (``prefect_swarm.jobs.checkpoint.failures``): each error's kind, the top kinds by count, one
 example row per kind with the engine's words, redacted and short."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prefect_swarm.jobs.failures import (
+from prefect_swarm.jobs.checkpoint.failures import (
     EXAMPLES,
     TOP_REASONS,
     WORDS_CHARS,
@@ -15,7 +15,7 @@ from prefect_swarm.jobs.failures import (
     manifest_failures,
     reason_of,
 )
-from prefect_swarm.jobs.ledger import EARLIER_ERRORS
+from prefect_swarm.jobs.checkpoint.ledger import EARLIER_ERRORS
 
 
 def test_each_error_is_counted_by_its_kind() -> None:

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from _jobkit import make_dataset, requests, run_job, write_spec
 
-from prefect_swarm.jobs.runner import EndpointPool
+from prefect_swarm.jobs.dispatch.runner import EndpointPool
 from prefect_swarm.paths import JobPaths, read_json
 
 FAST_RETRIES = {"backoff_base_s": 0.01, "backoff_max_s": 0.05}
@@ -75,9 +75,7 @@ def test_every_endpoint_gone_pauses_rows_then_stops_resumable(tmp_path: Path) ->
 
     make_dataset(tmp_path / "in.parquet", 400)
     nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    spec = write_spec(
-        tmp_path, endpoints=[nobody], max_retries=2, concurrency=16, outage_timeout_s=1.5, **FAST_RETRIES
-    )
+    spec = write_spec(tmp_path, endpoints=[nobody], max_retries=2, concurrency=16, outage_timeout_s=1.5, **FAST_RETRIES)
     t0 = time.monotonic()
     res = run_job(spec)
     assert res.returncode == 75, res.stderr

@@ -1,4 +1,4 @@
-"""The in-flight loop of the job runner (prefect_swarm.jobs.control) against the GPU-like simulator.
+"""The in-flight loop of the job runner (prefect_swarm.jobs.dispatch.control) against the GPU-like simulator.
 
 Each test drives the real Runner in this process against simulated replicas (subprocesses, continuous
 batching on a clock) and reads what the replicas themselves report (their /metrics) and what the
@@ -24,9 +24,9 @@ from _jobkit import CHAT_PATH, chat_rows
 
 from prefect_swarm.interfaces.metrics import engine_targets, parse, total, write_file_sd
 from prefect_swarm.jobs.builtin import ChatCompletionJob
-from prefect_swarm.jobs.control import FD_RESERVE, process_cap, queue_margin
-from prefect_swarm.jobs.ledger import RowResult
-from prefect_swarm.jobs.runner import Item, Runner, RunnerConfig, prefix_key
+from prefect_swarm.jobs.checkpoint.ledger import RowResult
+from prefect_swarm.jobs.dispatch.control import FD_RESERVE, process_cap, queue_margin
+from prefect_swarm.jobs.dispatch.runner import Item, Runner, RunnerConfig, prefix_key
 from prefect_swarm.testing.gpu_sim import SimOptions
 from prefect_swarm.testing.waiting import wait_until
 
@@ -159,8 +159,8 @@ def test_one_flat_sample_does_not_stop_the_growth() -> None:
     """The loop alone, fed the samples of a replica batching 1024 from a first guess of 256: one window
     where the running batch does not rise (a burst of answers left) is noise, not the engine's most;
     the growth goes on until a queue stands, and the batch under it is the one found."""
-    from prefect_swarm.jobs.control import Controller
-    from prefect_swarm.jobs.runner import EndpointPool
+    from prefect_swarm.jobs.dispatch.control import Controller
+    from prefect_swarm.jobs.dispatch.runner import EndpointPool
 
     pool = EndpointPool(["http://replica"])
     ctl = Controller(pool, capacity=None, nshards=1, cap=100_000)
@@ -442,8 +442,8 @@ def test_a_process_left_alone_fills_the_replica_at_once() -> None:
     left holds its share (34: an eighth of the 256 it started from) and sees the room. It takes what the
     replica misses in one step (before: half its limit a step, 34 -> 51); while all eight share the
     replica, one step adds what it misses, no more."""
-    from prefect_swarm.jobs.control import Controller
-    from prefect_swarm.jobs.runner import EndpointPool
+    from prefect_swarm.jobs.dispatch.control import Controller
+    from prefect_swarm.jobs.dispatch.runner import EndpointPool
 
     def loop() -> tuple[Controller, Any]:
         pool = EndpointPool(["http://replica"])

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from _jobkit import job_argv, make_dataset, requests, run_job, run_openai_batch, write_spec
 
-from prefect_swarm.jobs.commit import commit_output
+from prefect_swarm.jobs.rows.commit import commit_output
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import JobPaths, read_json
 from prefect_swarm.testing.waiting import wait_until
@@ -172,7 +172,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path, 
         checkpoint_every=every,
         checkpoint_seconds=0.5,
     )
-    from prefect_swarm.jobs.ledger import MAX_PENDING_WRITES
+    from prefect_swarm.jobs.checkpoint.ledger import MAX_PENDING_WRITES
 
     shard = JobPaths(tmp_path / "killed").shard(0)
 
@@ -401,7 +401,7 @@ def test_pyarrow_kept_from_pandas_still_converts_to_and_from_it() -> None:
     code = """
 import sys
 import pyarrow as pa
-from prefect_swarm.jobs.ledger import pyarrow_without_pandas
+from prefect_swarm.jobs.checkpoint.ledger import pyarrow_without_pandas
 assert pyarrow_without_pandas()
 pa.table({"a": [1, 2], "b": ["x", None]})
 assert "pandas" not in sys.modules

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from prefect_swarm.jobs.ledger import LocalShard, RowResult, ShardLedger, read_ledger
+from prefect_swarm.jobs.checkpoint.ledger import LocalShard, RowResult, ShardLedger, read_ledger
 from prefect_swarm.paths import ShardPaths
 
 

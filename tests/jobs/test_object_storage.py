@@ -27,8 +27,8 @@ import pytest
 from _jobkit import job_argv, make_dataset, requests, run_job, write_spec
 
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.jobs import storage
-from prefect_swarm.jobs.ledger import read_ledger, shard_store
+from prefect_swarm.jobs.checkpoint.ledger import read_ledger, shard_store
+from prefect_swarm.jobs.rows import storage
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import TEMP_SUFFIX, JobPaths, read_json
 from prefect_swarm.testing.moto_s3 import MotoS3
@@ -183,9 +183,9 @@ def test_openai_batch_jsonl_gz_from_and_to_s3(tmp_path: Path, s3: MotoS3, stub) 
 def test_commit_killed_mid_write_publishes_nothing(tmp_path: Path, s3: MotoS3) -> None:
     code = (
         "import os, pyarrow as pa, pyarrow.parquet as pq\n"
-        "from prefect_swarm.jobs import storage\n"
+        "from prefect_swarm.jobs.rows import storage\n"
         f"loc = storage.parse('s3://{BUCKET}/crash/out.parquet', 'output')\n"
-        "with storage.publish(loc) as sink:\n"
+        "with storage.publish_file(loc) as sink:\n"
         "    w = pq.ParquetWriter(sink, pa.schema([('a', pa.int64())]))\n"
         "    w.write_table(pa.table({'a': list(range(100000))}))\n"
         "    os.kill(os.getpid(), 9)\n"
@@ -197,11 +197,11 @@ def test_commit_killed_mid_write_publishes_nothing(tmp_path: Path, s3: MotoS3) -
     storage.remove_stale_temps(loc)
     assert _keys("crash/") == []
     # an error inside the write publishes nothing either, and leaves no temp key
-    with pytest.raises(RuntimeError), storage.publish(loc) as sink:
+    with pytest.raises(RuntimeError), storage.publish_file(loc) as sink:
         sink.write(b"half")
         raise RuntimeError("boom")
     assert _keys("crash/") == []
-    with storage.publish(loc) as sink:
+    with storage.publish_file(loc) as sink:
         pq.write_table(pa.table({"a": [1]}), sink)
     assert _keys("crash/") == [f"{BUCKET}/crash/out.parquet"]
 
@@ -306,7 +306,7 @@ def test_upload_parts_grow_with_the_object(s3: MotoS3, monkeypatch: pytest.Monke
     monkeypatch.setattr(storage.S3Upload, "_send", lambda self, body: (sent.append(len(body)), send(self, body))[1])
     data = random.Random(3).randbytes(33 * 2**20)
     loc = storage.parse(f"s3://{BUCKET}/grow/big.bin", "output")
-    with storage.publish(loc) as sink:
+    with storage.publish_file(loc) as sink:
         for k in range(0, len(data), 3 * 2**20 + 7):
             sink.write(data[k : k + 3 * 2**20 + 7])
     assert [s // 2**20 for s in sent] == [5, 5, 10, 10, 3]
@@ -320,8 +320,8 @@ def test_a_dataset_on_s3_is_published_by_its_manifest(tmp_path: Path, s3: MotoS3
     from test_commit import _fake_ledger
     from test_dataset_output import _rewrite
 
-    from prefect_swarm.jobs import output
-    from prefect_swarm.jobs.commit import commit_output
+    from prefect_swarm.jobs.rows import output
+    from prefect_swarm.jobs.rows.commit import commit_output
 
     n = 2000
     make_dataset(tmp_path / "in.parquet", n, row_group=500)

@@ -11,8 +11,8 @@ import pytest
 from _jobkit import requests, run_job, write_spec
 from pydantic import ValidationError
 
-from prefect_swarm.jobs.commit import commit_output
-from prefect_swarm.jobs.runner import _snippet
+from prefect_swarm.jobs.dispatch.runner import _snippet
+from prefect_swarm.jobs.rows.commit import commit_output
 from prefect_swarm.jobs.spec import JobSpec
 
 
@@ -132,7 +132,7 @@ def test_retries_spent_on_5xx_are_responses_an_outage_is_no_error(tmp_path: Path
 def test_a_request_nothing_answered_is_a_request_failed_line() -> None:
     """A row whose retries were spent with no answer (its endpoint answered others meanwhile) is
     written as OpenAI writes a failed request: no response, error code request_failed."""
-    from prefect_swarm.jobs.commit import batch_line_result
+    from prefect_swarm.jobs.rows.commit import batch_line_result
 
     response, error = batch_line_result(
         ok=False, raw=None, http_status=0, attempts=3, error="gave up after 3 attempts; last: connection error: x"

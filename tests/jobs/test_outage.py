@@ -122,7 +122,7 @@ def test_no_answer_counts_against_a_row_only_while_its_endpoint_answers_others()
     own (counted) only when its endpoint answered another request since it was sent and stays in
     rotation; else it is the swarm's (not counted), sent elsewhere when another endpoint is in rotation."""
     from prefect_swarm.jobs.builtin import ChatCompletionJob
-    from prefect_swarm.jobs.runner import Runner, RunnerConfig
+    from prefect_swarm.jobs.dispatch.runner import Runner, RunnerConfig
 
     runner = Runner(ChatCompletionJob(), ["http://a", "http://b"], RunnerConfig(eject_after=2), lambda _r: None)
     pool = runner.pool

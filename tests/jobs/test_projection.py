@@ -156,8 +156,8 @@ def test_a_running_projection_adds_the_tail_of_the_longest_answers() -> None:
 
 
 def test_pilot_input_is_the_first_k_rows_of_the_same_kind(tmp_path: Path) -> None:
-    from prefect_swarm.jobs.dataset import InputDataset
-    from prefect_swarm.jobs.pilot import pilot_input
+    from prefect_swarm.jobs.rows.input import InputDataset
+    from prefect_swarm.pilot import pilot_input
 
     make_dataset(tmp_path / "in.parquet", 2_500, row_group=1000)
     out = tmp_path / "p"
@@ -280,7 +280,7 @@ def test_the_pilot_measures_its_steady_rate_apart_from_its_start_and_tail() -> N
     """Two shards whose answers come in whole batches (a staircase: 128 rows a second each, after 3 s of
     start and first answers, the last batch 4 s late: a long answer): the steady rate is 256 rows/s,
     the rest is start and tail, and the projection of 100,000 rows is both once plus the rows at that rate."""
-    from prefect_swarm.jobs.pilot import estimate, steady_rate, timeline
+    from prefect_swarm.pilot import estimate, steady_rate, timeline
 
     t0, rows = 1000.0, 2560
     writes: dict[int, list[Any]] = {i: [(t0 + 3 + s + 0.01 * i, 128 * (s + 1), None) for s in range(9)] for i in (0, 1)}
@@ -306,7 +306,7 @@ def test_a_burst_of_checkpoints_counts_once() -> None:
     checkpoints of one burst come within milliseconds, at 25, 50, ... 256 rows; the rate is measured
     from the end of one burst to the end of another: 256 rows/s, not what the first write past 20 %
     and the first past 80 % would say (a burst's first checkpoint dates its rows too early)."""
-    from prefect_swarm.jobs.pilot import steady_rate, timeline
+    from prefect_swarm.pilot import steady_rate, timeline
 
     writes = [
         (1000.0 + b + 0.002 * j, min(256 * b + 25 * (j + 1), 256 * (b + 1)), None) for b in range(4) for j in range(11)
@@ -319,7 +319,7 @@ def test_the_steady_rate_by_littles_law() -> None:
     """With the shards' requests in flight and the answers' latencies: in flight over the mean latency,
     whenever the checkpoints were written (late writes of a burst, a writer thread lagging) and
     whatever the lengths (5 % of the answers 8 x as long): 272 in flight, 1.35 s on average: 201 rows/s."""
-    from prefect_swarm.jobs.pilot import steady_rate, timeline
+    from prefect_swarm.pilot import steady_rate, timeline
 
     late = [(1000.0 + 0.5 * n + (0.3 if n % 3 else 0), 100 * n, 272) for n in range(1, 11)]
     lengths = [1.0] * 95 + [8.0] * 5

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from _jobkit import error_result, ok_result, open_ledger
 
-from prefect_swarm.jobs.ledger import OTHER_REASONS, RECOVERED_REASONS, ShardLedger
-from prefect_swarm.jobs.plan import recovered_text
+from prefect_swarm.jobs.checkpoint.ledger import OTHER_REASONS, RECOVERED_REASONS, ShardLedger
+from prefect_swarm.jobs.checkpoint.plan import recovered_text
 
 START, END = 0, 40
 

@@ -25,9 +25,9 @@ import pytest
 from _jobkit import ConnectionCounter, requests, write_spec
 
 from prefect_swarm.jobs.builtin import OpenAIBatchJob
-from prefect_swarm.jobs.dataset import BATCH_URLS
+from prefect_swarm.jobs.dispatch.runner import request_url
+from prefect_swarm.jobs.rows.input import BATCH_URLS
 from prefect_swarm.jobs.run import main as job_main
-from prefect_swarm.jobs.runner import request_url
 from prefect_swarm.paths import JobPaths
 
 

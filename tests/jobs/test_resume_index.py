@@ -15,11 +15,11 @@ import pytest
 from _jobkit import make_dataset, open_ledger, write_spec
 
 from prefect_swarm.exceptions import DatasetError
-from prefect_swarm.jobs import dataset as dataset_mod
-from prefect_swarm.jobs import ledger as ledger_mod
-from prefect_swarm.jobs.dataset import InputDataset, open_input
-from prefect_swarm.jobs.ledger import DoneRows, RowResult, ShardLedger, latest_positions, read_ledger
-from prefect_swarm.jobs.plan import job_progress, pending_shards
+from prefect_swarm.jobs.checkpoint import ledger as ledger_mod
+from prefect_swarm.jobs.checkpoint.ledger import DoneRows, RowResult, ShardLedger, latest_positions, read_ledger
+from prefect_swarm.jobs.checkpoint.plan import job_progress, pending_shards
+from prefect_swarm.jobs.rows import input as dataset_mod
+from prefect_swarm.jobs.rows.input import InputDataset, open_input
 from prefect_swarm.jobs.run import main as job_main
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import ShardPaths
@@ -223,8 +223,8 @@ def test_status_polls_read_no_input_footer(tmp_path: Path, monkeypatch) -> None:
 
 def test_sizing_and_the_pilot_take_the_kept_metadata(tmp_path: Path, monkeypatch) -> None:
     from prefect_swarm.config import SwarmConfig
-    from prefect_swarm.jobs.pilot import pilot_spec
-    from prefect_swarm.jobs.sizing import auto_shards, size_for_swarm
+    from prefect_swarm.pilot import pilot_spec
+    from prefect_swarm.sizing import auto_shards, size_for_swarm
     from prefect_swarm.testing.stub_engine import stub_swarm_config
 
     folder = tmp_path / "in"

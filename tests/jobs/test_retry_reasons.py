@@ -7,7 +7,7 @@ from pathlib import Path
 
 from _jobkit import error_result, ok_result, open_ledger
 
-from prefect_swarm.jobs.ledger import EARLIER_ERRORS, ShardLedger, latest_positions, read_ledger
+from prefect_swarm.jobs.checkpoint.ledger import EARLIER_ERRORS, ShardLedger, latest_positions, read_ledger
 from prefect_swarm.paths import ShardPaths
 
 START, END = 0, 50

@@ -16,7 +16,7 @@ from _jobkit import job_argv, make_dataset, requests, run_job, write_spec
 
 from prefect_swarm.exceptions import ConfigError, TooFewChoices
 from prefect_swarm.jobs.api import join_choices, load_job
-from prefect_swarm.jobs.plan import recorded_progress
+from prefect_swarm.jobs.checkpoint.plan import recorded_progress
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.testing.stub_engine import answer
 from prefect_swarm.testing.waiting import wait_until

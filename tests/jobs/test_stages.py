@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from prefect_swarm.exceptions import ConfigError, RowRefused
 from prefect_swarm.jobs.api import load_job
-from prefect_swarm.jobs.ledger import RESERVED_COLUMNS
+from prefect_swarm.jobs.columns import RESERVED_COLUMNS
 from prefect_swarm.jobs.stages import RowFilter, check_stage, hand_over
 from prefect_swarm.jobs.template import PromptTemplate
 

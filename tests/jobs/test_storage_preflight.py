@@ -22,7 +22,7 @@ import pytest
 from _jobkit import make_dataset, requests, write_spec
 
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.jobs import storage
+from prefect_swarm.jobs.rows import storage
 from prefect_swarm.jobs.run import main as job_main
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import is_probe, probe_name
@@ -276,7 +276,7 @@ def test_a_rerun_aborts_the_uploads_its_killed_commit_and_flush_left(
     src = _put_input(s3, tmp_path, prefix)
     out = f"s3://{BUCKET}/{prefix}/out.parquet"
     spec = write_spec(tmp_path, input=src, output=out, ledger=f"s3://{BUCKET}/{prefix}/ledger", endpoints=[stub.url])
-    killed_commit = f"{prefix}/.out.parquet.{'a' * 32}.tmp"  # publish()'s temp key of this output
+    killed_commit = f"{prefix}/.out.parquet.{'a' * 32}.tmp"  # publish_file()'s temp key of this output
     killed_flush = f"{prefix}/ledger/00000/part-000007.parquet"  # a ledger part of this job's shard
     others = [f"{prefix}/other.parquet", f"{prefix}/.other.parquet.{'b' * 32}.tmp", f"{prefix}/ledger-2/x"]
     for key in (killed_commit, killed_flush, *others):
@@ -297,7 +297,7 @@ def test_a_failed_upload_is_aborted_not_left_open(s3: MotoS3, aws_env, monkeypat
     upload at once: no object, no open upload, no temp key."""
     monkeypatch.setattr(storage, "MIN_PART_BYTES", 5 * 2**20)  # S3's least part: one goes up at 5 MiB
     loc = storage.parse(f"s3://{BUCKET}/fail/out.parquet", "output")
-    with pytest.raises(RuntimeError, match="boom"), storage.publish(loc) as sink:
+    with pytest.raises(RuntimeError, match="boom"), storage.publish_file(loc) as sink:
         sink.write(b"x" * (6 * 2**20))
         assert _uploads(s3, "fail/") == ["fail/out.parquet"]  # straight to its key, not yet visible
         assert _objects(s3, "fail/") == {}
@@ -318,7 +318,7 @@ def test_a_failed_upload_is_aborted_not_left_open(s3: MotoS3, aws_env, monkeypat
             raise ConnectionError("Could not connect to the endpoint URL")
 
     monkeypatch.setattr(storage, "_s3_client", Failing)
-    with pytest.raises(OSError, match="Could not connect"), storage.publish(loc) as sink:
+    with pytest.raises(OSError, match="Could not connect"), storage.publish_file(loc) as sink:
         sink.write(b"y" * (6 * 2**20))
     assert _uploads(s3, "fail/") == [] and _objects(s3, "fail/") == {}  # no temp key, no folder marker
 
@@ -329,7 +329,7 @@ def test_a_store_failing_at_commit_is_one_message(
     """Keys that lose the right to write after the pre-flight: the commit says so in one JobError, and a
     commit with writable keys then publishes the rows from the ledger without sending them again."""
     from prefect_swarm.exceptions import JobError
-    from prefect_swarm.jobs.commit import commit_output
+    from prefect_swarm.jobs.rows.commit import commit_output
 
     make_dataset(tmp_path / "in.parquet", 20)
     out = f"s3://{BUCKET}/late/out.parquet"

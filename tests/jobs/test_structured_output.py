@@ -134,7 +134,7 @@ def test_cli_response_schema_flags(tmp_path: Path) -> None:
 
 def test_an_edited_schema_changes_the_job_fingerprint(tmp_path: Path) -> None:
     """A checkpoint checked against one schema must not be resumed under an edited one of the same name."""
-    from prefect_swarm.jobs.fingerprint import job_fingerprint
+    from prefect_swarm.jobs.checkpoint.fingerprint import job_fingerprint
     from prefect_swarm.jobs.spec import JobSpec
 
     make_dataset(tmp_path / "in.parquet", 5)

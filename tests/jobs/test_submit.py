@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from prefect_swarm.cli.job import job_app
 from prefect_swarm.config import SwarmConfig
-from prefect_swarm.jobs.plan import pending_shards
+from prefect_swarm.jobs.checkpoint.plan import pending_shards
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.launch import (
     POLL_MIN_S,

@@ -1,4 +1,4 @@
-"""The tail of a job kept full (prefect_swarm.jobs.runner: Runner._steal) on the GPU-like simulator.
+"""The tail of a job kept full (prefect_swarm.jobs.dispatch.runner: Runner._steal) on the GPU-like simulator.
 
 Once every row is sent, a replica with room takes a copy of the rows expected to end latest on
 another one; the first answer wins and the other request is cancelled. Each test drives the real
@@ -17,8 +17,8 @@ from _jobkit import chat_rows
 
 from prefect_swarm.interfaces.metrics import parse, total
 from prefect_swarm.jobs.builtin import ChatCompletionJob
-from prefect_swarm.jobs.ledger import STATUS_OK, RowResult
-from prefect_swarm.jobs.runner import Runner, RunnerConfig
+from prefect_swarm.jobs.checkpoint.ledger import STATUS_OK, RowResult
+from prefect_swarm.jobs.dispatch.runner import Runner, RunnerConfig
 from prefect_swarm.testing.waiting import wait_until
 
 ROWS = 1000

@@ -45,7 +45,7 @@ def _check_output(path: Path) -> None:
 def test_two_shard_job_exactly_once(
     lepton_cfg: Callable[..., SwarmConfig], fake_lepton: FakeLepton, shared_dir: Path
 ) -> None:
-    from prefect_swarm.jobs.commit import commit_output
+    from prefect_swarm.jobs.rows.commit import commit_output
     from prefect_swarm.jobs.spec import JobSpec
 
     cfg = lepton_cfg(name="e2e")

@@ -75,7 +75,7 @@ def test_a_job_spanning_a_park_and_a_restore_finishes_exactly_once(
     shared_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from prefect_swarm.jobs.plan import job_progress
+    from prefect_swarm.jobs.checkpoint.plan import job_progress
     from prefect_swarm.jobs.spec import JobSpec
     from prefect_swarm.launch import submit_job, wait_job
 

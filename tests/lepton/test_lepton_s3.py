@@ -13,7 +13,7 @@ import pytest
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import ConfigError
 from prefect_swarm.interfaces import JobStatus
-from prefect_swarm.jobs import storage
+from prefect_swarm.jobs.rows import storage
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.fake_lepton import FakeLepton

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.lepton, pytest.mark.vllm, pytest.mark.slow]
 def test_vllm_endpoint_and_two_shard_job(
     need_vllm: None, need_lepton_sdk: None, lepton_cfg: Callable[..., SwarmConfig], shared_dir: Path
 ) -> None:
-    from prefect_swarm.jobs.commit import commit_output
+    from prefect_swarm.jobs.rows.commit import commit_output
     from prefect_swarm.jobs.spec import JobSpec
 
     with FakeLepton(run_endpoint_commands=True) as fake:

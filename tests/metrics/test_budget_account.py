@@ -24,7 +24,7 @@ from prefect_swarm.budget import (
     worst_case_usd,
 )
 from prefect_swarm.config.cost import CostConfig
-from prefect_swarm.jobs.ratelimit import RateLimiter
+from prefect_swarm.jobs.dispatch.ratelimit import RateLimiter
 from prefect_swarm.testing.stub_engine import answer
 
 PRICES = {"input_usd_per_million": 100.0, "output_usd_per_million": 400.0}

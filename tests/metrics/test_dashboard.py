@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from prefect_swarm.interfaces.metrics import scrape
-from prefect_swarm.jobs.metrics import ShardMetrics
+from prefect_swarm.jobs.dispatch.metrics import ShardMetrics
 from prefect_swarm.jobs.shard import ShardRun
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.testing import free_port

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from prefect_swarm.interfaces.metrics import Samples, scrape, total
-from prefect_swarm.jobs.metrics import ShardMetrics, metrics_address
+from prefect_swarm.jobs.dispatch.metrics import ShardMetrics, metrics_address
 from prefect_swarm.jobs.shard import ShardRun
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.testing import free_port

@@ -26,7 +26,7 @@ from stack import REPO, PrefectStack, job_variables
 
 from prefect_swarm.flows.pipeline import pipeline_id
 from prefect_swarm.interfaces import ServingPhase
-from prefect_swarm.jobs.ledger import read_ledger
+from prefect_swarm.jobs.checkpoint.ledger import read_ledger
 from prefect_swarm.paths import PipelinePaths, ShardPaths, read_json
 from prefect_swarm.state import StateStore
 from prefect_swarm.testing.ports import free_port_block

@@ -148,7 +148,7 @@ def test_dataset_output_swarm_released_before_the_commit_and_rerun_brings_up_non
     rerun sends nothing and brings no swarm up."""
     import pyarrow.dataset as pds
 
-    from prefect_swarm.jobs.output import POSITION_COLUMN, SUCCESS
+    from prefect_swarm.jobs.rows.output import POSITION_COLUMN, SUCCESS
 
     cfg = stub_swarm("dsout", latency_ms=5)
     inp, out = prompts(tmp_path / "in.parquet", 30), f"{tmp_path}/ds/"

@@ -18,7 +18,7 @@ from helpers import job_options, run_logs, stub_swarm
 from stack import PrefectStack
 
 from prefect_swarm.flows import batch_inference, swarm_down
-from prefect_swarm.jobs.ledger import EARLIER_ERRORS
+from prefect_swarm.jobs.checkpoint.ledger import EARLIER_ERRORS
 from prefect_swarm.state import StateStore
 from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.stub_engine import engine_command

@@ -197,7 +197,7 @@ def test_a_flow_run_spanning_a_park_and_a_restore_finishes_exactly_once(
     and exit 75). Each shard task waits for the restore and goes on on the restored swarm, spending no
     retry; the run completes with every row once, none failed."""
     from prefect_swarm.holding import Holding
-    from prefect_swarm.jobs.plan import job_progress
+    from prefect_swarm.jobs.checkpoint.plan import job_progress
     from prefect_swarm.jobs.spec import JobSpec
 
     n = 900

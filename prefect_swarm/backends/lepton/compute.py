@@ -45,9 +45,9 @@ from prefect_swarm.backends.lepton.wheel import INSTALL_FAILED, install_line, st
 from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError
 from prefect_swarm.interfaces import ComputeBase, Follow, JobHandle, JobProbe, JobRequest, JobRuntime, JobStatus
 from prefect_swarm.interfaces.jobenv import API_KEY, HOME
-from prefect_swarm.jobs.plan import shard_marked_done
+from prefect_swarm.jobs.checkpoint.plan import shard_marked_done
+from prefect_swarm.jobs.rows.storage import is_remote
 from prefect_swarm.jobs.spec import JobSpec
-from prefect_swarm.jobs.storage import is_remote
 
 if TYPE_CHECKING:
     from prefect_swarm.config import LeptonConfig, SwarmConfig

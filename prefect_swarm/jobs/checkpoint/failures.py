@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from prefect_swarm.jobs.ledger import EARLIER_ERRORS
+from prefect_swarm.jobs.checkpoint.ledger import EARLIER_ERRORS
 from prefect_swarm.redaction import redact
 
 TOP_REASONS = 5

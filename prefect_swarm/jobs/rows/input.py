@@ -9,7 +9,7 @@ whole file (zstd, bzip2, xz, gzip around a parquet file) are refused with that r
 
 Every problem raises :class:`DatasetError` naming the file and, where it applies, the column,
 the line or the row group; a file damaged behind an intact footer is found while streaming and
-raises the same error then. :func:`check_output_location` refuses an output that would
+raises the same error then. :func:`prefect_swarm.jobs.rows.output.check_output_location` refuses an output that would
 overwrite or be read back as input, or that cannot be written, before any request.
 
 The input's metadata (files, rows per file, schema, identity, and for a plain JSONL file the byte
@@ -41,10 +41,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from prefect_swarm.exceptions import ConfigError, DatasetError
-from prefect_swarm.jobs import storage
+from prefect_swarm.exceptions import DatasetError
+from prefect_swarm.jobs.rows import storage
 from prefect_swarm.jobs.spec import JobSpec, is_jsonl
-from prefect_swarm.paths import PROBE_PREFIX, TEMP_SUFFIX, JobPaths, atomic_write_json, read_json
+from prefect_swarm.paths import atomic_write_json, read_json
 
 _BATCH_COLUMNS = ("custom_id", "method", "url", "body")
 _BATCH_SCHEMA = pa.schema([(c, pa.string()) for c in _BATCH_COLUMNS])
@@ -616,110 +616,6 @@ def _stats_null_count(meta: pq.FileMetaData, column: str) -> int | None:
             return None
         total += stats.null_count
     return total
-
-
-def check_output_location(output: str | Path, dataset: InputDataset, job_dir: str | Path | None = None) -> Path:
-    """Refuse, before any request, an output that would destroy or be read back as input, or cannot be written.
-
-    Refused with :class:`ConfigError` naming the path: the output is the input (or one of its
-    files); the output is inside the input folder (the next run would read it as input) or the
-    input inside the output; the output is one of the job folder's own files; the output is an
-    existing folder or not a regular file; a parent of the output is a file; the nearest existing
-    folder of the output cannot be written (a probe file is created there and removed at once).
-    Returns the output path (``~`` expanded). An output or input on an object store gets the
-    checks that apply there (:func:`_check_remote_output`).
-    """
-    loc = storage.parse(output, "output")
-    if storage.is_folder(output):  # a dataset (see prefect_swarm.jobs.output)
-        from prefect_swarm.jobs.output import check_dataset_location
-
-        files = (f.path.resolve() if dataset.fs is None else f.path for f in dataset.files)
-        named = [dataset.location.uri, *(dataset._name(p) for p in files)]
-        check_dataset_location(str(output), named, job_dir)
-        return Path(loc.path)
-    if loc.remote:
-        return _check_remote_output(loc, dataset)
-    out = Path(loc.path)
-    real = out.resolve()
-    local_input = dataset.fs is None  # an input on an object store cannot be a local output
-    inputs = {dataset.path.resolve(), *(f.path.resolve() for f in dataset.files)} if local_input else set()
-    if real in inputs:
-        raise ConfigError(
-            f"output {out} is the input ({dataset.path}): the commit would overwrite the input. "
-            "Choose another output path."
-        )
-    if local_input and dataset.path.is_dir() and real.is_relative_to(dataset.path.resolve()):
-        raise ConfigError(
-            f"output {out} is inside the input folder {dataset.path}: the next run would read it back as "
-            "input. Write the output outside that folder."
-        )
-    inside = sorted(str(p) for p in inputs if p.is_relative_to(real))
-    if inside:
-        raise ConfigError(f"input {inside[0]} is inside the output {out}. Choose an output file elsewhere.")
-    if job_dir is not None:
-        _refuse_job_file(real, Path(job_dir).expanduser().resolve())
-    if out.is_dir():
-        raise ConfigError(
-            f"output {out} is an existing folder; the output is one file. Give a file path "
-            f"(e.g. {out / 'output.parquet'}) or remove the folder."
-        )
-    if out.exists() and not out.is_file():
-        raise ConfigError(f"output {out} exists and is not a regular file. Choose another output path.")
-    _probe_writable(out)
-    return out
-
-
-def _check_remote_output(out: storage.Location, dataset: InputDataset) -> Path:
-    """An output or input on an object store: not the input, not inside the input folder, not a folder,
-    writable (:func:`storage.check_writable`)."""
-    name = out.uri
-    if out.text.endswith("/"):
-        raise ConfigError(f"output {out.text} names a folder; the output is one file: add a file name.")
-    inputs = {dataset.location.uri, *(dataset._name(f.path) for f in dataset.files)}
-    if name in inputs:
-        raise ConfigError(
-            f"output {out.text} is the input ({dataset.where}): the commit would overwrite the input. "
-            "Choose another output path."
-        )
-    if dataset.kind == "parquet" and name.startswith(dataset.location.uri.rstrip("/") + "/"):
-        raise ConfigError(
-            f"output {out.text} is inside the input folder {dataset.where}: the next run would read it back as "
-            "input. Write the output outside that folder."
-        )
-    with storage.refusing(out, "output", "write"):
-        is_dir = out.info().type == pafs.FileType.Directory
-    if is_dir:
-        raise ConfigError(f"output {out.text} is an existing folder; the output is one file. Give a file path.")
-    storage.check_writable(out, "output")  # a probe object beside it, created and deleted
-    return Path(out.path)
-
-
-def _refuse_job_file(real: Path, job_dir: Path) -> None:
-    paths = JobPaths(job_dir)
-    if real in paths.own_files() or real.is_relative_to(paths.shards_root()):
-        raise ConfigError(
-            f"output {real} is one of the job folder's own files ({job_dir}). Choose an output path "
-            "outside the job's ledger."
-        )
-
-
-def _probe_writable(out: Path) -> None:
-    folder = out.parent
-    while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        raise ConfigError(
-            f"output {out}: its parent {folder} is a file, not a folder. Choose an output path in a folder."
-        )
-    try:
-        fd, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, suffix=TEMP_SUFFIX, dir=folder)  # probe_name's rule
-    except OSError as exc:
-        raise ConfigError(
-            f"output {out} cannot be written: creating a file in {folder} fails ({exc.strerror or exc}). "
-            "Choose a writable location, or fix the folder's permissions."
-        ) from exc
-    os.close(fd)
-    os.unlink(probe)
 
 
 def _id_hashes(arr: pa.Array) -> np.ndarray:

@@ -1,7 +1,7 @@
 """A job's output as a dataset: part files, a manifest and ``_SUCCESS`` in a folder or prefix.
 
 An output whose name ends with ``/`` (``out/``, ``s3://bucket/run-7/``) is a dataset; any other
-name is one file (see :mod:`prefect_swarm.jobs.commit`). A dataset holds:
+name is one file (see :mod:`prefect_swarm.jobs.rows.commit`). A dataset holds:
 
 - ``part-<shard>-<seq>-<token>.parquet``: shard ``shard``'s rows in input order, ``seq`` counting
   the files of that shard (a file rolls over past ``PART_BYTES`` of uncompressed data); ``token``
@@ -17,7 +17,7 @@ pyarrow.dataset, pandas, polars, DuckDB and Spark read the folder as one table (
 starting with ``_`` or ``.``).
 
 Who writes what: each shard's job process writes its own part files as soon as its last row is
-answered (:func:`prefect_swarm.jobs.commit.write_shard_output`, the shards in parallel), so the
+answered (:func:`prefect_swarm.jobs.rows.commit.write_shard_output`, the shards in parallel), so the
 commit only publishes; a shard whose files are missing or stale (its ledger changed since, a retry)
 is written by the commit. A shard's files are recorded in its ledger folder once whole
 (``output-<token>.json``), so a killed write is redone from that shard alone, and a killed commit
@@ -43,6 +43,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -53,8 +54,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.jobs import storage
-from prefect_swarm.paths import atomic_write_json, temp_name
+from prefect_swarm.jobs.rows import storage
+from prefect_swarm.jobs.rows.input import InputDataset
+from prefect_swarm.paths import PROBE_PREFIX, TEMP_SUFFIX, JobPaths, atomic_write_json, temp_name
 
 MANIFEST = "_manifest.json"
 """The dataset's manifest (inside the output folder)."""
@@ -88,7 +90,120 @@ def _ours(name: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------ checks
-def check_dataset_location(output: str, inputs: Iterable[str], job_dir: str | Path | None) -> None:
+def check_output_location(
+    output: str | Path,
+    dataset: InputDataset,
+    job_dir: str | Path | None = None,
+    *,
+    fingerprint: str | None = None,
+    columns: Iterable[str] = (),
+) -> Path:
+    """Refuse, before any request, an output that would destroy or be read back as input, or cannot be written.
+
+    Refused with :class:`ConfigError` naming the path: the output is the input (or one of its
+    files); the output is inside the input folder (the next run would read it as input) or the
+    input inside the output; the output is one of the job folder's own files; the output is an
+    existing folder or not a regular file; a parent of the output is a file; the nearest existing
+    folder of the output cannot be written (a probe file is created there and removed at once).
+    Returns the output path (``~`` expanded). An output or input on an object store gets the
+    checks that apply there (:func:`_check_remote_output`). A dataset output (a folder, see the module
+    doc) gets :func:`_check_dataset_location`, and with the job's ``fingerprint`` and output ``columns``
+    :func:`_check_dataset_content` (another job's dataset there; a column named ``row_position``).
+    """
+    loc = storage.parse(output, "output")
+    if is_dataset(output):
+        files = (f.path.resolve() if dataset.fs is None else f.path for f in dataset.files)
+        named = [dataset.location.uri, *(dataset._name(p) for p in files)]
+        _check_dataset_location(str(output), named, job_dir)
+        if fingerprint is not None:
+            _check_dataset_content(str(output), fingerprint, columns)
+        return Path(loc.path)
+    if loc.remote:
+        return _check_remote_output(loc, dataset)
+    out = Path(loc.path)
+    real = out.resolve()
+    local_input = dataset.fs is None  # an input on an object store cannot be a local output
+    inputs = {dataset.path.resolve(), *(f.path.resolve() for f in dataset.files)} if local_input else set()
+    if real in inputs:
+        raise ConfigError(
+            f"output {out} is the input ({dataset.path}): the commit would overwrite the input. "
+            "Choose another output path."
+        )
+    if local_input and dataset.path.is_dir() and real.is_relative_to(dataset.path.resolve()):
+        raise ConfigError(
+            f"output {out} is inside the input folder {dataset.path}: the next run would read it back as "
+            "input. Write the output outside that folder."
+        )
+    inside = sorted(str(p) for p in inputs if p.is_relative_to(real))
+    if inside:
+        raise ConfigError(f"input {inside[0]} is inside the output {out}. Choose an output file elsewhere.")
+    if job_dir is not None:
+        _refuse_job_file(real, Path(job_dir).expanduser().resolve())
+    if out.is_dir():
+        raise ConfigError(
+            f"output {out} is an existing folder; the output is one file. Give a file path "
+            f"(e.g. {out / 'output.parquet'}) or remove the folder."
+        )
+    if out.exists() and not out.is_file():
+        raise ConfigError(f"output {out} exists and is not a regular file. Choose another output path.")
+    _probe_writable(out)
+    return out
+
+
+def _check_remote_output(out: storage.Location, dataset: InputDataset) -> Path:
+    """An output or input on an object store: not the input, not inside the input folder, not a folder,
+    writable (:func:`storage.check_writable`)."""
+    name = out.uri
+    if out.text.endswith("/"):
+        raise ConfigError(f"output {out.text} names a folder; the output is one file: add a file name.")
+    inputs = {dataset.location.uri, *(dataset._name(f.path) for f in dataset.files)}
+    if name in inputs:
+        raise ConfigError(
+            f"output {out.text} is the input ({dataset.where}): the commit would overwrite the input. "
+            "Choose another output path."
+        )
+    if dataset.kind == "parquet" and name.startswith(dataset.location.uri.rstrip("/") + "/"):
+        raise ConfigError(
+            f"output {out.text} is inside the input folder {dataset.where}: the next run would read it back as "
+            "input. Write the output outside that folder."
+        )
+    with storage.refusing(out, "output", "write"):
+        is_dir = out.info().type == pafs.FileType.Directory
+    if is_dir:
+        raise ConfigError(f"output {out.text} is an existing folder; the output is one file. Give a file path.")
+    storage.check_writable(out, "output")  # a probe object beside it, created and deleted
+    return Path(out.path)
+
+
+def _refuse_job_file(real: Path, job_dir: Path) -> None:
+    paths = JobPaths(job_dir)
+    if real in paths.own_files() or real.is_relative_to(paths.shards_root()):
+        raise ConfigError(
+            f"output {real} is one of the job folder's own files ({job_dir}). Choose an output path "
+            "outside the job's ledger."
+        )
+
+
+def _probe_writable(out: Path) -> None:
+    folder = out.parent
+    while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(
+            f"output {out}: its parent {folder} is a file, not a folder. Choose an output path in a folder."
+        )
+    try:
+        fd, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, suffix=TEMP_SUFFIX, dir=folder)  # probe_name's rule
+    except OSError as exc:
+        raise ConfigError(
+            f"output {out} cannot be written: creating a file in {folder} fails ({exc.strerror or exc}). "
+            "Choose a writable location, or fix the folder's permissions."
+        ) from exc
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _check_dataset_location(output: str, inputs: Iterable[str], job_dir: str | Path | None) -> None:
     """Refuse, before any request, a dataset output that cannot be one: a file of that name exists;
     the folder holds files that are not a dataset's (the publish replaces the folder whole); the
     input is inside it, or it is inside the input folder or the job folder; it cannot be written.
@@ -138,7 +253,7 @@ def _probe_parent(out: Path) -> None:
         raise ConfigError(f"output {out}/: the folder {folder} cannot be written. Choose a writable place.")
 
 
-def check_dataset_output(output: str, fingerprint: str, columns: Iterable[str]) -> None:
+def _check_dataset_content(output: str, fingerprint: str, columns: Iterable[str]) -> None:
     """Refuse, before any request, an output folder that already holds another job's dataset (its
     manifest names another fingerprint: the commit would replace it), and an output column named
     ``row_position`` (the dataset's own). Nothing for a single-file output."""
@@ -371,7 +486,7 @@ def stage_files(out: storage.Location, stage: storage.Location, token: str, name
 
 def keep_parts(out: storage.Location, tokens: Iterable[str]) -> None:
     """Drop the pre-written part files of ledger states other than ``tokens`` (filesystem; an object
-    store's are deleted by :func:`publish`, and their unfinished uploads, left by a kill, aborted here)."""
+    store's are deleted by :func:`publish_dataset`, and their unfinished uploads, left by a kill, aborted here)."""
     keep = set(tokens)
     if out.remote:
         prefix = out.path.rstrip("/") + "/" + PART_PREFIX
@@ -383,7 +498,7 @@ def keep_parts(out: storage.Location, tokens: Iterable[str]) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def publish(out: storage.Location, stage: storage.Location, manifest: dict[str, Any]) -> None:
+def publish_dataset(out: storage.Location, stage: storage.Location, manifest: dict[str, Any]) -> None:
     """Put commit ``manifest['commit']`` in place: manifest, then ``_SUCCESS`` last; O(files)."""
     if out.remote:
         fs = out.fs

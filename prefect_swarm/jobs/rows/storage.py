@@ -22,8 +22,8 @@ upload the next commit aborts, never a half output under the final name. No copy
 S3's 5 GiB CopyObject limit does not apply. On GCS an output is written to a unique temporary key
 beside it (``.<name>.<uuid>.tmp``), then copied to its final key (a GCS rewrite has no such limit)
 and the temporary key deleted. A dataset output (a name ending with ``/``) is written file by file
-to the final keys (see :mod:`prefect_swarm.jobs.output`). The
-job's manifest, written after the output, is read as the truth (see :mod:`prefect_swarm.jobs.commit`).
+to the final keys (see :mod:`prefect_swarm.jobs.rows.output`). The
+job's manifest, written after the output, is read as the truth (see :mod:`prefect_swarm.jobs.rows.commit`).
 Local paths keep their write-to-temp-then-rename (:func:`prefect_swarm.paths.atomic_file`).
 
 Pre-flight: :func:`check_writable` proves a location writable (a probe object created and deleted
@@ -36,7 +36,7 @@ killed process (pyarrow uploads an object larger than one part as one) are abort
 The job folder (spec, manifest, locks, logs, exit files) stays on a POSIX filesystem (local
 disk, or a shared one for Slurm): its shard lock is an ``flock`` and its logs are appended by the
 compute backend. An ``s3://``/``gs://`` ``job_dir`` is refused with that reason; the shards'
-checkpoints go to an object store with the spec's ``ledger`` (see :mod:`prefect_swarm.jobs.ledger`).
+checkpoints go to an object store with the spec's ``ledger`` (see :mod:`prefect_swarm.jobs.checkpoint.ledger`).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class Location:
 
 def is_folder(text: str | os.PathLike[str]) -> bool:
     """``text`` names a folder or prefix: it ends with ``/`` (an output so named is a dataset, see
-    :mod:`prefect_swarm.jobs.output`)."""
+    :mod:`prefect_swarm.jobs.rows.output`)."""
     return str(text).endswith(("/", os.sep))
 
 
@@ -496,7 +496,7 @@ def upload(loc: Location) -> Iterator[pa.NativeFile]:
 
 # ---------------------------------------------------------------------------------------- publish
 @contextmanager
-def publish(loc: Location) -> Iterator[Path | pa.NativeFile]:
+def publish_file(loc: Location) -> Iterator[Path | pa.NativeFile]:
     """Yield where to write ``loc``'s new content; on success it replaces ``loc`` whole, on error nothing changes.
 
     Local: a temp path beside it, fsynced and renamed (:func:`prefect_swarm.paths.atomic_file`).
@@ -534,7 +534,7 @@ def remove_stale_temps(loc: Location) -> None:
     if not loc.remote:
         return
     parent, _, name = loc.path.rpartition("/")
-    final = loc.path.partition("/")[2]  # an S3 output is uploaded to its own key (see publish)
+    final = loc.path.partition("/")[2]  # an S3 output is uploaded to its own key (see publish_file)
     abort_uploads(f"{parent}/", loc.scheme, lambda key: key == final or is_temp_of(name, key.rpartition("/")[2]))
     try:
         found = loc.fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True))

@@ -69,8 +69,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from prefect_swarm.exceptions import FingerprintMismatch, ShardBusy
-from prefect_swarm.jobs import storage
-from prefect_swarm.jobs.fingerprint import describe_changes
+from prefect_swarm.jobs.checkpoint.fingerprint import describe_changes
+from prefect_swarm.jobs.columns import BASE_FIELDS, RAW_COLUMN
+from prefect_swarm.jobs.rows import storage
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import (
     ShardPaths,
@@ -135,24 +136,6 @@ class RowResult:
     def refused(cls, row: int, rid: str, error: str) -> RowResult:
         """An error row for which no request was sent."""
         return cls(row, rid, STATUS_ERROR, error)
-
-
-BASE_FIELDS: list[tuple[str, pa.DataType]] = [
-    ("_row", pa.int64()),
-    ("_id", pa.string()),
-    ("status", pa.string()),
-    ("error", pa.string()),
-    ("http_status", pa.int16()),
-    ("prompt_tokens", pa.int64()),
-    ("completion_tokens", pa.int64()),
-    ("latency_ms", pa.float32()),
-    ("attempts", pa.int16()),
-]
-RAW_COLUMN = "_response"
-"""Ledger column of the raw response body (kept for the OpenAI Batch output)."""
-RESERVED_COLUMNS: tuple[str, ...] = (*(name for name, _ in BASE_FIELDS), RAW_COLUMN)
-"""Names the ledger and the output own: no job output, response schema field or kept input column may
-use one (refused before any request, with this list)."""
 
 
 def ledger_schema(outputs: Mapping[str, pa.DataType], keep_raw: bool) -> pa.Schema:

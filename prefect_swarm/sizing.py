@@ -19,8 +19,8 @@ import math
 
 from prefect_swarm.backends.registry import entry_of
 from prefect_swarm.config import ExternalConfig, SwarmConfig
-from prefect_swarm.jobs.control import queue_margin
-from prefect_swarm.jobs.metrics import AUTO_HOST
+from prefect_swarm.jobs.dispatch.control import queue_margin
+from prefect_swarm.jobs.dispatch.metrics import AUTO_HOST
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import SwarmPaths
 
@@ -48,7 +48,7 @@ def size_for_swarm(spec: JobSpec, cfg: SwarmConfig) -> JobSpec:
     """``spec`` with what the swarm decides filled in: the replicas' capacity (None when the config does
     not declare it: each job process then finds it from the replicas' /metrics), the swarm's replica list,
     and the shard count unless it was set (the input's row count is read only when more than one
-    process is in question, through :func:`~prefect_swarm.jobs.dataset.open_input`: from the metadata
+    process is in question, through :func:`~prefect_swarm.jobs.rows.input.open_input`: from the metadata
     kept with the job when it has a job folder, no footer read)."""
     update: dict[str, object] = {
         "replica_capacity": cfg.engine.declared_capacity(),
@@ -58,7 +58,7 @@ def size_for_swarm(spec: JobSpec, cfg: SwarmConfig) -> JobSpec:
     if "shards" not in spec.model_fields_set:
         shards = auto_shards(cfg)
         if shards > 1:
-            from prefect_swarm.jobs.dataset import open_input
+            from prefect_swarm.jobs.rows.input import open_input
 
             shards = auto_shards(cfg, open_input(spec).num_rows)
         update["shards"] = shards

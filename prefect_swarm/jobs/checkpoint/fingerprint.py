@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from prefect_swarm.jobs.dataset import InputDataset, open_input
+from prefect_swarm.jobs.rows.input import InputDataset, open_input
 from prefect_swarm.jobs.spec import JobSpec
 
 

@@ -44,14 +44,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prefect_swarm.exceptions import JobError
-from prefect_swarm.jobs import output as dataset_output
-from prefect_swarm.jobs import storage
 from prefect_swarm.jobs.api import load_job
-from prefect_swarm.jobs.dataset import InputDataset, open_input, shard_range
-from prefect_swarm.jobs.failures import failure_summary
-from prefect_swarm.jobs.fingerprint import hash_details, job_fingerprint
-from prefect_swarm.jobs.ledger import RAW_COLUMN, Part, latest_positions, part_size, part_source, shard_store
-from prefect_swarm.jobs.plan import pending_shards, shard_progress
+from prefect_swarm.jobs.checkpoint.failures import failure_summary
+from prefect_swarm.jobs.checkpoint.fingerprint import hash_details, job_fingerprint
+from prefect_swarm.jobs.checkpoint.ledger import Part, latest_positions, part_size, part_source, shard_store
+from prefect_swarm.jobs.checkpoint.plan import pending_shards, shard_progress
+from prefect_swarm.jobs.columns import RAW_COLUMN
+from prefect_swarm.jobs.rows import output as dataset_output
+from prefect_swarm.jobs.rows import storage
+from prefect_swarm.jobs.rows.input import InputDataset, open_input, shard_range
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import atomic_file, atomic_write_json, file_lock, read_json, user_umask
 
@@ -141,7 +142,7 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
     store_failed = storage.refusing(out, "output", "write", error=JobError, after=_KEPT)
     with store_failed, atomic_file(spec.paths.failed_rows) as failed_tmp, open(failed_tmp, "w") as failed:
         storage.remove_stale_temps(out)  # left by a commit killed mid-write (object stores)
-        with storage.publish(out) as tmp:
+        with storage.publish_file(out) as tmp:
             writer.open(tmp)
             finish = job.finish_batch if spec.output_format == "parquet" else None
             for i in range(spec.shards):
@@ -160,7 +161,7 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
 def _commit_dataset(
     spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int, *, force: bool = False
 ) -> dict[str, Any]:
-    """Publish the output as a dataset (:mod:`prefect_swarm.jobs.output`): each shard's part files
+    """Publish the output as a dataset (:mod:`prefect_swarm.jobs.rows.output`): each shard's part files
     (written by the shard as it finished, see :func:`write_shard_output`; else written now), then the
     manifest and ``_SUCCESS``. With every shard's files written, this costs O(files)."""
     t0 = time.time()
@@ -178,7 +179,7 @@ def _commit_dataset(
             current = _dataset_manifest(spec, fp, commit_id, shards)
             if current["rows"] != ds.num_rows:
                 raise JobError(f"commit of {spec.output} produced {current['rows']} rows for {ds.num_rows} input rows.")
-            dataset_output.publish(out, stage, current)
+            dataset_output.publish_dataset(out, stage, current)
         dataset_output.keep_parts(out, tokens)  # a filesystem: drop pre-written files of older ledger states
     with atomic_file(spec.paths.failed_rows) as tmp, open(tmp, "w") as failed:
         for i in range(spec.shards):  # the shards' failed rows, recorded as each was written
@@ -544,7 +545,7 @@ class _JsonlWriter:
         self.gz = gz
 
     def open(self, path: Path | pa.NativeFile) -> None:
-        if not isinstance(path, Path):  # a stream to an object store (see storage.publish)
+        if not isinstance(path, Path):  # a stream to an object store (see storage.publish_file)
             self.fh: TextIO | _TextSink = _TextSink(path, self.gz)
             return
         self.fh = (

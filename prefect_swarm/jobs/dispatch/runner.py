@@ -24,7 +24,7 @@ line and headers came), so that failure is the row's own, never an outage's: it 
 ``max_retries`` (a row whose every answer is cut becomes an error row saying so) and it keeps the
 endpoint in rotation (it brings an ejected one back, as any answer does).
 
-How many requests are in flight: by default the closed loop of :mod:`prefect_swarm.jobs.control`
+How many requests are in flight: by default the closed loop of :mod:`prefect_swarm.jobs.dispatch.control`
 (each replica kept full with a short queue, read from its ``/metrics``, latency when it has none;
 replicas added to the swarm join); ``concurrency`` caps the total. Worker coroutines are started as
 the window grows; those above it wait for a slot without costing anything. With ``adaptive`` the
@@ -79,17 +79,15 @@ from yarl import URL
 
 from prefect_swarm.budget import Admission
 from prefect_swarm.exceptions import InvalidAnswer, TooFewChoices
-from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import SwarmJob, join_choices
-from prefect_swarm.jobs.control import Controller, process_cap
-from prefect_swarm.jobs.ledger import STATUS_ERROR, STATUS_OK, RowResult
-from prefect_swarm.jobs.ratelimit import RateLimiter
+from prefect_swarm.jobs.checkpoint.ledger import STATUS_ERROR, STATUS_OK, RowResult
+from prefect_swarm.jobs.dispatch import fastjson
+from prefect_swarm.jobs.dispatch.control import Controller, process_cap
+from prefect_swarm.jobs.dispatch.ratelimit import RateLimiter
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 OVERLOAD_STATUSES = frozenset({429, 500, 502, 503, 504})
 """Answers that make the in-flight loop back off from the endpoint."""
-DEFAULT_CAPACITY = 256
-"""A replica's capacity when the spec does not say (vLLM's max_num_seqs default on most GPUs)."""
 log = logging.getLogger("prefect_swarm.jobs")
 
 
@@ -100,7 +98,7 @@ class RunnerConfig:
     concurrency: int | None = None
     """Most requests in flight in this process (an explicit cap); None: the loop's window alone."""
     replica_capacity: int | None = None
-    """What one replica can batch, when the swarm declares it (see :mod:`prefect_swarm.jobs.control`);
+    """What one replica can batch, when the swarm declares it (see :mod:`prefect_swarm.jobs.dispatch.control`);
     None: the loop starts from :data:`DEFAULT_CAPACITY` and finds it from each replica's /metrics."""
     nshards: int = 1
     """Processes sharing the replicas (each starts at its share of a replica)."""
@@ -564,7 +562,7 @@ class Runner:
 
     async def run(self, items: Iterator[Item | RowResult]) -> bool:
         """Send every item; return True when all were sent, False when stopped first. A RowResult among
-        the items is a row answered without a request (see :mod:`prefect_swarm.jobs.cache`): reported as it is.
+        the items is a row answered without a request (see :mod:`prefect_swarm.jobs.dispatch.cache`): reported as it is.
 
         Raises what ``items`` raised, once the requests already in flight have been reported.
         """
@@ -905,7 +903,7 @@ class Runner:
         return RowResult(item.row, item.rid, STATUS_ERROR, error, status, 0, 0, latency, attempt, None, raw)
 
     async def _admit(self, item: Item, ep: Endpoint) -> tuple[int, float] | None:
-        """Before every attempt on ``ep``: wait for the rate limits (:mod:`prefect_swarm.jobs.ratelimit`),
+        """Before every attempt on ``ep``: wait for the rate limits (:mod:`prefect_swarm.jobs.dispatch.ratelimit`),
         then reserve the request's worst-case cost on the swarm's budget (:mod:`prefect_swarm.budget`).
         Returns (token estimate, reservation); None, with ``ep`` and the request's slot given back, when
         the runner is stopping (a stop while waiting sends nothing queued) or the budget refused it (the

@@ -2,7 +2,7 @@
 
 The target of each replica is what it can batch (its *capacity*: vLLM's ``max_num_seqs``, SGLang's
 ``max_running_requests``, a ``command`` engine's declared ``capacity``; see
-:func:`prefect_swarm.jobs.sizing.replica_capacity`) plus a short queue (:func:`queue_margin`), so
+:func:`prefect_swarm.sizing.replica_capacity`) plus a short queue (:func:`queue_margin`), so
 the engine never waits for the client and the client never piles rows up in a queue. The job's
 processes (shards) share every replica: each starts at its share (``(capacity + margin) / shards``).
 
@@ -24,7 +24,7 @@ bursts; one sample is not a trend):
 Capacity found, not assumed: where the swarm's config declares what a replica batches
 (``engine.capacity``, vLLM's ``--max-num-seqs``...) that is the target and the limit never passes it
 plus the margin. Where it does not (``capacity`` None), the loop starts from
-:data:`~prefect_swarm.jobs.runner.DEFAULT_CAPACITY` and finds each replica's batch from its own
+:data:`DEFAULT_CAPACITY` and finds each replica's batch from its own
 samples: it grows while the queue stays short and the running batch keeps rising; the batch it
 finds is the running batch under a standing queue (the engine queues only what it cannot run), or
 the batch two growths in a row did not raise (one flat sample is noise: answers leave a batch in
@@ -63,10 +63,12 @@ if TYPE_CHECKING:
 
     import aiohttp
 
-    from prefect_swarm.jobs.runner import Endpoint, EndpointPool
+    from prefect_swarm.jobs.dispatch.runner import Endpoint, EndpointPool
 
 log = logging.getLogger("prefect_swarm.jobs")
 
+DEFAULT_CAPACITY = 256
+"""A replica's capacity when the spec does not say (vLLM's max_num_seqs default on most GPUs)."""
 FD_RESERVE = 64
 """Descriptors kept for everything but requests (input files, the ledger, logs, the /metrics server)."""
 DISCOVER_S = 3.0
@@ -132,8 +134,6 @@ class Controller:
         replicas_file: Path | None = None,
         health_path: str = "/health",
     ) -> None:
-        from prefect_swarm.jobs.runner import DEFAULT_CAPACITY
-
         self.declared = capacity is not None
         """The swarm declares what a replica batches: the loop never sends one more (plus the margin)."""
         self.pool, self.nshards, self.cap = pool, max(1, nshards), max(1, cap)

@@ -25,7 +25,7 @@ that rate. The projection is ``start and tail + rows / steady rate``
 those the pilot met: a pilot that keeps the swarm full for a while (:data:`STEADY_FACTOR`) has seen
 as many answers in flight at once as the job will, so its tail is the job's.
 
-The whole input's row count comes from cheap metadata (:func:`~prefect_swarm.jobs.dataset.open_input`:
+The whole input's row count comes from cheap metadata (:func:`~prefect_swarm.jobs.rows.input.open_input`:
 what is kept with the job when it has a job folder, else parquet footers; a JSONL file is counted line
 by line, as every job does at submit). :func:`~prefect_swarm.config.cost.projection` turns the rate into
 wall time, GPU-hours and USD, for the swarm as it runs or for another replica count (linear scaling).
@@ -52,10 +52,10 @@ from prefect_swarm.config.cost import projection
 from prefect_swarm.config.errors import invalid_fields
 from prefect_swarm.exceptions import ConfigError, JobError
 from prefect_swarm.interfaces.jobenv import LOG_LEVEL
-from prefect_swarm.jobs.dataset import InputDataset, open_input
-from prefect_swarm.jobs.sizing import swarm_inflight
+from prefect_swarm.jobs.rows.input import InputDataset, open_input
 from prefect_swarm.jobs.spec import JobSpec, is_jsonl
 from prefect_swarm.paths import read_json
+from prefect_swarm.sizing import swarm_inflight
 
 MIDDLE = (0.2, 0.8)
 """The share of the pilot's rows over which its steady rate is measured."""
@@ -294,7 +294,7 @@ def run_processes(
 
 def latencies(pilot: JobSpec) -> list[float]:
     """Seconds each answered row of ``pilot`` took (its shards' ledgers)."""
-    from prefect_swarm.jobs.ledger import read_ledger
+    from prefect_swarm.jobs.checkpoint.ledger import read_ledger
 
     out: list[float] = []
     for i in range(pilot.shards):

@@ -38,13 +38,13 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from prefect_swarm.jobs.ledger import STATUS_OK, RowResult
+from prefect_swarm.jobs.checkpoint.ledger import STATUS_OK, RowResult
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from prefect_swarm.jobs.ledger import ShardLedger
-    from prefect_swarm.jobs.runner import Runner
+    from prefect_swarm.jobs.checkpoint.ledger import ShardLedger
+    from prefect_swarm.jobs.dispatch.runner import Runner
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 """Upper bounds (seconds) of the latency histogram (vLLM's end-to-end buckets, from 5 ms)."""

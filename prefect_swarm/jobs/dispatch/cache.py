@@ -49,14 +49,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_swarm.jobs import fastjson
 from prefect_swarm.jobs.api import SwarmJob
-from prefect_swarm.jobs.ledger import STATUS_OK, RowResult
+from prefect_swarm.jobs.checkpoint.ledger import STATUS_OK, RowResult
+from prefect_swarm.jobs.dispatch import fastjson
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import cache_db, journal_for, private_dir
 
 if TYPE_CHECKING:
-    from prefect_swarm.jobs.runner import Item  # (the runner's aiohttp is the job process's, not the CLI's)
+    from prefect_swarm.jobs.dispatch.runner import Item  # (the runner's aiohttp is the job process's, not the CLI's)
     from prefect_swarm.settings import Settings
 
 log = logging.getLogger("prefect_swarm.jobs")

@@ -2,7 +2,7 @@
 
 An external swarm (a hosted provider, a shared gateway) sells or allows so many requests and tokens
 a minute; past them it answers 429, and some providers suspend a key that keeps trying. So the
-limit is held on our side, in the request loop (:meth:`prefect_swarm.jobs.runner.Runner._post`,
+limit is held on our side, in the request loop (:meth:`prefect_swarm.jobs.dispatch.runner.Runner._post`,
 before every attempt, retries included), not learnt from 429s.
 
 Each limit is a token bucket refilled continuously at ``rate / 60`` a second that holds at most one

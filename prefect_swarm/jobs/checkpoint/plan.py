@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect_swarm.jobs.dataset import InputDataset, input_rows, open_input, shard_range
-from prefect_swarm.jobs.fingerprint import fingerprint_details, hash_details, job_fingerprint
-from prefect_swarm.jobs.ledger import check_resumable, shard_store
+from prefect_swarm.jobs.checkpoint.fingerprint import fingerprint_details, hash_details, job_fingerprint
+from prefect_swarm.jobs.checkpoint.ledger import check_resumable, shard_store
+from prefect_swarm.jobs.rows.input import InputDataset, input_rows, open_input, shard_range
 from prefect_swarm.jobs.spec import JobSpec
 
 
