@@ -65,9 +65,7 @@ def _check_once(out: Path, latest: dict[int, dict[str, Any]]) -> pa.Table:
 
 def test_dataset_layout_manifest_and_readers(job, monkeypatch: pytest.MonkeyPatch) -> None:
     spec, latest = job
-    monkeypatch.setattr(output, "PART_BYTES", 60_000)  # several files per shard
-    monkeypatch.setattr(output, "ROW_GROUP_ROWS", 700)
-    m = commit_output(spec, bucket_rows=300)
+    m = commit_output(spec, bucket_rows=300, parts=output.PartSizes(60_000, 700))  # several files per shard
     out = Path(spec.output)
     table = _check_once(out, latest)
     inside = json.loads((out / output.MANIFEST).read_text())
