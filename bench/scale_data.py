@@ -97,9 +97,10 @@ SHARD = (
     HWM + "; import sys, runpy; sys.argv[0] = 'run'; runpy.run_module('prefect_swarm.jobs.run', run_name='__main__')"
 )
 WRITE = HWM + (
-    "; import sys; from prefect_swarm.jobs import output; output.PART_BYTES = int(os.environ['BENCH_PART_BYTES']); "
+    "; import sys; from prefect_swarm.jobs import output; "
+    "parts = output.PartSizes(int(os.environ['BENCH_PART_BYTES'])); "
     "from prefect_swarm.jobs.spec import JobSpec; from prefect_swarm.jobs.commit import "
-    "write_shard_output; write_shard_output(JobSpec.load(sys.argv[1]), int(sys.argv[2]))"
+    "write_shard_output; write_shard_output(JobSpec.load(sys.argv[1]), int(sys.argv[2]), parts=parts)"
 )
 """What a dataset job's shard process does once its last row is answered: its part files, its record (a part
 file rolls over past ``$BENCH_PART_BYTES`` of rows: the product's ``output.PART_BYTES``, or less to get more

@@ -251,15 +251,18 @@ def shard_token(spec: JobSpec, i: int, fp: str) -> str:
     return hash_details(details)[:12]
 
 
-def write_shard_output(spec: JobSpec, i: int) -> dict[str, Any] | None:
+def write_shard_output(
+    spec: JobSpec, i: int, *, parts: dataset_output.PartSizes = dataset_output.PartSizes()
+) -> dict[str, Any] | None:
     """Write finished shard ``i``'s part of a dataset output (its job process calls this once its last
-    row is answered, in parallel with the other shards), so the commit only publishes. Returns the
-    record, or None for a single-file output."""
+    row is answered, in parallel with the other shards), so the commit only publishes; ``parts`` cuts
+    its part files. Returns the record, or None for a single-file output."""
     if not dataset_output.is_dataset(spec.output):
         return None
     spec = spec.model_copy(update={"retry_failed": False})
     ds = open_input(spec)
-    return _shard_output(spec, ds, i, shard_token(spec, i, job_fingerprint(spec, ds)), MergeSizes(_bucket_rows(None)))
+    token = shard_token(spec, i, job_fingerprint(spec, ds))
+    return _shard_output(spec, ds, i, token, MergeSizes(_bucket_rows(None), parts=parts))
 
 
 def _shard_output(

@@ -112,9 +112,8 @@ _COMMIT = (
     "from prefect_swarm.jobs import output\n"
     "from prefect_swarm.jobs.commit import commit_output\n"
     "from prefect_swarm.jobs.spec import JobSpec\n"
-    "output.PART_BYTES = 40_000\n"
-    "output.ROW_GROUP_ROWS = 400\n"
-    "commit_output(JobSpec.load(sys.argv[1]), force=sys.argv[2] == 'force', bucket_rows=250)\n"
+    "small = output.PartSizes(part_bytes=40_000, row_group_rows=400)\n"
+    "commit_output(JobSpec.load(sys.argv[1]), force=sys.argv[2] == 'force', bucket_rows=250, parts=small)\n"
 )
 
 
