@@ -98,9 +98,9 @@ SHARD = (
 )
 WRITE = HWM + (
     "; import sys; from prefect_swarm.jobs.rows import output; "
-    "output.PART_BYTES = int(os.environ['BENCH_PART_BYTES']); "
+    "parts = output.PartSizes(int(os.environ['BENCH_PART_BYTES'])); "
     "from prefect_swarm.jobs.spec import JobSpec; from prefect_swarm.jobs.rows.commit import "
-    "write_shard_output; write_shard_output(JobSpec.load(sys.argv[1]), int(sys.argv[2]))"
+    "write_shard_output; write_shard_output(JobSpec.load(sys.argv[1]), int(sys.argv[2]), parts=parts)"
 )
 """What a dataset job's shard process does once its last row is answered: its part files, its record (a part
 file rolls over past ``$BENCH_PART_BYTES`` of rows: the product's ``output.PART_BYTES``, or less to get more

@@ -176,7 +176,7 @@ def _refuse(path: Path, why: str) -> AccessError:
     )
 
 
-def private_dir(path: Path) -> Path:
+def private_dir(path: Path, *, exists: Callable[[Path], bool] = os.path.lexists) -> Path:
     """THE rule for a folder that holds a swarm's or a job's files; returns ``path``.
 
     Missing folders are created 0700 by this user. An existing ``path`` must be a real folder (not a
@@ -185,10 +185,13 @@ def private_dir(path: Path) -> Path:
     :func:`_replaceable_by_others`; a sticky ``/tmp``-like scratch is fine). Anything else is
     refused with one :class:`~prefect_swarm.exceptions.AccessError` naming the folder: on a shared
     scratch another user could otherwise plant the scripts this user's jobs run.
+
+    ``exists`` is the look at which folders are there already (anything, even a dangling link, counts);
+    another user may make one right after it, which the mkdir then finds and judges.
     """
     path = Path(os.path.abspath(path))
     chain = [path, *path.parents]
-    first = next((i for i, p in enumerate(chain) if os.path.lexists(p)), len(chain) - 1)
+    first = next((i for i, p in enumerate(chain) if exists(p)), len(chain) - 1)
     for above in chain[max(first, 1) :]:
         why = _replaceable_by_others(os.stat(above))
         if why:

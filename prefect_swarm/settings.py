@@ -89,6 +89,12 @@ class Settings(BaseSettings):
         description="Rows of one bucket at most when a job's shards are merged into its output: the rows the "
         "commit holds in memory at once (fewer when rows are wide).",
     )
+    lepton_api_backoff_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="First delay in seconds between tries of a Lepton API call that failed transiently "
+        "(HTTP 429, 5xx, a lost connection); it doubles each try, up to 10 s.",
+    )
 
     @property
     def cache_folder(self) -> Path:

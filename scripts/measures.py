@@ -8,7 +8,10 @@
   usual way to keep a circle from failing at import time, and what hides it);
 - the largest module and function (lines), with the median and 90th percentile of function lengths;
 - test functions (``test_*`` under tests/) that sleep (``time.sleep``/``asyncio.sleep`` in their own body),
-  how many of them sleep in a loop, and how many read the clock (``time.monotonic``/``time.time``: a deadline).
+  how many of them sleep in a loop, and how many read the clock (``time.monotonic``/``time.time``: a deadline);
+- tests that patch the product: ``monkeypatch.setattr`` on a module, class or object of ``prefect_swarm``
+  (fault injection goes through constructor arguments or settings instead), beside those on other
+  libraries (an event of the platform: a step of the clock) and on a test's own module.
 
     python scripts/measures.py            # the measures, one a line
     python scripts/measures.py --json     # the same, with every circle, lazy import and sleeping test listed
@@ -230,6 +233,67 @@ def sleeping_tests() -> dict[str, object]:
     }
 
 
+# ---------------------------------------------------------------------------------- patched globals
+PATCHERS = {"monkeypatch", "mp"}
+"""Names a test gives pytest's MonkeyPatch (the fixture, or ``MonkeyPatch.context() as mp``)."""
+
+
+def _imported(tree: ast.AST) -> dict[str, str]:
+    """Name -> what it was imported from, for every import in the file (in any scope)."""
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                names[a.asname or a.name.partition(".")[0]] = a.name if a.asname else a.name.partition(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                names[a.asname or a.name] = f"{node.module}.{a.name}"
+    return names
+
+
+def _root(node: ast.AST) -> str | None:
+    """The name an expression like ``a.b[0].c()`` starts from."""
+    while isinstance(node, ast.Attribute | ast.Subscript | ast.Call):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def setattr_patches(source: str) -> list[tuple[int, str, str]]:
+    """Every ``monkeypatch.setattr`` of ``source``: (line, its target, whose): ``product`` for a module,
+    class or object of prefect_swarm (or one the file does not import: an object of the product, as
+    far as anyone reading the test can tell), ``own`` for the test's own module (``__name__``),
+    ``library`` for anything imported from elsewhere."""
+    tree = ast.parse(source)
+    imported = _imported(tree)
+    found = []
+    for node in ast.walk(tree):
+        f = node.func if isinstance(node, ast.Call) else None
+        if not (isinstance(f, ast.Attribute) and f.attr == "setattr" and isinstance(f.value, ast.Name)):
+            continue
+        if f.value.id not in PATCHERS or not node.args:  # type: ignore[union-attr]
+            continue
+        target = node.args[0]  # type: ignore[union-attr]
+        if isinstance(target, ast.Constant) and isinstance(target.value, str):
+            origin: str | None = target.value
+        elif any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(target)):
+            found.append((node.lineno, ast.unparse(target), "own"))
+            continue
+        else:
+            origin = imported.get(_root(target) or "")
+        whose = "product" if origin is None or origin.partition(".")[0] == "prefect_swarm" else "library"
+        found.append((node.lineno, ast.unparse(target), whose))
+    return sorted(found)
+
+
+def patched_globals() -> dict[str, object]:
+    """The ``monkeypatch.setattr`` calls of tests/, by whose target they patch (:func:`setattr_patches`)."""
+    out: dict[str, list[str]] = {"product": [], "library": [], "own": []}
+    for path in sorted(TESTS.rglob("*.py")):
+        for line, target, whose in setattr_patches(path.read_text()):
+            out[whose].append(f"{path.relative_to(REPO)}:{line} {target}")
+    return {"patched_product": out["product"], "patched_library": out["library"], "patched_own": out["own"]}
+
+
 # ---------------------------------------------------------------------------------- a new backend
 def backend_files() -> list[str]:
     """The files the "Adding a backend" recipe touches (the toy backend, added to a copy of the package)."""
@@ -252,6 +316,7 @@ def measure() -> dict[str, object]:
         "lazy_imports_breaking_a_circle": [f"{e.source}:{e.line} imports {e.target}" for e in lazy],
         **sizes(),
         **sleeping_tests(),
+        **patched_globals(),
     }
 
 
@@ -268,6 +333,8 @@ def lines(m: dict[str, object]) -> list[str]:
         f"test functions that sleep: {len(m['sleep'])} of {m['test_functions']} "  # type: ignore[arg-type]
         f"({len(m['sleep_in_a_loop'])} in a loop); that read the clock: {len(m['read_the_clock'])}; "  # type: ignore[arg-type]
         f"other functions of tests/ that sleep: {len(m['helpers_that_sleep'])}",  # type: ignore[arg-type]
+        f"monkeypatch.setattr on prefect_swarm in tests: {len(m['patched_product'])} "  # type: ignore[arg-type]
+        f"(on other libraries: {len(m['patched_library'])}; on a test's own module: {len(m['patched_own'])})",  # type: ignore[arg-type]
     ]
 
 

@@ -14,18 +14,19 @@ event) through ``prefect_swarm.testing.wait_until``, not on the clock. Counted, 
   a ``deadline``);
 - ``wait helpers with a loop of their own``: ``def wait_*``/``_wait_*`` that loop instead of calling
   ``wait_until`` (the one that may: ``prefect_swarm/testing/waiting.py``);
-- ``monkeypatch.setattr on module globals``: ``monkeypatch.setattr(module, "name", ...)`` or
-  ``monkeypatch.setattr("package.module.name", ...)`` (fault injection belongs in constructor
-  arguments or settings).
+- ``monkeypatch.setattr on prefect_swarm``: ``monkeypatch.setattr`` on a module, class or object of
+  the product (fault injection belongs in constructor arguments or settings), as ``scripts/measures.py``
+  finds them (:func:`measures.setattr_patches`).
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import sys
 from collections import Counter
 from pathlib import Path
+
+from measures import setattr_patches  # this folder's: one rule for what a patch of the product is
 
 ROOT = Path(__file__).resolve().parent.parent
 WHERE = ("tests", "prefect_swarm/testing")
@@ -63,50 +64,14 @@ def _reads_clock(test: ast.AST) -> bool:
     return False
 
 
-def _module_names(tree: ast.Module) -> set[str]:
-    """Names this file binds to a module (``import x.y as m``; ``from pkg import mod`` when mod is one)."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {a.asname or a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for a in node.names:
-                try:
-                    found = importlib.util.find_spec(f"{node.module}.{a.name}") is not None
-                except (ImportError, ValueError, AttributeError):
-                    found = False
-                if found:
-                    names.add(a.asname or a.name)
-    return names
-
-
-def _is_monkeypatch_setattr(node: ast.AST) -> bool:
-    return (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "setattr"
-        and isinstance(node.func.value, ast.Name)
-        and node.func.value.id == "monkeypatch"
-        and bool(node.args)
-    )
-
-
-def _patches_module_global(node: ast.AST, modules: set[str]) -> bool:
-    if not _is_monkeypatch_setattr(node):
-        return False
-    target = node.args[0]  # type: ignore[attr-defined]
-    if isinstance(target, ast.Constant) and isinstance(target.value, str):
-        return "." in target.value  # "package.module.name"
-    if isinstance(target, ast.BinOp):  # __name__ + ".NAME"
-        return True
-    return isinstance(target, (ast.Name, ast.Attribute)) and ast.unparse(target).split(".")[0] in modules
-
-
 def measure_file(path: Path, rel: str) -> Counter[str]:
     """The counts of one file."""
-    tree = ast.parse(path.read_text())
+    source = path.read_text()
+    tree = ast.parse(source)
     c: Counter[str] = Counter()
-    modules = _module_names(tree)
+    patches = setattr_patches(source)
+    c["monkeypatch.setattr (all)"] = len(patches)
+    c["monkeypatch.setattr on prefect_swarm"] = sum(1 for *_, whose in patches if whose == "product")
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if node.name.startswith("test"):
@@ -123,10 +88,6 @@ def measure_file(path: Path, rel: str) -> Counter[str]:
                 c["deadline loops"] += 1
         if _is_sleep(node):
             c["sleep calls"] += 1
-        if _is_monkeypatch_setattr(node):
-            c["monkeypatch.setattr (all)"] += 1
-        if _patches_module_global(node, modules):
-            c["monkeypatch.setattr on module globals"] += 1
     return c
 
 
@@ -144,7 +105,7 @@ def measure(root: Path = ROOT) -> dict[str, int]:
         "deadline loops",
         "wait helpers with a loop of their own",
         "monkeypatch.setattr (all)",
-        "monkeypatch.setattr on module globals",
+        "monkeypatch.setattr on prefect_swarm",
     )
     return {k: total[k] for k in keys}
 

@@ -549,10 +549,13 @@ def effective_sharing(cfg: SwarmConfig, sharing: str | None = None) -> str:
 
 
 @contextmanager
-def swarm_use(cfg: SwarmConfig, sharing: str | None = None) -> Iterator[None]:
+def swarm_use(
+    cfg: SwarmConfig, sharing: str | None = None, *, prefect_client: Callable[[], Any] | None = None
+) -> Iterator[None]:
     """With ``exclusive`` (:func:`effective_sharing`), hold the global concurrency limit
     ``swarm:<name>`` (1 slot; created if missing) for the body, so a second run waits for the slot
-    (visible in the UI's Concurrency page); with ``shared``, nothing."""
+    (visible in the UI's Concurrency page); with ``shared``, nothing. ``prefect_client`` opens the
+    sync Prefect client the limit is made with (default: ``get_client(sync_client=True)``)."""
     name = cfg.name
     sharing = effective_sharing(cfg, sharing)
     if sharing == "shared":
@@ -563,7 +566,7 @@ def swarm_use(cfg: SwarmConfig, sharing: str | None = None) -> Iterator[None]:
     from prefect.exceptions import ObjectAlreadyExists
 
     limit = f"swarm:{name}"
-    with get_client(sync_client=True) as client:
+    with (prefect_client or (lambda: get_client(sync_client=True)))() as client:
         try:
             client.upsert_global_concurrency_limit_by_name(limit, 1)
         except ObjectAlreadyExists:

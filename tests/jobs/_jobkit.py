@@ -153,9 +153,10 @@ class ConnectionCounter:
         self.close()
 
 
-def open_ledger(root: Path, start: int, end: int, *, retry_failed: bool = False) -> Any:
+def open_ledger(root: Path, start: int, end: int, *, retry_failed: bool = False, **kw: Any) -> Any:
     """Shard 0 of 1's ledger over rows ``[start, end)`` in ``root``, opened (fingerprint "fp", one
-    string output ``text``): the ledger alone, without a job process."""
+    string output ``text``): the ledger alone, without a job process. ``kw`` go to ShardLedger
+    (``store``, ``compact_every``)."""
     from prefect_swarm.jobs.checkpoint.ledger import ShardLedger
     from prefect_swarm.paths import ShardPaths
 
@@ -168,6 +169,7 @@ def open_ledger(root: Path, start: int, end: int, *, retry_failed: bool = False)
         fingerprint="fp",
         details={},
         outputs={"text": pa.string()},
+        **kw,
     )
     led.open(retry_failed=retry_failed)
     return led

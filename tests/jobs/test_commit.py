@@ -17,7 +17,6 @@ from prefect_swarm.exceptions import ConfigError, JobError
 from prefect_swarm.jobs.api import load_job
 from prefect_swarm.jobs.checkpoint.fingerprint import job_fingerprint
 from prefect_swarm.jobs.checkpoint.ledger import ledger_schema
-from prefect_swarm.jobs.rows import commit
 from prefect_swarm.jobs.rows.commit import commit_output
 from prefect_swarm.jobs.rows.input import shard_range
 from prefect_swarm.jobs.spec import JobSpec
@@ -80,8 +79,7 @@ def job(tmp_path: Path) -> tuple[JobSpec, dict[int, dict[str, Any]]]:
 def test_tiny_buckets_match_one_bucket_and_the_last_writes(job, monkeypatch: pytest.MonkeyPatch) -> None:
     spec, latest = job
     out = Path(spec.output)
-    monkeypatch.setattr(commit, "MAX_OPEN_BUCKETS", 4)  # 3000 rows / 7 per bucket: many passes per shard
-    tiny = commit_output(spec, bucket_rows=7)
+    tiny = commit_output(spec, bucket_rows=7, open_buckets=4)  # 3000 rows / 7 per bucket: many passes per shard
     small = pq.read_table(out)
     assert not list(spec.paths.root.glob(".commit-buckets-*"))  # temp buckets removed
     failed_small = spec.paths.failed_rows.read_text()

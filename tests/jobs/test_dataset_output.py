@@ -65,9 +65,7 @@ def _check_once(out: Path, latest: dict[int, dict[str, Any]]) -> pa.Table:
 
 def test_dataset_layout_manifest_and_readers(job, monkeypatch: pytest.MonkeyPatch) -> None:
     spec, latest = job
-    monkeypatch.setattr(output, "PART_BYTES", 60_000)  # several files per shard
-    monkeypatch.setattr(output, "ROW_GROUP_ROWS", 700)
-    m = commit_output(spec, bucket_rows=300)
+    m = commit_output(spec, bucket_rows=300, parts=output.PartSizes(60_000, 700))  # several files per shard
     out = Path(spec.output)
     table = _check_once(out, latest)
     inside = json.loads((out / output.MANIFEST).read_text())
@@ -114,9 +112,8 @@ _COMMIT = (
     "from prefect_swarm.jobs.rows import output\n"
     "from prefect_swarm.jobs.rows.commit import commit_output\n"
     "from prefect_swarm.jobs.spec import JobSpec\n"
-    "output.PART_BYTES = 40_000\n"
-    "output.ROW_GROUP_ROWS = 400\n"
-    "commit_output(JobSpec.load(sys.argv[1]), force=sys.argv[2] == 'force', bucket_rows=250)\n"
+    "small = output.PartSizes(part_bytes=40_000, row_group_rows=400)\n"
+    "commit_output(JobSpec.load(sys.argv[1]), force=sys.argv[2] == 'force', bucket_rows=250, parts=small)\n"
 )
 
 
@@ -238,7 +235,7 @@ def test_a_rerun_after_a_committed_dataset_sends_nothing(tmp_path: Path, stub) -
     assert requests(stub) - before == 300
 
 
-def test_a_cli_job_lets_go_of_its_swarm_before_the_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cli_job_lets_go_of_its_swarm_before_the_commit(tmp_path: Path) -> None:
     """`job submit` (waiting): once the last row is answered the job's hold on the swarm is dropped, before
     the commit; a detached job whose rows are all answered holds it no more (its last process may still
     be publishing)."""
@@ -251,19 +248,22 @@ def test_a_cli_job_lets_go_of_its_swarm_before_the_commit(tmp_path: Path, monkey
     make_dataset(tmp_path / "in.parquet", 200)
     cfg = SwarmConfig.model_validate(stub_swarm_config("let-go", replicas=1, latency_ms=1))
     held_at_commit: list[list[str]] = []
-    commit_job = launch.commit_job
 
-    def spy(job_id: str, **kw: Any) -> dict[str, Any]:
-        held_at_commit.append([x.owner for x in StateStore().list_leases("let-go")])
-        return commit_job(job_id, **kw)
+    class Watched(StateStore):
+        """The state database, noting the swarm's holders when a commit records its output (the
+        commit's record of a job holds its manifest's ``rows``; a progress update holds none)."""
 
-    monkeypatch.setattr(launch, "commit_job", spy)
+        def update_job(self, job_id: str, **fields: Any) -> Any:
+            if "rows" in (fields.get("progress") or {}):
+                held_at_commit.append([x.owner for x in self.list_leases("let-go")])
+            return super().update_job(job_id, **fields)
+
     with Swarm(cfg) as swarm:
-        store = StateStore()
+        store = Watched()
         store.put_lease(keep_lease("let-go"))  # as `up` leaves it: the swarm stays up for the next job
         fields = {"input": str(tmp_path / "in.parquet"), "id_column": "id", "shards": 2}
         spec = JobSpec(output=f"{tmp_path}/a/", auto_commit=False, **fields)
-        rec = launch.submit_job(swarm, spec, detach=False)
+        rec = launch.submit_job(swarm, spec, detach=False, store=store)
         assert rec.status == "SUCCEEDED" and held_at_commit, held_at_commit
         assert not [o for o in held_at_commit[0] if o.startswith("job:")], held_at_commit
         detached = launch.submit_job(swarm, JobSpec(output=f"{tmp_path}/b/", **fields), detach=True)

@@ -293,20 +293,33 @@ def test_ledger_on_s3_resume_checks_and_overwrite(tmp_path: Path, s3: MotoS3, st
     assert table is not None and sorted(table.column("_row").to_pylist()) == list(range(n))
 
 
-def test_upload_parts_grow_with_the_object(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_upload_parts_grow_with_the_object(s3: MotoS3) -> None:
     """Part sizes follow the object's size (no fixed-part ceiling): 8 MiB parts first, doubling every
     1,000 parts, 10,000 parts reach past S3's 5 TiB; an upload of growing parts reads back whole."""
     sizes = [storage.upload_part_size(i) for i in range(storage.MAX_PARTS)]
     assert sizes[0] == sizes[999] == 8 * 2**20 and sizes[1000] == 16 * 2**20
     assert sum(sizes) > 5 * 2**40 and max(sizes) <= storage.MAX_PART_BYTES
-    monkeypatch.setattr(storage, "MIN_PART_BYTES", 5 * 2**20)
-    monkeypatch.setattr(storage, "PARTS_PER_SIZE", 2)  # the doubling seen in a 33 MiB object
     sent: list[int] = []
-    send = storage.S3Upload._send
-    monkeypatch.setattr(storage.S3Upload, "_send", lambda self, body: (sent.append(len(body)), send(self, body))[1])
+
+    class Recording:
+        """The store's client, noting the size of each part it is sent."""
+
+        def __init__(self) -> None:
+            self.client = storage._s3_client()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.client, name)
+
+        def upload_part(self, **kw: Any) -> Any:
+            sent.append(len(kw["Body"]))
+            return self.client.upload_part(**kw)
+
+    def uploader(path: str) -> storage.S3Upload:  # S3's least part, doubling as seen in a 33 MiB object
+        return storage.S3Upload(path, client=Recording(), min_part_bytes=5 * 2**20, parts_per_size=2)
+
     data = random.Random(3).randbytes(33 * 2**20)
     loc = storage.parse(f"s3://{BUCKET}/grow/big.bin", "output")
-    with storage.publish_file(loc) as sink:
+    with storage.publish_file(loc, uploader=uploader) as sink:
         for k in range(0, len(data), 3 * 2**20 + 7):
             sink.write(data[k : k + 3 * 2**20 + 7])
     assert [s // 2**20 for s in sent] == [5, 5, 10, 10, 3]

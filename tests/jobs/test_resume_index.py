@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
+import os
 import random
+import re
 import shutil
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -15,20 +21,27 @@ import pytest
 from _jobkit import make_dataset, open_ledger, write_spec
 
 from prefect_swarm.exceptions import DatasetError
-from prefect_swarm.jobs.checkpoint import ledger as ledger_mod
-from prefect_swarm.jobs.checkpoint.ledger import DoneRows, RowResult, ShardLedger, latest_positions, read_ledger
+from prefect_swarm.jobs.checkpoint.ledger import (
+    DoneRows,
+    LocalShard,
+    RowResult,
+    ShardLedger,
+    latest_positions,
+    read_ledger,
+)
 from prefect_swarm.jobs.checkpoint.plan import job_progress, pending_shards
-from prefect_swarm.jobs.rows import input as dataset_mod
 from prefect_swarm.jobs.rows.input import InputDataset, open_input
 from prefect_swarm.jobs.run import main as job_main
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import ShardPaths
 
 START, END = 1000, 1600
+NEVER = 10**9
+"""A ``compact_every`` no ledger here reaches: a reference ledger that keeps every part."""
 
 
-def _ledger(root: Path, *, retry_failed: bool = False, start: int = START, end: int = END) -> ShardLedger:
-    led: ShardLedger = open_ledger(root, start, end, retry_failed=retry_failed)
+def _ledger(root: Path, *, retry_failed: bool = False, start: int = START, end: int = END, **kw: Any) -> ShardLedger:
+    led: ShardLedger = open_ledger(root, start, end, retry_failed=retry_failed, **kw)
     return led
 
 
@@ -74,21 +87,18 @@ def test_done_rows_keep_a_position_and_the_few_rows_past_it() -> None:
     assert rows.missing(2, 6).tolist() == [2]
 
 
-def test_resume_reads_the_index_and_only_the_parts_after_it(tmp_path: Path, monkeypatch) -> None:
+def test_resume_reads_the_index_and_only_the_parts_after_it(tmp_path: Path) -> None:
     order = _shuffled_order(300, seed=1)
     led = _ledger(tmp_path / "a")
     _run_rows(led, order, every=7)
     assert len(led.seen.beyond) == 0 and led.seen.upto == 300
-    replayed: list[str] = []
-    real = ShardLedger._replay
-    monkeypatch.setattr(ShardLedger, "_replay", lambda self, part: replayed.append(part.name) or real(self, part))
     resumed = _ledger(tmp_path / "a")
-    assert replayed == []  # the index covers every part
+    assert resumed.replayed == 0  # the index covers every part
     assert _state(resumed) == _state(led)
     # the same ledger without its index: every part replayed, the same state
     (tmp_path / "a" / "index.json").unlink()
     full = _ledger(tmp_path / "a")
-    assert len(replayed) == len(led.paths.parts()) and _state(full) == _state(led)
+    assert full.replayed == len(led.paths.parts()) > 1 and _state(full) == _state(led)
     assert full.n_failed == sum(1 for r in range(START, START + 300) if r % 37 == 0 and r % 74 != 0)
 
 
@@ -132,12 +142,10 @@ def _latest(root: Path) -> dict[int, str]:
     return {START + i: texts[p] for i, p in enumerate(pos.tolist()) if p >= 0}
 
 
-def test_compaction_keeps_the_part_count_bounded_and_each_rows_latest_write(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(ledger_mod, "COMPACT_EVERY", 4)
+def test_compaction_keeps_the_part_count_bounded_and_each_rows_latest_write(tmp_path: Path) -> None:
     order = _shuffled_order(320, seed=3)
-    led = _ledger(tmp_path / "c")
-    ref = _ledger(tmp_path / "ref", start=START, end=END)
-    monkeypatch.setattr(ref, "_maybe_compact", lambda: False)
+    led = _ledger(tmp_path / "c", compact_every=4)
+    ref = _ledger(tmp_path / "ref", compact_every=NEVER)
     _run_rows(led, order, every=5)
     _run_rows(ref, order, every=5)
     assert len(ref.paths.parts()) > 60 and led.compactions > 10
@@ -145,32 +153,39 @@ def test_compaction_keeps_the_part_count_bounded_and_each_rows_latest_write(tmp_
     assert _latest(tmp_path / "c") == _latest(tmp_path / "ref")
     merged = pq.read_table(led.paths.parts()[0], columns=["_row"]).column("_row").to_numpy()
     assert merged.size > 250 and np.unique(merged).size == merged.size  # superseded writes dropped
-    assert _state(_ledger(tmp_path / "c")) == _state(_ledger(tmp_path / "ref"))
+    assert _state(_ledger(tmp_path / "c", compact_every=4)) == _state(_ledger(tmp_path / "ref", compact_every=NEVER))
 
 
-def test_a_kill_in_the_middle_of_a_compaction_loses_nothing(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(ledger_mod, "COMPACT_EVERY", 4)
+class _KilledAtDelete(LocalShard):
+    """The shard's folder, where a delete is killed once ``armed``: as a kill after a merged part is
+    written, before the parts it replaces are deleted."""
+
+    armed = False
+
+    def delete(self, names: list[str]) -> None:
+        if self.armed:
+            raise KeyboardInterrupt
+        super().delete(names)
+
+
+def test_a_kill_in_the_middle_of_a_compaction_loses_nothing(tmp_path: Path) -> None:
     order = _shuffled_order(120, seed=4)
-    led = _ledger(tmp_path / "m")
-    ref = _ledger(tmp_path / "ref")
-    monkeypatch.setattr(ref, "_maybe_compact", lambda: False)
+    store = _KilledAtDelete(ShardPaths(tmp_path / "m"))
+    led = _ledger(tmp_path / "m", compact_every=4, store=store)
+    ref = _ledger(tmp_path / "ref", compact_every=NEVER)
     _run_rows(ref, order, every=10)
-
-    def killed(_names: list[str]) -> None:  # the merged part is written; the merged ones not yet deleted
-        raise KeyboardInterrupt
-
     for k, (row, status) in enumerate(order[:39], 1):
         _add(led, row, status)
         if k % 10 == 0:
             led.flush()
-    monkeypatch.setattr(led.store, "delete", killed)
+    store.armed = True
     for row, status in order[39:40]:
         _add(led, row, status)
     with pytest.raises(KeyboardInterrupt):
         led.flush()
     left = [p.name for p in led.paths.parts()]
     assert len(left) == 4  # merged into the last part number, the others still there
-    resumed = _ledger(tmp_path / "m")
+    resumed = _ledger(tmp_path / "m", compact_every=4)
     _run_rows(resumed, order[40:], every=10)
     assert _latest(tmp_path / "m") == _latest(tmp_path / "ref")
     assert _state(_ledger(tmp_path / "m"))[:5] == _state(_ledger(tmp_path / "ref"))[:5]
@@ -179,25 +194,30 @@ def test_a_kill_in_the_middle_of_a_compaction_loses_nothing(tmp_path: Path, monk
 # ---------------------------------------------------------------- input metadata, polling
 
 
-def _count_footer_reads(monkeypatch) -> list[str]:
-    reads: list[str] = []
-    real_meta, real_file = pq.read_metadata, pq.ParquetFile
+@contextmanager
+def _replaced(files: dict[Path, bytes]) -> Iterator[None]:
+    """Each file of ``files`` holds the bytes given (its length) while the block runs, its mtime kept:
+    the kept metadata of the input still describes it, and a read of it sees the new bytes."""
+    saved = {f: (f.read_bytes(), f.stat()) for f in files}
+    try:
+        for f, data in files.items():
+            assert len(data) == len(saved[f][0])
+            f.write_bytes(data)
+            os.utime(f, ns=(saved[f][1].st_atime_ns, saved[f][1].st_mtime_ns))
+        yield
+    finally:
+        for f, (data, st) in saved.items():
+            f.write_bytes(data)
+            os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
 
-    def meta(where, *a, **kw):
-        reads.append(str(where))
-        return real_meta(where, *a, **kw)
 
-    class Counted(real_file):  # type: ignore[misc,valid-type]
-        def __init__(self, source, *a, **kw):
-            reads.append(str(source))
-            super().__init__(source, *a, **kw)
-
-    monkeypatch.setattr(pq, "read_metadata", meta)
-    monkeypatch.setattr(pq, "ParquetFile", Counted)
-    return reads
+def _unreadable(*files: Path) -> AbstractContextManager[None]:
+    """``files`` hold zeros while the block runs (same size and mtime): a read of one's footer fails,
+    so a block that succeeds read none of them."""
+    return _replaced({f: bytes(f.stat().st_size) for f in files})
 
 
-def test_status_polls_read_no_input_footer(tmp_path: Path, monkeypatch) -> None:
+def test_status_polls_read_no_input_footer(tmp_path: Path) -> None:
     folder = tmp_path / "in"
     folder.mkdir()
     for k in range(6):
@@ -205,23 +225,23 @@ def test_status_polls_read_no_input_footer(tmp_path: Path, monkeypatch) -> None:
     spec = JobSpec.load(write_spec(tmp_path, input=str(folder), shards=3))
     first = open_input(spec)  # the job's one read of the footers (validate_input does this)
     assert spec.paths.input_index.exists() and first.num_rows == 300
-    reads = _count_footer_reads(monkeypatch)
-    for _ in range(3):
-        progress = job_progress(spec)
-        assert pending_shards(spec) == [0, 1, 2]
+    files = sorted(folder.glob("*.parquet"))
+    with _unreadable(*files):  # a footer read would fail
+        for _ in range(3):
+            progress = job_progress(spec)
+            assert pending_shards(spec) == [0, 1, 2]
+        ds = open_input(spec)
     assert progress["total"] == 300 and [s["total"] for s in progress["shards"]] == [100, 100, 100]
-    assert reads == []
     # a shard reads only its own files' footers
-    ds = open_input(spec)
-    assert reads == []
-    list(ds.iter_range(100, 200, ["id"], 64))
-    assert sorted(Path(r).name for r in reads) == ["f2.parquet", "f3.parquet"]
+    with _unreadable(*(f for f in files if f.name not in ("f2.parquet", "f3.parquet"))):
+        got = [i for _, b in ds.iter_range(100, 200, ["id"], 64) for i in b.column(0).to_pylist()]
+    assert got == [f"f{k}-{i}" for k in (2, 3) for i in range(50)]
     # a changed input is read afresh: the kept metadata is for its old sizes and mtimes
     make_dataset(folder / "f5.parquet", 70, row_group=10, ids=[f"n{i}" for i in range(70)])
     assert open_input(spec).num_rows == 320 and json.loads(spec.paths.input_index.read_text())["num_rows"] == 320
 
 
-def test_sizing_and_the_pilot_take_the_kept_metadata(tmp_path: Path, monkeypatch) -> None:
+def test_sizing_and_the_pilot_take_the_kept_metadata(tmp_path: Path) -> None:
     from prefect_swarm.config import SwarmConfig
     from prefect_swarm.pilot import pilot_spec
     from prefect_swarm.sizing import auto_shards, size_for_swarm
@@ -235,22 +255,19 @@ def test_sizing_and_the_pilot_take_the_kept_metadata(tmp_path: Path, monkeypatch
     open_input(spec)  # the job's one read of the footers
     cfg = SwarmConfig.model_validate(stub_swarm_config("sized", replicas=2, engine={"capacity": 4096}))
     assert auto_shards(cfg) == 3 and auto_shards(cfg, 2_500) == 2  # the row count matters here
-    reads = _count_footer_reads(monkeypatch)
-    assert size_for_swarm(spec, cfg).shards == 3
-    assert reads == []
+    files = sorted(folder.glob("*.parquet"))
+    with _unreadable(*files):  # a footer read would fail
+        assert size_for_swarm(spec, cfg).shards == 3
     no_job = spec.model_copy(update={"input": str(folder / "f0.parquet"), "job_dir": None})
-    assert size_for_swarm(no_job, cfg).shards == 1  # no job folder yet: its footers are read
-    assert [Path(r).name for r in reads] == ["f0.parquet"]
-    reads.clear()
     (tmp_path / "pilot").mkdir()
-    pilot, total = pilot_spec(spec, 300, tmp_path / "pilot")
+    with _unreadable(*files[1:]):
+        assert size_for_swarm(no_job, cfg).shards == 1  # no job folder yet: its footers are read
+        # only the rows it copies (the first file) and the copy it checks; no footer of f1..f5
+        pilot, total = pilot_spec(spec, 300, tmp_path / "pilot")
     assert total == 6000 and pq.read_metadata(pilot.input).num_rows == 300
-    # only the rows it copies (the first file) and the copy it checks; no footer of f1..f5
-    assert [Path(r).name for r in reads] == ["f0.parquet", "pilot-input.parquet"]
 
 
-def test_a_jsonl_input_is_indexed_once_and_each_shard_seeks_to_its_rows(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(dataset_mod, "JSONL_OFFSET_EVERY", 10)
+def test_a_jsonl_input_is_indexed_once_and_each_shard_seeks_to_its_rows(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
 
     def line(i: int) -> str:
@@ -263,27 +280,24 @@ def test_a_jsonl_input_is_indexed_once_and_each_shard_seeks_to_its_rows(tmp_path
             lines.append("")  # blank lines do not count as rows
     path.write_text("\n".join(lines) + "\n")
     spec = JobSpec.load(write_spec(tmp_path, input=str(path), id_column="custom_id", output=str(tmp_path / "o.jsonl")))
-    ds = open_input(spec)
+    ds = InputDataset.for_job(path, spec.paths.input_index, offset_every=10)
     assert ds.num_rows == 95 and len(ds.line_offsets) == 10
-    counted: list[int] = []
-    real_count = InputDataset._count_lines
-    monkeypatch.setattr(InputDataset, "_count_lines", lambda self: counted.append(1) or 0)
-    again = open_input(spec)
-    assert counted == [] and again.num_rows == 95  # the kept index, not a recount
-    monkeypatch.setattr(InputDataset, "_count_lines", real_count)
+    with _unreadable(path):  # a recount would find one line of zeros
+        again = open_input(spec)
+    assert again.num_rows == 95  # the kept index, not a recount
     got = [c for _, b in again.iter_range(37, 64, ["custom_id"], 8) for c in b.column(0).to_pylist()]
     assert got == [f"c{i}" for i in range(37, 64)]
-    opened: list[int] = []
-    real_open = InputDataset._open_lines
-    monkeypatch.setattr(
-        InputDataset, "_open_lines", lambda self, offset=0: opened.append(offset) or real_open(self, offset)
-    )
-    next(again.iter_range(85, 95, None, 8))
-    assert opened and opened[0] > 0  # seeked, not read from line 0
+    # seeked, not read from line 0: with the lines before row 80 blanked, read from the start the rows would shift
+    text, row80 = path.read_bytes(), again.line_offsets[8]
+    assert row80[0] == 80
+    blanked = re.sub(rb"[^\n]", b" ", text[: row80[1]]) + text[row80[1] :]
+    with _replaced({path: blanked}):
+        first = next(again.iter_range(85, 95, None, 8))
+    assert first[0] == 85 and first[1].column("custom_id").to_pylist() == [f"c{i}" for i in range(85, 93)]
     # a damaged line past the seek point is named by its line number in the file
     lines[lines.index(line(90))] = "{oops"
     path.write_text("\n".join(lines) + "\n")
-    fresh = InputDataset(path)
+    fresh = InputDataset(path, offset_every=10)
     assert fresh.line_offsets[-1][0] == 90
     with pytest.raises(DatasetError, match=f"line {lines.index('{oops') + 1} is not JSON"):
         list(fresh.iter_range(85, 95, None, 8))
@@ -302,25 +316,30 @@ def test_gzip_jsonl_keeps_no_offsets_and_reads_correctly(tmp_path: Path) -> None
 # ---------------------------------------------------------------- bounded id check
 
 
-def test_the_partitioned_id_check_finds_duplicates_and_only_them(tmp_path: Path, monkeypatch) -> None:
+def _checked_ids(ds: InputDataset, caplog: pytest.LogCaptureFixture, **kw: Any) -> tuple[int, ...]:
+    """Check ``ds``'s ids; return what the check says it held: (ids, partitions, most hashes at once)."""
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="prefect_swarm.jobs.rows.input"):
+        ds.check_unique_ids("id", **kw)
+    said = re.search(r"checked (\d+) ids of .* in (\d+) partition\(s\), at most (\d+) in memory", caplog.text)
+    assert said, caplog.text
+    return tuple(int(g) for g in said.groups())
+
+
+def test_the_partitioned_id_check_finds_duplicates_and_only_them(tmp_path: Path, caplog) -> None:
     n = 5000
     ids = [f"id-{i}" for i in range(n)]
     clean = make_dataset(tmp_path / "clean.parquet", n, ids=ids)
     ds = InputDataset(clean)
-    held: list[int] = []
-    real = dataset_mod._equal_hashes
-    monkeypatch.setattr(dataset_mod, "_equal_hashes", lambda h: held.append(h.size) or real(h))
-    ds.check_unique_ids("id", partition_rows=600)
-    assert len(held) == 9 and sum(held) == n and max(held) < 1200  # one partition in memory at a time
+    checked, parts, most = _checked_ids(ds, caplog, partition_rows=600)
+    assert (checked, parts) == (n, 9) and most < 1200  # one partition in memory at a time
     dup = make_dataset(tmp_path / "dup.parquet", n, ids=[*ids[:-1], "id-1234"])
     with pytest.raises(DatasetError, match=r"1 duplicated values \(e.g. 'id-1234'\)"):
         InputDataset(dup).check_unique_ids("id", partition_rows=600)
     ints = make_dataset(tmp_path / "ints.parquet", n, ids=[*range(n - 1), 17])
     with pytest.raises(DatasetError, match=r"duplicated values \(e.g. 17\)"):
         InputDataset(ints).check_unique_ids("id", partition_rows=600)
-    held.clear()
-    InputDataset(clean).check_unique_ids("id")  # small input: one in-memory sort
-    assert held == [n]
+    assert _checked_ids(InputDataset(clean), caplog) == (n, 1, n)  # small input: one in-memory sort
 
 
 def test_a_real_shard_resumes_from_the_index(tmp_path: Path, stub, own_signals) -> None:

@@ -10,6 +10,7 @@ killed commit or a killed ledger flush leaves open are aborted by the rerun, and
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -292,12 +293,12 @@ def test_a_rerun_aborts_the_uploads_its_killed_commit_and_flush_left(
     assert f"{prefix}/out.parquet" in keys and not [k for k in keys if k.endswith(".tmp")], keys
 
 
-def test_a_failed_upload_is_aborted_not_left_open(s3: MotoS3, aws_env, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_upload_is_aborted_not_left_open(s3: MotoS3, aws_env) -> None:
     """An error while the output streams (a part already up), or when its upload completes, aborts the
     upload at once: no object, no open upload, no temp key."""
-    monkeypatch.setattr(storage, "MIN_PART_BYTES", 5 * 2**20)  # S3's least part: one goes up at 5 MiB
     loc = storage.parse(f"s3://{BUCKET}/fail/out.parquet", "output")
-    with pytest.raises(RuntimeError, match="boom"), storage.publish_file(loc) as sink:
+    small = functools.partial(storage.S3Upload, min_part_bytes=5 * 2**20)  # S3's least part: one goes up at 5 MiB
+    with pytest.raises(RuntimeError, match="boom"), storage.publish_file(loc, uploader=small) as sink:
         sink.write(b"x" * (6 * 2**20))
         assert _uploads(s3, "fail/") == ["fail/out.parquet"]  # straight to its key, not yet visible
         assert _objects(s3, "fail/") == {}
@@ -317,8 +318,8 @@ def test_a_failed_upload_is_aborted_not_left_open(s3: MotoS3, aws_env, monkeypat
         def complete_multipart_upload(self, **kw: Any) -> None:
             raise ConnectionError("Could not connect to the endpoint URL")
 
-    monkeypatch.setattr(storage, "_s3_client", Failing)
-    with pytest.raises(OSError, match="Could not connect"), storage.publish_file(loc) as sink:
+    failing = functools.partial(small, client=Failing())
+    with pytest.raises(OSError, match="Could not connect"), storage.publish_file(loc, uploader=failing) as sink:
         sink.write(b"y" * (6 * 2**20))
     assert _uploads(s3, "fail/") == [] and _objects(s3, "fail/") == {}  # no temp key, no folder marker
 

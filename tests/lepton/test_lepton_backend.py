@@ -217,7 +217,7 @@ def test_api_unavailable_gives_up_with_backend_error(
 ) -> None:
     from prefect_swarm.backends.lepton.client import LeptonClient
 
-    monkeypatch.setattr(LeptonClient, "backoff_s", 0.01)
+    monkeypatch.setenv("PREFECT_SWARM_LEPTON_API_BACKOFF_S", "0.01")
     cfg = lepton_cfg()
     fake_lepton.inject(503, count=100, match="/jobs")
     compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)

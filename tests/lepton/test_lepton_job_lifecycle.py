@@ -120,10 +120,9 @@ def test_an_archived_jobs_log_comes_from_the_historical_logs(
 def test_the_historical_logs_404_is_no_logs_yet_and_429_is_retried(
     lepton_cfg: Make, fake_lepton: FakeLepton, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prefect_swarm.backends.lepton.client import LeptonClient
     from prefect_swarm.backends.lepton.compute import NO_LOGS_YET
 
-    monkeypatch.setattr(LeptonClient, "backoff_s", 0.01)
+    monkeypatch.setenv("PREFECT_SWARM_LEPTON_API_BACKOFF_S", "0.01")
     cfg = lepton_cfg()
     compute = LeptonCompute(cfg, SwarmPaths.for_swarm(cfg.name), None)
     job = compute.submit(JobRequest(name="talker", command=["python3", "-c", "print('said once')"]))

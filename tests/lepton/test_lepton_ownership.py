@@ -203,9 +203,8 @@ def _route(fake: FakeLepton) -> str:
 def test_a_504_on_the_endpoint_create_adopts_the_endpoint_it_made(
     lepton_cfg: Make, fake_lepton: FakeLepton, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prefect_swarm.backends.lepton.client import LeptonClient
 
-    monkeypatch.setattr(LeptonClient, "backoff_s", 0.01)
+    monkeypatch.setenv("PREFECT_SWARM_LEPTON_API_BACKOFF_S", "0.01")
     fake_lepton.inject(504, count=1, match=_route(fake_lepton), method="POST", apply=True)  # made; the answer lost
     swarm = Swarm(lepton_cfg())
     swarm.up()
@@ -225,7 +224,7 @@ def test_an_endpoint_made_by_a_create_that_then_failed_is_cleaned(
     from prefect_swarm.backends.lepton.serving import LeptonServing
     from prefect_swarm.exceptions import BackendError
 
-    monkeypatch.setattr(LeptonClient, "backoff_s", 0.01)
+    monkeypatch.setenv("PREFECT_SWARM_LEPTON_API_BACKOFF_S", "0.01")
     route = _route(fake_lepton)
     fake_lepton.inject(504, count=1, match=route, method="POST", apply=True)  # went through...
     fake_lepton.inject(503, count=LeptonClient.attempts, match=route, method="POST")  # ...every retry refused

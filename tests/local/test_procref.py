@@ -26,9 +26,8 @@ from prefect_swarm.swarm import Swarm
 
 def step_the_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """From now on this process reads a boot time ``seconds`` later, as after a step of the wall clock."""
-    platform = psutil._psplatform  # what psutil.boot_time() and Process.create_time() read
-    real = platform.boot_time
-    monkeypatch.setattr(platform, "boot_time", lambda: real() + seconds)
+    real = psutil._psplatform.boot_time  # what psutil.boot_time() and Process.create_time() read
+    monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: real() + seconds)
 
 
 @pytest.fixture

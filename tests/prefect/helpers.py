@@ -118,3 +118,22 @@ def read_event(api_url: str, name: str, since: Any) -> dict[str, Any]:
 
     wait_until(f"the {name} event", read, timeout_s=30)
     return found[0]
+
+
+def job_progress_artifact(flow_run_id: str) -> Any:
+    """The flow run's job-level progress artifact (the shards' own say 'shard N')."""
+    import asyncio
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, FlowRunFilter
+
+    async def read() -> list[Any]:
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(type={"any_": ["progress"]}),
+                flow_run_filter=FlowRunFilter(id={"any_": [flow_run_id]}),
+            )
+
+    found = [a for a in asyncio.run(read()) if a.description and " shard " not in a.description]
+    assert len(found) == 1, [a.description for a in found]
+    return found[0]

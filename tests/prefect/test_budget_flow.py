@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import job_options, prompts, read_event, stub_swarm, swarm_processes
+from helpers import job_options, job_progress_artifact, prompts, read_event, stub_swarm, swarm_processes
 from stack import PrefectStack
 
 from prefect_swarm.flows import batch_inference
@@ -72,31 +72,12 @@ def test_budget_stops_the_flow_and_the_rerun_resumes(
     assert cost["gpu_hours"] > 0 and cost["usd"] == pytest.approx(2.0 * cost["gpu_hours"], abs=1e-3), cost
     # the job's progress artifact projected the whole input's time, GPU-hours and USD while it ran (the
     # rerun runs ~20 s at <= 100 rows/s: updates every 10 s) and keeps the last projection at the end
-    job = _job_progress_artifact(again["flow_run"])
+    job = job_progress_artifact(again["flow_run"])
     assert (
         job.data == 100.0 and f"{n - again['failed']} ok, {again['failed']} failed of {n} rows in " in job.description
     )
     assert "; last projection: " in job.description and "rows/s: " in job.description, job.description
     assert "GPU-hours (1 GPU), $" in job.description and "at $2/GPU-hour" in job.description, job.description
-
-
-def _job_progress_artifact(flow_run_id: str) -> Any:
-    """The flow run's job-level progress artifact (the shards' own say 'shard N')."""
-    import asyncio
-
-    from prefect import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, FlowRunFilter
-
-    async def read() -> list[Any]:
-        async with get_client() as client:
-            return await client.read_artifacts(
-                artifact_filter=ArtifactFilter(type={"any_": ["progress"]}),
-                flow_run_filter=FlowRunFilter(id={"any_": [flow_run_id]}),
-            )
-
-    found = [a for a in asyncio.run(read()) if a.description and " shard " not in a.description]
-    assert len(found) == 1, [a.description for a in found]
-    return found[0]
 
 
 def _committed_event(api_url: str, since: datetime) -> dict[str, Any]:

@@ -173,9 +173,7 @@ def _logged_at(run_id: Any, text: str) -> Any:
     return asyncio.run(read())
 
 
-def test_exclusive_limit_created_by_a_run_starting_at_the_same_moment(
-    prefect_api: PrefectStack, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_exclusive_limit_created_by_a_run_starting_at_the_same_moment(prefect_api: PrefectStack) -> None:
     """Prefect's upsert reads, then creates: another run may create ``swarm:<name>`` in between
     (the create answers 409). That run's limit is the one we wait on; we do not fail."""
     from prefect import get_client
@@ -186,19 +184,22 @@ def test_exclusive_limit_created_by_a_run_starting_at_the_same_moment(
     from prefect_swarm.config import SwarmConfig
     from prefect_swarm.tasks.swarm import swarm_use
 
-    read = SyncPrefectClient.read_global_concurrency_limit_by_name
     raced: list[str] = []
 
-    def read_then_lose_the_race(self: SyncPrefectClient, name: str) -> Any:
-        if not raced:
-            raced.append(name)
-            with get_client(sync_client=True) as other:
-                other.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-            raise ObjectNotFound(http_exc=Exception(name))
-        return read(self, name)
+    class LosingTheRace(SyncPrefectClient):
+        """A client whose first read finds no limit, then another run creates it (before our create)."""
 
-    monkeypatch.setattr(SyncPrefectClient, "read_global_concurrency_limit_by_name", read_then_lose_the_race)
-    with swarm_use(SwarmConfig(name="raced", model="m"), "exclusive"):
+        def read_global_concurrency_limit_by_name(self, name: str) -> Any:
+            if not raced:
+                raced.append(name)
+                with get_client(sync_client=True) as other:
+                    other.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+                raise ObjectNotFound(http_exc=Exception(name))
+            return super().read_global_concurrency_limit_by_name(name)
+
+    with swarm_use(
+        SwarmConfig(name="raced", model="m"), "exclusive", prefect_client=lambda: LosingTheRace(prefect_api.api_url)
+    ):
         with get_client(sync_client=True) as client:
             held = client.read_global_concurrency_limit_by_name("swarm:raced")
         assert held.limit == 1 and held.active_slots == 1

@@ -185,7 +185,7 @@ def test_another_users_commands_on_the_owners_home_get_one_message(
     ],
 )
 def test_a_folder_another_user_makes_between_our_look_and_our_mkdir_is_judged_as_one_found(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raced: str, mode: int, refused: str
+    tmp_path: Path, raced: str, mode: int, refused: str
 ) -> None:
     """The race :func:`private_dir` must survive: it looked (nothing there), she made the folder, its
     mkdir then finds it. The squatter is played by the look itself (it makes the folder, as nobody's,
@@ -195,7 +195,7 @@ def test_a_folder_another_user_makes_between_our_look_and_our_mkdir_is_judged_as
     target = run_dir / raced
     real = os.path.lexists
 
-    def look_then_squat(p: str | os.PathLike[str]) -> bool:
+    def look_then_squat(p: Path) -> bool:
         if Path(p) == target and not real(target):
             target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             target.mkdir(mode=mode)
@@ -204,6 +204,5 @@ def test_a_folder_another_user_makes_between_our_look_and_our_mkdir_is_judged_as
             return False
         return False if Path(p).is_relative_to(target) else real(p)
 
-    monkeypatch.setattr(os.path, "lexists", look_then_squat)
     with pytest.raises(AccessError, match=refused):
-        SwarmPaths.of("s", str(run_dir)).ensure()
+        private_dir(SwarmPaths.of("s", str(run_dir)).root, exists=look_then_squat)

@@ -29,6 +29,7 @@ from tenacity import RetryCallState, retry, retry_if_exception, stop_after_attem
 
 from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError
 from prefect_swarm.interfaces import jobenv
+from prefect_swarm.settings import get_settings
 
 if TYPE_CHECKING:
     from prefect_swarm.config import LeptonConfig
@@ -219,13 +220,14 @@ class LeptonClient:
 
     attempts: int = 6
     """Tries of one call when it keeps failing transiently."""
-    backoff_s: float = 0.5
-    """First delay between tries; doubles each try, capped by :attr:`backoff_max_s`."""
     backoff_max_s: float = 10.0
     """Longest delay between tries (a larger Retry-After is capped too)."""
 
-    def __init__(self, cfg: LeptonConfig) -> None:
+    def __init__(self, cfg: LeptonConfig, *, backoff_s: float | None = None) -> None:
+        """``backoff_s``: the first delay between tries (doubling each try, capped by :attr:`backoff_max_s`);
+        default: the setting ``PREFECT_SWARM_LEPTON_API_BACKOFF_S``."""
         self.cfg = cfg
+        self.backoff_s = backoff_s if backoff_s is not None else get_settings().lepton_api_backoff_s
         self._api: Any = None
         self._resolved: LeptonConfig | None = None
         self.group_names: dict[str, str] = {}

@@ -335,9 +335,9 @@ def _store(where: ShardPaths | ShardStore) -> ShardStore:
     return LocalShard(where) if isinstance(where, ShardPaths) else where
 
 
-def _level(rows: int) -> int:
-    """A part's compaction level: 0 under ``COMPACT_BASE_ROWS`` rows, +1 per ``COMPACT_EVERY`` times more."""
-    return 0 if rows < COMPACT_BASE_ROWS else 1 + int(math.log(rows / COMPACT_BASE_ROWS, COMPACT_EVERY))
+def _level(rows: int, every: int = COMPACT_EVERY) -> int:
+    """A part's compaction level: 0 under ``COMPACT_BASE_ROWS`` rows, +1 per ``every`` times more."""
+    return 0 if rows < COMPACT_BASE_ROWS else 1 + int(math.log(rows / COMPACT_BASE_ROWS, every))
 
 
 def _seq_of(part: Part) -> int:
@@ -517,8 +517,10 @@ class ShardLedger:
         outputs: Mapping[str, pa.DataType],
         keep_raw: bool = False,
         store: ShardStore | None = None,
+        compact_every: int = COMPACT_EVERY,
     ) -> None:
-        """``store``: where the ledger lives (default: ``paths``, the shard's folder in the job folder)."""
+        """``store``: where the ledger lives (default: ``paths``, the shard's folder in the job folder);
+        ``compact_every``: parts of one level merged into one (see the module doc)."""
         self.paths, self.shard, self.nshards = paths, shard, nshards
         self.store: ShardStore = store or LocalShard(paths)
         self.start, self.end = start, end
@@ -540,7 +542,10 @@ class ShardLedger:
         of the ledger; kept in the index and shown in the progress: the output has no column for it)."""
         self._retry_sorted = np.empty(0, dtype=np.int64)
         self._parts: list[tuple[int, int]] = []  # (seq, rows) of the parts on the store, in order
+        self.compact_every = compact_every
         self.compactions = 0
+        self.replayed = 0
+        """Parts read row by row when the ledger was opened (those its index does not cover)."""
         self.n_done = self.n_failed = self.prompt_tokens = self.completion_tokens = 0
         self.requests = 0
         self.seq = 0
@@ -630,6 +635,7 @@ class ShardLedger:
 
     def _replay(self, part: Part) -> int:
         """Apply one part's rows (in order: the last write of a row wins) to the state."""
+        self.replayed += 1
         return self._apply(
             pq.read_table(part_source(part), columns=["_row", "status", "prompt_tokens", "completion_tokens"])
         )
@@ -834,17 +840,17 @@ class ShardLedger:
             self._after_part(self._index(), self._progress("running"))
 
     def _maybe_compact(self) -> bool:
-        """Merge the parts that end the ledger while ``COMPACT_EVERY`` of them share a level (cascading);
+        """Merge the parts that end the ledger while ``compact_every`` of them share a level (cascading);
         True when a merge happened."""
         merged = False
         while self._parts and self._parts[-1][1] < COMPACT_PART_ROWS:
-            level = _level(self._parts[-1][1])
+            level = _level(self._parts[-1][1], self.compact_every)
             run = 0
             while run < len(self._parts) and self._parts[-1 - run][1] < COMPACT_PART_ROWS:
-                if _level(self._parts[-1 - run][1]) != level:
+                if _level(self._parts[-1 - run][1], self.compact_every) != level:
                     break
                 run += 1
-            if run < COMPACT_EVERY:
+            if run < self.compact_every:
                 break
             self.compact(run)
             merged = True

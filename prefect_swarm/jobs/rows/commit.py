@@ -11,7 +11,7 @@ range (Arrow IPC, in a ``.commit-buckets-*`` folder of the job dir); then, bucke
 bucket is loaded, deduped (the last write wins, in part order, as in the ledger), put in ``_row``
 order and joined with the input rows of that range, streamed once. Memory holds one bucket (at
 most ``bucket_rows`` rows and about ``BUCKET_BYTES``), one ledger part and one input batch. At
-most ``MAX_OPEN_BUCKETS`` bucket files are written per pass; a shard with more buckets takes
+most ``MAX_OPEN_BUCKETS`` (``open_buckets``) bucket files are written per pass; a shard with more buckets takes
 more passes over its parts.
 
 ``failed.jsonl`` (streamed too) lists the error rows (id, error); a retry of just those rows
@@ -34,7 +34,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -77,12 +77,19 @@ def _ledger_signature(spec: JobSpec, fingerprint: str) -> dict[str, Any]:
     }
 
 
-def commit_output(spec: JobSpec, *, force: bool = False, bucket_rows: int | None = None) -> dict[str, Any]:
+def commit_output(
+    spec: JobSpec,
+    *,
+    force: bool = False,
+    bucket_rows: int | None = None,
+    open_buckets: int = MAX_OPEN_BUCKETS,
+    parts: dataset_output.PartSizes = dataset_output.PartSizes(),
+) -> dict[str, Any]:
     """Merge every shard into ``spec.output``; write the manifest and failed rows; return the manifest.
 
     ``bucket_rows`` caps the rows the merge holds at once (default: the setting
-    ``PREFECT_SWARM_COMMIT_BUCKET_ROWS``). Raises JobError naming the
-    shards still pending.
+    ``PREFECT_SWARM_COMMIT_BUCKET_ROWS``), ``open_buckets`` the bucket files written per pass;
+    ``parts`` cuts a dataset output's part files. Raises JobError naming the shards still pending.
     """
     spec = spec.model_copy(update={"retry_failed": False})
     with file_lock(spec.paths.commit_lock):
@@ -99,9 +106,10 @@ def commit_output(spec: JobSpec, *, force: bool = False, bucket_rows: int | None
         old = read_json(spec.paths.manifest)
         if not force and old and old.get("signature") == signature and output_present(spec):
             return dict(old)
+        sizes = MergeSizes(_bucket_rows(bucket_rows), open_buckets, parts)
         if dataset_output.is_dataset(spec.output):
-            return _commit_dataset(spec, fp, signature, _bucket_rows(bucket_rows), force=force)
-        return _commit(spec, fp, signature, _bucket_rows(bucket_rows))
+            return _commit_dataset(spec, fp, signature, sizes, force=force)
+        return _commit(spec, fp, signature, sizes)
 
 
 def output_present(spec: JobSpec) -> bool:
@@ -118,6 +126,16 @@ def manifest_current(spec: JobSpec, manifest: Mapping[str, Any] | None) -> bool:
     return manifest.get("signature") == _ledger_signature(spec, job_fingerprint(spec))
 
 
+@dataclass(frozen=True)
+class MergeSizes:
+    """How a commit cuts its work: buckets of at most ``bucket_rows`` rows, ``open_buckets`` bucket
+    files written per pass, a dataset output's part files cut by ``parts``."""
+
+    bucket_rows: int
+    open_buckets: int = MAX_OPEN_BUCKETS
+    parts: dataset_output.PartSizes = field(default_factory=dataset_output.PartSizes)
+
+
 def _bucket_rows(value: int | None) -> int:
     if value is None:
         from prefect_swarm.settings import get_settings  # pydantic-settings: only when a commit runs
@@ -128,7 +146,7 @@ def _bucket_rows(value: int | None) -> int:
     return value
 
 
-def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int) -> dict[str, Any]:
+def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], sizes: MergeSizes) -> dict[str, Any]:
     t0 = time.time()
     ds = open_input(spec)
     job = load_job(spec.job, spec.job_kwargs)
@@ -146,7 +164,7 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
             writer.open(tmp)
             finish = job.finish_batch if spec.output_format == "parquet" else None
             for i in range(spec.shards):
-                for merged in _merge_shard(spec, ds, i, keep, outputs, bucket_rows):
+                for merged in _merge_shard(spec, ds, i, keep, outputs, sizes):
                     _count(merged, counts, failed)
                     writer.write(finish(merged) if finish else merged)
             writer.close()
@@ -159,7 +177,7 @@ def _commit(spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int)
 
 
 def _commit_dataset(
-    spec: JobSpec, fp: str, signature: dict[str, Any], bucket_rows: int, *, force: bool = False
+    spec: JobSpec, fp: str, signature: dict[str, Any], sizes: MergeSizes, *, force: bool = False
 ) -> dict[str, Any]:
     """Publish the output as a dataset (:mod:`prefect_swarm.jobs.rows.output`): each shard's part files
     (written by the shard as it finished, see :func:`write_shard_output`; else written now), then the
@@ -173,7 +191,7 @@ def _commit_dataset(
         current = dataset_output.read_manifest(out)
         if force or not (current and current.get("commit") == commit_id and dataset_output.published(out)):
             stage = dataset_output.prepare(out, commit_id)
-            shards = [_shard_output(spec, ds, i, tokens[i], bucket_rows, rewrite=force) for i in range(spec.shards)]
+            shards = [_shard_output(spec, ds, i, tokens[i], sizes, rewrite=force) for i in range(spec.shards)]
             for i, shard in enumerate(shards):  # a filesystem: hard links into the staging folder
                 dataset_output.stage_files(out, stage, tokens[i], [f["path"] for f in shard["files"]])
             current = _dataset_manifest(spec, fp, commit_id, shards)
@@ -234,19 +252,22 @@ def shard_token(spec: JobSpec, i: int, fp: str) -> str:
     return hash_details(details)[:12]
 
 
-def write_shard_output(spec: JobSpec, i: int) -> dict[str, Any] | None:
+def write_shard_output(
+    spec: JobSpec, i: int, *, parts: dataset_output.PartSizes = dataset_output.PartSizes()
+) -> dict[str, Any] | None:
     """Write finished shard ``i``'s part of a dataset output (its job process calls this once its last
-    row is answered, in parallel with the other shards), so the commit only publishes. Returns the
-    record, or None for a single-file output."""
+    row is answered, in parallel with the other shards), so the commit only publishes; ``parts`` cuts
+    its part files. Returns the record, or None for a single-file output."""
     if not dataset_output.is_dataset(spec.output):
         return None
     spec = spec.model_copy(update={"retry_failed": False})
     ds = open_input(spec)
-    return _shard_output(spec, ds, i, shard_token(spec, i, job_fingerprint(spec, ds)), _bucket_rows(None))
+    token = shard_token(spec, i, job_fingerprint(spec, ds))
+    return _shard_output(spec, ds, i, token, MergeSizes(_bucket_rows(None), parts=parts))
 
 
 def _shard_output(
-    spec: JobSpec, ds: InputDataset, i: int, token: str, bucket_rows: int, *, rewrite: bool = False
+    spec: JobSpec, ds: InputDataset, i: int, token: str, sizes: MergeSizes, *, rewrite: bool = False
 ) -> dict[str, Any]:
     """Shard ``i``'s part files for ledger state ``token`` and its failed rows: the record of those
     already written, else written now (under the shard's output lock) and recorded once whole."""
@@ -263,10 +284,10 @@ def _shard_output(
         outputs = [c for c in job.outputs if spec.output_columns is None or c in spec.output_columns]
         keep = spec.input_columns if spec.input_columns is not None else ds.schema.names
         counts = {"rows": 0, "ok": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
-        parts = dataset_output.ShardParts(folder, i, token, shard_range(ds.num_rows, i, spec.shards)[0])
+        parts = dataset_output.ShardParts(folder, i, token, shard_range(ds.num_rows, i, spec.shards)[0], sizes.parts)
         with atomic_file(paths.output_failed(token)) as tmp, open(tmp, "w") as failed:
             try:
-                for merged in _merge_shard(spec, ds, i, keep, outputs, bucket_rows):
+                for merged in _merge_shard(spec, ds, i, keep, outputs, sizes):
                     _count(merged, counts, failed)
                     parts.write(_output_batch(job.finish_batch(merged)))
                 files = parts.close()
@@ -375,7 +396,7 @@ def _count(merged: pa.RecordBatch, counts: dict[str, int], failed: TextIO) -> No
 
 
 def _merge_shard(
-    spec: JobSpec, ds: InputDataset, i: int, keep: list[str], outputs: list[str], bucket_rows: int
+    spec: JobSpec, ds: InputDataset, i: int, keep: list[str], outputs: list[str], sizes: MergeSizes
 ) -> Iterator[pa.RecordBatch]:
     """The shard's input rows, in order, each joined with its latest ledger row."""
     start, end = shard_range(ds.num_rows, i, spec.shards)
@@ -383,7 +404,7 @@ def _merge_shard(
         return
     extra = ["_id", *outputs, *RESULT_COLUMNS] + (BATCH_COLUMNS if spec.output_format == "openai-batch" else [])
     cols = keep if keep else None
-    buckets = _ledger_in_order(spec, i, extra, start, end, bucket_rows)
+    buckets = _ledger_in_order(spec, i, extra, start, end, sizes)
     lo = hi = start
     ledger: pa.Table | None = None
     pos = np.zeros(0, dtype=np.int64)
@@ -406,7 +427,7 @@ def _merge_shard(
 
 
 def _ledger_in_order(
-    spec: JobSpec, i: int, extra: list[str], start: int, end: int, bucket_rows: int
+    spec: JobSpec, i: int, extra: list[str], start: int, end: int, sizes: MergeSizes
 ) -> Generator[tuple[int, int, pa.Table, np.ndarray], None, None]:
     """Yield ``(lo, hi, bucket, pos)`` covering ``[start, end)`` in order.
 
@@ -418,11 +439,11 @@ def _ledger_in_order(
         raise JobError(f"shard {i} of job {spec.job_id} has no ledger in {store.where}.")
     columns = ["_row", *extra]  # not latency_ms, attempts, unused outputs
     schema, row_bytes = _parts_schema(parts, columns)
-    size = max(1, min(bucket_rows, BUCKET_BYTES // max(row_bytes, 1)))
+    size = max(1, min(sizes.bucket_rows, BUCKET_BYTES // max(row_bytes, 1)))
     nbuckets = math.ceil((end - start) / size)
     with tempfile.TemporaryDirectory(prefix=spec.paths.COMMIT_TMP_PREFIX, dir=spec.paths.root) as tmp:
-        for g0 in range(0, nbuckets, MAX_OPEN_BUCKETS):
-            group = range(g0, min(g0 + MAX_OPEN_BUCKETS, nbuckets))
+        for g0 in range(0, nbuckets, sizes.open_buckets):
+            group = range(g0, min(g0 + sizes.open_buckets, nbuckets))
             files = _split_parts(parts, schema, Path(tmp), start, end, size, group)
             for b in group:
                 lo, hi = start + b * size, min(end, start + (b + 1) * size)

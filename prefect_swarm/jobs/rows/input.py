@@ -27,6 +27,7 @@ import base64
 import bisect
 import gzip
 import json
+import logging
 import os
 import tempfile
 import zlib
@@ -45,6 +46,8 @@ from prefect_swarm.exceptions import DatasetError
 from prefect_swarm.jobs.rows import storage
 from prefect_swarm.jobs.spec import JobSpec, is_jsonl
 from prefect_swarm.paths import atomic_write_json, read_json
+
+log = logging.getLogger(__name__)
 
 _BATCH_COLUMNS = ("custom_id", "method", "url", "body")
 _BATCH_SCHEMA = pa.schema([(c, pa.string()) for c in _BATCH_COLUMNS])
@@ -106,10 +109,14 @@ def shard_range(total: int, shard_id: int, nshards: int) -> tuple[int, int]:
 class InputDataset:
     """A parquet file/folder or an OpenAI Batch JSONL file, opened for validation and streaming."""
 
-    def __init__(self, path: str | Path, *, kept: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, path: str | Path, *, kept: Mapping[str, Any] | None = None, offset_every: int = JSONL_OFFSET_EVERY
+    ) -> None:
         """Open the input at ``path``, reading its metadata (footers; a JSONL file whole); with ``kept``
-        (:meth:`record` of an earlier open), take the metadata from there instead (see :meth:`for_job`)."""
+        (:meth:`record` of an earlier open), take the metadata from there instead (see :meth:`for_job`).
+        A plain JSONL file's byte offset is indexed every ``offset_every`` rows."""
         self.source = str(path)
+        self.offset_every = offset_every
         self.location = storage.parse(path, "input")
         self.fs: pafs.FileSystem | None = self.location.fs if self.location.remote else None
         """The object store's filesystem (None for a local input: read with plain file calls)."""
@@ -120,7 +127,7 @@ class InputDataset:
         self.compression: str | None = None
         """``gzip`` for a gzip-compressed JSONL file."""
         self.line_offsets: list[tuple[int, int, int]] = []
-        """A plain JSONL file's index: (row, byte offset, line number) of every ``JSONL_OFFSET_EVERY``-th row."""
+        """A plain JSONL file's index: (row, byte offset, line number) of every ``offset_every``-th row."""
         self._identity: list[dict[str, Any]] | None = None
         if kept is not None:
             self._restore(kept)
@@ -234,7 +241,7 @@ class InputDataset:
             try:
                 for lineno, line in enumerate(fh, 1):
                     if line.strip():
-                        if plain and n % JSONL_OFFSET_EVERY == 0:
+                        if plain and n % self.offset_every == 0:
                             offsets.append((n, pos, lineno))
                         n += 1
                     pos += len(line)
@@ -331,10 +338,11 @@ class InputDataset:
         self.line_offsets = [(int(r), int(b), int(ln)) for r, b, ln in kept.get("line_offsets") or []]
 
     @classmethod
-    def for_job(cls, path: str | Path, kept_at: Path | None) -> InputDataset:
+    def for_job(cls, path: str | Path, kept_at: Path | None, *, offset_every: int = JSONL_OFFSET_EVERY) -> InputDataset:
         """The input with its metadata read once per job: taken from ``kept_at`` (``<job_dir>/input.json``)
         when that describes this input and its files still have the sizes and mtimes it recorded (no
-        footer read); else opened afresh and recorded there (when the job folder exists)."""
+        footer read); else opened afresh (``offset_every``: see the constructor) and recorded there
+        (when the job folder exists)."""
         kept = read_json(kept_at) if kept_at is not None else None
         if isinstance(kept, dict) and kept.get("version") == INDEX_VERSION and kept.get("input") == str(path):
             try:
@@ -343,7 +351,7 @@ class InputDataset:
                 ds = None  # an unreadable record: read the input afresh
             if ds is not None and ds.identity() == kept.get("identity"):
                 return ds
-        ds = cls(path)
+        ds = cls(path, offset_every=offset_every)
         if kept_at is not None and kept_at.parent.is_dir():
             with suppress(OSError):
                 atomic_write_json(kept_at, ds.record())
@@ -412,9 +420,16 @@ class InputDataset:
             for batch in self._id_hash_batches(id_column):
                 hashes[pos : pos + batch.size] = batch
                 pos += batch.size
-            suspects = _equal_hashes(hashes)
+            suspects, sizes = _equal_hashes(hashes), [hashes.size]
         else:
-            suspects = self._partitioned_suspects(id_column, nparts)
+            suspects, sizes = self._partitioned_suspects(id_column, nparts)
+        log.debug(
+            "checked %d ids of %s in %d partition(s), at most %d in memory at once",
+            sum(sizes),
+            self.where,
+            len(sizes),
+            max(sizes),
+        )
         if suspects:
             self._confirm_duplicates(id_column, suspects)
 
@@ -425,9 +440,11 @@ class InputDataset:
                 raise DatasetError(f"input {self.where}: id column '{id_column}' has empty (null) values.")
             yield _id_hashes(arr)
 
-    def _partitioned_suspects(self, id_column: str, nparts: int) -> set[int]:
-        """Hashes seen more than once, from ``nparts`` temp files the hashes are spread over by value."""
+    def _partitioned_suspects(self, id_column: str, nparts: int) -> tuple[set[int], list[int]]:
+        """Hashes seen more than once, from ``nparts`` temp files the hashes are spread over by value;
+        and how many hashes each file held (each sorted alone: what was in memory at once)."""
         suspects: set[int] = set()
+        sizes: list[int] = []
         with tempfile.TemporaryDirectory(prefix="prefect-swarm-ids-") as tmp:
             files = [open(Path(tmp) / f"{k}.i8", "wb") for k in range(nparts)]  # noqa: SIM115 - closed below
             try:
@@ -442,8 +459,10 @@ class InputDataset:
                 for fh in files:
                     fh.close()
             for k in range(nparts):
-                suspects |= _equal_hashes(np.fromfile(Path(tmp) / f"{k}.i8", dtype=np.int64))
-        return suspects
+                hashes = np.fromfile(Path(tmp) / f"{k}.i8", dtype=np.int64)
+                sizes.append(hashes.size)
+                suspects |= _equal_hashes(hashes)
+        return suspects, sizes
 
     def _confirm_duplicates(self, id_column: str, suspects: set[int]) -> None:
         seen: set[object] = set()

@@ -46,6 +46,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -327,11 +328,12 @@ class _HashingSink:
 
 
 class RowGroupWriter:
-    """A parquet writer whose row groups hold up to ``ROW_GROUP_ROWS`` rows and about ``ROW_GROUP_BYTES``
+    """A parquet writer whose row groups hold up to ``max_rows`` rows and about ``ROW_GROUP_BYTES``
     (batches are gathered before they are written, so many small batches make few row groups)."""
 
-    def __init__(self, where: Any, schema: pa.Schema) -> None:
+    def __init__(self, where: Any, schema: pa.Schema, max_rows: int = ROW_GROUP_ROWS) -> None:
         self.writer = pq.ParquetWriter(where, schema, compression="zstd")
+        self.max_rows = max_rows
         self.buffer: list[pa.RecordBatch] = []
         self.rows = self.nbytes = self.written_bytes = 0
 
@@ -339,7 +341,7 @@ class RowGroupWriter:
         self.buffer.append(batch)
         self.rows += batch.num_rows
         self.nbytes += batch.nbytes
-        if self.rows >= ROW_GROUP_ROWS or self.nbytes >= ROW_GROUP_BYTES:
+        if self.rows >= self.max_rows or self.nbytes >= ROW_GROUP_BYTES:
             self.flush()
 
     def flush(self) -> None:
@@ -354,11 +356,22 @@ class RowGroupWriter:
         self.writer.close()
 
 
-class ShardParts:
-    """Writes one shard's rows as part files into ``folder`` (a Location); returns their records."""
+@dataclass(frozen=True)
+class PartSizes:
+    """Where a part file rolls over (``part_bytes`` of uncompressed data) and its row groups' most rows."""
 
-    def __init__(self, folder: storage.Location, shard: int, commit: str, start: int) -> None:
+    part_bytes: int = PART_BYTES
+    row_group_rows: int = ROW_GROUP_ROWS
+
+
+class ShardParts:
+    """Writes one shard's rows as part files into ``folder`` (a Location), cut by ``sizes``; returns their records."""
+
+    def __init__(
+        self, folder: storage.Location, shard: int, commit: str, start: int, sizes: PartSizes = PartSizes()
+    ) -> None:
         self.folder, self.shard, self.commit, self.position = folder, shard, commit, start
+        self.sizes = sizes
         self.files: list[dict[str, Any]] = []
         self.writer: RowGroupWriter | None = None
         self.sink: _HashingSink | None = None
@@ -372,7 +385,7 @@ class ShardParts:
         self.writer.write(batch)
         self.files[-1]["rows"] += batch.num_rows
         self.position += batch.num_rows
-        if self.writer.written_bytes + self.writer.nbytes >= PART_BYTES:
+        if self.writer.written_bytes + self.writer.nbytes >= self.sizes.part_bytes:
             self._close()
 
     def _open(self, schema: pa.Schema) -> None:
@@ -386,7 +399,7 @@ class ShardParts:
         else:
             raw = self.folder.fs.open_output_stream(path, compression=None)
         self.sink = _HashingSink(raw)
-        self.writer = RowGroupWriter(pa.PythonFile(self.sink, mode="w"), schema)
+        self.writer = RowGroupWriter(pa.PythonFile(self.sink, mode="w"), schema, self.sizes.row_group_rows)
         self.files.append({"path": name, "shard": self.shard, "first_position": self.position, "rows": 0})
 
     def _close(self) -> None:

@@ -402,23 +402,35 @@ MAX_PARTS = 10_000
 """S3's most parts of one upload."""
 
 
-def upload_part_size(index: int) -> int:
-    """The size of part ``index`` (0-based) of an upload: ``MIN_PART_BYTES`` for the first
-    ``PARTS_PER_SIZE`` parts, doubling every ``PARTS_PER_SIZE`` parts (capped at 5 GiB), so the part
-    size follows the object's size: 10,000 parts reach about 8 TB, past S3's 5 TiB object limit,
-    while a small object still goes in 8 MiB parts."""
-    return int(min(MIN_PART_BYTES << (index // PARTS_PER_SIZE), MAX_PART_BYTES))
+def upload_part_size(index: int, min_bytes: int = MIN_PART_BYTES, per_size: int = PARTS_PER_SIZE) -> int:
+    """The size of part ``index`` (0-based) of an upload: ``min_bytes`` for the first ``per_size``
+    parts, doubling every ``per_size`` parts (capped at 5 GiB), so the part size follows the
+    object's size: 10,000 parts reach about 8 TB, past S3's 5 TiB object limit, while a small object
+    still goes in 8 MiB parts."""
+    return int(min(min_bytes << (index // per_size), MAX_PART_BYTES))
 
 
 class S3Upload:
     """A binary sink writing object ``bucket/key`` on S3 by a multipart upload of growing parts
     (:func:`upload_part_size`). The object appears whole at :meth:`finish` (one PutObject when it
     fits one part, else CompleteMultipartUpload) or not at all: :meth:`abort` drops what was sent.
-    Memory holds one part. ``close`` (as a wrapping :class:`pyarrow.PythonFile` calls it) completes nothing."""
+    Memory holds one part. ``close`` (as a wrapping :class:`pyarrow.PythonFile` calls it) completes nothing.
 
-    def __init__(self, path: str) -> None:
+    ``client`` is the botocore S3 client (default: one from the environment, as :func:`abort_uploads`
+    makes); ``min_part_bytes`` and ``parts_per_size`` shape the part sizes (:func:`upload_part_size`)."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        client: Any = None,
+        min_part_bytes: int = MIN_PART_BYTES,
+        parts_per_size: int = PARTS_PER_SIZE,
+    ) -> None:
         self.bucket, _, self.key = path.partition("/")
-        self.client = _s3_client()
+        self.client = client if client is not None else _s3_client()
+        self.min_part_bytes = min_part_bytes
+        self.parts_per_size = parts_per_size
         self.buffer = bytearray()
         self.upload_id: str | None = None
         self.parts: list[dict[str, Any]] = []
@@ -427,11 +439,13 @@ class S3Upload:
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         self.buffer += view
-        while len(self.buffer) >= upload_part_size(len(self.parts)):
-            size = upload_part_size(len(self.parts))
+        while len(self.buffer) >= (size := self._part_size()):
             self._send(bytes(self.buffer[:size]))
             del self.buffer[:size]
         return len(view)
+
+    def _part_size(self) -> int:
+        return upload_part_size(len(self.parts), self.min_part_bytes, self.parts_per_size)
 
     def _send(self, body: bytes) -> None:
         if len(self.parts) >= MAX_PARTS:
@@ -477,15 +491,16 @@ class S3Upload:
 
 
 @contextmanager
-def upload(loc: Location) -> Iterator[pa.NativeFile]:
-    """Yield a stream writing object ``loc`` straight to its key: on S3 an :class:`S3Upload` (the
-    object appears whole when the block ends, or not at all on error: its upload is aborted);
-    elsewhere the store's own stream (GCS: a resumable upload, whole or absent)."""
+def upload(loc: Location, *, uploader: Callable[[str], S3Upload] = S3Upload) -> Iterator[pa.NativeFile]:
+    """Yield a stream writing object ``loc`` straight to its key: on S3 an :class:`S3Upload` made by
+    ``uploader`` from the object's path (the object appears whole when the block ends, or not at all
+    on error: its upload is aborted); elsewhere the store's own stream (GCS: a resumable upload,
+    whole or absent)."""
     if loc.scheme != "s3":
         with loc.fs.open_output_stream(loc.path, compression=None) as sink:
             yield sink
         return
-    sink = S3Upload(loc.path)
+    sink = uploader(loc.path)
     try:
         yield pa.PythonFile(sink, mode="w")
         sink.finish()
@@ -496,20 +511,21 @@ def upload(loc: Location) -> Iterator[pa.NativeFile]:
 
 # ---------------------------------------------------------------------------------------- publish
 @contextmanager
-def publish_file(loc: Location) -> Iterator[Path | pa.NativeFile]:
+def publish_file(loc: Location, *, uploader: Callable[[str], S3Upload] = S3Upload) -> Iterator[Path | pa.NativeFile]:
     """Yield where to write ``loc``'s new content; on success it replaces ``loc`` whole, on error nothing changes.
 
     Local: a temp path beside it, fsynced and renamed (:func:`prefect_swarm.paths.atomic_file`).
     S3: straight to the final key by a multipart upload of growing parts (:func:`upload`): the object
     appears at its completion, whole, and an error aborts it; no copy, so no 5 GiB CopyObject limit.
     GCS: a stream to a unique temporary key, then copied to the final key (see the module doc).
+    ``uploader`` makes the S3 upload from the object's path (:class:`S3Upload` by default).
     """
     if not loc.remote:
         with atomic_file(loc.local_path) as local_tmp:
             yield local_tmp
         return
     if loc.scheme == "s3":
-        with upload(loc) as sink:
+        with upload(loc, uploader=uploader) as sink:
             yield sink
         return
     fs = loc.fs
