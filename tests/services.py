@@ -102,11 +102,12 @@ def slurm_job_ids(mine: Path | None = None) -> set[str]:
     """Ids of the jobs in the local Slurm queue (array jobs by their own job id).
 
     With ``mine`` (a pytest worker's base temp folder), only the jobs whose batch script, or working
-    folder, lies under this pytest session's temp folder count (every test's swarm lives there), so a
-    second test session or a benchmark on the same Slurm is neither counted nor cancelled as a leak.
+    folder, lies under it count (every test's swarm lives there), so the test another worker runs on
+    the same Slurm beside it (the two Slurm lanes), a second test session or a benchmark is neither
+    counted nor cancelled as a leak.
     """
     out = subprocess.run(["squeue", "-h", "-o", "%A|%o|%Z"], capture_output=True, text=True, timeout=30, check=True)
-    session = None if mine is None else str(mine.parent if mine.name.startswith("popen-gw") else mine)
+    session = None if mine is None else str(mine).rstrip("/") + "/"
     ids = set()
     for line in out.stdout.splitlines():
         job_id, command, workdir = [*line.split("|"), "", ""][:3]  # a script given on stdin has no command
