@@ -14,8 +14,8 @@ from stack import PrefectStack
 
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.interfaces import JobStatus, ServingPhase
-from prefect_swarm.state import JobRecord, StateStore
-from prefect_swarm.swarm import Swarm
+from prefect_swarm.state import JobRecord, StateStore, SwarmRecord
+from prefect_swarm.swarm import Swarm, engine_fingerprint
 from prefect_swarm.testing.stub_engine import stub_swarm_config
 
 KEY = "k-only-in-the-block"
@@ -27,8 +27,16 @@ def _recorded_from_block(name: str) -> None:
 
     cfg = SwarmConfig.model_validate(stub_swarm_config(name)).model_copy(update={"api_key": SecretStr(KEY)})
     SwarmSpec.from_config(cfg).save(name, overwrite=True)
-    swarm = Swarm(cfg, store=StateStore(), source=f"swarm-spec/{name}")
-    swarm.store.put_swarm(swarm.new_record(ServingPhase.RUNNING, {"name": name, "backend": "local"}))
+    record = SwarmRecord(
+        name=name,
+        backend="local",
+        config=cfg.redacted(),
+        phase=ServingPhase.RUNNING,
+        handle={"name": name, "backend": "local"},
+        fingerprint=engine_fingerprint(cfg),
+        source=f"swarm-spec/{name}",
+    )
+    StateStore().put_swarm(record)
 
 
 def test_a_jobs_reattach_in_launch_restores_the_blocks_secrets(prefect_api: PrefectStack, swarm_home: Path) -> None:
