@@ -77,8 +77,8 @@ def _queued(name: str) -> int:
 def _round(args: argparse.Namespace, work: Path, i: int) -> dict[str, Any]:
     from prefect_swarm.config import SwarmConfig
     from prefect_swarm.holding import Holding
-    from prefect_swarm.state import StateStore
-    from prefect_swarm.swarm import Swarm, keep_lease
+    from prefect_swarm.state import StateStore, keep_lease
+    from prefect_swarm.swarm import Swarm
 
     name = f"park-bench-{uuid.uuid4().hex[:6]}"
     cfg = SwarmConfig.model_validate(_config(args, name, work / "weights", work / f"node-{i}"))

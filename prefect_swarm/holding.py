@@ -1,16 +1,19 @@
 """Holding a swarm: the one place that brings a swarm up for a holder, attaches to it, shares it,
-releases it and tears down what an owner holds. Free of Prefect (the Prefect layer passes in its
-word on flow runs and where a block's secrets come from).
+releases it and tears down what an owner holds. Free of Prefect: the Prefect layer registers its word
+on flow runs and where a block's secrets come from (:func:`register_prefect_word`), and
+:func:`default_holding`, the one way to get a :class:`Holding`, uses what is registered.
 
 Every user of a swarm holds a lease on it (:class:`~prefect_swarm.state.LeaseRecord`): a flow run,
 a CLI process, a job, or the KEEP lease ``up`` leaves. The swarm stops when its last live holder
 lets go; a holder that can no longer be asked (a flow run whose process is gone and that no
-reachable Prefect API knows) counts as gone (:func:`~prefect_swarm.swarm.dead_owners`). Stopping is
+reachable Prefect API knows) counts as gone (:func:`dead_owners`). Stopping is
 idempotent: a second stop while a first is under way waits for it and reports the swarm stopped.
 
-The lease primitives (the records, the atomic claims, :meth:`Swarm.join` and :meth:`Swarm.release`)
-live in :mod:`prefect_swarm.swarm` and :mod:`prefect_swarm.state`; everything that holds or lets go
-of a swarm goes through :class:`Holding`.
+The lease records and their constructors live beside the state they are stored in
+(:mod:`prefect_swarm.state.leases`), the atomic claims in :class:`~prefect_swarm.state.StateStore`;
+whether a holder is still there (:func:`dead_owners`), joining and letting go (:meth:`Holding.join`,
+:meth:`Holding.release`) are here, and everything that holds or lets go of a swarm goes through
+:class:`Holding`.
 """
 
 from __future__ import annotations
@@ -20,30 +23,30 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from prefect_swarm.config import SwarmConfig
-from prefect_swarm.exceptions import ConfigError, ShardStopped, StateError
-from prefect_swarm.interfaces import ServingPhase, ServingStatus
+from prefect_swarm.exceptions import ConfigError, ReadinessError, ShardStopped, StateError
+from prefect_swarm.interfaces import JobHandle, JobStatus, ServingHandle, ServingPhase, ServingStatus
 from prefect_swarm.interfaces.parking import Snapshot
 from prefect_swarm.paths import SwarmPaths
-from prefect_swarm.state import LeaseKind, LeaseRecord, StateStore, SwarmRecord
-from prefect_swarm.swarm import (
+from prefect_swarm.state import (
     KEEP_OWNER,
-    LIVE_PHASES,
-    Swarm,
-    TerminalRuns,
-    dead_owners,
-    engine_fingerprint,
+    Claim,
+    LeaseKind,
+    LeaseRecord,
+    StateStore,
+    SwarmRecord,
     job_lease,
     keep_lease,
-    missing_secrets,
     process_lease,
     this_host,
 )
+from prefect_swarm.swarm import LIVE_PHASES, Swarm, engine_fingerprint, missing_secrets
 
 log = logging.getLogger("prefect_swarm.holding")
 
@@ -56,6 +59,149 @@ Say = Callable[[str], None]
 
 STOP_WAIT_S = 300.0
 """Longest a stop waits for another stop of the same swarm that is under way."""
+
+BRING_UP_GRACE_S = 30.0
+"""A PENDING record with no handle and no bring-up lease older than this was left by a bring-up
+that died before it could say so (or by a version without bring-up leases): it blocks nobody."""
+
+TerminalRuns = Callable[[list[str]], dict[str, bool]]
+"""Given flow run ids, whether each has ended, for the runs the Prefect API knows (the Prefect layer
+asks it; may raise). A run it does not know, or every run when it cannot be asked, is absent."""
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if pid is None:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def dead_owners(
+    leases: Iterable[LeaseRecord], store: StateStore, terminal_runs: TerminalRuns | None = None
+) -> set[str]:
+    """Owners whose leases are dead: a flow run ``terminal_runs`` says has ended; a flow run it cannot
+    judge (no API to ask, or one that does not know the run: a temporary server that is gone) whose
+    process is gone on this host; a process whose pid is gone on this host (a killed flow process
+    that was tearing the swarm down must not block the teardown that follows it); once a lease has
+    expired, a job no longer active or whose processes have all ended (:func:`_job_gone`). A KEEP
+    lease, and anything that cannot be judged, count as live."""
+    now, host = time.time(), this_host()
+    dead: set[str] = set()
+    runs: dict[str, LeaseRecord] = {}
+    for lease in leases:
+        if lease.kind is LeaseKind.FLOW_RUN:  # Prefect's word is final, expired or not
+            runs[lease.owner.removeprefix("flow-run:")] = lease
+            continue
+        if lease.kind in (LeaseKind.PROCESS, LeaseKind.TEARDOWN, LeaseKind.BRING_UP):
+            if lease.host == host and not _pid_alive(lease.pid):  # the process's own word, expired or not
+                dead.add(lease.owner)
+            continue
+        if lease.expires_at is None or lease.expires_at > now:
+            continue
+        if lease.kind is LeaseKind.JOB and _job_gone(lease, store, now):
+            dead.add(lease.owner)
+    if runs:
+        return dead | _dead_runs(runs, terminal_runs, host)
+    return dead
+
+
+def _dead_runs(runs: dict[str, LeaseRecord], terminal_runs: TerminalRuns | None, host: str) -> set[str]:
+    """The owners of flow-run leases ``runs`` (by run id) that are dead: Prefect's word where it has
+    one; where it has none, the run's process (gone on this host: the run cannot use the swarm)."""
+    ended = terminal_runs(list(runs)) if terminal_runs is not None else {}
+    dead = set()
+    for run_id, lease in runs.items():
+        said = ended.get(run_id)
+        if said or (said is None and lease.host == host and not _pid_alive(lease.pid)):
+            dead.add(lease.owner)
+    return dead
+
+
+JOB_SUBMIT_GRACE_S = 600.0
+"""Seconds a job whose row still says PENDING (its submitter has not recorded a submission yet)
+holds its lease before its processes are asked about."""
+
+
+def _job_gone(lease: LeaseRecord, store: StateStore, now: float) -> bool:
+    """A job lease's owner is gone: its row is missing or finished, or every process it submitted
+    has ended by the compute backend's own probe (a detached ``job submit`` that nobody asked
+    ``job status`` about since still holds an active row), or it has no submission
+    JOB_SUBMIT_GRACE_S after the lease was taken. A job being submitted (PENDING, within the
+    grace) and anything the backend cannot tell count as live."""
+    job = store.get_job(lease.owner.removeprefix("job:"))
+    if job is None or not job.status.active or _rows_all_answered(job.spec):
+        return True
+    if job.status is JobStatus.PENDING and now - lease.heartbeat < JOB_SUBMIT_GRACE_S:
+        return False
+    subs = job.submissions
+    if not subs:  # never submitted: its submitter died before it could, once the grace is over
+        return now - lease.heartbeat >= JOB_SUBMIT_GRACE_S
+    if not job.swarm or store.get_swarm(job.swarm) is None:
+        return False
+    try:
+        compute = Swarm.from_state(job.swarm, store).compute
+        probes = [compute.probe(JobHandle.from_dict(sub)) for sub in subs]
+    except Exception:  # cannot tell: live
+        return False
+    return all(p.error is None and p.status is not None and p.status.finished for p in probes)
+
+
+def _rows_all_answered(spec: dict[str, Any]) -> bool:
+    """Every shard of the batch job ``spec`` is done: it needs its swarm no more, even while its last
+    process publishes the output (that is bookkeeping, no GPU). False when it cannot be told."""
+    if "input" not in spec:
+        return False
+    try:
+        from prefect_swarm.jobs.checkpoint.plan import pending_shards
+        from prefect_swarm.jobs.spec import JobSpec
+
+        return not pending_shards(JobSpec.model_validate(spec))
+    except Exception:
+        return False
+
+
+class PrefectWord(Protocol):
+    """What the Prefect layer tells holding (registered with :func:`register_prefect_word` when it is
+    imported): its word on flow runs, and where a swarm's dropped secrets come from. Each call may be
+    slow (it asks the Prefect API); neither raises but :meth:`terminal_runs` with ``strict``."""
+
+    def terminal_runs(self, run_ids: list[str], *, strict: bool = False) -> dict[str, bool]:
+        """Whether each of ``run_ids`` the API knows has ended (:data:`TerminalRuns`). When the API
+        cannot be asked: none, or with ``strict`` PrefectUnavailable (the reaper then does nothing)."""
+        ...
+
+    def secrets(self, rec: SwarmRecord) -> SwarmConfig | None:
+        """The :data:`SecretSource`: the config the recorded swarm ``rec`` came from, or None."""
+        ...
+
+
+_registered: list[PrefectWord] = []
+
+
+def register_prefect_word(word: PrefectWord) -> None:
+    """Make ``word`` the one every :func:`default_holding` uses from now on (the last registered wins)."""
+    _registered[:] = [word]
+
+
+def default_holding(store: StateStore | None = None, *, say: Say | None = None, strict: bool = False) -> Holding:
+    """The :class:`Holding` of this process, the one way to get one: on ``store`` (the default state
+    database), with the registered Prefect layer's word on flow runs (``strict``: a run Prefect cannot
+    be asked about raises, see :meth:`PrefectWord.terminal_runs`) and its secrets source; without one
+    (a job process, no Prefect imported) a flow run's lease is judged by its process and a record's
+    secrets come from the environment and the swarm's folder. What it does goes to ``say``."""
+    word = _registered[0] if _registered else None
+    if word is None:
+        return Holding(store or StateStore(), say=say)
+
+    def terminal_runs(run_ids: list[str]) -> dict[str, bool]:
+        return word.terminal_runs(run_ids, strict=strict)
+
+    return Holding(store or StateStore(), terminal_runs=terminal_runs, secrets=word.secrets, say=say)
 
 
 @dataclass(frozen=True)
@@ -150,7 +296,7 @@ class Holding:
         started: bool | None = None
         ready = None
         try:
-            started = swarm.join(lease, reconcile=reconcile)
+            started = self.join(swarm, lease, reconcile=reconcile)
             if wait:
                 ready = swarm.wait_ready(timeout_s)
         except ConfigError:
@@ -180,6 +326,97 @@ class Holding:
         give it the KEEP lease its keep flag / lack of owner meant, so a sharer does not stop it."""
         if (rec.keep or rec.flow_run_id is None) and not self.store.list_leases(rec.name):
             self.store.put_lease(keep_lease(rec.name))
+
+    def join(
+        self,
+        swarm: Swarm,
+        lease: LeaseRecord,
+        *,
+        wait_s: float | None = None,
+        poll_s: float = 0.5,
+        reconcile: bool = False,
+    ) -> bool:
+        """Hold ``swarm`` with ``lease``; bring it up if it is not live (True), else wait until
+        whoever is bringing it up has started it and attach (False). Never brings it up twice.
+        With ``reconcile`` an attached swarm is also reconciled with this config (``prefect-swarm up``
+        again: missing replicas are replaced, a new replica count is applied; healthy ones stay).
+
+        A swarm being stopped is waited for, then brought up again. Raise ConfigError if the
+        live swarm of this name serves another engine, ReadinessError after ``wait_s``. A bring-up
+        that failed, or whose process died (on this host), blocks nobody: its record is FAILED.
+        """
+        swarm.validate()
+        deadline = time.monotonic() + (wait_s if wait_s is not None else swarm.cfg.ready_timeout_s + 60)
+        parked = swarm.store.get_swarm(swarm.cfg.name)
+        if parked is not None and parked.phase is ServingPhase.PARKED and parked.keep:
+            swarm.keep = True  # a kept swarm woken by a holder stays kept
+        while True:
+            claim, rec = swarm.store.claim_swarm(swarm.new_record(ServingPhase.PENDING, None), lease, LIVE_PHASES)
+            if claim is Claim.BRING_UP:
+                try:
+                    swarm.up()
+                except BaseException:
+                    swarm.store.release_lease(swarm.cfg.name, lease.owner)  # a failed bring-up holds nothing
+                    raise
+                return True
+            if claim is Claim.ATTACH and rec is not None and swarm.flow_run_id and rec.flow_run_id == swarm.flow_run_id:
+                swarm.up()  # this run's own earlier attempt (a task retry): reconcile it
+                return True
+            if claim is Claim.ATTACH and rec is not None:
+                if rec.fingerprint != swarm.fingerprint or rec.backend != swarm.cfg.backend.type:
+                    swarm.store.release_lease(rec.name, lease.owner)
+                    raise ConfigError(
+                        f"swarm '{rec.name}' is live with a different model/engine/backend "
+                        f"(fingerprint {rec.fingerprint}). `prefect-swarm down {rec.name}` first, or pick another name."
+                    )
+                got = self._wait_started(swarm, deadline, poll_s)
+                if got is not None:
+                    swarm.handle = ServingHandle.from_dict(got.handle or {})
+                    swarm.flow_run_id, swarm.keep, swarm.source = got.flow_run_id, got.keep, got.source
+                    if reconcile:
+                        swarm.handle = swarm.backends.serving.create_or_update(swarm.cfg)
+                        swarm.store.update_swarm(
+                            swarm.cfg.name, handle=swarm.handle.to_dict(), config=swarm.cfg.redacted()
+                        )
+                    return False
+                swarm.store.release_lease(swarm.cfg.name, lease.owner)  # it failed: claim again
+            if time.monotonic() > deadline:
+                raise ReadinessError(
+                    f"swarm '{swarm.cfg.name}': gave up waiting for another user to bring it up or down.",
+                    hint=f"`prefect-swarm status {swarm.cfg.name}` shows who holds it; "
+                    f"`prefect-swarm down {swarm.cfg.name}` stops it.",
+                )
+            time.sleep(poll_s)
+
+    def _wait_started(self, swarm: Swarm, deadline: float, poll_s: float) -> SwarmRecord | None:
+        """The record once its bringer has a handle; None if it failed or was stopped meanwhile."""
+        while True:
+            rec = swarm.store.get_swarm(swarm.cfg.name)
+            if rec is None or rec.phase not in LIVE_PHASES:
+                return None
+            if rec.handle and rec.phase is not ServingPhase.PENDING:
+                return rec
+            bringers = [x for x in swarm.store.list_leases(swarm.cfg.name) if x.kind is LeaseKind.BRING_UP]
+            if self._bring_up_died(swarm, rec, bringers):
+                swarm.store.update_swarm(swarm.cfg.name, phase=ServingPhase.FAILED)
+                for x in bringers:
+                    swarm.store.release_lease(swarm.cfg.name, x.owner)
+                return None
+            if time.monotonic() > deadline:
+                who = ", ".join(f"{x.owner} (pid {x.pid} on {x.host})" for x in bringers) or "nobody known"
+                raise ReadinessError(
+                    f"swarm '{swarm.cfg.name}' is still being brought up by {who}; gave up waiting.",
+                    hint=f"wait for it, or `prefect-swarm down {swarm.cfg.name}` to stop that bring-up.",
+                )
+            time.sleep(poll_s)
+
+    def _bring_up_died(self, swarm: Swarm, rec: SwarmRecord, bringers: list[LeaseRecord]) -> bool:
+        """The PENDING record ``rec`` (no handle) belongs to a bring-up that is gone: every bring-up
+        lease is dead (its pid is gone on this host), or there is none and the record is older than
+        BRING_UP_GRACE_S (the bringer died between its claim and its lease)."""
+        if bringers:
+            return dead_owners(bringers, swarm.store) >= {x.owner for x in bringers}
+        return time.time() - rec.updated_at > BRING_UP_GRACE_S
 
     def hold(self, name: str, lease: LeaseRecord) -> None:
         """Add ``lease`` as a holder of the live swarm ``name`` (a run using a swarm it did not bring up)."""
@@ -212,7 +449,7 @@ class Holding:
     @contextmanager
     def job_hold(self, name: str, job_id: str, running: Callable[[], bool]) -> Iterator[LeaseRecord]:
         """Hold swarm ``name`` for job ``job_id`` while its processes are being submitted and after
-        (until the job is no longer active, see :func:`~prefect_swarm.swarm.dead_owners`). A
+        (until the job is no longer active, see :func:`dead_owners`). A
         submission refused or interrupted with nothing ``running`` drops the hold."""
         lease = self.store.put_lease(job_lease(name, job_id))
         try:
@@ -229,7 +466,7 @@ class Holding:
 
     def restore(self, name: str, *, wait: bool = True, timeout_s: float | None = None) -> Held:
         """Bring the parked swarm ``name`` back from its snapshot (one restore however many ask: the
-        claim of :meth:`Swarm.join`); with ``wait``, until it is ready. A live swarm is only attached.
+        claim of :meth:`join`); with ``wait``, until it is ready. A live swarm is only attached.
         This call holds it while it restores; it stays up for the holds it had (KEEP, runs, jobs)."""
         self.settle_parked(name)
         rec = self.store.require_swarm(name)
@@ -297,7 +534,7 @@ class Holding:
         return any(x.owner == owner for x in self.store.list_leases(name))
 
     def gone(self, leases: list[LeaseRecord]) -> set[str]:
-        """The owners among ``leases`` that are gone (:func:`~prefect_swarm.swarm.dead_owners`)."""
+        """The owners among ``leases`` that are gone (:func:`dead_owners`)."""
         return dead_owners(leases, self.store, self.terminal_runs)
 
     def orphans(self) -> list[tuple[SwarmRecord, list[LeaseRecord]]]:
@@ -325,7 +562,7 @@ class Holding:
         Idempotent: when all that is left is another stop under way, wait for it (up to
         ``wait_s``) and report the swarm stopped."""
         swarm = self.attach(name)
-        left = swarm.release(owner, terminal_runs=self.terminal_runs, log=self.say)
+        left = self._let_go(swarm, owner)
         deadline = time.monotonic() + wait_s
         while left and all(x.kind is LeaseKind.TEARDOWN for x in left):
             time.sleep(0.2)
@@ -336,8 +573,25 @@ class Holding:
                     f"swarm '{name}' is being stopped by {', '.join(x.owner for x in left)}; gave up waiting after "
                     f"{wait_s:g} s. `prefect-swarm status {name}` shows it; `prefect-swarm down {name} -y` again."
                 )
-            left = swarm.release(None, terminal_runs=self.terminal_runs, log=self.say)  # reaps a stopper that died
+            left = self._let_go(swarm, None)  # reaps a stopper that died
         return left
+
+    def _let_go(self, swarm: Swarm, owner: str | None) -> list[LeaseRecord]:
+        """Drop ``owner``'s lease (and those of dead owners); stop the swarm when no live lease is
+        left. Return the leases still holding it ([] = stopped)."""
+        name = swarm.cfg.name
+        others = [x for x in swarm.store.list_leases(name) if x.owner != owner]
+        dead = dead_owners(others, swarm.store, self.terminal_runs)
+        for who in sorted(dead):
+            if self.say:
+                self.say(f"swarm '{name}': lease of {who} reaped (its owner is gone).")
+        left = swarm.store.release_and_claim_teardown(name, owner, dead, process_lease(LeaseKind.TEARDOWN))
+        if left:
+            if self.say:
+                self.say(f"swarm '{name}' stays up: still held by {', '.join(x.owner for x in left)}.")
+            return left
+        swarm.down()
+        return []
 
     def _stopped(self, name: str) -> bool:
         rec = self.store.get_swarm(name)

@@ -352,7 +352,7 @@ def submit_job(
     assert spec.job_id is not None
     todo = sorted(set(shard_ids)) if shard_ids is not None else plan.pending
     if todo:
-        from prefect_swarm.holding import Holding
+        from prefect_swarm.holding import default_holding
 
         swarm.check_key()  # a wrong or missing key is found by one request, not by every row
         job_id = spec.job_id
@@ -361,7 +361,7 @@ def submit_job(
             return bool(running_submissions(job_id, store=store))
 
         # the swarm stays up while the job is active; refused or interrupted with nothing running, it holds nothing
-        with Holding(store).job_hold(swarm.cfg.name, job_id, still_running):
+        with default_holding(store).job_hold(swarm.cfg.name, job_id, still_running):
             submit_shards(swarm, spec, todo, store=store)
     if detach:
         return store.require_job(spec.job_id)
@@ -497,11 +497,11 @@ class ShardWatch:
             return False
         if stopped_by_budget(shard_progress(self.spec, self.shard)) is not None:
             return False
-        from prefect_swarm.holding import Holding
+        from prefect_swarm.holding import default_holding
 
         rec = self.store.get_swarm(self.swarm.cfg.name)
         restored = rec is not None and self.since is not None and rec.created_at != self.since
-        return Holding(self.store).parked(self.swarm.cfg.name) or restored
+        return default_holding(self.store).parked(self.swarm.cfg.name) or restored
 
     def _moved(self) -> bool:
         """The swarm's recorded handle is not the one this shard is aimed at (a task retry's swarm object
@@ -514,9 +514,9 @@ class ShardWatch:
         """Before a submission: while the swarm is parked, wait for its restore (``stop`` ends the wait:
         ShardStopped); then aim the shard at the swarm as it is now (its handle, compute backend and
         endpoints; this run's config of it, budget and secrets, kept)."""
-        from prefect_swarm.holding import Holding
+        from prefect_swarm.holding import default_holding
 
-        holding, name = Holding(self.store), self.swarm.cfg.name
+        holding, name = default_holding(self.store), self.swarm.cfg.name
         waited = self.pauses > 0
         if holding.parked(name):
             holding.wait_restored(name, say=self.say, stop=stop)
@@ -873,9 +873,9 @@ def _probe_all(rec: JobRecord, compute: ComputeBackend | None = None) -> list[di
         return []
     try:
         if compute is None:
-            from prefect_swarm.holding import Holding
+            from prefect_swarm.holding import default_holding
 
-            compute = Holding().attach(rec.swarm).compute
+            compute = default_holding().attach(rec.swarm).compute
         probes = compute.probe_many([JobHandle.from_dict(sub) for sub in subs])
     except Exception as exc:
         return [
@@ -1040,11 +1040,11 @@ def let_go_of_swarm(rec: JobRecord, store: StateStore) -> None:
     other holders (``up``'s KEEP hold, a flow run, another job) the swarm stops when none of them is
     left live; a swarm nobody else holds by a lease (brought up by hand with ``Swarm.up()``; a ``with
     Swarm(...)`` block holds one) is its user's."""
-    from prefect_swarm.holding import Holding
-    from prefect_swarm.swarm import job_lease
+    from prefect_swarm.holding import default_holding
+    from prefect_swarm.state import job_lease
 
     assert rec.swarm is not None
-    holding, owner = Holding(store), job_lease(rec.swarm, rec.id).owner
+    holding, owner = default_holding(store), job_lease(rec.swarm, rec.id).owner
     if not holding.holds(rec.swarm, owner):
         return
     try:  # held by the job alone (a swarm up by hand): its lease is dead now, left to be reaped
@@ -1059,9 +1059,9 @@ def _job_compute(rec: JobRecord) -> ComputeBackend | None:
     if not rec.swarm:
         return None
     try:
-        from prefect_swarm.holding import Holding
+        from prefect_swarm.holding import default_holding
 
-        return Holding().attach(rec.swarm).compute
+        return default_holding().attach(rec.swarm).compute
     except Exception:
         return None
 
@@ -1071,9 +1071,9 @@ def _job_budget(rec: JobRecord, store: StateStore) -> tuple[Swarm, BudgetGuard] 
     swarm_rec = store.get_swarm(rec.swarm) if rec.swarm else None
     if swarm_rec is None or not recorded_cost(swarm_rec.config).capped:
         return None
-    from prefect_swarm.holding import Holding
+    from prefect_swarm.holding import default_holding
 
-    swarm = Holding(store).attach(swarm_rec.name)
+    swarm = default_holding(store).attach(swarm_rec.name)
     return swarm, budget_guard(swarm)
 
 
@@ -1124,9 +1124,9 @@ def cancel_job(
     rec = store.require_job(job_id)
     subs = rec.submissions
     if compute is None and subs and rec.swarm and store.get_swarm(rec.swarm) is not None:
-        from prefect_swarm.holding import Holding
+        from prefect_swarm.holding import default_holding
 
-        compute = Holding(store).attach(rec.swarm).compute
+        compute = default_holding(store).attach(rec.swarm).compute
     if compute is not None:
         for sub in subs:
             compute.cancel(JobHandle.from_dict(sub))

@@ -7,10 +7,9 @@ with Swarm(cfg) as swarm:            # up -> wait_ready
 swarm = Swarm.from_state("qwen")     # any later process reattaches by name
 swarm.status(); swarm.down()
 
-Sharing: every user of a swarm holds a lease row (see :class:`~prefect_swarm.state.LeaseRecord`).
-``join(lease)`` brings the swarm up or waits for whoever is bringing it up; ``release(owner)``
-drops the lease and stops the swarm only when no live lease is left; ``down()`` stops it
-whatever holds it (``down --force``).
+Sharing a swarm (its leases, who is still there, join and release) is
+:class:`~prefect_swarm.holding.Holding`'s; ``down()`` stops the swarm whatever holds it
+(``down --force``).
 """
 
 from __future__ import annotations
@@ -19,9 +18,8 @@ import copy
 import dataclasses
 import logging
 import os
-import socket
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import SecretStr
@@ -34,8 +32,6 @@ from prefect_swarm.exceptions import ConfigError, ReadinessError, StateError
 from prefect_swarm.interfaces import (
     Capability,
     ComputeBackend,
-    JobHandle,
-    JobStatus,
     ServingHandle,
     ServingPhase,
     ServingStatus,
@@ -45,7 +41,7 @@ from prefect_swarm.interfaces import (
 from prefect_swarm.interfaces.jobenv import API_KEY, env_value
 from prefect_swarm.interfaces.parking import Snapshot
 from prefect_swarm.paths import SwarmPaths, atomic_write_text, read_secret, write_secret
-from prefect_swarm.state import Claim, LeaseKind, LeaseRecord, StateStore, SwarmRecord
+from prefect_swarm.state import LeaseKind, StateStore, SwarmRecord, process_lease, this_host
 
 log = logging.getLogger("prefect_swarm.swarm")
 
@@ -55,159 +51,6 @@ claim brings it back (a restore, from its snapshot), exactly once however many a
 
 ENGINE_CACHE_ENV = ("HF_HOME", "HF_HUB_CACHE", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 """The engine's download and compile caches a parked swarm's snapshot names (where ``engine.env`` sets them)."""
-
-FLOW_RUN_LEASE_TTL_S = 30.0
-"""Heartbeat period of a flow run's lease (its liveness is Prefect's state of the run)."""
-
-KEEP_OWNER = "keep"
-"""Owner of the lease that ``up`` / ``keep_swarm`` leave behind; only ``down`` releases it."""
-
-BRING_UP_GRACE_S = 30.0
-"""A PENDING record with no handle and no bring-up lease older than this was left by a bring-up
-that died before it could say so (or by a version without bring-up leases): it blocks nobody."""
-
-TerminalRuns = Callable[[list[str]], dict[str, bool]]
-"""Given flow run ids, whether each has ended, for the runs the Prefect API knows (the Prefect layer
-asks it; may raise). A run it does not know, or every run when it cannot be asked, is absent."""
-
-
-def this_host() -> str:
-    """Host name recorded with process leases (a pid means something only there)."""
-    return socket.gethostname()
-
-
-def flow_run_owner(flow_run_id: str) -> str:
-    """Lease owner of a flow run."""
-    return f"flow-run:{flow_run_id}"
-
-
-def flow_run_lease(flow_run_id: str) -> LeaseRecord:
-    """A lease held by flow run ``flow_run_id`` (the swarm is filled in when it is taken)."""
-    now = time.time()
-    return LeaseRecord(
-        swarm="",
-        owner=flow_run_owner(flow_run_id),
-        kind=LeaseKind.FLOW_RUN,
-        host=this_host(),
-        pid=os.getpid(),
-        heartbeat=now,
-        expires_at=now + FLOW_RUN_LEASE_TTL_S,
-    )
-
-
-def process_lease(kind: LeaseKind = LeaseKind.PROCESS, owner: str | None = None) -> LeaseRecord:
-    """A lease held by this process (dead once its pid is gone on this host)."""
-    host, pid, now = this_host(), os.getpid(), time.time()
-    return LeaseRecord(
-        swarm="", owner=owner or f"pid:{host}:{pid}", kind=kind, host=host, pid=pid, heartbeat=now, expires_at=now
-    )
-
-
-def job_lease(swarm: str, job_id: str) -> LeaseRecord:
-    """A lease held by job ``job_id`` while it is active (``job submit`` that does not wait)."""
-    now = time.time()
-    return LeaseRecord(swarm=swarm, owner=f"job:{job_id}", kind=LeaseKind.JOB, heartbeat=now, expires_at=now)
-
-
-def keep_lease(swarm: str) -> LeaseRecord:
-    """The lease ``up`` and ``keep_swarm`` leave: never dead, released by ``down``."""
-    return LeaseRecord(swarm=swarm, owner=KEEP_OWNER, kind=LeaseKind.KEEP, host=this_host())
-
-
-def _pid_alive(pid: int | None) -> bool:
-    if pid is None:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def dead_owners(
-    leases: Iterable[LeaseRecord], store: StateStore, terminal_runs: TerminalRuns | None = None
-) -> set[str]:
-    """Owners whose leases are dead: a flow run ``terminal_runs`` says has ended; a flow run it cannot
-    judge (no API to ask, or one that does not know the run: a temporary server that is gone) whose
-    process is gone on this host; a process whose pid is gone on this host (a killed flow process
-    that was tearing the swarm down must not block the teardown that follows it); once a lease has
-    expired, a job no longer active or whose processes have all ended (:func:`_job_gone`). A KEEP
-    lease, and anything that cannot be judged, count as live."""
-    now, host = time.time(), this_host()
-    dead: set[str] = set()
-    runs: dict[str, LeaseRecord] = {}
-    for lease in leases:
-        if lease.kind is LeaseKind.FLOW_RUN:  # Prefect's word is final, expired or not
-            runs[lease.owner.removeprefix("flow-run:")] = lease
-            continue
-        if lease.kind in (LeaseKind.PROCESS, LeaseKind.TEARDOWN, LeaseKind.BRING_UP):
-            if lease.host == host and not _pid_alive(lease.pid):  # the process's own word, expired or not
-                dead.add(lease.owner)
-            continue
-        if lease.expires_at is None or lease.expires_at > now:
-            continue
-        if lease.kind is LeaseKind.JOB and _job_gone(lease, store, now):
-            dead.add(lease.owner)
-    if runs:
-        return dead | _dead_runs(runs, terminal_runs, host)
-    return dead
-
-
-def _dead_runs(runs: dict[str, LeaseRecord], terminal_runs: TerminalRuns | None, host: str) -> set[str]:
-    """The owners of flow-run leases ``runs`` (by run id) that are dead: Prefect's word where it has
-    one; where it has none, the run's process (gone on this host: the run cannot use the swarm)."""
-    ended = terminal_runs(list(runs)) if terminal_runs is not None else {}
-    dead = set()
-    for run_id, lease in runs.items():
-        said = ended.get(run_id)
-        if said or (said is None and lease.host == host and not _pid_alive(lease.pid)):
-            dead.add(lease.owner)
-    return dead
-
-
-JOB_SUBMIT_GRACE_S = 600.0
-"""Seconds a job whose row still says PENDING (its submitter has not recorded a submission yet)
-holds its lease before its processes are asked about."""
-
-
-def _job_gone(lease: LeaseRecord, store: StateStore, now: float) -> bool:
-    """A job lease's owner is gone: its row is missing or finished, or every process it submitted
-    has ended by the compute backend's own probe (a detached ``job submit`` that nobody asked
-    ``job status`` about since still holds an active row), or it has no submission
-    JOB_SUBMIT_GRACE_S after the lease was taken. A job being submitted (PENDING, within the
-    grace) and anything the backend cannot tell count as live."""
-    job = store.get_job(lease.owner.removeprefix("job:"))
-    if job is None or not job.status.active or _rows_all_answered(job.spec):
-        return True
-    if job.status is JobStatus.PENDING and now - lease.heartbeat < JOB_SUBMIT_GRACE_S:
-        return False
-    subs = job.submissions
-    if not subs:  # never submitted: its submitter died before it could, once the grace is over
-        return now - lease.heartbeat >= JOB_SUBMIT_GRACE_S
-    if not job.swarm or store.get_swarm(job.swarm) is None:
-        return False
-    try:
-        compute = Swarm.from_state(job.swarm, store).compute
-        probes = [compute.probe(JobHandle.from_dict(sub)) for sub in subs]
-    except Exception:  # cannot tell: live
-        return False
-    return all(p.error is None and p.status is not None and p.status.finished for p in probes)
-
-
-def _rows_all_answered(spec: dict[str, Any]) -> bool:
-    """Every shard of the batch job ``spec`` is done: it needs its swarm no more, even while its last
-    process publishes the output (that is bookkeeping, no GPU). False when it cannot be told."""
-    if "input" not in spec:
-        return False
-    try:
-        from prefect_swarm.jobs.checkpoint.plan import pending_shards
-        from prefect_swarm.jobs.spec import JobSpec
-
-        return not pending_shards(JobSpec.model_validate(spec))
-    except Exception:
-        return False
 
 
 def engine_fingerprint(cfg: SwarmConfig) -> str:
@@ -332,108 +175,6 @@ class Swarm:
             self.store.release_lease(self.cfg.name, bringer.owner)
         self._record(ServingPhase.INITIALIZING, handle=self.handle.to_dict())
         return self.handle
-
-    def join(
-        self, lease: LeaseRecord, *, wait_s: float | None = None, poll_s: float = 0.5, reconcile: bool = False
-    ) -> bool:
-        """Hold this swarm with ``lease``; bring it up if it is not live (True), else wait until
-        whoever is bringing it up has started it and attach (False). Never brings it up twice.
-        With ``reconcile`` an attached swarm is also reconciled with this config (``prefect-swarm up``
-        again: missing replicas are replaced, a new replica count is applied; healthy ones stay).
-
-        A swarm being stopped is waited for, then brought up again. Raise ConfigError if the
-        live swarm of this name serves another engine, ReadinessError after ``wait_s``. A bring-up
-        that failed, or whose process died (on this host), blocks nobody: its record is FAILED.
-        """
-        self.validate()
-        deadline = time.monotonic() + (wait_s if wait_s is not None else self.cfg.ready_timeout_s + 60)
-        parked = self.store.get_swarm(self.cfg.name)
-        if parked is not None and parked.phase is ServingPhase.PARKED and parked.keep:
-            self.keep = True  # a kept swarm woken by a holder stays kept
-        while True:
-            claim, rec = self.store.claim_swarm(self._new_record(ServingPhase.PENDING, None), lease, LIVE_PHASES)
-            if claim is Claim.BRING_UP:
-                try:
-                    self.up()
-                except BaseException:
-                    self.store.release_lease(self.cfg.name, lease.owner)  # a failed bring-up holds nothing
-                    raise
-                return True
-            if claim is Claim.ATTACH and rec is not None and self.flow_run_id and rec.flow_run_id == self.flow_run_id:
-                self.up()  # this run's own earlier attempt (a task retry): reconcile it
-                return True
-            if claim is Claim.ATTACH and rec is not None:
-                if rec.fingerprint != self.fingerprint or rec.backend != self.cfg.backend.type:
-                    self.store.release_lease(rec.name, lease.owner)
-                    raise ConfigError(
-                        f"swarm '{rec.name}' is live with a different model/engine/backend "
-                        f"(fingerprint {rec.fingerprint}). `prefect-swarm down {rec.name}` first, or pick another name."
-                    )
-                got = self._wait_started(deadline, poll_s)
-                if got is not None:
-                    self.handle = ServingHandle.from_dict(got.handle or {})
-                    self.flow_run_id, self.keep, self.source = got.flow_run_id, got.keep, got.source
-                    if reconcile:
-                        self.handle = self.backends.serving.create_or_update(self.cfg)
-                        self.store.update_swarm(self.cfg.name, handle=self.handle.to_dict(), config=self.cfg.redacted())
-                    return False
-                self.store.release_lease(self.cfg.name, lease.owner)  # it failed: claim again
-            if time.monotonic() > deadline:
-                raise ReadinessError(
-                    f"swarm '{self.cfg.name}': gave up waiting for another user to bring it up or down.",
-                    hint=f"`prefect-swarm status {self.cfg.name}` shows who holds it; "
-                    f"`prefect-swarm down {self.cfg.name}` stops it.",
-                )
-            time.sleep(poll_s)
-
-    def _wait_started(self, deadline: float, poll_s: float) -> SwarmRecord | None:
-        """The record once its bringer has a handle; None if it failed or was stopped meanwhile."""
-        while True:
-            rec = self.store.get_swarm(self.cfg.name)
-            if rec is None or rec.phase not in LIVE_PHASES:
-                return None
-            if rec.handle and rec.phase is not ServingPhase.PENDING:
-                return rec
-            bringers = [x for x in self.store.list_leases(self.cfg.name) if x.kind is LeaseKind.BRING_UP]
-            if self._bring_up_died(rec, bringers):
-                self.store.update_swarm(self.cfg.name, phase=ServingPhase.FAILED)
-                for x in bringers:
-                    self.store.release_lease(self.cfg.name, x.owner)
-                return None
-            if time.monotonic() > deadline:
-                who = ", ".join(f"{x.owner} (pid {x.pid} on {x.host})" for x in bringers) or "nobody known"
-                raise ReadinessError(
-                    f"swarm '{self.cfg.name}' is still being brought up by {who}; gave up waiting.",
-                    hint=f"wait for it, or `prefect-swarm down {self.cfg.name}` to stop that bring-up.",
-                )
-            time.sleep(poll_s)
-
-    def _bring_up_died(self, rec: SwarmRecord, bringers: list[LeaseRecord]) -> bool:
-        """The PENDING record ``rec`` (no handle) belongs to a bring-up that is gone: every bring-up
-        lease is dead (its pid is gone on this host), or there is none and the record is older than
-        BRING_UP_GRACE_S (the bringer died between its claim and its lease)."""
-        if bringers:
-            return dead_owners(bringers, self.store) >= {x.owner for x in bringers}
-        return time.time() - rec.updated_at > BRING_UP_GRACE_S
-
-    def release(
-        self, owner: str | None, *, terminal_runs: TerminalRuns | None = None, log: Callable[[str], None] | None = None
-    ) -> list[LeaseRecord]:
-        """Drop ``owner``'s lease (and those of dead owners); stop the swarm when no live lease is
-        left. Return the leases still holding it ([] = stopped)."""
-        name = self.cfg.name
-        others = [x for x in self.store.list_leases(name) if x.owner != owner]
-        dead = dead_owners(others, self.store, terminal_runs)
-        for who in sorted(dead):
-            if log:
-                log(f"swarm '{name}': lease of {who} reaped (its owner is gone).")
-        left = self.store.release_and_claim_teardown(name, owner, dead, process_lease(LeaseKind.TEARDOWN))
-        if left:
-            if log:
-                log(f"swarm '{name}' stays up: still held by {', '.join(x.owner for x in left)}.")
-            return left
-        self.down()
-        return []
 
     def wait_ready(self, timeout_s: float | None = None) -> ServingStatus:
         """Block until every replica answers; record RUNNING, or FAILED with the error. A swarm with
@@ -689,9 +430,10 @@ class Swarm:
         return handle
 
     def _record(self, phase: ServingPhase, handle: dict[str, Any] | None) -> None:
-        self.store.put_swarm(self._new_record(phase, handle))
+        self.store.put_swarm(self.new_record(phase, handle))
 
-    def _new_record(self, phase: ServingPhase, handle: dict[str, Any] | None) -> SwarmRecord:
+    def new_record(self, phase: ServingPhase, handle: dict[str, Any] | None) -> SwarmRecord:
+        """This swarm's record in ``phase`` with ``handle`` (what a claim or a bring-up writes)."""
         old = self.store.get_swarm(self.cfg.name)
         return SwarmRecord(
             name=self.cfg.name,

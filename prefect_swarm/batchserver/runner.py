@@ -36,6 +36,7 @@ from typing import Any
 from prefect_swarm.batchserver.config import LoadedService
 from prefect_swarm.batchserver.output import Split, committed_lines, split_lines, stopped_lines
 from prefect_swarm.batchserver.store import BatchRow, FileRow, ServiceStore, derived_id
+from prefect_swarm.holding import default_holding
 from prefect_swarm.interfaces import JobStatus, jobenv
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.paths import home_dir
@@ -53,11 +54,10 @@ class SwarmPool:
     Bring-ups run in the background; :meth:`ready` answers at once."""
 
     def __init__(self, svc: LoadedService, store: StateStore) -> None:
-        from prefect_swarm.holding import Holding
-        from prefect_swarm.swarm import process_lease
+        from prefect_swarm.state import process_lease
 
         self.svc = svc
-        self.holding = Holding(store)
+        self.holding = default_holding(store)
         self.lease = process_lease(owner=f"batch-service:{os.uname().nodename}:{os.getpid()}")
         self._pending: dict[str, Future[Any]] = {}
         self._swarms: dict[str, Any] = {}

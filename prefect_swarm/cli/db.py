@@ -7,9 +7,9 @@ from typing import Annotated, Any
 
 import typer
 
-from prefect_swarm.cli.attach import holding
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
 from prefect_swarm.cli.swarms import OutputOpt, YesOpt, confirm
+from prefect_swarm.holding import default_holding
 from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.state import StateStore, SwarmRecord
 
@@ -29,7 +29,7 @@ def certainly_gone(rec: SwarmRecord, store: StateStore) -> tuple[bool, str]:
     if not rec.handle:
         return False, f"recorded {rec.phase} with no backend handle; cannot ask the backend"
     try:
-        phase = holding(store).attach(rec.name).status().phase
+        phase = default_holding(store).attach(rec.name).status().phase
     except Exception as exc:  # "could not tell" is never "gone"
         return False, f"could not ask the {rec.backend} backend ({type(exc).__name__}: {exc})"
     if phase is ServingPhase.STOPPED:

@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
-from prefect_swarm.cli.attach import holding
 from prefect_swarm.exceptions import ConfigError, ReadinessError
+from prefect_swarm.holding import default_holding
 from prefect_swarm.interfaces import Capability, ServingHandle
 from prefect_swarm.interfaces.types import ServingPhase
 from prefect_swarm.paths import SwarmPaths
@@ -34,7 +34,7 @@ def exec_cmd(
     """
     store = StateStore()
     rec = store.require_swarm(name)  # unknown swarm: StateError, exit 3
-    swarm = holding(store).attach(name)
+    swarm = default_holding(store).attach(name)
     serving = swarm.backends.serving
     serving.capabilities().require(Capability.EXEC, "prefect-swarm exec")
     replicas = swarm.cfg.replicas

@@ -34,13 +34,13 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from prefect_swarm.cli.attach import holding
 from prefect_swarm.cli.errors import ExitCode
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
 from prefect_swarm.cli.views import cost_text, job_view
 from prefect_swarm.config.cost import duration, projection_text, usd_text
 from prefect_swarm.config.errors import invalid_fields
 from prefect_swarm.exceptions import ConfigError
+from prefect_swarm.holding import default_holding
 from prefect_swarm.interfaces import JobStatus
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.state import StateStore
@@ -179,7 +179,8 @@ def submit(
         },
     )
     attached: list[str] = []
-    rec = submit_job(holding().attach(swarm), spec, detach=True, overwrite=overwrite, on_attach=_attached(attached))
+    swarm_obj = default_holding().attach(swarm)
+    rec = submit_job(swarm_obj, spec, detach=True, overwrite=overwrite, on_attach=_attached(attached))
     if not attached:
         err_console.print(f"submitted job [bold]{rec.id}[/] ({spec.shards} shard(s)) to swarm '{swarm}'")
     if detach:
@@ -193,7 +194,7 @@ def submit(
             if not _preempted(doc, seen):
                 _show(doc)
                 return
-            hold = holding()
+            hold = default_holding()
             if hold.parked(swarm):  # a pause, not a preemption: no attempt spent, resumed after the restore
                 live = hold.wait_restored(swarm, say=err_console.print)
                 err_console.print(f"job {rec.id}: swarm '{swarm}' was restored; resuming the job's shards")
@@ -228,7 +229,7 @@ def _restored(name: str) -> Any:
     """The swarm, reconciled with the config it was brought up with before a resume: jobs at their
     time limit are waited for and submitted afresh, a lost LB or replica is resubmitted (what `up`
     does); returns once every replica answers, so the resumed shards get a swarm that lives."""
-    swarm = holding().attach(name)
+    swarm = default_holding().attach(name)
     swarm.up()
     swarm.wait_ready()
     return swarm
@@ -289,8 +290,8 @@ def _live_swarm(name: str, job_id: str, up: bool) -> Any:
 
     rec = StateStore().require_swarm(name)
     state = str(rec.phase)
-    if holding().live(name) is not None:
-        swarm = holding().attach(name)
+    if default_holding().live(name) is not None:
+        swarm = default_holding().attach(name)
         seen = swarm.status()
         if seen.phase not in (ServingPhase.STOPPED, ServingPhase.FAILED):
             return swarm
@@ -300,7 +301,8 @@ def _live_swarm(name: str, job_id: str, up: bool) -> Any:
         return _restored(name)
     raise ReadinessError(
         f"swarm '{name}' of job {job_id} is {state}: no row was sent. Bring it up again, then retry: "
-        f"`prefect-swarm up -c {holding().attach(name).paths.config}`, or `prefect-swarm job retry {job_id} --up`."
+        f"`prefect-swarm up -c {default_holding().attach(name).paths.config}`, "
+        f"or `prefect-swarm job retry {job_id} --up`."
     )
 
 
@@ -541,7 +543,7 @@ def submit_script_cmd(
 
     if not Path(script).is_file():
         raise ConfigError(f"script {script} does not exist.")
-    rec = submit_script(holding().attach(swarm), script, list(args or []), detach=detach)
+    rec = submit_script(default_holding().attach(swarm), script, list(args or []), detach=detach)
     console.print(f"{rec.id} {rec.status}")
     if not detach and rec.status is not JobStatus.SUCCEEDED:
         raise typer.Exit(1)

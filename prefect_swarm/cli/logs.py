@@ -13,8 +13,8 @@ from typing import Annotated
 
 import typer
 
-from prefect_swarm.cli.attach import holding
 from prefect_swarm.exceptions import ConfigError, ReadinessError
+from prefect_swarm.holding import default_holding
 from prefect_swarm.paths import SwarmPaths
 from prefect_swarm.state import StateStore
 
@@ -32,7 +32,7 @@ def logs_cmd(
     """
     store = StateStore()
     store.require_swarm(name)  # unknown swarm: StateError, exit 3
-    swarm = holding(store).attach(name)
+    swarm = default_holding(store).attach(name)
     replicas = swarm.cfg.replicas
     if not 0 <= replica < replicas:
         raise ConfigError(f"--replica {replica} is out of range: swarm '{name}' has replicas 0..{replicas - 1}.")

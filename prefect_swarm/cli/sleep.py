@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from prefect_swarm.cli.attach import holding
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, table
 from prefect_swarm.cli.swarms import OutputOpt
 from prefect_swarm.exceptions import StateError
+from prefect_swarm.holding import default_holding
 from prefect_swarm.interfaces import SleepReport
 from prefect_swarm.state import StateStore
 
@@ -60,7 +60,7 @@ def _swarm(name: str) -> Swarm:
     rec = store.require_swarm(name)  # unknown swarm: StateError, exit 3
     if rec.phase not in LIVE_PHASES:
         raise StateError(f"swarm '{name}' is {rec.phase}: it has no replica to sleep or wake.")
-    return holding(store).attach(name)
+    return default_holding(store).attach(name)
 
 
 def _report(reports: list[SleepReport], output: OutputFormat) -> None:

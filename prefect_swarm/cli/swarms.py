@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 import yaml
 
-from prefect_swarm.cli.attach import holding
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, err_console, table
 from prefect_swarm.cli.views import cost_text, job_view, live_status, paths_view, prefect_history, record_view
 from prefect_swarm.config import load_config
 from prefect_swarm.exceptions import BackendError, ConfigError, PrefectSwarmError, StateError
+from prefect_swarm.holding import default_holding
 from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.state import StateStore
 
@@ -109,7 +109,7 @@ def scale(
     rec = store.require_swarm(name)
     if rec.phase not in LIVE_PHASES:
         raise StateError(f"swarm '{name}' is {rec.phase}: nothing to scale. `prefect-swarm up -c FILE` brings it up.")
-    current = holding(store).attach(name).cfg
+    current = default_holding(store).attach(name).cfg
     cfg = type(current).model_validate({**current.model_dump(by_alias=True), "replicas": replicas})
     bring_up(cfg, keep=rec.keep, no_wait=no_wait, timeout=timeout, output=output)
 
@@ -119,17 +119,17 @@ def bring_up(cfg: SwarmConfig, *, keep: bool, no_wait: bool, timeout: float | No
 
     Held until `down` (the KEEP hold); waits if a run is bringing it up. What this command started
     is torn down when it fails (unless ``keep``); a swarm it joined belongs to its users."""
-    from prefect_swarm.swarm import keep_lease
+    from prefect_swarm.state import keep_lease
 
     swarm = make_swarm(cfg, keep=keep, delete_on_exit=not keep)
     log.info("bringing up swarm '%s': %d x %s on %s", cfg.name, cfg.replicas, cfg.model_name, cfg.backend.type)
     if no_wait:
-        holding(swarm.store).bring_up(swarm, keep_lease(cfg.name), reconcile=True, leave_on_failure=keep)
+        default_holding(swarm.store).bring_up(swarm, keep_lease(cfg.name), reconcile=True, leave_on_failure=keep)
         log.info("submitted; `prefect-swarm status %s` shows its progress", cfg.name)
         show_status(cfg.name, output, history=False)
         return
     with err_console.status(f"waiting for {cfg.replicas} replica(s) of '{cfg.name}' to be ready..."):
-        held = holding(swarm.store).bring_up(
+        held = default_holding(swarm.store).bring_up(
             swarm, keep_lease(cfg.name), reconcile=True, wait=True, timeout_s=timeout, leave_on_failure=keep
         )
     show_status(cfg.name, output, history=False, live=held.ready.to_dict() if held.ready else None)
@@ -247,7 +247,7 @@ def park(
     staged weights, the engine's caches) stays. Jobs on it pause, no row failed, and go on after
     `restore` (or after the next run that needs it restores it). Idempotent.
     """
-    snap = holding(StateStore()).park(name, "parked by `prefect-swarm park`")
+    snap = default_holding(StateStore()).park(name, "parked by `prefect-swarm park`")
     log.info("swarm '%s' parked; `prefect-swarm restore %s` brings it back", name, name)
     if output is OutputFormat.json:
         emit_json({"name": name, "phase": ServingPhase.PARKED.value, "snapshot": snap.to_dict()})
@@ -267,7 +267,7 @@ def restore(
     or job that needs a parked swarm restores it too; however many ask at once, it is restored once.
     """
     with err_console.status(f"restoring swarm '{name}'..."):
-        held = holding(StateStore()).restore(name, wait=not no_wait, timeout_s=timeout)
+        held = default_holding(StateStore()).restore(name, wait=not no_wait, timeout_s=timeout)
     log.info("swarm '%s' restored", name)
     show_status(name, output, history=False, live=held.ready.to_dict() if held.ready else None)
 
@@ -325,7 +325,7 @@ def down(
 def _stop(name: str, store: StateStore, force: bool) -> bool:
     """Release the KEEP hold of swarm ``name`` and stop it if no live holder is left (or ``force``);
     a stop under way by another command is waited for."""
-    hold = holding(store)
+    hold = default_holding(store)
     if force:
         hold.stop(name)
         return True

@@ -33,9 +33,9 @@ from rich.console import Group
 from rich.live import Live
 
 from prefect_swarm.backends.registry import ENTRIES
-from prefect_swarm.cli.attach import holding
 from prefect_swarm.cli.output import OutputFormat, console, emit_json, table
 from prefect_swarm.config.cost import job_projection
+from prefect_swarm.holding import default_holding
 from prefect_swarm.interfaces.metrics import Samples, authorized, scrape, total
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.state import JobRecord, StateStore
@@ -75,7 +75,7 @@ class TopSampler:
     def __init__(self, name: str, store: StateStore | None = None) -> None:
         self.name = name
         self.store = store or StateStore()
-        self.swarm = holding(self.store).attach(name)
+        self.swarm = default_holding(self.store).attach(name)
         self.previous: dict[str, tuple[float, Samples]] = {}
         self.previous_lb: tuple[float, int] | None = None
         self.key = self.swarm.backends.serving.client_key()  # a closed swarm wants it on /metrics too

@@ -142,7 +142,8 @@ def _pilot_spec(
 def pilot_estimate(cfg: SwarmConfig, config: Path, spec: JobSpec, k: int) -> dict[str, Any]:
     """Run the pilot on the swarm named by ``cfg`` (it must be up: else ConfigError, exit 2, with the
     command that brings it up) and return its figures and the projection for ``cfg``."""
-    from prefect_swarm.cli.attach import holding
+    from prefect_swarm.holding import default_holding
+    from prefect_swarm.pilot import pilot_size_text
     from prefect_swarm.launch import pilot_job
     from prefect_swarm.pilot import pilot_size_text
 
@@ -153,7 +154,7 @@ def pilot_estimate(cfg: SwarmConfig, config: Path, spec: JobSpec, k: int) -> dic
         raise ConfigError(
             f"--estimate runs a pilot on the running swarm '{cfg.name}', and it is not up ({state}): {up}."
         )
-    swarm = holding().attach(cfg.name)
+    swarm = default_holding().attach(cfg.name)
     if swarm.status().healthy == 0:
         raise ConfigError(f"--estimate: swarm '{cfg.name}' has no healthy replica now: {up} (or wait for it).")
     err_console.print(

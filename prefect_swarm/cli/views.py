@@ -10,8 +10,8 @@ import logging
 import threading
 from typing import Any
 
-from prefect_swarm.cli.attach import holding
 from prefect_swarm.cli.output import iso
+from prefect_swarm.holding import default_holding
 from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.interfaces.usage import GpuUsage
 from prefect_swarm.paths import SwarmPaths
@@ -85,7 +85,7 @@ def live_status(rec: SwarmRecord, store: StateStore) -> dict[str, Any]:
             "detail": "no backend handle recorded (bring-up never submitted)",
         }
     try:
-        swarm = holding(store).attach(rec.name)
+        swarm = default_holding(store).attach(rec.name)
         status = swarm.status()
         if status.phase is ServingPhase.PARKED and rec.phase is ServingPhase.RUNNING:
             store.settle_phase(rec, ServingPhase.PARKED)  # it parked itself (idle): record what was seen

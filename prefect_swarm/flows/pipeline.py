@@ -50,19 +50,20 @@ from prefect_swarm.flows.params import (
     job_options,
     swarm_flow,
 )
+from prefect_swarm.holding import default_holding
+from prefect_swarm.jobs.rows import storage
 from prefect_swarm.jobs.api import load_job
 from prefect_swarm.jobs.checkpoint.failures import reasons_line
 from prefect_swarm.jobs.rows import storage
 from prefect_swarm.jobs.rows.input import InputDataset
 from prefect_swarm.jobs.stages import STAGE_NAME, HandOver, RowFilter, check_stage, outputs_of
 from prefect_swarm.paths import PipelinePaths
-from prefect_swarm.swarm import flow_run_owner
+from prefect_swarm.state import flow_run_owner
 from prefect_swarm.tasks._common import current_flow_run_id, flow_result_storage, tag_run
 from prefect_swarm.tasks.pipeline import hand_over_stage, publish_pipeline_summary
 from prefect_swarm.tasks.reaper import reap_quietly
 from prefect_swarm.tasks.swarm import (
     block_ref,
-    holding,
     live_swarm,
     resolve_swarm,
     sleep_replicas,
@@ -297,7 +298,7 @@ def _totals(rows: list[dict[str, Any]], final_rows: int, wall_s: float) -> dict[
 def _let_go(name: str) -> None:
     """Release this run's own hold on swarm ``name`` (a warmed swarm, once its stage is over)."""
     run_id = current_flow_run_id()
-    if run_id is not None and holding().holds(name, flow_run_owner(run_id)):
+    if run_id is not None and default_holding().holds(name, flow_run_owner(run_id)):
         swarm_down(name, owner=flow_run_owner(run_id))
 
 

@@ -23,11 +23,12 @@ from prefect_swarm.flows.params import (
     job_spec,
     swarm_flow,
 )
-from prefect_swarm.swarm import flow_run_lease, flow_run_owner
+from prefect_swarm.holding import default_holding
+from prefect_swarm.state import flow_run_lease, flow_run_owner
 from prefect_swarm.tasks._common import current_flow_run_id, flow_result_storage, label_run, run_stop_event
 from prefect_swarm.tasks.jobs import plan_shards, run_and_commit
 from prefect_swarm.tasks.reaper import reap_quietly
-from prefect_swarm.tasks.swarm import block_ref, holding, resolve_swarm, teardown_flow_run, wait_ready
+from prefect_swarm.tasks.swarm import block_ref, resolve_swarm, teardown_flow_run, wait_ready
 from prefect_swarm.tasks.swarm import swarm_down as swarm_down_task
 from prefect_swarm.tasks.swarm import swarm_park as swarm_park_task
 from prefect_swarm.tasks.swarm import swarm_restore as swarm_restore_task
@@ -58,7 +59,7 @@ def swarm_up(
     except BaseException:
         teardown_flow_run(run_id, include_kept=True)
         raise
-    holding().keep(live.cfg.name, flow_run_owner(run_id))  # held until `swarm-down` / `prefect-swarm down`
+    default_holding().keep(live.cfg.name, flow_run_owner(run_id))  # held until `swarm-down` / `prefect-swarm down`
     return {"name": live.cfg.name, "endpoints": endpoints, "fingerprint": live.fingerprint}
 
 
@@ -135,7 +136,7 @@ def run_job(
             default: the job's.
     """
     started = time.monotonic()
-    hold = holding()
+    hold = default_holding()
     live = hold.attach(name)
     if live.handle is None:
         raise StateError(f"swarm '{name}' has no handle: it was never brought up. `prefect-swarm up -c FILE` it first.")

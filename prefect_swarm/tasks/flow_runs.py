@@ -76,7 +76,7 @@ def flow_run_states(run_ids: list[str]) -> dict[str, str]:
 
 def terminal_runs(run_ids: list[str]) -> dict[str, bool]:
     """Whether each flow run among ``run_ids`` that Prefect knows has ended (the
-    :data:`~prefect_swarm.swarm.TerminalRuns` of the Prefect layer); none when it cannot be asked
+    :data:`~prefect_swarm.holding.TerminalRuns` of the Prefect layer); none when it cannot be asked
     (their leases are then judged by their processes)."""
     try:
         states = flow_run_states(run_ids)

@@ -20,8 +20,9 @@ import uuid
 from typing import Any
 
 from prefect_swarm.exceptions import PrefectUnavailable
+from prefect_swarm.holding import default_holding
 from prefect_swarm.state import StateStore, SwarmRecord
-from prefect_swarm.tasks.flow_runs import TERMINAL, flow_run_states, strict_terminal_runs
+from prefect_swarm.tasks.flow_runs import TERMINAL, flow_run_states
 
 log = logging.getLogger("prefect_swarm.tasks.reaper")
 
@@ -32,10 +33,8 @@ def reap_orphans(store: StateStore | None = None, *, dry_run: bool = False, logg
 
     Messages go to ``logger`` (the run logger of the run doing it), else this module's logger.
     """
-    from prefect_swarm.holding import Holding
-
     say = logger or log
-    hold = Holding(store or StateStore(), terminal_runs=strict_terminal_runs)
+    hold = default_holding(store, strict=True)
     reaped = []
     try:
         for rec, leases in hold.orphans():
@@ -97,7 +96,7 @@ def _crash_dead_runs(owners: set[str], say: Any) -> None:
 
 
 def _stop(rec: SwarmRecord, store: StateStore, owners: list[str], say: Any) -> bool:
-    from prefect_swarm.tasks.swarm import cancel_flow_run_jobs, holding, teardown_flow_run
+    from prefect_swarm.tasks.swarm import cancel_flow_run_jobs, teardown_flow_run
 
     try:
         if not owners:
@@ -106,9 +105,7 @@ def _stop(rec: SwarmRecord, store: StateStore, owners: list[str], say: Any) -> b
         for owner in owners:
             if owner.startswith("flow-run:"):
                 cancel_flow_run_jobs(owner.removeprefix("flow-run:"), store)
-        hold = holding(store, log=say)
-        hold.terminal_runs = strict_terminal_runs
-        hold.release(rec.name, None)
+        default_holding(store, say=say.info, strict=True).release(rec.name, None)
     except Exception as exc:
         say.error("could not stop orphan swarm '%s': %s", rec.name, exc)
         return False

@@ -7,8 +7,8 @@ The public pieces for flows of your own: :func:`hold_swarm` (a context manager y
 A flow run holds a lease on every swarm it uses (``flow-run:<id>``, see
 :class:`~prefect_swarm.state.LeaseRecord`): the first run brings the swarm up, a concurrent one
 waits for it and shares it; whoever lets go last stops it. Holding lives in
-:mod:`prefect_swarm.holding`; this module gives it Prefect's word on flow runs and the blocks'
-secrets. The flow's ``finally``, its hooks and the reaper all tear down the same way
+:mod:`prefect_swarm.holding`; the Prefect layer gives it Prefect's word on flow runs and the blocks'
+secrets (:mod:`prefect_swarm.tasks.word`). The flow's ``finally``, its hooks and the reaper all tear down the same way
 (:func:`teardown_flow_run`).
 """
 
@@ -33,20 +33,20 @@ from prefect_swarm.backends.registry import entry_of
 from prefect_swarm.config import SwarmConfig, load_config
 from prefect_swarm.config.swarm import Sharing
 from prefect_swarm.exceptions import ConfigError
-from prefect_swarm.holding import Holding
+from prefect_swarm.holding import default_holding
 from prefect_swarm.interfaces import JobStatus
 from prefect_swarm.interfaces.types import ReplicaHealth
 from prefect_swarm.settings import get_settings
-from prefect_swarm.state import LeaseRecord, StateStore, SwarmRecord
-from prefect_swarm.swarm import (
+from prefect_swarm.state import (
     KEEP_OWNER,
-    LIVE_PHASES,
-    Swarm,
+    LeaseRecord,
+    StateStore,
+    SwarmRecord,
     flow_run_lease,
     flow_run_owner,
-    missing_secrets,
     process_lease,
 )
+from prefect_swarm.swarm import LIVE_PHASES, Swarm, missing_secrets
 from prefect_swarm.tasks._common import current_flow_run_id, repeating, retry_on_type, run_logger
 from prefect_swarm.tasks.events import swarm_event
 
@@ -159,15 +159,6 @@ def block_secrets(rec: SwarmRecord) -> SwarmConfig | None:
         return None
 
 
-def holding(store: StateStore | None = None, log: Any = None) -> Holding:
-    """The :class:`~prefect_swarm.holding.Holding` of the Prefect layer: Prefect's word on flow runs,
-    secrets from the block a swarm came from; what it does goes to ``log`` (a logger), if given."""
-    from prefect_swarm.tasks.flow_runs import terminal_runs
-
-    say = log.info if log is not None else None
-    return Holding(store or StateStore(), terminal_runs=terminal_runs, secrets=block_secrets, say=say)
-
-
 def current_owner() -> LeaseRecord:
     """The lease the caller holds a swarm with: its flow run's, else (outside a flow) its process's."""
     run_id = current_flow_run_id()
@@ -198,7 +189,7 @@ def swarm_up(cfg: SwarmConfig, keep: bool = False, reuse: bool = True, source: s
         cfg.backend.type,
     )
     swarm = Swarm(cfg, flow_run_id=current_flow_run_id(), keep=keep, source=source)
-    held = holding(swarm.store).bring_up(swarm, current_owner(), reuse=reuse)
+    held = default_holding(swarm.store).bring_up(swarm, current_owner(), reuse=reuse)
     if held.shared is not None:
         log.info(
             "Sharing live swarm '%s' (same engine fingerprint %s): this run holds a lease on it and "
@@ -255,7 +246,7 @@ def wait_ready(swarm: Swarm, timeout_s: float | None = None) -> list[str]:
 def live_swarm(name: str) -> Swarm | None:
     """Swarm ``name`` reattached when its record says it is up (a kept swarm, awake or asleep), else None."""
     rec = StateStore().get_swarm(name)
-    return holding().attach(name) if rec is not None and rec.phase in LIVE_PHASES else None
+    return default_holding().attach(name) if rec is not None and rec.phase in LIVE_PHASES else None
 
 
 @task(name="sleep-replicas", task_run_name="sleep-{swarm.cfg.name}", cache_policy=NO_CACHE)
@@ -340,7 +331,7 @@ def swarm_down(name: str, owner: str | None = None, force: bool = False) -> bool
     `prefect-swarm up` / ``keep_swarm``. So ``swarm_up`` -> ``wait_ready`` -> ``swarm_down`` in a flow
     of your own stops the swarm unless someone else still holds it."""
     log = get_run_logger()
-    hold = holding(log=log)
+    hold = default_holding(say=log.info)
     source = hold.store.require_swarm(name).source
     if force:
         holders = hold.stop(name)
@@ -360,7 +351,7 @@ def swarm_down(name: str, owner: str | None = None, force: bool = False) -> bool
 def swarm_park(name: str, reason: str = "parked by the swarm-park flow") -> dict[str, Any]:
     """Park swarm ``name``: every GPU given back, the snapshot a fast restore needs kept; its holders
     keep their holds and its jobs pause. Returns the snapshot (no secret). Idempotent."""
-    hold = holding(log=get_run_logger())
+    hold = default_holding(say=get_run_logger().info)
     snap = hold.park(name, reason)
     swarm_event("parked", name, source=hold.store.require_swarm(name).source, reason=reason, phase="PARKED")
     get_run_logger().info("Swarm '%s' parked (%s): `prefect-swarm restore %s` brings it back.", name, reason, name)
@@ -378,7 +369,7 @@ def swarm_park(name: str, reason: str = "parked by the swarm-park flow") -> dict
 def swarm_restore(name: str, timeout_s: float | None = None) -> list[str]:
     """Bring the parked swarm ``name`` back from its snapshot and wait until it is ready (one restore
     however many ask at once); its paused jobs go on. Returns its endpoint URL(s)."""
-    hold = holding(log=get_run_logger())
+    hold = default_holding(say=get_run_logger().info)
     held = hold.restore(name, timeout_s=timeout_s)
     swarm_event("restored", name, source=held.swarm.source, replicas=held.swarm.cfg.replicas, phase="RUNNING")
     get_run_logger().info("Swarm '%s' restored from its snapshot.", name)
@@ -387,7 +378,7 @@ def swarm_restore(name: str, timeout_s: float | None = None) -> list[str]:
 
 def cancel_flow_run_jobs(flow_run_id: str, store: StateStore | None = None) -> list[str]:
     """Cancel the job processes flow run ``flow_run_id`` started that may still run; return their ids."""
-    hold = holding(store)
+    hold = default_holding(store)
     cancelled = []
     for rec in hold.store.jobs_of_flow_run(flow_run_id):
         if rec.status not in launch.ACTIVE or rec.swarm is None or hold.store.get_swarm(rec.swarm) is None:
@@ -424,7 +415,7 @@ def teardown_flow_run(flow_run_id: str, *, include_kept: bool = False, log: Any 
     if cancelled:
         log.info("Cancelled job(s) %s of flow run %s.", ", ".join(cancelled), flow_run_id)
     owner = flow_run_owner(flow_run_id)
-    stopped = holding(store, log=log).teardown_owner(owner, flow_run_id, include_kept=include_kept)
+    stopped = default_holding(store, say=log.info).teardown_owner(owner, flow_run_id, include_kept=include_kept)
     for name in stopped:
         swarm_event("down", name, flow_run_id=flow_run_id, released_by=owner)
         log.info("Swarm '%s' stopped (flow run %s let go of it, the last holder).", name, flow_run_id)
@@ -460,7 +451,7 @@ def teardown_owned(keep_swarm: bool) -> None:
     run_id = current_flow_run_id()
     if run_id is None:
         return
-    hold = holding()
+    hold = default_holding()
     owner = flow_run_owner(run_id)
     held = hold.held_by(owner)
     if not held:
@@ -528,7 +519,7 @@ def hold_swarm(
         yield LiveSwarm(name, live.cfg.model_name, live.endpoint, endpoints, key)
     finally:
         if keep:
-            holding().keep(name, owner)
+            default_holding().keep(name, owner)
         else:
             swarm_down(name, owner=owner)
 
@@ -597,7 +588,7 @@ def _taking_over(cfg: SwarmConfig, log: Any) -> Iterator[Callable[[], None]]:
     if run_id is None:  # outside a flow run nothing holds for it
         yield lambda: None
         return
-    hold, lease, held = holding(log=log), flow_run_lease(run_id), threading.Event()
+    hold, lease, held = default_holding(say=log.info), flow_run_lease(run_id), threading.Event()
 
     def look() -> None:
         if held.is_set():

@@ -160,8 +160,7 @@ def test_down_leaves_a_swarm_a_live_user_holds_unless_forced(
     import subprocess
     import sys
 
-    from prefect_swarm.state import StateStore
-    from prefect_swarm.swarm import process_lease
+    from prefect_swarm.state import StateStore, process_lease
 
     path = stub_swarm_config("held", replicas=1)
     assert run_cli("up", "-c", str(path), "-o", "json").returncode == 0

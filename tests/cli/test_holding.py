@@ -20,8 +20,7 @@ import yaml
 
 from prefect_swarm.holding import Holding
 from prefect_swarm.interfaces import ServingPhase
-from prefect_swarm.state import StateStore
-from prefect_swarm.swarm import flow_run_lease
+from prefect_swarm.state import StateStore, flow_run_lease
 from prefect_swarm.testing.stub_engine import STUB_MODULE
 
 pytestmark = [pytest.mark.usefixtures("local_backend")]

@@ -241,8 +241,9 @@ def test_a_cli_job_lets_go_of_its_swarm_before_the_commit(tmp_path: Path) -> Non
     be publishing)."""
     from prefect_swarm import launch
     from prefect_swarm.config import SwarmConfig
-    from prefect_swarm.state import StateStore
-    from prefect_swarm.swarm import Swarm, dead_owners, keep_lease
+    from prefect_swarm.holding import dead_owners
+    from prefect_swarm.state import StateStore, keep_lease
+    from prefect_swarm.swarm import Swarm
     from prefect_swarm.testing.stub_engine import stub_swarm_config
 
     make_dataset(tmp_path / "in.parquet", 200)

@@ -18,8 +18,8 @@ from conftest import API_KEY
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.holding import Holding
 from prefect_swarm.interfaces import ServingPhase
-from prefect_swarm.state import StateStore
-from prefect_swarm.swarm import Swarm, keep_lease
+from prefect_swarm.state import StateStore, keep_lease
+from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.fake_lepton import FakeLepton
 from prefect_swarm.testing.stub_engine import engine_command
 from prefect_swarm.testing.waiting import wait_until

@@ -29,8 +29,8 @@ from prefect_swarm.interfaces.parking import Snapshot
 from prefect_swarm.jobs.spec import JobSpec
 from prefect_swarm.launch import job_status, submit_job, wait_job
 from prefect_swarm.sidecar.procref import ProcRef
-from prefect_swarm.state import StateStore
-from prefect_swarm.swarm import Swarm, keep_lease, process_lease
+from prefect_swarm.state import StateStore, keep_lease, process_lease
+from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.waiting import wait_until
 
 KEY = "sk-park-test-0123456789abcdef"

@@ -19,8 +19,8 @@ from stack import PrefectStack, job_variables
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.holding import Holding
 from prefect_swarm.interfaces import ServingPhase
-from prefect_swarm.state import StateStore
-from prefect_swarm.swarm import Swarm, keep_lease
+from prefect_swarm.state import StateStore, keep_lease
+from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing import wait_until
 
 pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]

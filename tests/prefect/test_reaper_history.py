@@ -102,7 +102,8 @@ def test_reaper_flow_stops_a_swarm_whose_holders_are_gone(prefect_api: PrefectSt
 
     from prefect_swarm.config import load_config
     from prefect_swarm.flows import reap_orphans_flow
-    from prefect_swarm.swarm import engine_fingerprint, process_lease
+    from prefect_swarm.state import process_lease
+    from prefect_swarm.swarm import engine_fingerprint
 
     cfg = load_config(data=stub_swarm("held-by-dead"))
     store = StateStore()

@@ -21,8 +21,8 @@ from prefect_swarm.config import SwarmConfig
 from prefect_swarm.holding import Holding
 from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.paths import SwarmPaths
-from prefect_swarm.state import StateStore
-from prefect_swarm.swarm import Swarm, keep_lease
+from prefect_swarm.state import StateStore, keep_lease
+from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.waiting import wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))

@@ -32,8 +32,8 @@ from prefect_swarm.config import SwarmConfig
 from prefect_swarm.holding import Held, Holding
 from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.paths import SwarmPaths
-from prefect_swarm.state import StateStore
-from prefect_swarm.swarm import Swarm, process_lease
+from prefect_swarm.state import StateStore, process_lease
+from prefect_swarm.swarm import Swarm
 from prefect_swarm.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

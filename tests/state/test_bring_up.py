@@ -20,9 +20,10 @@ import pytest
 
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.exceptions import BackendError, PrefectSwarmError, ReadinessError
+from prefect_swarm.holding import default_holding
 from prefect_swarm.interfaces import ServingPhase
-from prefect_swarm.state import LeaseKind, StateStore
-from prefect_swarm.swarm import LIVE_PHASES, Swarm, keep_lease, process_lease
+from prefect_swarm.state import LeaseKind, StateStore, keep_lease, process_lease
+from prefect_swarm.swarm import LIVE_PHASES, Swarm
 from prefect_swarm.testing import free_port_block
 from prefect_swarm.testing.stub_engine import engine_command
 
@@ -59,14 +60,14 @@ def test_failed_bring_up_leaves_nothing_that_blocks_the_next(name: str) -> None:
         taken.bind(("127.0.0.1", bad.port))
         taken.listen()
         with pytest.raises(BackendError, match="is taken"):
-            Swarm(bad, store=store).join(keep_lease(name), reconcile=True)
+            default_holding(store).join(Swarm(bad, store=store), keep_lease(name), reconcile=True)
     rec = store.require_swarm(name)
     assert rec.phase is ServingPhase.FAILED and rec.handle is None
     assert store.list_leases(name) == []  # neither the keep lease nor the bring-up lease is left
 
     fixed = Swarm(_config(name), store=store)
     started = time.monotonic()
-    assert fixed.join(keep_lease(name), reconcile=True) is True  # brought up by this call, not waited on
+    assert default_holding(store).join(fixed, keep_lease(name), reconcile=True) is True  # brought up here
     assert time.monotonic() - started < 15
     assert store.require_swarm(name).phase is ServingPhase.INITIALIZING
     assert [x.owner for x in store.list_leases(name)] == ["keep"]
@@ -78,11 +79,12 @@ import dataclasses, os, sys
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.interfaces import ServingPhase
 from prefect_swarm.state import LeaseKind, StateStore
-from prefect_swarm.swarm import LIVE_PHASES, Swarm, keep_lease, process_lease
+from prefect_swarm.state import keep_lease, process_lease
+from prefect_swarm.swarm import LIVE_PHASES, Swarm
 cfg = SwarmConfig.model_validate_json(sys.argv[1])
 swarm = Swarm(cfg)
 store = swarm.store
-store.claim_swarm(swarm._new_record(ServingPhase.PENDING, None), keep_lease(cfg.name), LIVE_PHASES)
+store.claim_swarm(swarm.new_record(ServingPhase.PENDING, None), keep_lease(cfg.name), LIVE_PHASES)
 bringer = process_lease(LeaseKind.BRING_UP, f"bring-up:test:{os.getpid()}")
 store.put_lease(dataclasses.replace(bringer, swarm=cfg.name))
 os._exit(9)  # killed before it could submit or record anything
@@ -98,7 +100,7 @@ def test_bring_up_whose_process_died_blocks_nobody(name: str, tmp_path: Path) ->
 
     swarm = Swarm(cfg, store=store)
     started = time.monotonic()
-    assert swarm.join(keep_lease(name), reconcile=True) is True
+    assert default_holding(store).join(swarm, keep_lease(name), reconcile=True) is True
     assert time.monotonic() - started < 15
     assert not any(x.kind is LeaseKind.BRING_UP for x in store.list_leases(name))
     swarm.wait_ready()
@@ -112,11 +114,11 @@ def test_waiting_on_a_live_bring_up_ends_with_a_clear_error(name: str) -> None:
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         swarm = Swarm(cfg, store=store)
-        store.claim_swarm(swarm._new_record(ServingPhase.PENDING, None), keep_lease(name), LIVE_PHASES)
+        store.claim_swarm(swarm.new_record(ServingPhase.PENDING, None), keep_lease(name), LIVE_PHASES)
         bringer = process_lease(LeaseKind.BRING_UP, f"bring-up:elsewhere:{holder.pid}")
         store.put_lease(dataclasses.replace(bringer, swarm=name, pid=holder.pid))
         with pytest.raises(ReadinessError, match=f"still being brought up by bring-up:elsewhere:{holder.pid}") as err:
-            Swarm(cfg, store=store).join(process_lease(), wait_s=1.5, poll_s=0.2)
+            default_holding(store).join(Swarm(cfg, store=store), process_lease(), wait_s=1.5, poll_s=0.2)
         assert isinstance(err.value, PrefectSwarmError) and "prefect-swarm down" in str(err.value)
     finally:
         holder.kill()

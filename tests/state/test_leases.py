@@ -10,9 +10,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from prefect_swarm.holding import dead_owners
 from prefect_swarm.interfaces import JobStatus, ServingPhase
-from prefect_swarm.state import SCHEMA_VERSION, Claim, JobRecord, LeaseKind, StateStore, SwarmRecord
-from prefect_swarm.swarm import LIVE_PHASES, dead_owners, flow_run_lease, job_lease, keep_lease, process_lease
+from prefect_swarm.state import (
+    SCHEMA_VERSION,
+    Claim,
+    JobRecord,
+    LeaseKind,
+    StateStore,
+    SwarmRecord,
+    flow_run_lease,
+    job_lease,
+    keep_lease,
+    process_lease,
+)
+from prefect_swarm.swarm import LIVE_PHASES
 from prefect_swarm.testing.waiting import wait_until
 
 

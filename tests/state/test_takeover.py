@@ -9,8 +9,8 @@ from pathlib import Path
 from prefect_swarm.config import SwarmConfig
 from prefect_swarm.holding import Holding
 from prefect_swarm.interfaces import ServingPhase
-from prefect_swarm.state import StateStore, SwarmRecord
-from prefect_swarm.swarm import engine_fingerprint, flow_run_lease
+from prefect_swarm.state import StateStore, SwarmRecord, flow_run_lease
+from prefect_swarm.swarm import engine_fingerprint
 from prefect_swarm.testing.stub_engine import stub_swarm_config
 
 
