@@ -143,7 +143,6 @@ def pilot_estimate(cfg: SwarmConfig, config: Path, spec: JobSpec, k: int) -> dic
     """Run the pilot on the swarm named by ``cfg`` (it must be up: else ConfigError, exit 2, with the
     command that brings it up) and return its figures and the projection for ``cfg``."""
     from prefect_swarm.holding import default_holding
-    from prefect_swarm.pilot import pilot_size_text
     from prefect_swarm.launch import pilot_job
     from prefect_swarm.pilot import pilot_size_text
 

@@ -51,7 +51,6 @@ from prefect_swarm.flows.params import (
     swarm_flow,
 )
 from prefect_swarm.holding import default_holding
-from prefect_swarm.jobs.rows import storage
 from prefect_swarm.jobs.api import load_job
 from prefect_swarm.jobs.checkpoint.failures import reasons_line
 from prefect_swarm.jobs.rows import storage
