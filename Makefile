@@ -53,7 +53,7 @@ ready:  ## setup, lint, typecheck and a first collection side by side (mypy take
 	$(MAKE) -j4 --output-sync=target --no-print-directory setup lint typecheck collect
 
 test: ready  ## everything; missing services FAIL here instead of skipping
-	PREFECT_SWARM_REQUIRE_SERVICES=1 $(BIN)/pytest -q -n 4 --durations=25
+	PREFECT_SWARM_REQUIRE_SERVICES=1 $(BIN)/pytest -q -n 5 --durations=25
 
 bench: venv  ## every benchmark once, small (the full-size commands are in BENCHMARKS.md)
 	PY=$(BIN)/python bash bench/run_all.sh

@@ -249,6 +249,17 @@ def test_the_rooms_of_jobs_import_downward_and_in_no_circle() -> None:
     assert _job_circles() == []
 
 
+@pytest.fixture
+def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the package that the checks of this module read instead (plant a bad import in it)."""
+    import shutil
+
+    copy = tmp_path / "prefect_swarm"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.png", "templates"))
+    monkeypatch.setattr(__name__ + ".PACKAGE", copy)
+    return copy
+
+
 @pytest.mark.parametrize(
     ("room", "line", "expected"),
     [
@@ -261,30 +272,18 @@ def test_the_rooms_of_jobs_import_downward_and_in_no_circle() -> None:
         ("jobs/dispatch", "from prefect_swarm.jobs.rows.commit import commit_output", "side by side"),
     ],
 )
-def test_the_room_check_catches_an_upward_import(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, room: str, line: str, expected: str
-) -> None:
-    import shutil
-
-    copy = tmp_path / "prefect_swarm"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.png", "templates"))
-    (copy / room / "_planted.py").write_text(f"{line}\n")
-    monkeypatch.setattr(__name__ + ".PACKAGE", copy)
+def test_the_room_check_catches_an_upward_import(planted: Path, room: str, line: str, expected: str) -> None:
+    (planted / room / "_planted.py").write_text(f"{line}\n")
     assert any(expected in p and "_planted" in p for p in _room_violations())
 
 
-def test_the_circle_check_catches_a_circle_in_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_circle_check_catches_a_circle_in_jobs(planted: Path) -> None:
     """A lazy import (inside a function) from the ledger back to the runner closes a circle through
     the runner's import of the ledger: reported, though nothing fails at import time."""
-    import shutil
-
-    copy = tmp_path / "prefect_swarm"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.png", "templates"))
-    ledger = copy / "jobs" / "checkpoint" / "ledger.py"
+    ledger = planted / "jobs" / "checkpoint" / "ledger.py"
     ledger.write_text(
         ledger.read_text() + "\n\ndef _planted() -> None:\n    from prefect_swarm.jobs.dispatch import runner\n"
     )
-    monkeypatch.setattr(__name__ + ".PACKAGE", copy)
     assert any(
         "prefect_swarm.jobs.checkpoint.ledger" in g and "prefect_swarm.jobs.dispatch.runner" in g
         for g in _job_circles()
@@ -300,16 +299,9 @@ def test_the_circle_check_catches_a_circle_in_jobs(tmp_path: Path, monkeypatch: 
         ("state", "from prefect_swarm.tasks.jobs import run_shard", "is above"),
     ],
 )
-def test_the_checker_catches_a_violation(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, area: str, line: str, expected: str
-) -> None:
+def test_the_checker_catches_a_violation(planted: Path, area: str, line: str, expected: str) -> None:
     """The rules bite: a planted bad import in a copy of the package is reported."""
-    import shutil
-
-    copy = tmp_path / "prefect_swarm"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.png", "templates"))
-    (copy / area / "_planted.py").write_text(f"{line}\n")
-    monkeypatch.setattr(__name__ + ".PACKAGE", copy)
+    (planted / area / "_planted.py").write_text(f"{line}\n")
     assert any(expected in p and "_planted" in p for p in _violations())
 
 
