@@ -96,6 +96,9 @@ class StubOptions:
     fail_while: str | None = None
     """A file: ``error_rate`` applies only while it exists (a test deletes it between two runs, so the
     rows that failed on the first run are answered on the retry by a stub started with the same flags)."""
+    hold_while: str | None = None
+    """A file: every answer waits while it exists (a test holds a job running for as long as it needs
+    to look at it, then deletes the file and the answers go out)."""
     rate_429: float = 0.0
     """Share of 429 answers (with ``Retry-After: retry_after_s``)."""
     timeout_rate: float = 0.0
@@ -448,14 +451,21 @@ class StubProtocol(asyncio.Protocol):
             asyncio.get_running_loop().call_later(opts.latency_s + 0.05, os._exit, 3)
 
     def _reply(self, reply: Callable[[int, bytes], None], payload: bytes) -> None:
-        """``reply(200, payload)`` now, or after ``latency_s`` (counted as running meanwhile)."""
-        if self.opts.latency_s:
+        """``reply(200, payload)`` now, or after ``latency_s`` and while ``hold_while`` exists (counted
+        as running meanwhile)."""
+        if self.opts.latency_s or self._held():
             self.stats["running"] += 1
             asyncio.get_running_loop().call_later(self.opts.latency_s, self._reply_later, reply, payload)
         else:
             reply(200, payload)
 
+    def _held(self) -> bool:
+        return self.opts.hold_while is not None and os.path.exists(self.opts.hold_while)
+
     def _reply_later(self, reply: Callable[[int, bytes], None], payload: bytes) -> None:
+        if self._held():
+            asyncio.get_running_loop().call_later(0.05, self._reply_later, reply, payload)
+            return
         self.stats["running"] -= 1
         reply(200, payload)
 
@@ -607,6 +617,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
     ap.add_argument("--latency-ms", type=float, default=0.0)
     ap.add_argument("--error-rate", type=float, default=0.0, help="share of 500/503 answers")
     ap.add_argument("--fail-while", default=None, help="a file: --error-rate applies only while it exists")
+    ap.add_argument("--hold-while", default=None, help="a file: every answer waits while it exists")
     ap.add_argument("--rate-429", type=float, default=0.0, help="share of 429 answers")
     ap.add_argument("--timeout-rate", type=float, default=0.0, help="share of requests never answered")
     ap.add_argument("--truncate-rate", type=float, default=0.0, help="share of 200s cut by a dropped connection")
@@ -640,6 +651,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
         latency_s=a.latency_ms / 1000,
         error_rate=a.error_rate,
         fail_while=a.fail_while,
+        hold_while=a.hold_while,
         rate_429=a.rate_429,
         timeout_rate=a.timeout_rate,
         truncate_rate=a.truncate_rate,

@@ -129,13 +129,14 @@ def test_detached_job_lease_ends_with_its_processes_without_a_status_call(
     from prefect_swarm.launch import running_submissions
     from prefect_swarm.testing.stub_engine import stub_swarm_config
 
-    cfg = tmp_path / "swarm.yaml"
-    cfg.write_text(yaml.safe_dump(stub_swarm_config("leased", latency_ms=300)))
+    cfg, hold = tmp_path / "swarm.yaml", tmp_path / "hold"
+    cfg.write_text(yaml.safe_dump(stub_swarm_config("leased", latency_ms=50, hold_while=str(hold))))
     n = 30
     pq.write_table(
         pa.table({"id": [f"r{i}" for i in range(n)], "prompt": [f"hi {i}" for i in range(n)]}), tmp_path / "in.parquet"
     )
     assert run_cli("up", "-c", str(cfg), timeout=120).returncode == 0
+    hold.touch()  # the engine answers nothing while it exists: the job runs until the test lets it end
     sub = run_cli(
         "job", "submit", "-n", "leased", "--input", str(tmp_path / "in.parquet"), "--output",
         str(tmp_path / "out.parquet"), "--id-column", "id", "--id", "jd", "--concurrency", "2", "--detach",
@@ -143,8 +144,9 @@ def test_detached_job_lease_ends_with_its_processes_without_a_status_call(
     assert sub.returncode == 0, sub.stderr
     store = StateStore()
     assert {x.owner for x in store.list_leases("leased")} == {"keep", "job:jd"}
-    refused = run_cli("down", "leased", "-y")  # 30 rows, 2 at a time, 300 ms each: still running
+    refused = run_cli("down", "leased", "-y")  # the job's requests are held: it is still running
     assert refused.returncode != 0 and "job:jd" in refused.stderr, refused.stdout + refused.stderr
+    hold.unlink()
     wait_until(  # the backend's probe; the row is not updated
         "the job to finish",
         lambda: running_submissions("jd", store=store),
