@@ -182,16 +182,8 @@ class InputDataset:
                 f"input {self.where} does not exist (or the credentials in the environment cannot see it)."
             )
         if self.kind == "jsonl":
-            if info.type != pafs.FileType.File:
-                raise DatasetError(f"input {self.where} is not a file: a JSONL input is one file.")
-            self.compression = _whole_file_compression(self.path, self.fs)
-            if self.compression not in (None, "gzip"):
-                raise DatasetError(
-                    f"input {self.where} is {self.compression}-compressed; JSONL inputs are read plain or "
-                    "gzip-compressed (.jsonl.gz). Decompress it, or recompress it with gzip."
-                )
-            self.schema = _BATCH_SCHEMA
-            return [InputFile(self.path, 0, self._count_lines())]
+            is_file = info.type == pafs.FileType.File
+            return self._jsonl_file(is_file, _whole_file_compression(self.path, self.fs) if is_file else None)
         if info.type == pafs.FileType.Directory:
             found = self.fs.get_file_info(pafs.FileSelector(self.location.path))
             paths = sorted(Path(i.path) for i in found if i.is_file and i.path.endswith(".parquet"))
@@ -221,12 +213,17 @@ class InputDataset:
     def _open_jsonl(self) -> list[InputFile]:
         if not self.path.exists():
             raise DatasetError(self._missing())
-        if not self.path.is_file():
+        is_file = self.path.is_file()
+        return self._jsonl_file(is_file, _whole_file_compression(self.path) if is_file else None)
+
+    def _jsonl_file(self, is_file: bool, compression: str | None) -> list[InputFile]:
+        """The one file of a JSONL input (local or remote), plain or gzip-compressed."""
+        if not is_file:
             raise DatasetError(f"input {self.where} is not a file: a JSONL input is one file.")
-        self.compression = _whole_file_compression(self.path)
-        if self.compression not in (None, "gzip"):
+        self.compression = compression
+        if compression not in (None, "gzip"):
             raise DatasetError(
-                f"input {self.where} is {self.compression}-compressed; JSONL inputs are read plain or "
+                f"input {self.where} is {compression}-compressed; JSONL inputs are read plain or "
                 "gzip-compressed (.jsonl.gz). Decompress it, or recompress it with gzip."
             )
         self.schema = _BATCH_SCHEMA
