@@ -117,6 +117,9 @@ class StubOptions:
     """Exit (code 3) after this many good completions."""
     startup_delay_s: float = 0.0
     """``/health`` answers 503 for this long after start."""
+    stop_delay_s: float = 0.0
+    """After SIGTERM, keep serving this long before exiting (an engine that drains slowly); it then
+    prints ``stub engine: stopped after TERM`` on stderr, so a test sees whether it was let finish."""
     api_key: str | None = None
     """Bearer token required on every request (401 without it)."""
     key_scope: str = "all"
@@ -594,11 +597,16 @@ async def serve(host: str, port: int, opts: StubOptions) -> None:
     StubProtocol.opts = opts
     StubProtocol.rng = random.Random(opts.seed)
     StubProtocol.stats = Counter()
-    await serve_until_signalled(StubProtocol, host, port)
+    await serve_until_signalled(StubProtocol, host, port, stop_delay_s=opts.stop_delay_s)
+    if opts.stop_delay_s:
+        print("stub engine: stopped after TERM", file=sys.stderr, flush=True)
 
 
-async def serve_until_signalled(protocol: type[asyncio.Protocol], host: str, port: int) -> None:
-    """Serve ``protocol`` on ``host:port`` until SIGTERM or SIGINT (the stub's and the simulator's loop)."""
+async def serve_until_signalled(
+    protocol: type[asyncio.Protocol], host: str, port: int, *, stop_delay_s: float = 0.0
+) -> None:
+    """Serve ``protocol`` on ``host:port`` until SIGTERM or SIGINT (the stub's and the simulator's loop),
+    and ``stop_delay_s`` after it."""
     loop = asyncio.get_running_loop()
     server = await loop.create_server(protocol, host, port, backlog=4096, reuse_address=True)
     stop = asyncio.Event()
@@ -606,6 +614,7 @@ async def serve_until_signalled(protocol: type[asyncio.Protocol], host: str, por
         loop.add_signal_handler(sig, stop.set)
     async with server:
         await stop.wait()
+        await asyncio.sleep(stop_delay_s)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
@@ -627,6 +636,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
     ap.add_argument("--retry-after-s", type=float, default=0.0)
     ap.add_argument("--exit-after", type=int, default=None, help="exit (code 3) after N good completions")
     ap.add_argument("--startup-delay-s", type=float, default=0.0)
+    ap.add_argument("--stop-delay-s", type=float, default=0.0, help="after TERM, serve this long, then exit")
     ap.add_argument("--api-key", default=env_value(API_KEY) or os.environ.get("STUB_API_KEY"))
     ap.add_argument(
         "--key-scope",
@@ -661,6 +671,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
         retry_after_s=a.retry_after_s,
         exit_after=a.exit_after,
         startup_delay_s=a.startup_delay_s,
+        stop_delay_s=a.stop_delay_s,
         api_key=a.api_key,
         key_scope=a.key_scope,
         seed=a.seed,

@@ -33,6 +33,7 @@ from prefect_swarm.backends.slurm.client import SlurmClient
 from prefect_swarm.backends.slurm.compute import SlurmCompute
 from prefect_swarm.exceptions import BackendError, CapacityError, ConfigError
 from prefect_swarm.interfaces import JobRequest, JobStatus, ServingPhase
+from prefect_swarm.testing.stub_engine import engine_command
 from prefect_swarm.testing.waiting import WaitTimedOut, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -311,6 +312,21 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
+
+
+def test_down_lets_a_replica_stop_at_its_own_pace_past_killwait(slurm_swarm: MakeSwarm) -> None:
+    # the test Slurm KILLs a job 5 s (KillWait) after a plain cancel's TERM; this engine takes 8 s to stop
+    # (a Ray head's daemons, a draining vLLM): down TERMs the scripts and waits for their teardown
+    swarm = slurm_swarm(stub_config(replicas=1, engine={"command": engine_command(stop_delay_s=8)}))
+    handle = swarm.up()
+    assert "stopped after TERM" not in swarm.paths.replica_log(0).read_text()
+    swarm.serving.delete(handle)
+    assert our_jobs(swarm.cfg) == ""
+    assert "stub engine: stopped after TERM" in swarm.paths.replica_log(0).read_text()
+    # and sacct reads CANCELLED, as after a plain scancel (each script cancels itself once stopped)
+    for job in (handle.meta["replicas_job"], handle.meta["lb_job"]):
+        acct = SlurmClient().sacct([str(job)])
+        assert acct and all(e.state.startswith("CANCELLED") for e in acct if "." not in e.id), (job, acct)
 
 
 def test_delete_also_cancels_jobs_the_handle_does_not_list(slurm_swarm: MakeSwarm, tmp_path: Path) -> None:

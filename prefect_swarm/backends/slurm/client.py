@@ -15,6 +15,7 @@ from __future__ import annotations
 import getpass
 import os
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -155,13 +156,43 @@ class SlurmClient:
         account or QOS that does not exist)."""
         self.run(["sbatch", "--test-only", *args], what=what, stdin=script)
 
-    def scancel(self, ids: Sequence[str], *, signal: str | None = None, full: bool = False) -> None:
+    def scancel(
+        self, ids: Sequence[str], *, signal: str | None = None, full: bool = False, batch: bool = False
+    ) -> None:
         """Cancel (or signal) jobs, tasks or steps. Idempotent: ids already gone are fine.
-        ``full``: the signal also reaches the batch shell (``--full``), not only the job steps."""
+        ``full``: the signal also reaches the batch shell and its children (``--full``), not only the
+        job steps; ``batch``: it reaches the batch shell alone (``--batch``)."""
         if not ids:
             return
-        argv = ["scancel", *([f"--signal={signal}"] if signal else []), *(["--full"] if full else []), *ids]
+        where = ["--full"] if full else ["--batch"] if batch else []
+        argv = ["scancel", *([f"--signal={signal}"] if signal else []), *where, *ids]
         self.run(argv, what="cancel " + ", ".join(ids), ok_gone=True)
+
+    def terminate(self, ids: Sequence[str], *, grace_s: float, full: bool, poll_s: float = 0.5) -> None:
+        """End jobs or array tasks ``ids`` at their own pace: ``TERM`` to the running ones -- to every
+        process of the job (``full``), or to the batch shell alone, whose trap stops the rest -- a plain
+        cancel of the ones not running yet (Slurm refuses to signal those), and after ``grace_s`` a
+        plain cancel of what still runs. Returns once none of them runs (some may still be COMPLETING).
+
+        A plain ``scancel`` KILLs a job the site's ``KillWait`` after its TERM, and TERM makes an
+        ``srun`` KILL its step at once: a script that stops engines, nginx or a Ray node on each of its
+        nodes needs the signal to itself, and the time its teardown takes."""
+        if not ids:
+            return
+        entries = self.squeue(ids)
+        running = sorted({e.id for e in entries if e.state == "RUNNING"})
+        self.scancel(sorted({e.id for e in entries if e.state != "RUNNING"}))
+        if not running:
+            return
+        self.scancel(running, signal="TERM", full=full, batch=not full)
+        end = time.monotonic() + grace_s
+
+        def still() -> list[str]:
+            return sorted(e.id for e in self.squeue(running) if e.state == "RUNNING")
+
+        while (left := still()) and time.monotonic() < end:
+            time.sleep(poll_s)
+        self.scancel(left)
 
     def srun_overlap(
         self, job_id: str, argv: Sequence[str], *, node: str | None = None, env: Mapping[str, str] | None = None

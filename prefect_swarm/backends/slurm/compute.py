@@ -405,22 +405,12 @@ class SlurmCompute(ComputeBase):
 
     def _cancel_jobs(self, ids: list[str]) -> None:
         """TERM the batch shell (the job process itself: it exec'd), KILL what is left after the grace."""
-
-        def live() -> list[str]:
-            return [e.raw_id for e in self.client.squeue(ids) if e.state in _QUEUED]
-
-        running = live()
+        running = [e.raw_id for e in self.client.squeue(ids) if e.state in _QUEUED]
         for job_id in running:
             marker = self.paths.step_cancelled(job_id)
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()
-        if not running:
-            return
-        self.client.scancel(running, signal="TERM", full=True)
-        end = time.monotonic() + CANCEL_GRACE_S
-        while time.monotonic() < end and live():
-            time.sleep(0.5)
-        self.client.scancel(live())
+        self.client.terminate(running, grace_s=CANCEL_GRACE_S, full=True)
 
     def _reap(self) -> None:
         for step_name, proc in list(self._procs.items()):

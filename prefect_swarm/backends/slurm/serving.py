@@ -53,6 +53,9 @@ DRAIN_GRACE_S = 2.0
 """Scale down: then how long requests already sent to them get to finish."""
 GONE_WAIT_S = 60.0
 """delete() waits this long for its jobs to leave squeue (COMPLETING included)."""
+TEARDOWN_S = 30.0
+"""Ending a replica or LB job: how long its script's teardown (after TERM) may take before Slurm's
+own cancel -- the watchdog stopping the engine (its ``stop_grace_s``, 10 s), then a Ray node's daemons."""
 
 _LIVE = members.LIVE_STATES
 _COUNT_LINES = re.compile(r"^(#SBATCH --array=|REPLICAS=|# prefect-swarm: replicas of swarm ).*$", re.M)
@@ -184,7 +187,7 @@ class SlurmServing:
             ]
             if same and drop:
                 self._drain([i for t in drop for i in _task_members(t, per, old_n)])
-            self.client.scancel(sorted(live[t].id for t in drop))
+            self.client.terminate(sorted(live[t].id for t in drop), grace_s=TEARDOWN_S, full=False)
             kept = {t: live[t] for t in live if t not in drop}
             lb = self._lb_entry()
             lb_id = lb.raw_id if lb and hashes.get("lb") == self._group_hash(plan, "lb") else None
@@ -709,6 +712,8 @@ class SlurmServing:
         if shards and self.sc.jobs is not None:  # shard jobs of their own: TERM them (they flush), as the LB's are
             own = [e.raw_id for e in self.client.user_jobs() if e.name.startswith(self.names.shard_prefix)]
             self.client.scancel(own, signal="TERM", full=True)
+        # each job's script tears down at its own pace (TEARDOWN_S at most; see SlurmClient.terminate)
+        self.client.terminate(sorted({e.id for e in self._ours(ids)}), grace_s=TEARDOWN_S, full=False)
         live = self._ours(ids)
         self.client.scancel(sorted({*ids, *(e.array_job_id if e.task_id else e.raw_id for e in live)}))
         end = time.monotonic() + GONE_WAIT_S
