@@ -99,6 +99,9 @@ class StubOptions:
     hold_while: str | None = None
     """A file: every answer waits while it exists (a test holds a job running for as long as it needs
     to look at it, then deletes the file and the answers go out)."""
+    hold_prompt: str | None = None
+    """A regex: ``hold_while`` holds only the answers to prompts it matches (a job's rows, not the
+    readiness probe's ``ping``), so a swarm comes up while its job is held."""
     rate_429: float = 0.0
     """Share of 429 answers (with ``Retry-After: retry_after_s``)."""
     timeout_rate: float = 0.0
@@ -407,7 +410,7 @@ class StubProtocol(asyncio.Protocol):
         if opts.broken_prompt is not None and re.search(opts.broken_prompt, _prompt_text(req)):
             stats["broken"] += 1
             payload = json.dumps(answer(path, req, opts.model, not opts.ignore_n)).encode()
-            self._reply(self.send_broken, payload)
+            self._reply(self.send_broken, payload, self._holds(req))
             return
         if opts.storm_429_s and (time.monotonic() - opts.started) % opts.storm_429_period_s < opts.storm_429_s:
             stats["429"] += 1
@@ -449,25 +452,29 @@ class StubProtocol(asyncio.Protocol):
             stats["ok"] += 1
             stats["prompt_tokens"] += body_out["usage"]["prompt_tokens"]
             stats["generation_tokens"] += body_out["usage"].get("completion_tokens", 0)
-        self._reply(reply, payload)
+        self._reply(reply, payload, self._holds(req))
         if opts.exit_after is not None and stats["ok"] >= opts.exit_after:
             asyncio.get_running_loop().call_later(opts.latency_s + 0.05, os._exit, 3)
 
-    def _reply(self, reply: Callable[[int, bytes], None], payload: bytes) -> None:
-        """``reply(200, payload)`` now, or after ``latency_s`` and while ``hold_while`` exists (counted
-        as running meanwhile)."""
-        if self.opts.latency_s or self._held():
+    def _reply(self, reply: Callable[[int, bytes], None], payload: bytes, holds: bool) -> None:
+        """``reply(200, payload)`` now, or after ``latency_s`` and, when the request ``holds``, while
+        ``hold_while`` exists (counted as running meanwhile)."""
+        if self.opts.latency_s or (holds and self._held()):
             self.stats["running"] += 1
-            asyncio.get_running_loop().call_later(self.opts.latency_s, self._reply_later, reply, payload)
+            asyncio.get_running_loop().call_later(self.opts.latency_s, self._reply_later, reply, payload, holds)
         else:
             reply(200, payload)
+
+    def _holds(self, req: dict[str, Any]) -> bool:
+        """Whether ``hold_while`` applies to this request (``hold_prompt`` matches its prompt, or is unset)."""
+        return self.opts.hold_prompt is None or re.search(self.opts.hold_prompt, _prompt_text(req)) is not None
 
     def _held(self) -> bool:
         return self.opts.hold_while is not None and os.path.exists(self.opts.hold_while)
 
-    def _reply_later(self, reply: Callable[[int, bytes], None], payload: bytes) -> None:
-        if self._held():
-            asyncio.get_running_loop().call_later(0.05, self._reply_later, reply, payload)
+    def _reply_later(self, reply: Callable[[int, bytes], None], payload: bytes, holds: bool) -> None:
+        if holds and self._held():
+            asyncio.get_running_loop().call_later(0.05, self._reply_later, reply, payload, holds)
             return
         self.stats["running"] -= 1
         reply(200, payload)
@@ -627,6 +634,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
     ap.add_argument("--error-rate", type=float, default=0.0, help="share of 500/503 answers")
     ap.add_argument("--fail-while", default=None, help="a file: --error-rate applies only while it exists")
     ap.add_argument("--hold-while", default=None, help="a file: every answer waits while it exists")
+    ap.add_argument("--hold-prompt", default=None, help="a regex: --hold-while holds only prompts it matches")
     ap.add_argument("--rate-429", type=float, default=0.0, help="share of 429 answers")
     ap.add_argument("--timeout-rate", type=float, default=0.0, help="share of requests never answered")
     ap.add_argument("--truncate-rate", type=float, default=0.0, help="share of 200s cut by a dropped connection")
@@ -662,6 +670,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, StubOptions]:
         error_rate=a.error_rate,
         fail_while=a.fail_while,
         hold_while=a.hold_while,
+        hold_prompt=a.hold_prompt,
         rate_429=a.rate_429,
         timeout_rate=a.timeout_rate,
         truncate_rate=a.truncate_rate,

@@ -14,12 +14,20 @@ from prefect_swarm.testing.waiting import wait_until
 
 
 def stub_swarm(
-    name: str, *, replicas: int = 1, latency_ms: float = 5, port: int | None = None, **backend: Any
+    name: str,
+    *,
+    replicas: int = 1,
+    latency_ms: float = 5,
+    port: int | None = None,
+    engine: dict[str, Any] | None = None,
+    **backend: Any,
 ) -> dict[str, Any]:
     """An inline swarm config: ``replicas`` stub engines on the local backend (fast health checks,
-    a 10-minute wall-time limit as a safety net)."""
+    a 10-minute wall-time limit as a safety net); ``engine`` adds stub knobs (``hold_while`` ...)."""
     backend = {"health_interval_s": 0.5, "wall_time_s": 600, **backend}
-    return stub_swarm_config(name, replicas=replicas, port=port, backend=backend, latency_ms=latency_ms)
+    return stub_swarm_config(
+        name, replicas=replicas, port=port, backend=backend, latency_ms=latency_ms, **(engine or {})
+    )
 
 
 def prompts(path: Path, n: int = 40) -> Path:

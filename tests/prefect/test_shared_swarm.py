@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import job_options, prompts, stub_swarm, swarm_processes
+from helpers import job_options, prompts, run_logs, stub_swarm, swarm_processes
 from stack import PrefectStack, job_variables
 
 from prefect_swarm.state import StateStore
@@ -42,14 +42,14 @@ def _two_runs(
     swarm_home: Path,
     tmp_path: Path,
     sizes: dict[str, int],
-    sample: Callable[[], None] = lambda: None,
+    sample: Callable[[dict[str, Any]], None] = lambda runs: None,
     **params: Any,
 ) -> dict[str, Any]:
     """Start a 'big' (2 shards) and a 'small' run on ``cfg`` at once; wait until both are final
-    (calling ``sample`` at each look)."""
+    (calling ``sample`` with the runs at each look)."""
     from prefect.deployments import run_deployment
 
-    runs = {}
+    runs: dict[str, Any] = {}
     for label, n in sizes.items():
         runs[label] = run_deployment(
             "batch-inference/on-demand",
@@ -67,7 +67,7 @@ def _two_runs(
         )
 
     def final(label: str) -> bool:
-        sample()
+        sample(runs)
         state = _run_and_logs(runs[label].id)[0].state
         return state is not None and state.is_final()
 
@@ -87,12 +87,7 @@ def test_two_runs_share_one_swarm(prefect_stack: PrefectStack, swarm_home: Path,
         table = pq.read_table(tmp_path / f"{label}-out.parquet")
         assert table.num_rows == n and set(table.column("status").to_pylist()) == {"ok"}, label
 
-    # the flow processes send their last logs after the run is final
-    def logs() -> dict[str, str]:
-        return {label: "\n".join(_run_and_logs(run.id)[1]) for label, run in runs.items()}
-
-    wait_until("stop log", lambda: sum("Swarm 'shared' stopped" in text for text in logs().values()) == 1, timeout_s=60)
-    text = logs()
+    text = _final_texts(runs)
     ups = {label: t.count("Brought up swarm 'shared'") for label, t in text.items()}
     shares = {label: t.count("Swarm 'shared' is already up") for label, t in text.items()}
     stops = {label: t.count("Swarm 'shared' stopped") for label, t in text.items()}
@@ -108,6 +103,12 @@ def test_two_runs_share_one_swarm(prefect_stack: PrefectStack, swarm_home: Path,
         f"two runs on one swarm: both Completed in {took:.0f} s; brought up by {max(ups, key=ups.__getitem__)}, "
         f"shared by {max(shares, key=shares.__getitem__)}, stopped once by {last} (ended last)"
     )
+
+
+def _final_texts(runs: dict[str, Any]) -> dict[str, str]:
+    """Each run's log, once its last line has reached the API (the flow processes send their last
+    logs after the run is final)."""
+    return {label: "\n".join(run_logs(run.id)) for label, run in runs.items()}
 
 
 def _engine_pids(port: int) -> frozenset[int]:
@@ -126,11 +127,20 @@ def test_exclusive_runs_take_turns(prefect_stack: PrefectStack, swarm_home: Path
     """``sharing: exclusive`` in the swarm config (no flow parameter): the runs take turns, and the
     queued one takes the swarm over from the first (same config): one bring-up, one stop, the same
     engine process for both."""
-    cfg = {**stub_swarm("exclusive", latency_ms=20), "sharing": "exclusive"}
+    hold = tmp_path / "hold"
+    hold.touch()  # the rows wait (not the readiness probe) until the queued run holds the swarm
+    engine = {"hold_while": str(hold), "hold_prompt": "say hello"}
+    cfg = {**stub_swarm("exclusive", latency_ms=20, engine=engine), "sharing": "exclusive"}
     engines: set[frozenset[int]] = set()
-    runs = _two_runs(
-        cfg, swarm_home, tmp_path, {"big": 200, "small": 40}, lambda: engines.add(_engine_pids(cfg["port"]))
-    )
+
+    def sample(runs: dict[str, Any]) -> None:
+        engines.add(_engine_pids(cfg["port"]))
+        if hold.exists() and any(
+            "this run holds it while it waits" in line for run in runs.values() for line in _run_and_logs(run.id)[1]
+        ):
+            hold.unlink()
+
+    runs = _two_runs(cfg, swarm_home, tmp_path, {"big": 200, "small": 40}, sample)
     done = {label: _run_and_logs(run.id)[0] for label, run in runs.items()}
     states = {label: (run.state.name, run.state.message) for label, run in done.items()}
     assert all(run.state.type.value == "COMPLETED" for run in done.values()), states
@@ -138,11 +148,8 @@ def test_exclusive_runs_take_turns(prefect_stack: PrefectStack, swarm_home: Path
         table = pq.read_table(tmp_path / f"{label}-out.parquet")
         assert table.num_rows == n and set(table.column("status").to_pylist()) == {"ok"}, label
 
-    def logs() -> dict[str, str]:
-        return {label: "\n".join(_run_and_logs(run.id)[1]) for label, run in runs.items()}
-
-    wait_until("stop log", lambda: sum("Swarm 'exclusive' stopped" in t for t in logs().values()) == 1, timeout_s=60)
-    text = logs()
+    text = _final_texts(runs)
+    assert sum("Swarm 'exclusive' stopped" in t for t in text.values()) == 1, text
     assert all("waiting for the concurrency limit 'swarm:exclusive'" in t for t in text.values())
     acquired = {label: _logged_at(run.id, "Acquired the concurrency limit") for label, run in runs.items()}
     first, second = sorted(done, key=lambda label: acquired[label])
