@@ -191,7 +191,12 @@ def test_slow_replica_gets_less(sim) -> None:
     fast = sim(max_num_seqs=64, step_ms=40, step_ms_per_seq=0.02, answer_tokens=16, answer_tokens_spread=8)
     slow = sim(max_num_seqs=64, step_ms=40, step_ms_per_seq=0.02, answer_tokens=16, answer_tokens_spread=8, speed=0.25)
     with Drive([fast.url, slow.url], 1_000_000, replica_capacity=64) as drive:
-        time.sleep(3.0)
+        wait_until(  # both batches filled once before the window is measured
+            "both replicas running their batch",
+            lambda: (engine_load(fast.url)[0], engine_load(slow.url)[0]),
+            until=lambda running: running[0] >= 60 and running[1] >= 48,
+            timeout_s=60,
+        )
         by_url = {ep.url: ep for ep in drive.runner.pool.endpoints}
         sent_fast, sent_slow = by_url[fast.url].sent, by_url[slow.url].sent
         seen_slow = load_samples(slow.url, 4.0)
@@ -209,7 +214,7 @@ def test_replica_added_mid_job_gets_traffic(sim, tmp_path: Path) -> None:
     listing = tmp_path / "targets.json"
     write_file_sd(listing, engine_targets("s", [(0, first.url.split("://")[1])]))
     with Drive([first.url], 1_000_000, replica_capacity=32, replicas_file=str(listing)) as drive:
-        time.sleep(1.0)
+        wait_until("the job under way", lambda: len(drive.results), until=lambda n: n > 0, timeout_s=30)
         second = sim(max_num_seqs=32, step_ms=40, answer_tokens=16)
         write_file_sd(listing, engine_targets("s", [(0, first.url.split("://")[1]), (1, second.url.split("://")[1])]))
         # the new replica is kept full too (by its own /metrics); a loaded machine takes longer
@@ -281,14 +286,22 @@ def test_without_metrics_rising_latency_cuts_the_limit(sim) -> None:
     twice what this job saw), the job's limit there falls and stays down while the flood lasts."""
     engine = sim(max_num_seqs=16, step_ms=40, step_ms_per_seq=0, answer_tokens=4, no_metrics=True)
     with Drive([engine.url], 1_000_000, replica_capacity=16) as drive:
-        time.sleep(1.5)
-        before = drive.runner.pool.endpoints[0].limit
+        ep = drive.runner.pool.endpoints[0]
+        wait_until(  # the loop has given up on /metrics and knows the latency's floor
+            "the latency fallback at the replica's share",
+            lambda: (ep.metrics_ok, ep.lat_floor_ms, ep.limit),
+            until=lambda seen: seen[0] is False and seen[1] < float("inf") and seen[2] >= 16,
+            timeout_s=30,
+        )
+        before = ep.limit
         with Flood(engine.url, 150):
+            # the latency tells a queue one latency late (~2 s here, longer on a loaded machine)
+            wait_until("the limit cut", lambda: ep.limit, until=lambda n: n < 0.6 * before, timeout_s=60)
             after = []
-            for _ in range(18):  # the latency tells a queue one latency late (~2 s here)
+            for _ in range(4):  # and it stays down while the flood lasts
                 time.sleep(0.5)
-                after.append(drive.runner.pool.endpoints[0].limit)
-    assert before >= 16 and max(after[-4:]) < 0.6 * before, (before, after)
+                after.append(ep.limit)
+    assert max(after) < 0.6 * before, (before, after)
 
 
 def test_429s_back_the_limit_off(stub_factory) -> None:
@@ -323,7 +336,12 @@ def test_shards_share_a_replica(sim) -> None:
         Drive([engine.url], 1_000_000, replica_capacity=64, nshards=2) as a,
         Drive([engine.url], 1_000_000, replica_capacity=64, nshards=2) as b,
     ):
-        time.sleep(3.0)
+        wait_until(  # both loops have filled it once before the window is measured
+            "the replica running its batch",
+            lambda: engine_load(engine.url),
+            until=lambda load: load[0] >= 60 and load[1] <= 3 * queue_margin(64),
+            timeout_s=60,
+        )
         seen = load_samples(engine.url, 2.0)
         shares = (a.runner.pool.endpoints[0].limit, b.runner.pool.endpoints[0].limit)
     assert sorted(r for r, _ in seen)[len(seen) // 2] >= 60, seen
