@@ -241,12 +241,12 @@ def test_without_metrics_the_loop_follows_latency(sim) -> None:
     (latency stays flat) and every row is answered."""
     engine = sim(max_num_seqs=64, step_ms=40, step_ms_per_seq=0.02, answer_tokens=16, no_metrics=True)
     assert httpx.get(engine.url + "/metrics").status_code == 404
-    with Drive([engine.url], 6000, replica_capacity=64) as drive:
+    with Drive([engine.url], 1500, replica_capacity=64) as drive:  # ~15 s of batches of 64
         drive.watch(2.0)
         drive.wait()
     ep = drive.runner.pool.endpoints[0]
     assert ep.metrics_ok is False
-    assert len(drive.results) == 6000 and all(r.status == "ok" for r in drive.results)
+    assert len(drive.results) == 1500 and all(r.status == "ok" for r in drive.results)
     assert 60 <= drive.outstanding_peak <= 64 + queue_margin(64)
 
 
