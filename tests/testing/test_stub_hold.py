@@ -18,18 +18,24 @@ def chat(text: str) -> dict[str, object]:
     return {"model": "stub-model", "messages": [{"role": "user", "content": text}], "max_tokens": 4}
 
 
+def held_request(s: StubEngine, text: str) -> tuple[threading.Thread, list[int]]:
+    """Send ``text`` in a thread, once the engine counts it running (held); the list gets its status."""
+    answered: list[int] = []
+
+    def send() -> None:
+        answered.append(httpx.post(s.url + "/v1/chat/completions", json=chat(text), timeout=60).status_code)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    wait_until("the held request to arrive", lambda: s.stats()["running"] == 1, timeout_s=15)
+    return thread, answered
+
+
 def test_a_matching_prompt_waits_for_the_file_and_others_are_answered(tmp_path: Path) -> None:
     hold = tmp_path / "hold"
     hold.touch()
     with StubEngine(free_port(), hold_while=str(hold), hold_prompt="say hello") as s:
-        answered: list[int] = []
-        held = threading.Thread(
-            target=lambda: answered.append(
-                httpx.post(s.url + "/v1/chat/completions", json=chat("say hello 1"), timeout=60).status_code
-            )
-        )
-        held.start()
-        wait_until("the held request to arrive", lambda: s.stats()["running"] == 1, timeout_s=15)
+        held, answered = held_request(s, "say hello 1")
         assert httpx.post(s.url + "/v1/chat/completions", json=chat("ping"), timeout=10).status_code == 200
         assert answered == [] and s.stats()["running"] == 1  # still held
         hold.unlink()
@@ -41,14 +47,7 @@ def test_without_a_prompt_regex_every_answer_waits(tmp_path: Path) -> None:
     hold = tmp_path / "hold"
     hold.touch()
     with StubEngine(free_port(), hold_while=str(hold)) as s:
-        answered: list[int] = []
-        held = threading.Thread(
-            target=lambda: answered.append(
-                httpx.post(s.url + "/v1/chat/completions", json=chat("ping"), timeout=60).status_code
-            )
-        )
-        held.start()
-        wait_until("the held request to arrive", lambda: s.stats()["running"] == 1, timeout_s=15)
+        held, answered = held_request(s, "ping")
         hold.unlink()
         held.join(timeout=30)
         assert answered == [200]
