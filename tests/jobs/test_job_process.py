@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -246,9 +247,12 @@ def test_two_endpoints_share_the_load(tmp_path: Path, stub_factory) -> None:
     a, b = stub_factory(latency_ms=5), stub_factory(latency_ms=5)
     make_dataset(tmp_path / "in.parquet", 600)
     spec = write_spec(tmp_path, endpoints=[a.url, b.url])
-    assert run_job(spec).returncode == 0
+    done = run_job(spec)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # a row of the tail may be copied to the replica with room (the runner logs how many): one request more
+    copied = re.search(r"the tail: (\d+) rows copied", done.stderr)
     ra, rb = requests(a), requests(b)
-    assert ra + rb == 600 and min(ra, rb) > 200
+    assert ra + rb == 600 + (int(copied.group(1)) if copied else 0) and min(ra, rb) > 200, (ra, rb, copied)
 
 
 def test_adaptive_concurrency_completes_under_429(tmp_path: Path, stub_factory) -> None:

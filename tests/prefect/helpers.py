@@ -71,7 +71,8 @@ FINAL_LINES = ("Finished in state", "Flow process stopped: the run was cancelled
 
 def run_logs(flow_run_id: Any) -> list[str]:
     """Flow run ``flow_run_id``'s log lines (its task runs' too) in time order, once its final line
-    ("Finished in state ...") has reached the API."""
+    ("Finished in state ...", logged by the flow run itself: each task run logs one of its own) has
+    reached the API."""
     from prefect import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.client.schemas.sorting import LogSort
@@ -86,7 +87,7 @@ def run_logs(flow_run_id: Any) -> list[str]:
                 log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), sort=LogSort.TIMESTAMP_ASC
             )
         found[:] = [entry.message for entry in logs]
-        return any(line.startswith(FINAL_LINES) for line in found)
+        return any(entry.task_run_id is None and entry.message.startswith(FINAL_LINES) for entry in logs)
 
     wait_until("the run's final log line", arrived, timeout_s=30)
     return found

@@ -30,6 +30,8 @@ def _env(tmp_path: Path, **extra: str) -> tuple[dict[str, str], Path, Path]:
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(HOME=str(home), PREFECT_SWARM_HOME=str(swarm_home), PREFECT_SERVER_ANALYTICS_ENABLED="false", **extra)
+    # the temporary server makes its database first: more than Prefect's default 20 s on a loaded machine
+    env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     return env, home, swarm_home
 
 
