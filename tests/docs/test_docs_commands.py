@@ -44,6 +44,8 @@ NOT_RUN_HERE: dict[str, str] = {
     "test_the_documented_block_script_saves_a_loadable_block",
     "mkdocs build": "tests/docs/test_site.py builds the site in strict mode",
     "make test": "the whole suite (CI's entry point, .ci/run)",
+    "python scripts/ci_runs.py": "the whole suite on fresh clones: tests/architecture/test_ci_runs.py runs the "
+    "script with a stand-in for .ci/run",
     "make unit": "the fast subset of the whole suite",
     "make venv": "installs the venv these tests run in",
     "make test-latest": "the fast subset and the smoke tests in a venv of the newest releases (a whole test run)",

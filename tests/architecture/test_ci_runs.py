@@ -1,0 +1,39 @@
+"""``scripts/ci_runs.py`` (CONTRIBUTING: a commit's flake rate and time) on a fresh clone of this
+checkout, with a stand-in for ``.ci/run`` that prints what pytest and ``.ci/run`` print and uses a
+second of CPU: the row it prints and the summary it writes say what the run did."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "ci_runs.py"
+STAND_IN = (
+    "python3 -c 'sum(i * i for i in range(4_000_000))'; "
+    "echo '2 failed, 5 passed, 1 warning in 12.50s (0:00:12)'; echo '[ci] total 14 s'; exit 2"
+)
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
+def test_a_run_on_a_fresh_clone_reports_what_it_ran(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--runs", "1", "--out", str(tmp_path), "--command", STAND_IN],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr  # a failed run fails the script
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True)
+    row = out.stdout.splitlines()[2]
+    assert row.startswith(f"| 1 | {head.stdout.strip()} | 2 | 2 failed, 5 passed, 1 warning | 12.5 | 14 |"), row
+    assert "0 of 1 runs passed" in out.stdout
+    summary = json.loads((tmp_path / "run-1" / "summary.json").read_text())
+    assert summary["rc"] == 2 and summary["cpu_user_s"] + summary["cpu_system_s"] >= 0
+    assert "2 failed, 5 passed" in (tmp_path / "run-1" / "ci.log").read_text()
+    assert not (tmp_path / "run-1" / "repo").exists()  # the clone is removed after its run
