@@ -348,6 +348,14 @@ class FakeLepton:
             self.token = "fake-lepton-" + secrets.token_hex(12)
             return self.token
 
+    def age_finished_jobs(self, seconds: float) -> None:
+        """Every finished job reads as if it had finished ``seconds`` earlier: past ``archive_after_s``
+        it is ``Archived``, past twice that gone (a test moves the platform's clock instead of sleeping)."""
+        with self.lock:
+            for w in self.jobs.values():
+                if "finished_at" in w.extra:
+                    w.extra["finished_at"] -= seconds
+
     def drop_log_streams(self) -> None:
         """Cut every replica log stream open now (the platform drops long streams: leptonai 0.47.1's
         ``get_log`` says not to rely on one lasting)."""
