@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 ENTRY_POINTS = [
     "prefect_swarm.cli.main",
     "prefect_swarm.jobs.run",
@@ -50,12 +52,9 @@ def import_costs(repeat: int, pin: list[str]) -> None:
         print(f"{module:40} {cost:13.3f} {cost / bare:13.1f}")
 
 
-def process_ticks(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total
+def process_cpu(procs: list[psutil.Process]) -> float:
+    """CPU seconds (user + system) the processes have used so far."""
+    return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
 
 
 def idle_watchdogs(idle_s: float) -> None:
@@ -66,28 +65,22 @@ def idle_watchdogs(idle_s: float) -> None:
     config = str(REPO / "examples" / "local-stub.yaml")
     try:
         subprocess.run([*cli, "up", "-c", config], env=env, check=True, capture_output=True, timeout=180)
-        pids = [
-            int(p.name)
-            for p in Path("/proc").iterdir()
-            if p.name.isdigit() and _cmdline(p).count("sidecar.watchdog") and str(home) in _cmdline(p)
+        watchdogs = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "prefect_swarm.sidecar.watchdog" in (p.info["cmdline"] or [])
+            and str(home) in " ".join(p.info["cmdline"])
         ]
         time.sleep(3)  # past the first healthy answers: the steady state
-        ticks = process_ticks(pids)
+        before = process_cpu(watchdogs)
         time.sleep(idle_s)
-        used = (process_ticks(pids) - ticks) / os.sysconf("SC_CLK_TCK")
-        per = used / max(1, len(pids))
+        used = process_cpu(watchdogs) - before
+        per = used / max(1, len(watchdogs))
         share = 100 * per / idle_s
-        print(f"idle watchdogs: {len(pids)}, {used:.2f} CPU-s in {idle_s:g} s: {share:.2f} % of a core each")
+        print(f"idle watchdogs: {len(watchdogs)}, {used:.2f} CPU-s in {idle_s:g} s: {share:.2f} % of a core each")
     finally:
         subprocess.run([*cli, "down", "local-stub", "-y"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(home, ignore_errors=True)
-
-
-def _cmdline(proc: Path) -> str:
-    try:
-        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 def main() -> None:

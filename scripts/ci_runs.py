@@ -4,40 +4,40 @@
     python scripts/ci_runs.py --runs 2 --ref main --out /var/tmp/ci-runs
 
 Each run clones the checkout into ``OUT/run-N/repo`` (``--ref`` checked out), runs ``.ci/run`` there
-(``--command`` runs something else), and meanwhile samples the machine: ``/proc/stat`` every 5 s
-(user, system and idle CPU over the run) and every process's CPU every second (``/proc/PID/stat``,
-kept per process with its command line, so the run's CPU can be told by what used it). It prints a
+(``--command`` runs something else), and meanwhile samples the machine with psutil (run it with the
+project's venv): its user, system and idle CPU over the run, and every process's CPU every second,
+kept per process with its command line, so the run's CPU can be told by what used it. It prints a
 Markdown row per run -- pytest's summary line, pytest's and the whole run's seconds, CPU seconds and
 how busy the cores were -- and writes ``OUT/run-N/summary.json`` and ``OUT/run-N/processes.json``.
-The clone is removed after its run unless ``--keep``. Stdlib only, Linux only; run it with nothing
-else on the machine: the suite is CPU-bound, so anything beside it shows in its time.
+The clone is removed after its run unless ``--keep``. Run it with nothing else on the machine: the
+suite is CPU-bound, so anything beside it shows in its time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections import Counter
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
-TICK = os.sysconf("SC_CLK_TCK")
 SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed).*) in ([\d.]+)s")
 TOTAL = re.compile(r"^\[ci\] total (\d+) s")
-
-
-def cpu_times() -> list[float]:
-    """The machine's CPU seconds so far: user, nice, system, idle, iowait, irq, softirq, steal."""
-    with open("/proc/stat") as f:
-        fields = f.readline().split()[1:9]
-    return [int(x) / TICK for x in fields]
+CONSOLE_SCRIPTS = {
+    target.split(":")[0]: name
+    for name, target in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"].items()
+}
+"""The package's console scripts by module (``prefect_swarm.cli.main`` -> ``prefect-swarm``): a command
+run as ``python -m MODULE`` and as its script is one kind."""
 
 
 class ProcessSampler(threading.Thread):
@@ -46,27 +46,23 @@ class ProcessSampler(threading.Thread):
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.seen: dict[tuple[int, int], list] = {}  # -> [command, cpu at first sight or 0, cpu now]
+        self.seen: dict[tuple[int, float], list] = {}  # -> [command, cpu at first sight or 0, cpu now]
         self.stop = threading.Event()
 
     def sample(self, first: bool) -> None:
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
+        for proc in psutil.process_iter(["name", "create_time", "cpu_times"]):
+            times = proc.info["cpu_times"]
+            if times is None:
+                continue  # gone meanwhile, or not ours to read
+            cpu, key = times.user + times.system, (proc.pid, proc.info["create_time"])
+            if key in self.seen:
+                self.seen[key][2] = cpu
                 continue
             try:
-                with open(f"/proc/{name}/stat") as f:
-                    stat = f.read()
-                rest = stat[stat.rindex(")") + 2 :].split()
-                cpu, start = (int(rest[11]) + int(rest[12])) / TICK, int(rest[19])
-                key = (int(name), start)
-                if key in self.seen:
-                    self.seen[key][2] = cpu
-                    continue
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:400]
-                self.seen[key] = [cmd or stat[stat.index("(") : stat.rindex(")") + 1], cpu if first else 0.0, cpu]
-            except (OSError, ValueError, IndexError):
-                continue  # gone meanwhile
+                cmd = " ".join(proc.cmdline())[:400] or f"({proc.info['name']})"
+            except psutil.Error:
+                continue
+            self.seen[key] = [cmd, cpu if first else 0.0, cpu]
 
     def run(self) -> None:
         self.sample(first=True)
@@ -87,7 +83,8 @@ def kind(cmd: str) -> str:
         return "pytest worker (tests run in it)"
     module = re.search(r" -m ([\w.]+)", cmd)
     if module:
-        return module.group(1).split(".")[0] if module.group(1).startswith("vllm") else module.group(1)
+        name = module.group(1)
+        return name.split(".")[0] if name.startswith("vllm") else CONSOLE_SCRIPTS.get(name, name)
     parts = cmd.split()
     if not parts:
         return "?"
@@ -110,22 +107,23 @@ def one_run(n: int, args: argparse.Namespace) -> dict:
     ).stdout.strip()
     sampler = ProcessSampler()
     sampler.start()
-    before, t0 = cpu_times(), time.monotonic()
+    before, t0 = psutil.cpu_times(), time.monotonic()
     with open(here / "ci.log", "w") as log:
         rc = subprocess.run(["bash", "-c", args.command], cwd=repo, stdout=log, stderr=subprocess.STDOUT).returncode
-    wall, after = time.monotonic() - t0, cpu_times()
+    wall, after = time.monotonic() - t0, psutil.cpu_times()
     sampler.stop.set()
     sampler.join()
-    delta = [b - a for a, b in zip(before, after, strict=True)]
-    busy = delta[0] + delta[1] + delta[2] + delta[5] + delta[6]
+    d = {field: getattr(after, field) - getattr(before, field) for field in after._fields}
+    user, system, idle = d["user"] + d["nice"], d["system"] + d["irq"] + d["softirq"], d["idle"] + d["iowait"]
     summary, pytest_s, total_s = "", None, None
     for line in (here / "ci.log").read_text(errors="replace").splitlines():
         if m := SUMMARY.match(line):
             summary, pytest_s = m.group(1).strip(" ="), float(m.group(2))
         elif m := TOTAL.match(line):
             total_s = int(m.group(1))
+    used = sampler.used()
     by_kind: Counter[str] = Counter()
-    for proc in sampler.used():
+    for proc in used:
         by_kind[kind(proc["cmd"])] += proc["cpu_s"]
     result = {
         "run": n,
@@ -135,13 +133,13 @@ def one_run(n: int, args: argparse.Namespace) -> dict:
         "pytest_s": pytest_s,
         "total_s": total_s,
         "wall_s": round(wall),
-        "cpu_user_s": round(delta[0] + delta[1]),
-        "cpu_system_s": round(delta[2]),
-        "cpu_busy_share": round(busy / max(busy + delta[3] + delta[4], 1e-9), 3),
+        "cpu_user_s": round(user),
+        "cpu_system_s": round(system),
+        "cpu_busy_share": round((user + system) / max(user + system + idle, 1e-9), 3),
         "cpu_by_kind": {k: round(v, 1) for k, v in by_kind.most_common(15)},
     }
     (here / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
-    (here / "processes.json").write_text(json.dumps(sampler.used()) + "\n")
+    (here / "processes.json").write_text(json.dumps(used) + "\n")
     if not args.keep:
         shutil.rmtree(repo, ignore_errors=True)
     return result

@@ -1,9 +1,11 @@
 """``scripts/ci_runs.py`` (CONTRIBUTING: a commit's flake rate and time) on a fresh clone of this
 checkout, with a stand-in for ``.ci/run`` that prints what pytest and ``.ci/run`` print and uses a
-second of CPU: the row it prints and the summary it writes say what the run did."""
+process that spends a second and a half of CPU: the row it prints and the summary it writes say what
+the run did, its CPU included."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -15,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "ci_runs.py"
 STAND_IN = (
-    "python3 -c 'sum(i * i for i in range(4_000_000))'; "
+    "python3 -c 'import time\nwhile time.process_time() < 1.5: pass'; "
     "echo '2 failed, 5 passed, 1 warning in 12.50s (0:00:12)'; echo '[ci] total 14 s'; exit 2"
 )
 
@@ -34,6 +36,18 @@ def test_a_run_on_a_fresh_clone_reports_what_it_ran(tmp_path: Path) -> None:
     assert row.startswith(f"| 1 | {head.stdout.strip()} | 2 | 2 failed, 5 passed, 1 warning | 12.5 | 14 |"), row
     assert "0 of 1 runs passed" in out.stdout
     summary = json.loads((tmp_path / "run-1" / "summary.json").read_text())
-    assert summary["rc"] == 2 and summary["cpu_user_s"] + summary["cpu_system_s"] >= 0
+    assert summary["rc"] == 2 and summary["cpu_user_s"] + summary["cpu_system_s"] >= 1, summary
+    assert summary["cpu_by_kind"].get("python -c", 0) >= 0.5, summary  # the sampler saw the stand-in work
     assert "2 failed, 5 passed" in (tmp_path / "run-1" / "ci.log").read_text()
     assert not (tmp_path / "run-1" / "repo").exists()  # the clone is removed after its run
+
+
+def test_a_command_run_as_a_module_and_as_its_script_is_one_kind() -> None:
+    spec = importlib.util.spec_from_file_location("ci_runs", SCRIPT)
+    assert spec and spec.loader
+    ci_runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ci_runs)
+    as_script = ci_runs.kind("/repo/.venv/bin/python /repo/.venv/bin/prefect-swarm up -c swarm.yaml")
+    as_module = ci_runs.kind("/repo/.venv/bin/python -m prefect_swarm.cli.main up -c swarm.yaml")
+    assert as_script == as_module == "prefect-swarm"
+    assert ci_runs.kind("/repo/.venv/bin/python -m prefect_swarm.jobs.run --spec s.json") == "prefect_swarm.jobs.run"
