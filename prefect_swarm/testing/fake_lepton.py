@@ -350,9 +350,11 @@ class FakeLepton:
 
     def age_finished_jobs(self, seconds: float) -> None:
         """Every finished job reads as if it had finished ``seconds`` earlier: past ``archive_after_s``
-        it is ``Archived``, past twice that gone (a test moves the platform's clock instead of sleeping)."""
+        it is ``Archived``, past twice that gone (a test moves the platform's clock instead of sleeping).
+        A job that ended but was not read since has its end recorded first (:meth:`_job_state` does)."""
         with self.lock:
             for w in self.jobs.values():
+                self._job_state(w)
                 if "finished_at" in w.extra:
                     w.extra["finished_at"] -= seconds
 
