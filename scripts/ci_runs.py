@@ -154,9 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--command", default=".ci/run", help="what each run runs in its clone")
     ap.add_argument("--keep", action="store_true", help="keep each clone")
     args = ap.parse_args(argv)
-    args.ref = subprocess.run(
-        ["git", "-C", str(args.source), "rev-parse", args.ref], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    if args.runs < 1:
+        ap.error(f"--runs {args.runs}: give 1 or more")
+    ref = subprocess.run(
+        ["git", "-C", str(args.source), "rev-parse", "--verify", "--quiet", f"{args.ref}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
+    if ref.returncode != 0:
+        ap.error(f"--ref {args.ref}: not a commit of {args.source} (try HEAD, a branch or a commit id)")
+    args.ref = ref.stdout.strip()
     print("| run | commit | rc | pytest | pytest s | run s | user+system CPU s | cores busy |")
     print("|---|---|---|---|---|---|---|---|")
     failed = 0

@@ -51,3 +51,18 @@ def test_a_command_run_as_a_module_and_as_its_script_is_one_kind() -> None:
     as_module = ci_runs.kind("/repo/.venv/bin/python -m prefect_swarm.cli.main up -c swarm.yaml")
     assert as_script == as_module == "prefect-swarm"
     assert ci_runs.kind("/repo/.venv/bin/python -m prefect_swarm.jobs.run --spec s.json") == "prefect_swarm.jobs.run"
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
+@pytest.mark.parametrize(
+    ("flag", "value", "says"), [("--ref", "no-such-ref", "not a commit"), ("--runs", "0", "1 or more")]
+)
+def test_a_wrong_ref_or_count_is_refused_before_any_clone(tmp_path: Path, flag: str, value: str, says: str) -> None:
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), flag, value, "--out", str(tmp_path), "--command", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and says in out.stderr and flag in out.stderr, out.stderr
+    assert not list(tmp_path.iterdir())  # nothing cloned
